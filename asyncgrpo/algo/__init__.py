@@ -1,0 +1,36 @@
+"""The algorithm core of asyncgrpo: pure tensor math, no I/O and no global state.
+
+Shapes: B responses, T response tokens; per-response values are [B], per-token values [B, T], and
+``mask`` is a 0/1 float or bool [B, T] tensor that is 1 on real response tokens. Metrics come back as
+``dict[str, float]`` of plain Python floats. Invalid arguments raise ``ValueError`` naming the
+argument. The semantics follow verl (trainer/ppo/core_algos.py and rollout_corr_helper.py); the
+formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.md.
+
+* ``group_advantages``: GRPO / Dr.GRPO / RLOO advantages from outcome rewards and group ids.
+* ``policy_loss``, ``aggregate``: PPO-clip (asymmetric, dual clip) and REINFORCE losses and their
+  token / sequence aggregation, additive over micro-batches given global counts.
+* ``kl_penalty``: k1 / abs / k2 / k3 KL estimators, optionally with the k2 gradient (``+``).
+* ``rollout_correction``: truncated or masked (IcePop) importance weights, rejection sampling and
+  rollout/trainer mismatch diagnostics.
+* ``bypass_policy_loss``: the policy loss with the rollout log-probs as the old policy.
+"""
+
+from asyncgrpo.algo.advantages import ADVANTAGE_MODES, group_advantages
+from asyncgrpo.algo.correction import IS_LEVELS, RS_OPTIONS, rollout_correction
+from asyncgrpo.algo.kl import KL_KINDS, kl_penalty
+from asyncgrpo.algo.losses import AGG_MODES, LOSS_TYPES, aggregate, bypass_policy_loss, policy_loss
+
+__all__ = [
+    "ADVANTAGE_MODES",
+    "AGG_MODES",
+    "IS_LEVELS",
+    "KL_KINDS",
+    "LOSS_TYPES",
+    "RS_OPTIONS",
+    "aggregate",
+    "bypass_policy_loss",
+    "group_advantages",
+    "kl_penalty",
+    "policy_loss",
+    "rollout_correction",
+]

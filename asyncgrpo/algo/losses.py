@@ -1,0 +1,289 @@
+"""Policy-gradient losses and their aggregation over tokens and sequences.
+
+API
+---
+``aggregate(loss_mat, mask, mode, norm_constant=None, *, global_num_tokens=None, global_num_seqs=None)``
+    [B, T] per-token loss -> scalar, for ``AGG_MODES``:
+
+    * ``token-mean``: sum(l*m) / N_tokens
+    * ``seq-mean-token-sum``: sum_i sum_t(l*m) / N_seqs
+    * ``seq-mean-token-mean``: sum_i [sum_t(l*m) / sum_t(m)] / N_seqs
+    * ``seq-mean-token-sum-norm`` (Dr.GRPO): seq-mean-token-sum / norm_constant (default T)
+
+    N_tokens is the number of real tokens and N_seqs the number of sequences with at least one real
+    token, both local to the call unless ``global_num_tokens`` / ``global_num_seqs`` replace them.
+    Passing the counts of the whole (global) batch makes the loss additive: summing the results over
+    any split of the batch into micro-batches (and ranks) gives the unsplit loss and its gradient.
+
+``policy_loss(logp, old_logp, advantages, mask, *, loss_type="ppo_clip", ...) -> (loss, metrics)``
+    ``ppo_clip``: asymmetric clipped surrogate with dual clip, r = exp(clamp(logp - old_logp, ±20)),
+    per-token loss max(-A r, -A clamp(r, 1-clip_low, 1+clip_high)), capped at -A*clip_c where A < 0.
+    ``reinforce``: per-token loss -A * logp.
+    Optional detached ``is_weights`` multiply the per-token loss (after clipping). Metrics:
+    ``pg``, ``clipfrac``, ``clipfrac_lower``, ``approx_kl`` (plain floats, means over this call's
+    real tokens; the clip fractions are 0 for ``reinforce``).
+
+``bypass_policy_loss(logp, rollout_logp, advantages, mask, *, ...) -> (loss, metrics)``
+    Bypass mode: the rollout log-probs stand in for the old log-probs (no recompute pass).
+    ``rollout_correction`` is run on (logp, rollout_logp); its rejection mask applies to both loss
+    types, its IS weights multiply the ``reinforce`` loss only (the ``ppo_clip`` ratio is already
+    taken against the rollout policy, so applying them would count the correction twice).
+    Denominators count the tokens / sequences of the input mask, before rejection: a rejected token
+    adds zero to the loss but still counts, as in verl's data-parallel engine. Metrics: the policy
+    metrics under ``loss/`` plus the ``is/`` and ``mismatch/`` metrics of ``rollout_correction``.
+
+Gradients flow into ``logp`` only: ``old_logp``, ``rollout_logp``, ``advantages`` and the IS
+weights are treated as constants (detached).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncgrpo.algo._checks import (
+    check_choice,
+    check_mask,
+    check_optional_count,
+    check_positive,
+    check_same_shape,
+    check_token_tensor,
+)
+from asyncgrpo.algo._masked import masked_mean, masked_sum, to_floats
+from asyncgrpo.algo.correction import rollout_correction
+
+LOSS_TYPES = ("ppo_clip", "reinforce")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+_LOG_RATIO_BOUND = 20.0
+
+
+def aggregate(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    norm_constant: float | None = None,
+    *,
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    Args:
+        loss_mat: [B, T] per-token loss.
+        mask: [B, T] 0/1 float or bool, 1 on real response tokens.
+        mode: one of ``AGG_MODES`` (see the module docstring).
+        norm_constant: divisor of ``seq-mean-token-sum-norm`` (> 0, default T = loss_mat.shape[1]);
+            ignored by the other modes. Pass it explicitly when micro-batches are padded to
+            different lengths, or the split loss will not add up.
+        global_num_tokens: token count of the whole batch, replacing the local one (``token-mean``).
+        global_num_seqs: non-empty sequence count of the whole batch (``seq-mean-*`` modes).
+            Each global count is used only by the modes it belongs to; a count of 0 gives a loss of 0.
+
+    Returns:
+        [] scalar loss.
+
+    Raises:
+        ValueError: unknown mode, norm_constant <= 0, negative or non-numeric count, shape
+            mismatch, non-0/1 mask, NaN in loss_mat.
+    """
+    check_choice("mode", mode, AGG_MODES)
+    loss_mat = check_token_tensor("loss_mat", loss_mat)
+    keep = check_mask(mask, "loss_mat", loss_mat)
+    norm_constant = None if norm_constant is None else check_positive("norm_constant", norm_constant)
+    global_num_tokens = check_optional_count("global_num_tokens", global_num_tokens)
+    global_num_seqs = check_optional_count("global_num_seqs", global_num_seqs)
+    return _aggregate(loss_mat, keep, mode, norm_constant, global_num_tokens, global_num_seqs)
+
+
+def _aggregate(
+    loss_mat: torch.Tensor,
+    keep: torch.Tensor,
+    mode: str,
+    norm_constant: float | None,
+    global_num_tokens: float | None,
+    global_num_seqs: float | None,
+) -> torch.Tensor:
+    if mode == "token-mean":
+        num_tokens = keep.sum().clamp_min(1) if global_num_tokens is None else max(global_num_tokens, 1.0)
+        return masked_sum(loss_mat, keep) / num_tokens
+
+    tokens_per_seq = keep.sum(-1)
+    seq_losses = masked_sum(loss_mat, keep, dim=-1)
+    if mode == "seq-mean-token-mean":
+        seq_losses = seq_losses / tokens_per_seq.clamp_min(1)
+    # An empty sequence adds 0 to the numerator; it must not count in the denominator either.
+    num_seqs = (tokens_per_seq > 0).sum().clamp_min(1) if global_num_seqs is None else max(global_num_seqs, 1.0)
+    loss = seq_losses.sum() / num_seqs
+    if mode == "seq-mean-token-sum-norm":
+        loss = loss / (norm_constant if norm_constant is not None else max(loss_mat.shape[-1], 1))
+    return loss
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str = "ppo_clip",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float = 3.0,
+    agg: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
+    norm_constant: float | None = None,
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy-gradient loss of the trained policy on sampled tokens.
+
+    Args:
+        logp: [B, T] log-probabilities under the policy being trained (receives the gradient).
+        old_logp: [B, T] log-probabilities under the behaviour policy (detached).
+        advantages: [B, T] per-token advantages, usually ``group_advantages(...)[:, None] * mask``.
+        mask: [B, T] 0/1 float or bool, 1 on real response tokens.
+        loss_type: ``"ppo_clip"`` or ``"reinforce"``.
+        clip_low: lower clip range, 0 < clip_low < 1 (ratio floor 1 - clip_low).
+        clip_high: upper clip range, > 0 (ratio ceiling 1 + clip_high).
+        clip_c: dual-clip bound for negative advantages, > 1.
+        agg: aggregation mode, one of ``AGG_MODES``.
+        is_weights: optional [B, T] weights multiplying the per-token loss (detached).
+        norm_constant, global_num_tokens, global_num_seqs: as in ``aggregate``.
+
+    Returns:
+        ([] loss, metrics) with metrics ``pg``, ``clipfrac``, ``clipfrac_lower``, ``approx_kl``.
+
+    Raises:
+        ValueError: unknown loss_type or agg, out-of-range clip parameter, shape mismatch,
+            non-0/1 mask, NaN in an input.
+    """
+    check_choice("loss_type", loss_type, LOSS_TYPES)
+    check_choice("agg", agg, AGG_MODES)
+    clip_low = check_positive("clip_low", clip_low)
+    if clip_low >= 1:
+        raise ValueError(f"clip_low must be < 1, got {clip_low!r}")
+    clip_high = check_positive("clip_high", clip_high)
+    clip_c = check_positive("clip_c", clip_c)
+    if clip_c <= 1:
+        raise ValueError(f"clip_c must be > 1, got {clip_c!r}")
+    norm_constant = None if norm_constant is None else check_positive("norm_constant", norm_constant)
+    global_num_tokens = check_optional_count("global_num_tokens", global_num_tokens)
+    global_num_seqs = check_optional_count("global_num_seqs", global_num_seqs)
+    logp = check_token_tensor("logp", logp)
+    old_logp = check_token_tensor("old_logp", old_logp)
+    advantages = check_token_tensor("advantages", advantages)
+    check_same_shape("old_logp", old_logp, "logp", logp)
+    check_same_shape("advantages", advantages, "logp", logp)
+    keep = check_mask(mask, "logp", logp)
+    if is_weights is not None:
+        is_weights = check_token_tensor("is_weights", is_weights)
+        check_same_shape("is_weights", is_weights, "logp", logp)
+
+    old_logp = old_logp.detach()
+    advantages = advantages.detach()
+    log_ratio = (logp - old_logp).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    if loss_type == "ppo_clip":
+        ratio = log_ratio.exp()
+        unclipped = -advantages * ratio
+        clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+        pessimistic = torch.maximum(unclipped, clipped)
+        dual_clip_bound = -advantages * clip_c
+        negative = advantages < 0
+        per_token = torch.where(negative, torch.minimum(pessimistic, dual_clip_bound), pessimistic)
+        clipped_tokens = clipped > unclipped
+        dual_clipped_tokens = (pessimistic > dual_clip_bound) & negative
+    else:
+        per_token = -advantages * logp
+        clipped_tokens = dual_clipped_tokens = torch.zeros_like(keep)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
+
+    loss = _aggregate(per_token, keep, agg, norm_constant, global_num_tokens, global_num_seqs)
+    with torch.no_grad():
+        metrics = to_floats(
+            {
+                "pg": loss,
+                "clipfrac": masked_mean(clipped_tokens, keep, logp.dtype),
+                "clipfrac_lower": masked_mean(dual_clipped_tokens, keep, logp.dtype),
+                "approx_kl": masked_mean(-log_ratio, keep),
+            }
+        )
+    return loss, metrics
+
+
+def bypass_policy_loss(
+    logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str = "ppo_clip",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float = 3.0,
+    agg: str = "token-mean",
+    norm_constant: float | None = None,
+    is_level: str | None = None,
+    is_threshold: float | str | None = 2.0,
+    is_batch_normalize: bool = False,
+    rs: str | None = None,
+    rs_threshold: float | str | None = None,
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy loss in bypass mode: ``old_logp := rollout_logp``, with rollout correction.
+
+    Args:
+        logp: [B, T] log-probabilities under the policy being trained (receives the gradient).
+        rollout_logp: [B, T] log-probabilities reported by the rollout engine (detached).
+        advantages: [B, T] per-token advantages.
+        mask: [B, T] 0/1 float or bool, 1 on real response tokens (before rejection).
+        loss_type, clip_low, clip_high, clip_c, agg, norm_constant: as in ``policy_loss``.
+        is_level, is_threshold, is_batch_normalize, rs, rs_threshold: as in ``rollout_correction``.
+        global_num_tokens, global_num_seqs: as in ``aggregate``; when omitted, the counts of
+            ``mask`` (before rejection) are used.
+
+    Returns:
+        ([] loss, metrics) with ``loss/pg``, ``loss/clipfrac``, ``loss/clipfrac_lower``,
+        ``loss/approx_kl`` and the ``is/...`` and ``mismatch/...`` metrics.
+
+    Raises:
+        ValueError: any invalid argument of ``policy_loss`` or ``rollout_correction``.
+    """
+    check_choice("loss_type", loss_type, LOSS_TYPES)
+    logp = check_token_tensor("logp", logp)
+    rollout_logp = check_token_tensor("rollout_logp", rollout_logp)
+    advantages = check_token_tensor("advantages", advantages)
+    check_same_shape("rollout_logp", rollout_logp, "logp", logp)
+    check_same_shape("advantages", advantages, "logp", logp)
+    keep = check_mask(mask, "logp", logp)
+    weights, kept_mask, correction_metrics = rollout_correction(
+        logp.detach(),
+        rollout_logp,
+        mask,
+        is_level=is_level,
+        is_threshold=is_threshold,
+        is_batch_normalize=is_batch_normalize,
+        rs=rs,
+        rs_threshold=rs_threshold,
+    )
+    if global_num_tokens is None:
+        global_num_tokens = float(keep.sum())
+    if global_num_seqs is None:
+        global_num_seqs = float((keep.sum(-1) > 0).sum())
+    loss, loss_metrics = policy_loss(
+        logp,
+        rollout_logp,
+        advantages,
+        kept_mask,
+        loss_type=loss_type,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=clip_c,
+        agg=agg,
+        is_weights=weights if loss_type == "reinforce" else None,
+        norm_constant=norm_constant,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+    )
+    return loss, {f"loss/{name}": value for name, value in loss_metrics.items()} | correction_metrics

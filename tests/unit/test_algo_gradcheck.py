@@ -1,0 +1,72 @@
+"""Finite-difference gradient checks (float64), away from the clip and clamp boundaries."""
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from asyncgrpo.algo import AGG_MODES, bypass_policy_loss, kl_penalty, policy_loss
+
+# Ratios chosen in every regime of the clipped surrogate (inside the range, above 1 + 0.28, below
+# 1 - 0.2, beyond the dual clip c = 3) and at least 0.05 away from each boundary.
+RATIOS = torch.tensor([[0.9, 1.1, 1.5, 0.5, 5.0], [1.05, 0.6, 2.0, 0.95, 1.2]], dtype=torch.float64)
+ADVANTAGES = torch.tensor([[1.0, -1.0, 1.0, -1.0, -2.0], [-0.5, 0.5, -1.5, 2.0, 0.7]], dtype=torch.float64)
+MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.float64)
+OLD_LOGP = torch.tensor([[-1.0, -2.0, -0.5, -3.0, -1.5], [-0.7, -1.2, -2.5, -0.9, -1.8]], dtype=torch.float64)
+
+
+def current_logp():
+    return (OLD_LOGP + RATIOS.log()).requires_grad_()
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_policy_loss(agg, loss_type):
+    weights = torch.tensor([[0.5, 1.0, 2.0, 1.5, 0.8], [1.2, 0.3, 1.0, 1.0, 1.0]], dtype=torch.float64)
+
+    def loss(logp):
+        return policy_loss(
+            logp, OLD_LOGP, ADVANTAGES, MASK, loss_type=loss_type, clip_high=0.28, agg=agg, is_weights=weights
+        )[0]
+
+    assert gradcheck(loss, (current_logp(),))
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_bypass_ppo_clip_with_rejection(agg):
+    # token_k1 at 3 keeps ratios in [1/3, 3]: the ratio 5 is rejected, the others are far from the bounds.
+    def loss(logp):
+        return bypass_policy_loss(
+            logp, OLD_LOGP, ADVANTAGES, MASK, agg=agg, clip_high=0.28, is_level="token", rs="token_k1", rs_threshold=3.0
+        )[0]
+
+    assert gradcheck(loss, (current_logp(),))
+
+
+@pytest.mark.parametrize("is_level", [None, "token", "sequence"])
+def test_bypass_reinforce(is_level):
+    # Every raw weight is >= 0.5 here and a threshold of 0.4 truncates all of them: the weights are
+    # locally constant, so finite differences see only the detached-weight gradient.
+    def loss(logp):
+        return bypass_policy_loss(
+            logp, OLD_LOGP, ADVANTAGES, MASK, loss_type="reinforce", is_level=is_level, is_threshold=0.4
+        )[0]
+
+    assert gradcheck(loss, (current_logp(),))
+
+
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3", "kl", "mse", "low_var_kl"])
+def test_kl_penalty(kind):
+    # |x| in [0.2, 1.5]: away from the kink of abs and from the clamps of k3 (|x| >= 2.3 would clamp).
+    offsets = torch.tensor([[0.2, -0.4, 1.5, -1.1], [0.7, -1.5, 0.3, -0.2]], dtype=torch.float64)
+    ref_logp = torch.tensor([[-1.0, -2.0, -3.0, -0.5], [-0.2, -4.0, -1.0, -2.2]], dtype=torch.float64)
+    logp = (ref_logp + offsets).requires_grad_()
+    assert gradcheck(lambda lp, ref: kl_penalty(lp, ref, kind), (logp, ref_logp.clone().requires_grad_()))
+
+
+def test_bypass_reinforce_truncation_premise():
+    # The premise of test_bypass_reinforce: the smallest raw sequence weight is above the threshold 0.4.
+    log_ratios = RATIOS.log() * MASK
+    assert math.exp(log_ratios.sum(-1).min().item()) > 0.4
+    assert RATIOS[MASK.bool()].min().item() > 0.4

@@ -1,0 +1,382 @@
+"""Hand-computed cases for asyncgrpo.algo.aggregate, policy_loss and bypass_policy_loss."""
+
+import math
+
+import pytest
+import torch
+
+from asyncgrpo.algo import aggregate, bypass_policy_loss, policy_loss
+
+
+def f64(values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregate
+# ---------------------------------------------------------------------------------------------
+
+LOSS_MAT = f64([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+MASK = f64([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # the last row is fully masked
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("token-mean", 7 / 3),  # (1 + 2 + 4) / 3 tokens
+        ("seq-mean-token-sum", 3.5),  # (3 + 4) / 2 non-empty rows
+        ("seq-mean-token-mean", 2.75),  # (1.5 + 4) / 2
+        ("seq-mean-token-sum-norm", 3.5 / 3),  # divided by T = 3
+    ],
+)
+def test_aggregate_modes(mode, expected):
+    assert aggregate(LOSS_MAT, MASK, mode).item() == pytest.approx(expected, rel=1e-12)
+    assert aggregate(LOSS_MAT, MASK.bool(), mode).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_aggregate_norm_constant():
+    assert aggregate(LOSS_MAT, MASK, "seq-mean-token-sum-norm", norm_constant=7).item() == pytest.approx(0.5)
+    # Only seq-mean-token-sum-norm divides by the constant.
+    assert aggregate(LOSS_MAT, MASK, "token-mean", norm_constant=7).item() == pytest.approx(7 / 3)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("token-mean", 7 / 10),
+        ("seq-mean-token-sum", 7 / 5),
+        ("seq-mean-token-mean", 5.5 / 5),
+        ("seq-mean-token-sum-norm", 7 / 5 / 3),
+    ],
+)
+def test_aggregate_global_denominators(mode, expected):
+    loss = aggregate(LOSS_MAT, MASK, mode, global_num_tokens=10, global_num_seqs=5)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_aggregate_micro_batches_add_up(mode):
+    loss_mat = LOSS_MAT.clone().requires_grad_()
+    whole = aggregate(loss_mat, MASK, mode)
+    (whole_grad,) = torch.autograd.grad(whole, loss_mat)
+    parts = sum(
+        aggregate(loss_mat[rows], MASK[rows], mode, global_num_tokens=3, global_num_seqs=2)
+        for rows in (slice(0, 1), slice(1, 3))
+    )
+    (parts_grad,) = torch.autograd.grad(parts, loss_mat)
+    assert parts.item() == pytest.approx(whole.item(), rel=1e-12)
+    torch.testing.assert_close(parts_grad, whole_grad)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_aggregate_fully_masked_batch_is_zero_with_zero_gradient(mode):
+    loss_mat = LOSS_MAT.clone().requires_grad_()
+    loss = aggregate(loss_mat, torch.zeros(3, 3), mode)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert loss_mat.grad.abs().sum().item() == 0.0
+
+
+def test_aggregate_ignores_infinite_padding():
+    loss_mat = f64([[1.0, math.inf], [2.0, -math.inf]])
+    assert aggregate(loss_mat, f64([[1, 0], [1, 0]]), "token-mean").item() == 1.5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"mode": "sum"}, "mode"),
+        ({"mode": "token-mean", "norm_constant": 0}, "norm_constant"),
+        ({"mode": "token-mean", "norm_constant": -2.0}, "norm_constant"),
+        ({"mode": "token-mean", "norm_constant": True}, "norm_constant"),
+        ({"mode": "token-mean", "global_num_tokens": -1}, "global_num_tokens"),
+        ({"mode": "token-mean", "global_num_tokens": False}, "global_num_tokens"),
+        ({"mode": "token-mean", "global_num_seqs": float("nan")}, "global_num_seqs"),
+        ({"mode": "token-mean", "global_num_seqs": math.inf}, "global_num_seqs"),
+        ({"mode": "token-mean", "mask": torch.ones(3, 2)}, "mask"),
+        ({"mode": "token-mean", "mask": torch.full((3, 3), 0.5)}, "mask"),
+        ({"mode": "token-mean", "loss_mat": f64([1.0, 2.0, 3.0])}, "loss_mat"),
+        ({"mode": "token-mean", "loss_mat": torch.full((3, 3), math.nan)}, "loss_mat"),
+    ],
+)
+def test_aggregate_invalid_arguments(kwargs, argument):
+    arguments = {"loss_mat": LOSS_MAT, "mask": MASK} | kwargs
+    with pytest.raises(ValueError, match=argument):
+        aggregate(**arguments)
+
+
+# ---------------------------------------------------------------------------------------------
+# policy_loss: one row, one token per regime (clip_low 0.2, clip_high 0.28, clip_c 3)
+# ---------------------------------------------------------------------------------------------
+
+RATIOS = [1.5, 0.5, 0.5, 5.0, 1.1, 100.0]
+ADVANTAGES = f64([[1.0, 1.0, -1.0, -1.0, -2.0, 5.0]])
+REGIME_MASK = f64([[1, 1, 1, 1, 1, 0]])  # the last token is padding
+# token 0: A>0, r above 1+0.28    -> clipped: -1.28             (clipfrac)
+# token 1: A>0, r below 1-0.2     -> unclipped: -0.5
+# token 2: A<0, r below 1-0.2     -> clipped: 0.8               (clipfrac)
+# token 3: A<0, r = 5             -> max(5, 1.28) = 5, dual clip: min(5, 3) = 3   (clipfrac_lower)
+# token 4: A<0, r inside the range -> 2.2
+PER_TOKEN_LOSS = [-1.28, -0.5, 0.8, 3.0, 2.2]
+
+
+def regime_inputs():
+    old_logp = f64([[-1.0, -2.0, -0.5, -3.0, -1.5, -4.0]])
+    logp = (old_logp + torch.log(f64([RATIOS]))).requires_grad_()
+    return logp, old_logp
+
+
+def test_ppo_clip_hand_computed():
+    logp, old_logp = regime_inputs()
+    loss, metrics = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_low=0.2, clip_high=0.28, clip_c=3.0)
+    assert loss.item() == pytest.approx(sum(PER_TOKEN_LOSS) / 5, rel=1e-12)
+    assert metrics["pg"] == pytest.approx(0.844, rel=1e-12)
+    assert metrics["clipfrac"] == pytest.approx(2 / 5)
+    assert metrics["clipfrac_lower"] == pytest.approx(1 / 5)
+    assert metrics["approx_kl"] == pytest.approx(-math.log(1.5 * 0.5 * 0.5 * 5.0 * 1.1) / 5, rel=1e-12)
+    assert all(type(value) is float for value in metrics.values())
+
+
+def test_ppo_clip_gradient_only_through_unclipped_tokens():
+    logp, old_logp = regime_inputs()
+    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_low=0.2, clip_high=0.28, clip_c=3.0)
+    loss.backward()
+    # d(-A r)/d logp = -A r on the unclipped tokens 1 and 4, divided by the 5 real tokens.
+    expected = [0.0, -0.5 / 5, 0.0, 0.0, 2.2 / 5, 0.0]
+    assert logp.grad[0].tolist() == pytest.approx(expected, abs=1e-12)
+
+
+def test_ppo_clip_symmetric_default_clip_range():
+    logp, old_logp = regime_inputs()
+    loss, metrics = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK)
+    # clip_high 0.2: token 0 becomes -1.2; the dual-clipped token keeps 3.
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 0.8 + 3.0 + 2.2) / 5, rel=1e-12)
+    assert metrics["clipfrac"] == pytest.approx(2 / 5)
+
+
+def test_ppo_clip_dual_clip_constant():
+    logp, old_logp = regime_inputs()
+    loss, metrics = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_high=0.28, clip_c=10.0)
+    # r = 5 < c = 10: the dual clip no longer binds.
+    assert loss.item() == pytest.approx((-1.28 - 0.5 + 0.8 + 5.0 + 2.2) / 5, rel=1e-12)
+    assert metrics["clipfrac_lower"] == 0.0
+
+
+def test_ppo_clip_log_ratio_beyond_twenty_is_clamped():
+    old_logp = f64([[0.0, 0.0, 0.0, 0.0]])
+    logp = f64([[30.0, 1000.0, -30.0, 25.0]]).requires_grad_()
+    advantages = f64([[1.0, -1.0, 1.0, -1.0]])
+    loss, metrics = policy_loss(logp, old_logp, advantages, torch.ones(1, 4, dtype=torch.float64))
+    # token 0: clipped to -1.2; tokens 1 and 3: exp(20) dual-clipped to 3; token 2: -exp(-20).
+    expected = (-1.2 + 3.0 - math.exp(-20) + 3.0) / 4
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["approx_kl"] == pytest.approx((-20 - 20 + 20 - 20) / 4)
+    assert metrics["clipfrac_lower"] == pytest.approx(0.5)
+    loss.backward()
+    assert logp.grad.tolist() == [[0.0, 0.0, 0.0, 0.0]]
+
+
+def test_ppo_clip_is_weights_multiply_after_clipping_and_get_no_gradient():
+    logp, old_logp = regime_inputs()
+    weights = f64([[2.0, 1.0, 0.5, 1.0, 0.0, 7.0]]).requires_grad_()
+    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_high=0.28, clip_c=3.0, is_weights=weights)
+    assert loss.item() == pytest.approx((-1.28 * 2 - 0.5 + 0.8 * 0.5 + 3.0) / 5, rel=1e-12)
+    loss.backward()
+    assert weights.grad is None
+    assert logp.grad[0].tolist() == pytest.approx([0.0, -0.1, 0.0, 0.0, 0.0, 0.0], abs=1e-12)
+
+
+def test_old_logp_and_advantages_get_no_gradient():
+    logp, old_logp = regime_inputs()
+    old_logp.requires_grad_()
+    advantages = ADVANTAGES.clone().requires_grad_()
+    loss, _ = policy_loss(logp, old_logp, advantages, REGIME_MASK)
+    loss.backward()
+    assert old_logp.grad is None and advantages.grad is None
+
+
+def test_reinforce_hand_computed():
+    logp = f64([[-1.0, -2.0, -9.0]]).requires_grad_()
+    old_logp = f64([[-1.5, -2.0, 0.0]])
+    advantages = f64([[1.0, -1.0, 4.0]])
+    mask = f64([[1, 1, 0]])
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, loss_type="reinforce")
+    assert loss.item() == pytest.approx((1.0 - 2.0) / 2)  # -A * logp = [1, -2]
+    assert metrics["clipfrac"] == 0.0 and metrics["clipfrac_lower"] == 0.0
+    assert metrics["approx_kl"] == pytest.approx(-0.25)  # mean(old - new) = (-0.5 + 0) / 2
+    loss.backward()
+    assert logp.grad.tolist() == [[-0.5, 0.5, 0.0]]
+
+
+def test_reinforce_with_is_weights():
+    logp = f64([[-1.0, -2.0]]).requires_grad_()
+    weights = f64([[2.0, 0.5]])
+    loss, _ = policy_loss(
+        logp, logp.detach(), f64([[1.0, -1.0]]), torch.ones(1, 2), loss_type="reinforce", is_weights=weights
+    )
+    assert loss.item() == pytest.approx((2.0 - 1.0) / 2)
+    loss.backward()
+    assert logp.grad.tolist() == [[-1.0, 0.25]]
+
+
+@pytest.mark.parametrize(
+    ("agg", "expected"),
+    [
+        ("token-mean", (1.0 + 2.0 + 4.0) / 3),
+        ("seq-mean-token-sum", (3.0 + 4.0) / 2),
+        ("seq-mean-token-mean", (1.5 + 4.0) / 2),
+        ("seq-mean-token-sum-norm", (3.0 + 4.0) / 2 / 2),
+    ],
+)
+def test_policy_loss_aggregation_modes(agg, expected):
+    # reinforce with A = 1 makes the per-token loss -logp = [[1, 2], [4, 9]].
+    logp = f64([[-1.0, -2.0], [-4.0, -9.0], [-3.0, -3.0]])
+    mask = f64([[1, 1], [1, 0], [0, 0]])
+    loss, _ = policy_loss(logp, logp, torch.ones(3, 2, dtype=torch.float64), mask, loss_type="reinforce", agg=agg)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_policy_loss_fully_masked_rows_are_ignored():
+    logp, old_logp = regime_inputs()
+    logp2 = torch.cat([logp, logp + 3.0])
+    loss, metrics = policy_loss(
+        logp2,
+        torch.cat([old_logp, old_logp]),
+        torch.cat([ADVANTAGES, -ADVANTAGES]),
+        torch.cat([REGIME_MASK, torch.zeros_like(REGIME_MASK)]),
+        clip_high=0.28,
+    )
+    assert loss.item() == pytest.approx(0.844, rel=1e-12)
+    assert metrics["clipfrac"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"loss_type": "ppo"}, "loss_type"),
+        ({"agg": "mean"}, "agg"),
+        ({"clip_low": 0.0}, "clip_low"),
+        ({"clip_low": 1.0}, "clip_low"),
+        ({"clip_low": True}, "clip_low"),
+        ({"clip_high": -0.1}, "clip_high"),
+        ({"clip_c": 1.0}, "clip_c"),
+        ({"clip_c": "3"}, "clip_c"),
+        ({"norm_constant": 0.0}, "norm_constant"),
+        ({"global_num_tokens": -3}, "global_num_tokens"),
+        ({"global_num_seqs": True}, "global_num_seqs"),
+        ({"old_logp": torch.zeros(1, 5, dtype=torch.float64)}, "old_logp"),
+        ({"advantages": torch.zeros(2, 6, dtype=torch.float64)}, "advantages"),
+        ({"mask": torch.ones(1, 5)}, "mask"),
+        ({"mask": torch.full((1, 6), 2.0)}, "mask"),
+        ({"is_weights": torch.ones(1, 5)}, "is_weights"),
+        ({"is_weights": torch.full((1, 6), math.nan)}, "is_weights"),
+        ({"logp": torch.full((1, 6), math.nan)}, "logp"),
+        ({"old_logp": torch.full((1, 6), math.nan)}, "old_logp"),
+        ({"advantages": torch.full((1, 6), math.nan)}, "advantages"),
+        ({"logp": torch.zeros(6)}, "logp"),
+    ],
+)
+def test_policy_loss_invalid_arguments(kwargs, argument):
+    logp, old_logp = regime_inputs()
+    arguments = {"logp": logp, "old_logp": old_logp, "advantages": ADVANTAGES, "mask": REGIME_MASK} | kwargs
+    with pytest.raises(ValueError, match=argument):
+        policy_loss(**arguments)
+
+
+# ---------------------------------------------------------------------------------------------
+# bypass_policy_loss: lam = logp - rollout_logp = [log 3, -log 1.5], i.e. ratios [3, 2/3]
+# ---------------------------------------------------------------------------------------------
+
+
+def bypass_inputs():
+    logp = f64([[-1.0, -2.0]]).requires_grad_()
+    rollout_logp = f64([[-1.0 - math.log(3.0), -2.0 + math.log(1.5)]])
+    return logp, rollout_logp, f64([[1.0, 1.0]]), torch.ones(1, 2, dtype=torch.float64)
+
+
+def test_bypass_ppo_clip_uses_rollout_logp_as_old_and_does_not_apply_weights():
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    loss, metrics = bypass_policy_loss(logp, rollout_logp, advantages, mask, is_level="token", is_threshold=2.0)
+    # ratios [3, 2/3] with A = +1: [-1.2 (clipped), -2/3]; no IS weight on top.
+    assert loss.item() == pytest.approx((-1.2 - 2 / 3) / 2, rel=1e-12)
+    assert metrics["loss/pg"] == pytest.approx(loss.item())
+    assert metrics["loss/clipfrac"] == pytest.approx(0.5)
+    assert metrics["is/mean"] == pytest.approx((2.0 + 2 / 3) / 2, rel=1e-12)  # computed for the logs only
+    assert metrics["mismatch/kl"] == pytest.approx((-math.log(3.0) + math.log(1.5)) / 2, rel=1e-12)
+
+
+def test_bypass_reinforce_applies_truncated_weights():
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    loss, metrics = bypass_policy_loss(
+        logp, rollout_logp, advantages, mask, loss_type="reinforce", is_level="token", is_threshold=2.0
+    )
+    # -A * logp * w with w = [min(3, 2), 2/3] = [2 * 1 * 2, 2 * 2/3] / 2
+    assert loss.item() == pytest.approx((2.0 + 4 / 3) / 2, rel=1e-12)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-1.0, -1 / 3], rel=1e-12)
+    assert metrics["loss/approx_kl"] == pytest.approx((-math.log(3.0) + math.log(1.5)) / 2, rel=1e-12)
+
+
+def test_bypass_reinforce_without_is_level_is_plain_reinforce():
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    loss, metrics = bypass_policy_loss(logp, rollout_logp, advantages, mask, loss_type="reinforce")
+    assert loss.item() == pytest.approx(1.5)
+    assert not any(key.startswith("is/") for key in metrics)
+
+
+@pytest.mark.parametrize(("loss_type", "expected"), [("ppo_clip", -(2 / 3) / 2), ("reinforce", 2 * (2 / 3) / 2)])
+def test_bypass_rejection_applies_to_both_loss_types(loss_type, expected):
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    loss, metrics = bypass_policy_loss(
+        logp,
+        rollout_logp,
+        advantages,
+        mask,
+        loss_type=loss_type,
+        is_level="token",
+        rs="token_k1",
+        rs_threshold=2.0,
+    )
+    # token 0 (ratio 3) is outside [1/2, 2] and rejected; the denominator still counts it.
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["is/rs_masked_token_frac"] == pytest.approx(0.5)
+    assert metrics["is/rs_masked_seq_frac"] == pytest.approx(1.0)
+    assert metrics["loss/approx_kl"] == pytest.approx(math.log(1.5), rel=1e-12)  # over the kept token
+
+
+def test_bypass_global_denominators():
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    loss, _ = bypass_policy_loss(logp, rollout_logp, advantages, mask, loss_type="reinforce", global_num_tokens=6)
+    assert loss.item() == pytest.approx(3.0 / 6)
+
+
+def test_bypass_metric_keys():
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    _, metrics = bypass_policy_loss(
+        logp, rollout_logp, advantages, mask, is_level="sequence", rs="seq_mean_k3", rs_threshold=5.0
+    )
+    expected_prefixed = {"loss/pg", "loss/clipfrac", "loss/clipfrac_lower", "loss/approx_kl"}
+    assert expected_prefixed <= metrics.keys()
+    assert {"is/mean", "is/ess", "is/rs_masked_token_frac", "mismatch/kl", "mismatch/chi2_seq"} <= metrics.keys()
+    assert all(key.split("/")[0] in {"loss", "is", "mismatch"} for key in metrics)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"loss_type": "gspo"}, "loss_type"),
+        ({"is_level": "batch"}, "is_level"),
+        ({"is_threshold": "2_1"}, "is_threshold"),
+        ({"rs": "token_k1"}, "rs_threshold"),
+        ({"clip_c": 0.5}, "clip_c"),
+        ({"rollout_logp": torch.zeros(1, 3, dtype=torch.float64)}, "rollout_logp"),
+        ({"rollout_logp": torch.full((1, 2), math.nan, dtype=torch.float64)}, "rollout_logp"),
+        ({"mask": torch.ones(1, 3)}, "mask"),
+        ({"advantages": torch.zeros(1, 3, dtype=torch.float64)}, "advantages"),
+    ],
+)
+def test_bypass_invalid_arguments(kwargs, argument):
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    arguments = {"logp": logp, "rollout_logp": rollout_logp, "advantages": advantages, "mask": mask} | kwargs
+    with pytest.raises(ValueError, match=argument):
+        bypass_policy_loss(**arguments)
