@@ -48,6 +48,16 @@ class GeneratorStats:
         }
 
 
+def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int) -> int:
+    """How many groups a generator may have started in total while it holds `loaded_version`.
+
+    Group k (0-based) of this generator is consumed at learner version >= k // quota, so starting
+    it only while k < (max_staleness + v + 1) * quota, with weights v, bounds its staleness by
+    max_staleness. max_staleness = 0 gives lock-step synchronous GRPO.
+    """
+    return (max_staleness + loaded_version + 1) * quota_per_step
+
+
 class Generator:
     def __init__(
         self,
@@ -120,7 +130,7 @@ class Generator:
     def _groups_allowed(self) -> float:
         if not self.throttle:
             return float("inf")
-        return (self.cfg.train.max_staleness + self.version + 1) * self.quota_per_step
+        return throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step)
 
     # ---------------------------------------------------------------------------------- sampling
 

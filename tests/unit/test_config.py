@@ -1,0 +1,57 @@
+import pytest
+
+from asyncgrpo.config import Config, ConfigError, groups_per_generator, load, to_yaml
+
+
+def test_defaults_compose_and_resolve():
+    cfg = load([])
+    assert isinstance(cfg, Config)
+    assert cfg.train.max_staleness == 2
+    assert cfg.algo.loss_type == "ppo_clip"
+    assert (cfg.algo.clip_low, cfg.algo.clip_high) == (0.2, 0.28)
+    assert "${" not in cfg.run_dir
+
+
+def test_overrides_apply():
+    cfg = load(["train.max_steps=20", "train.max_staleness=0", "run_dir=runs/r", "seed=3"])
+    assert (cfg.train.max_steps, cfg.train.max_staleness, cfg.run_dir, cfg.seed) == (20, 0, "runs/r", 3)
+
+
+@pytest.mark.parametrize(
+    ("override", "named_key"),
+    [
+        ("foo=1", "foo"),
+        ("rollout.bogus=3", "rollout.bogus"),
+        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt"),
+        ("train.max_staleness=-1", "train.max_staleness"),
+        ("queue.capacity_groups=4", "queue.capacity_groups"),
+        ("train.max_steps=abc", "train.max_steps"),
+        ("wire.host=0.0.0.0", "wire.host"),
+        ("rollout.temperature=0", "rollout.temperature"),
+        ("algo.advantage=ppo", "algo.advantage"),
+        ("rollout.num_generators=17", "rollout.num_generators"),
+    ],
+)
+def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
+    with pytest.raises(ConfigError) as err:
+        load([override])
+    message = str(err.value)
+    assert named_key in message
+    assert "\n" not in message
+
+
+def test_insecure_allows_non_loopback_host():
+    assert load(["wire.host=0.0.0.0", "wire.insecure=true"]).wire.host == "0.0.0.0"
+
+
+def test_resolved_yaml_round_trips():
+    cfg = load(["train.max_steps=7"])
+    assert "max_steps: 7" in to_yaml(cfg)
+
+
+@pytest.mark.parametrize(("groups", "generators"), [(16, 1), (16, 3), (5, 5), (7, 2)])
+def test_step_quota_is_shared_exactly(groups, generators):
+    cfg = load([f"train.groups_per_step={groups}", f"rollout.num_generators={generators}",
+                f"queue.capacity_groups={4 * groups}"])
+    quotas = groups_per_generator(cfg)
+    assert sum(quotas) == groups and len(quotas) == generators and max(quotas) - min(quotas) <= 1
