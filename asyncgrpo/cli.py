@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 
 from asyncgrpo.config import ConfigError, load
 
@@ -52,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"asyncgrpo: interrupted; metrics and summary are in {cfg.run_dir}", file=sys.stderr)
         return 130
+    except Exception as err:
+        traceback.print_exc()
+        print(f"asyncgrpo: training failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+              file=sys.stderr)
+        return 1
     keys = ("steps", "samples", "wall_s", "samples_per_s", "eval_accuracy_start", "eval_accuracy_end",
             "groups_dropped_stale", "staleness_max")
     print(json.dumps({k: summary.get(k) for k in keys}))

@@ -182,7 +182,10 @@ class _Job:
             ).remote(cfg, i, self.model_dir, endpoints["groups"], endpoints["weights"], quotas[i], generator_cores[i])
             for i in range(cfg.rollout.num_generators)
         ]
-        ray.get([g.ready.remote() for g in self.generators], timeout=cfg.wire.startup_timeout_s)
+        ready = ray.get([g.ready.remote() for g in self.generators], timeout=cfg.wire.startup_timeout_s)
+        actors = {"learner_pids": [ray.get(self.learner.pid.remote())], "generator_pids": [r["pid"] for r in ready],
+                  "generator_cores": generator_cores, "learner_cores": learner_cores}
+        (Path(cfg.run_dir) / "actors.json").write_text(json.dumps(actors, indent=2) + "\n")
 
     def _stop_actors(self) -> None:
         import ray

@@ -73,7 +73,7 @@ class Learner:
         self.queue: ReplayQueue | None = None
         self.pusher: ZmqWeightPusher | None = None
         if rank == 0:
-            receiver = Receiver(cfg.wire.host, max_message_bytes=cfg.wire.max_message_bytes)
+            receiver = Receiver(cfg.wire.host, max_message_bytes=cfg.wire.max_message_bytes, insecure=cfg.wire.insecure)
             self.queue = ReplayQueue(
                 receiver,
                 capacity_groups=cfg.queue.capacity_groups,
@@ -81,7 +81,7 @@ class Learner:
                 drop_stale=cfg.train.stale_policy in ("drop", "both"),
                 full_policy=cfg.queue.full_policy,
             ).start()
-            self.pusher = ZmqWeightPusher(Publisher(cfg.wire.host))
+            self.pusher = ZmqWeightPusher(Publisher(cfg.wire.host, insecure=cfg.wire.insecure))
 
     def endpoints(self) -> dict[str, str]:
         assert self.queue is not None and self.pusher is not None

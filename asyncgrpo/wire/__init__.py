@@ -1,7 +1,17 @@
 """Wire format (msgpack header + raw array frames) and ZeroMQ channels. See docs/WIRE.md."""
 
-from asyncgrpo.wire.codec import WireError, decode, decode_group, encode, encode_group, example_group
+from asyncgrpo.wire.codec import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_HEADER_BYTES,
+    WireError,
+    decode,
+    decode_group,
+    encode,
+    encode_group,
+    example_group,
+)
 from asyncgrpo.wire.messages import (
+    SCHEMA_VERSION,
     Heartbeat,
     Message,
     MsgType,
@@ -10,14 +20,22 @@ from asyncgrpo.wire.messages import (
     VersionAck,
     WeightsChunk,
 )
-from asyncgrpo.wire.sockets import Publisher, Receiver, Sender, Subscriber, WireTimeout
+from asyncgrpo.wire.security import CurveClientKeys, CurveKeypair, CurveServerKeys, WireKeys, is_loopback
+from asyncgrpo.wire.sockets import Publisher, Receiver, Rejections, Sender, Subscriber, WireTimeout
 
 __all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_HEADER_BYTES",
+    "SCHEMA_VERSION",
+    "CurveClientKeys",
+    "CurveKeypair",
+    "CurveServerKeys",
     "Heartbeat",
     "Message",
     "MsgType",
     "Publisher",
     "Receiver",
+    "Rejections",
     "ScoredGroup",
     "Sender",
     "Shutdown",
@@ -25,10 +43,12 @@ __all__ = [
     "VersionAck",
     "WeightsChunk",
     "WireError",
+    "WireKeys",
     "WireTimeout",
     "decode",
     "decode_group",
     "encode",
     "encode_group",
     "example_group",
+    "is_loopback",
 ]

@@ -1,16 +1,15 @@
-"""msgpack + raw-frame codec for every message type.
+"""msgpack + raw-frame codec for every message type. The format is specified in docs/WIRE.md.
 
 A message is a ZeroMQ multipart message: frame 0 is a msgpack header (a map with the schema
-version, the message type, scalar fields and one descriptor `[dtype, shape]` per array), frames
-1.. are the arrays' raw little-endian bytes in descriptor order. Decoding returns numpy views on
-the frames (no copy). Anything malformed raises `WireError` and nothing else: the header is
-parsed by msgpack with size limits and no extension types, so no input can execute code.
+version, the message type, scalar and small list fields, and one descriptor `[dtype, shape]` per
+array), frames 1.. are the arrays' raw little-endian bytes in descriptor order. Decoding returns
+numpy views on the frames (no copy). Anything malformed raises `WireError` and nothing else: the
+header is parsed by msgpack with size limits and no extension types, so no input can execute code.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -29,7 +28,12 @@ from asyncgrpo.wire.messages import (
 
 MAX_HEADER_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+MAX_ARRAYS = 1 << 16
 MAX_NDIM = 8
+# Larger integers are nonsense for every field and would overflow int64 arithmetic downstream.
+_MAX_INT = 1 << 62
+_MAX_DIM = (1 << 31) - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # Wire dtype name -> numpy dtype of the frame. bfloat16 has no numpy dtype: it travels as uint16.
 _WIRE_DTYPES: dict[str, np.dtype] = {
@@ -41,8 +45,8 @@ _WIRE_DTYPES: dict[str, np.dtype] = {
     "bfloat16": np.dtype("<u2"),
 }
 
-_GROUP_ARRAYS = ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards")
-_GROUP_DTYPES = ("int32", "int32", "float32", "int32", "int32", "float32")
+# The array frames of a scored group, in order. Lengths and rewards are tiny: they ride in the header.
+_GROUP_ARRAYS = (("prompt_tokens", "int32"), ("tokens", "int32"), ("logprobs", "float32"), ("versions", "int32"))
 
 Frame = bytes | memoryview
 
@@ -58,43 +62,37 @@ class WireError(ValueError):
 # ----------------------------------------------------------------------------------------- encode
 
 
-def _array_frame(array: np.ndarray, wire_dtype: str) -> tuple[list[Any], memoryview]:
-    expected = _WIRE_DTYPES[wire_dtype]
-    array = np.ascontiguousarray(array, dtype=expected)
-    return [wire_dtype, list(array.shape)], memoryview(array).cast("B")
-
-
 def _pack(header: dict[str, Any], arrays: Sequence[tuple[np.ndarray, str]]) -> list[Frame]:
     descriptors, frames = [], []
     for array, wire_dtype in arrays:
-        descriptor, frame = _array_frame(array, wire_dtype)
-        descriptors.append(descriptor)
-        frames.append(frame)
+        array = np.ascontiguousarray(array, dtype=_WIRE_DTYPES[wire_dtype])
+        descriptors.append([wire_dtype, list(array.shape)])
+        frames.append(memoryview(array.reshape(-1)).cast("B"))
     header = {"v": SCHEMA_VERSION, **header, "a": descriptors}
     return [msgpack.packb(header, use_bin_type=True), *frames]
 
 
 def encode(message: Message) -> list[Frame]:
-    """Frames for any message type."""
+    """Frames for any message type. Array frames are views on the message's arrays (no copy)."""
     if isinstance(message, ScoredGroup):
         return encode_group(message)
     if isinstance(message, WeightsChunk):
         header = {
             "t": int(MsgType.WEIGHTS),
-            "version": message.version,
-            "chunk": message.chunk_index,
-            "chunks": message.num_chunks,
+            "version": int(message.version),
+            "chunk": int(message.chunk_index),
+            "chunks": int(message.num_chunks),
             "names": list(message.names),
         }
         return _pack(header, list(zip(message.tensors, message.dtypes, strict=True)))
     if isinstance(message, VersionAck):
-        return _pack({"t": int(MsgType.ACK), "gen": message.generator_id, "version": message.version}, [])
+        return _pack({"t": int(MsgType.ACK), "gen": int(message.generator_id), "version": int(message.version)}, [])
     if isinstance(message, Heartbeat):
         header = {
             "t": int(MsgType.HEARTBEAT),
-            "gen": message.generator_id,
-            "next_seq": message.next_seq,
-            "version": message.version,
+            "gen": int(message.generator_id),
+            "next_seq": int(message.next_seq),
+            "version": int(message.version),
         }
         return _pack(header, [])
     if isinstance(message, Shutdown):
@@ -102,161 +100,179 @@ def encode(message: Message) -> list[Frame]:
     raise TypeError(f"not a wire message: {type(message).__name__}")
 
 
-def encode_group(group: ScoredGroup) -> list[Frame]:
-    """Frames of a scored group: header + six array frames."""
+def encode_group(group: ScoredGroup) -> list[bytes | memoryview]:
+    """Frames of a scored group: header + prompt_tokens, tokens, logprobs, versions."""
     header = {
         "t": int(MsgType.GROUP),
-        "gen": group.generator_id,
-        "seq": group.seq,
-        "prompt_id": group.prompt_id,
+        "gen": int(group.generator_id),
+        "seq": int(group.seq),
+        "prompt_id": int(group.prompt_id),
         "vmin": group.version_min,
         "vmax": group.version_max,
+        "lengths": np.asarray(group.lengths, dtype=np.int64).tolist(),
+        # float32 -> Python float is exact, so the round trip is lossless.
+        "rewards": np.asarray(group.rewards, dtype=np.float32).tolist(),
         "meta": dict(group.meta),
     }
-    arrays = [(getattr(group, name), dtype) for name, dtype in zip(_GROUP_ARRAYS, _GROUP_DTYPES)]
-    return _pack(header, arrays)
+    return _pack(header, [(getattr(group, name), dtype) for name, dtype in _GROUP_ARRAYS])
 
 
 # ----------------------------------------------------------------------------------------- decode
 
 
-def _field(header: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    if key not in header:
-        raise WireError("missing_field", key)
-    value = header[key]
-    # bool is an int subclass; a boolean where a number belongs is malformed.
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise WireError("bad_field", f"{key} is a boolean")
-    if not isinstance(value, kind):
-        raise WireError("bad_field", f"{key} has type {type(value).__name__}")
+_MISSING = object()
+
+
+def _field(header: dict[str, Any], key: str, kind: type) -> Any:
+    # Exact types: msgpack yields exactly int, float, str, bytes, list, dict, bool or None, and a
+    # boolean (an int subclass) where a number belongs is malformed.
+    value = header.get(key, _MISSING)
+    if type(value) is not kind:
+        if value is _MISSING:
+            raise WireError("missing_field", key)
+        raise WireError("bad_field", f"{key} has type {type(value).__name__}, expected {kind.__name__}")
     return value
 
 
 def _int_field(header: dict[str, Any], key: str, minimum: int = 0) -> int:
     value = _field(header, key, int)
-    if value < minimum or value >= 1 << 62:
+    if not minimum <= value < _MAX_INT:
         raise WireError("bad_field", f"{key}={value} out of range")
     return value
 
 
 def _frame_view(frame: Any) -> memoryview:
+    """A flat byte view of a zmq.Frame, bytes, memoryview or other contiguous buffer."""
     try:
-        view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
-    except TypeError as err:
+        view = memoryview(getattr(frame, "buffer", frame))
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    except (TypeError, ValueError) as err:  # not a buffer, or a non-contiguous one
         raise WireError("bad_frame", str(err)) from None
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def _arrays(header: dict[str, Any], frames: Sequence[Any]) -> list[np.ndarray]:
+def _arrays(header: dict[str, Any], views: Sequence[memoryview]) -> list[np.ndarray]:
     descriptors = _field(header, "a", list)
-    if len(descriptors) != len(frames):
-        raise WireError("frame_count", f"header describes {len(descriptors)} arrays, got {len(frames)} frames")
+    if len(descriptors) != len(views):
+        raise WireError("frame_count", f"header describes {len(descriptors)} arrays, got {len(views)} frames")
     arrays = []
-    for index, (descriptor, frame) in enumerate(zip(descriptors, frames)):
-        if not (isinstance(descriptor, list) and len(descriptor) == 2):
+    for index, (descriptor, view) in enumerate(zip(descriptors, views)):
+        if type(descriptor) is not list or len(descriptor) != 2:
             raise WireError("bad_descriptor", f"array {index}")
         wire_dtype, shape = descriptor
-        if wire_dtype not in _WIRE_DTYPES:
+        dtype = _WIRE_DTYPES.get(wire_dtype) if type(wire_dtype) is str else None
+        if dtype is None:
             raise WireError("bad_dtype", f"array {index}: {wire_dtype!r}")
-        if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        if type(shape) is not list or len(shape) > MAX_NDIM:
             raise WireError("bad_shape", f"array {index}")
-        if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-            raise WireError("bad_shape", f"array {index}: {shape}")
-        dtype = _WIRE_DTYPES[wire_dtype]
-        view = _frame_view(frame)
-        if math.prod(shape) * dtype.itemsize != view.nbytes:
+        count = 1
+        for dim in shape:
+            if type(dim) is not int or not 0 <= dim <= _MAX_DIM:
+                raise WireError("bad_shape", f"array {index}: {shape}")
+            count *= dim
+        if count * dtype.itemsize != view.nbytes:
             raise WireError("size_mismatch", f"array {index}: shape {shape} x {dtype} != {view.nbytes} bytes")
-        arrays.append(np.frombuffer(view, dtype=dtype).reshape(shape))
+        array = np.frombuffer(view, dtype=dtype)
+        arrays.append(array if len(shape) == 1 else array.reshape(shape))
     return arrays
 
 
-def decode(frames: Sequence[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
-    """Parse frames into a typed message; raises `WireError` on anything malformed."""
-    if not frames:
-        raise WireError("empty", "no frames")
-    total = 0
-    for frame in frames:
-        total += _frame_view(frame).nbytes
-    if total > max_message_bytes:
-        raise WireError("too_large", f"{total} bytes > limit {max_message_bytes}")
-    head = _frame_view(frames[0])
+def _parse_header(head: memoryview) -> dict[str, Any]:
     if head.nbytes > MAX_HEADER_BYTES:
-        raise WireError("header_too_large", f"{head.nbytes} bytes")
+        raise WireError("header_too_large", f"{head.nbytes} bytes > limit {MAX_HEADER_BYTES}")
     try:
-        header = msgpack.unpackb(
-            head, raw=False, strict_map_key=True, ext_hook=_refuse_ext
-        )
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
     except WireError:
         raise
     except Exception as err:  # msgpack raises several unrelated types on garbage
         raise WireError("bad_header", f"{type(err).__name__}: {err}") from None
     if not isinstance(header, dict):
         raise WireError("bad_header", "header is not a map")
-    if header.get("v") != SCHEMA_VERSION:
-        raise WireError("schema_version", f"got {header.get('v')!r}, expected {SCHEMA_VERSION}")
-    kind = _field(header, "t", int)
-    arrays = _arrays(header, frames[1:])
-    if kind == MsgType.GROUP:
-        return _decode_group(header, arrays)
-    if kind == MsgType.WEIGHTS:
-        return _decode_weights(header, arrays)
-    if arrays:
-        raise WireError("frame_count", f"message type {kind} carries no arrays")
-    if kind == MsgType.ACK:
-        return VersionAck(generator_id=_int_field(header, "gen"), version=_int_field(header, "version"))
-    if kind == MsgType.HEARTBEAT:
-        return Heartbeat(
-            generator_id=_int_field(header, "gen"),
-            next_seq=_int_field(header, "next_seq"),
-            version=_int_field(header, "version"),
-        )
-    if kind == MsgType.SHUTDOWN:
-        return Shutdown(reason=_field(header, "reason", str))
-    raise WireError("unknown_type", str(kind))
-
-
-def decode_group(frames: Sequence[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ScoredGroup:
-    """Decode frames that must hold a scored group."""
-    message = decode(frames, max_message_bytes)
-    if not isinstance(message, ScoredGroup):
-        raise WireError("unexpected_type", type(message).__name__)
-    return message
+    version = header.get("v")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise WireError("schema_version", f"got {version!r}, expected {SCHEMA_VERSION}")
+    return header
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError("bad_header", f"msgpack extension type {code} is not allowed")
 
 
+def decode(frames: Sequence[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
+    """Parse frames into a typed message; raises `WireError` on anything malformed."""
+    if not isinstance(frames, list | tuple):
+        raise WireError("bad_frame", f"expected a sequence of frames, got {type(frames).__name__}")
+    if not frames:
+        raise WireError("empty", "no frames")
+    if len(frames) > 1 + MAX_ARRAYS:
+        raise WireError("frame_count", f"{len(frames)} frames > limit {1 + MAX_ARRAYS}")
+    views = [_frame_view(frame) for frame in frames]
+    total = sum(view.nbytes for view in views)
+    if total > max_message_bytes:
+        raise WireError("too_large", f"{total} bytes > limit {max_message_bytes}")
+    header = _parse_header(views[0])
+    kind = _field(header, "t", int)
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        raise WireError("unknown_type", str(kind))
+    return decoder(header, _arrays(header, views[1:]))
+
+
+def decode_group(frames: Sequence[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ScoredGroup:
+    """Decode frames that must hold a scored group; raises `WireError` on anything else."""
+    message = decode(frames, max_message_bytes)
+    if not isinstance(message, ScoredGroup):
+        raise WireError("unexpected_type", type(message).__name__)
+    return message
+
+
+def _no_arrays(kind: str, arrays: list[np.ndarray]) -> None:
+    if arrays:
+        raise WireError("frame_count", f"a {kind} message carries no arrays, got {len(arrays)}")
+
+
 def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGroup:
     if len(arrays) != len(_GROUP_ARRAYS):
         raise WireError("frame_count", f"a group has {len(_GROUP_ARRAYS)} arrays, got {len(arrays)}")
-    descriptors = header["a"]
-    for name, dtype, descriptor, array in zip(_GROUP_ARRAYS, _GROUP_DTYPES, descriptors, arrays):
-        if descriptor[0] != dtype or array.ndim != 1:
-            raise WireError("bad_dtype", f"{name} must be a 1-d {dtype} array")
-    prompt_tokens, tokens, logprobs, versions, lengths, rewards = arrays
-    if lengths.size == 0:
+    for (name, dtype), descriptor, array in zip(_GROUP_ARRAYS, header["a"], arrays):
+        if descriptor[0] != dtype:
+            raise WireError("bad_dtype", f"{name} must be {dtype}, got {descriptor[0]}")
+        if array.ndim != 1:
+            raise WireError("bad_shape", f"{name} must be 1-d, got shape {list(array.shape)}")
+    prompt_tokens, tokens, logprobs, versions = arrays
+
+    lengths = _field(header, "lengths", list)
+    if not lengths:
         raise WireError("bad_lengths", "a group has no samples")
-    if (lengths < 0).any():
-        raise WireError("bad_lengths", "negative completion length")
-    if int(lengths.sum(dtype=np.int64)) != tokens.size:
-        raise WireError("bad_lengths", f"lengths sum to {int(lengths.sum())}, tokens has {tokens.size}")
+    if not all(type(n) is int and 0 <= n <= _MAX_DIM for n in lengths):
+        raise WireError("bad_lengths", "a completion length is not an integer, negative or too large")
+    if sum(lengths) != tokens.size:
+        raise WireError("bad_lengths", f"lengths sum to {sum(lengths)}, tokens has {tokens.size}")
     if logprobs.size != tokens.size or versions.size != tokens.size:
         raise WireError("bad_lengths", "tokens, logprobs and versions differ in length")
-    if rewards.size != lengths.size:
-        raise WireError("bad_lengths", "one reward per sample")
-    if not np.isfinite(logprobs).all() or (logprobs > 0).any():
+
+    rewards = _field(header, "rewards", list)
+    if len(rewards) != len(lengths):
+        raise WireError("bad_rewards", f"{len(rewards)} rewards for {len(lengths)} samples")
+    # NaN fails both comparisons, infinities and float32 overflow fail one.
+    if not all(type(r) is float and -_FLOAT32_MAX <= r <= _FLOAT32_MAX for r in rewards):
+        raise WireError("bad_rewards", "rewards must be finite floats within float32 range")
+
+    if (tokens.size and np.minimum.reduce(tokens) < 0) or (prompt_tokens.size and np.minimum.reduce(prompt_tokens) < 0):
+        raise WireError("bad_tokens", "negative token id")
+    # min/max propagate NaN and the comparisons are then False: two passes find NaN, inf and > 0.
+    if logprobs.size and not (np.minimum.reduce(logprobs) > -np.inf and np.maximum.reduce(logprobs) <= 0):
         raise WireError("bad_logprobs", "log-probs must be finite and <= 0")
-    if not np.isfinite(rewards).all():
-        raise WireError("bad_rewards", "rewards must be finite")
     vmin, vmax = _int_field(header, "vmin"), _int_field(header, "vmax")
-    if versions.size and (int(versions.min()) != vmin or int(versions.max()) != vmax):
+    if vmin > vmax:
+        raise WireError("bad_versions", f"vmin={vmin} > vmax={vmax}")
+    if versions.size and (np.minimum.reduce(versions) != vmin or np.maximum.reduce(versions) != vmax):
         raise WireError("bad_versions", "vmin/vmax disagree with per-token versions")
+
     meta = _field(header, "meta", dict)
-    if not all(isinstance(k, str) and isinstance(v, int | float | str) for k, v in meta.items()):
+    if not all(type(k) is str and type(v) in (int, float, str) for k, v in meta.items()):
         raise WireError("bad_field", "meta must map str to int, float or str")
-    meta = dict(meta)
-    meta.setdefault("version", vmin)
+    if not versions.size:
+        meta.setdefault("version", vmin)  # with no tokens, version_min/max read it from meta
     return ScoredGroup(
         generator_id=_int_field(header, "gen"),
         seq=_int_field(header, "seq"),
@@ -265,15 +281,15 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
         tokens=tokens,
         logprobs=logprobs,
         versions=versions,
-        lengths=lengths,
-        rewards=rewards,
+        lengths=np.array(lengths, dtype=np.int32),
+        rewards=np.array(rewards, dtype=np.float32),
         meta=meta,
     )
 
 
 def _decode_weights(header: dict[str, Any], arrays: list[np.ndarray]) -> WeightsChunk:
     names = _field(header, "names", list)
-    if len(names) != len(arrays) or not all(isinstance(n, str) for n in names):
+    if len(names) != len(arrays) or not all(type(n) is str for n in names):
         raise WireError("bad_field", "one string name per weight array")
     num_chunks = _int_field(header, "chunks", minimum=1)
     chunk_index = _int_field(header, "chunk")
@@ -287,6 +303,34 @@ def _decode_weights(header: dict[str, Any], arrays: list[np.ndarray]) -> Weights
         tensors=arrays,
         dtypes=[d[0] for d in header["a"]],
     )
+
+
+def _decode_ack(header: dict[str, Any], arrays: list[np.ndarray]) -> VersionAck:
+    _no_arrays("ack", arrays)
+    return VersionAck(generator_id=_int_field(header, "gen"), version=_int_field(header, "version"))
+
+
+def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heartbeat:
+    _no_arrays("heartbeat", arrays)
+    return Heartbeat(
+        generator_id=_int_field(header, "gen"),
+        next_seq=_int_field(header, "next_seq"),
+        version=_int_field(header, "version"),
+    )
+
+
+def _decode_shutdown(header: dict[str, Any], arrays: list[np.ndarray]) -> Shutdown:
+    _no_arrays("shutdown", arrays)
+    return Shutdown(reason=_field(header, "reason", str))
+
+
+_DECODERS: dict[int, Callable[[dict[str, Any], list[np.ndarray]], Message]] = {
+    MsgType.GROUP: _decode_group,
+    MsgType.WEIGHTS: _decode_weights,
+    MsgType.ACK: _decode_ack,
+    MsgType.HEARTBEAT: _decode_heartbeat,
+    MsgType.SHUTDOWN: _decode_shutdown,
+}
 
 
 def example_group(num_samples: int = 8, tokens_per_sample: int = 512, seed: int = 0) -> ScoredGroup:
@@ -305,4 +349,5 @@ def example_group(num_samples: int = 8, tokens_per_sample: int = 512, seed: int 
         versions=np.full(total, version, dtype=np.int32),
         lengths=lengths,
         rewards=rng.integers(0, 2, size=num_samples).astype(np.float32),
+        meta={"version": version},
     )

@@ -13,7 +13,8 @@ from enum import IntEnum
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+# 2: lengths and rewards moved from array frames into the header.
+SCHEMA_VERSION = 2
 
 
 class MsgType(IntEnum):
@@ -30,7 +31,7 @@ class ScoredGroup:
 
     Completions are packed end to end: sample i owns `tokens[offsets[i]:offsets[i+1]]`.
     Shapes: prompt_tokens [P] int32; tokens, logprobs, versions [sum(lengths)] int32/float32/int32;
-    lengths, rewards [n] int32/float32.
+    lengths, rewards [n] int32/float32. `meta` holds small extras (str -> int, float or str).
     """
 
     generator_id: int
@@ -43,6 +44,11 @@ class ScoredGroup:
     lengths: np.ndarray
     rewards: np.ndarray
     meta: dict[str, float | int | str] = field(default_factory=dict)
+
+    @property
+    def group_id(self) -> tuple[int, int]:
+        """Unique across a run: sequence numbers are per generator."""
+        return (self.generator_id, self.seq)
 
     @property
     def num_samples(self) -> int:

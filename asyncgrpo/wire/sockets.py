@@ -5,23 +5,63 @@
 - `Publisher` (PUB, binds) / `Subscriber` (SUB, connects): learner -> generators stream of weights
   and shutdown.
 
-Every blocking call takes a timeout. Sockets bind to 127.0.0.1 unless the config says otherwise.
+Every blocking call takes a timeout. Bound sockets listen on loopback unless given CURVE keys
+(see security.py) or, explicitly, `insecure=True`. A receiving channel rejects and counts any
+malformed or wrong-direction message and keeps serving.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 
 import zmq
 
 from asyncgrpo.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Frame, WireError, decode, encode
-from asyncgrpo.wire.messages import Message
+from asyncgrpo.wire.messages import Heartbeat, Message, ScoredGroup, Shutdown, VersionAck, WeightsChunk
+from asyncgrpo.wire.security import (
+    CurveClientKeys,
+    CurveServerKeys,
+    is_loopback,
+    make_curve_client,
+    make_curve_server,
+)
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_TYPES = (ScoredGroup, VersionAck, Heartbeat)
+DOWNSTREAM_TYPES = (WeightsChunk, Shutdown)
 
 
 class WireTimeout(TimeoutError):
     pass
+
+
+class Rejections:
+    """Malformed messages by reason. The first of each reason is logged; the rest only counted."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()  # the receiving thread records while the learner reads
+
+    def record(self, err: WireError) -> None:
+        with self._lock:
+            first = err.reason not in self._counts
+            self._counts[err.reason] += 1
+        if first:
+            log.warning("rejected a malformed message on %s (%s); later ones of this kind are only counted "
+                        "under wire/rejected", self.endpoint, err)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
 
 
 def _context() -> zmq.Context:
@@ -33,90 +73,134 @@ class _Channel:
         self.socket = _context().socket(socket_type)
         self.socket.setsockopt(zmq.LINGER, 0)
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close; `linger_s` > 0 gives queued outgoing messages that long to leave."""
         if not self.socket.closed:
-            self.socket.close(linger=0)
+            self.socket.close(linger=int(linger_s * 1000))
 
 
 class _Bound(_Channel):
-    def __init__(self, socket_type: int, host: str) -> None:
+    def __init__(self, socket_type: int, host: str, curve: CurveServerKeys | None, insecure: bool) -> None:
+        if curve is None and not insecure and not is_loopback(host):
+            raise ValueError(
+                f"refusing to bind {host!r} without authentication: pass CURVE keys "
+                "(asyncgrpo.wire.WireKeys) or set wire.insecure=true"
+            )
         super().__init__(socket_type)
-        port = self.socket.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"tcp://{host}:{port}"
+        if curve is not None:
+            make_curve_server(self.socket, curve)
+        if ":" in host:
+            self.socket.setsockopt(zmq.IPV6, 1)
+            host = f"[{host}]"
+        self.socket.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
-class Sender(_Channel):
-    """PUSH side: `send` blocks while the receiver's buffers are full, up to `timeout_s`."""
+class _Receiving:
+    """Shared receive path of Receiver and Subscriber."""
 
-    def __init__(self, endpoint: str, high_water_mark: int = 8) -> None:
-        super().__init__(zmq.PUSH)
-        self.socket.setsockopt(zmq.SNDHWM, high_water_mark)
-        self.socket.connect(endpoint)
-        self.endpoint = endpoint
+    socket: zmq.Socket
+    endpoint: str
 
-    def try_send(self, message: Message | Sequence[Frame], timeout_s: float) -> bool:
-        """Send within `timeout_s`; False if the receiver did not take it in time."""
-        frames = message if isinstance(message, list) else encode(message)
-        if self.socket.poll(int(timeout_s * 1000), zmq.POLLOUT) == 0:
-            return False
-        self.socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-        return True
-
-    def send(self, message: Message, timeout_s: float) -> None:
-        if not self.try_send(message, timeout_s):
-            raise WireTimeout(f"no receiver took a message on {self.endpoint} within {timeout_s:.0f} s")
-
-
-class Receiver(_Bound):
-    """PULL side: decodes, counts malformed messages by reason and keeps serving."""
-
-    def __init__(self, host: str = "127.0.0.1", high_water_mark: int = 8,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-        super().__init__(zmq.PULL, host)
-        self.socket.setsockopt(zmq.RCVHWM, high_water_mark)
+    def _init_receiving(self, max_message_bytes: int, accepts: tuple[type, ...]) -> None:
+        # libzmq drops a peer that sends a single frame over the limit before allocating it.
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.max_message_bytes = max_message_bytes
-        self.rejected: Counter[str] = Counter()
+        self.accepts = accepts
+        self.rejected = Rejections(self.endpoint)
 
     def recv(self, timeout_s: float) -> Message | None:
         """The next valid message, or None if none arrived within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
-            remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            if self.socket.poll(remaining_ms, zmq.POLLIN) == 0:
-                return None
-            frames = self.socket.recv_multipart(copy=False)
             try:
-                return decode(frames, self.max_message_bytes)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0 or self.socket.poll(remaining_ms, zmq.POLLIN) == 0:
+                    return None
+                continue
+            try:
+                message = decode(frames, self.max_message_bytes)
+                if not isinstance(message, self.accepts):
+                    raise WireError("unexpected_type", f"{type(message).__name__} on {self.endpoint}")
             except WireError as err:
-                self.rejected[err.reason] += 1
+                self.rejected.record(err)
+                continue
+            return message
+
+
+class Sender(_Channel):
+    """PUSH side: `send` blocks while the receiver's buffers are full, up to `timeout_s`."""
+
+    def __init__(self, endpoint: str, high_water_mark: int = 8, curve: CurveClientKeys | None = None) -> None:
+        super().__init__(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, high_water_mark)
+        # Queue only toward a completed (authenticated) connection, so an unreachable or refusing
+        # receiver shows up as a send timeout instead of messages piling up for nobody.
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)
+        if curve is not None:
+            make_curve_client(self.socket, curve)
+        self.socket.connect(endpoint)
+        self.endpoint = endpoint
+
+    def try_send(self, message: Message | list[Frame], timeout_s: float) -> bool:
+        """Send within `timeout_s`; False if the receiver did not take it in time."""
+        frames = message if isinstance(message, list) else encode(message)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+                return True
+            except zmq.Again:  # high-water mark reached, or no connection yet
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0 or self.socket.poll(remaining_ms, zmq.POLLOUT) == 0:
+                    return False
+
+    def send(self, message: Message | list[Frame], timeout_s: float) -> None:
+        if not self.try_send(message, timeout_s):
+            raise WireTimeout(f"no receiver took a message on {self.endpoint} within {timeout_s:.0f} s")
+
+
+class Receiver(_Bound, _Receiving):
+    """PULL side: decodes, rejects and counts malformed messages by reason, keeps serving."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        high_water_mark: int = 8,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        curve: CurveServerKeys | None = None,
+        insecure: bool = False,
+    ) -> None:
+        super().__init__(zmq.PULL, host, curve, insecure)
+        self.socket.setsockopt(zmq.RCVHWM, high_water_mark)
+        self._init_receiving(max_message_bytes, UPSTREAM_TYPES)
 
 
 class Publisher(_Bound):
     """PUB side. No high-water mark: a weight push must never be dropped silently."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        super().__init__(zmq.PUB, host)
+    def __init__(self, host: str = "127.0.0.1", curve: CurveServerKeys | None = None, insecure: bool = False) -> None:
+        super().__init__(zmq.PUB, host, curve, insecure)
         self.socket.setsockopt(zmq.SNDHWM, 0)
 
     def publish(self, message: Message) -> None:
         self.socket.send_multipart(encode(message), copy=False)
 
 
-class Subscriber(_Channel):
-    def __init__(self, endpoint: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+class Subscriber(_Channel, _Receiving):
+    def __init__(
+        self,
+        endpoint: str,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        curve: CurveClientKeys | None = None,
+    ) -> None:
         super().__init__(zmq.SUB)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if curve is not None:
+            make_curve_client(self.socket, curve)
         self.socket.connect(endpoint)
-        self.max_message_bytes = max_message_bytes
-        self.rejected: Counter[str] = Counter()
-
-    def recv(self, timeout_s: float) -> Message | None:
-        if self.socket.poll(int(timeout_s * 1000), zmq.POLLIN) == 0:
-            return None
-        frames = self.socket.recv_multipart(copy=False)
-        try:
-            return decode(frames, self.max_message_bytes)
-        except WireError as err:
-            self.rejected[err.reason] += 1
-            return None
+        self.endpoint = endpoint
+        self._init_receiving(max_message_bytes, DOWNSTREAM_TYPES)

@@ -11,9 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from asyncgrpo.models.tiny import VLLM_CPU_ENGINE_KWARGS, TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 
-# vLLM reads these when the engine starts; set before importing it.
+# Engine in this process: starts faster than a separate engine-core process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +64,7 @@ def test_sampled_tokens_and_logprobs_match_transformers(llm, reference, model_di
     outputs = llm.generate(PROMPTS, params)
 
     assert len(outputs) == len(PROMPTS)
-    for prompt, output in zip(PROMPTS, outputs):
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
         prompt_ids = tokenizer(prompt).input_ids
         assert list(output.prompt_token_ids) == prompt_ids
         assert len(output.outputs) == 4
@@ -75,13 +74,18 @@ def test_sampled_tokens_and_logprobs_match_transformers(llm, reference, model_di
             assert len(completion.logprobs) == len(token_ids)
             assert completion.text == tokenizer.decode(token_ids, skip_special_tokens=True)
             sampled = torch.tensor(
-                [position[token].logprob for position, token in zip(completion.logprobs, token_ids)]
+                [
+                    position[token].logprob
+                    for position, token in zip(completion.logprobs, token_ids, strict=True)
+                ]
             )
             expected = reference_logprobs(reference, prompt_ids + token_ids)[len(prompt_ids) - 1 :]
             torch.testing.assert_close(sampled, expected, atol=LOGPROB_TOLERANCE, rtol=0)
 
 
-def test_prompt_logprobs_of_fixed_completion_match_transformers(llm, reference, model_dir: Path) -> None:
+def test_prompt_logprobs_of_fixed_completion_match_transformers(
+    llm, reference, model_dir: Path
+) -> None:
     from vllm import SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -91,7 +95,10 @@ def test_prompt_logprobs_of_fixed_completion_match_transformers(llm, reference, 
 
     assert output.prompt_logprobs[0] is None
     vllm_logprobs = torch.tensor(
-        [position[token].logprob for position, token in zip(output.prompt_logprobs[1:], token_ids[1:])]
+        [
+            position[token].logprob
+            for position, token in zip(output.prompt_logprobs[1:], token_ids[1:], strict=True)
+        ]
     )
     expected = reference_logprobs(reference, token_ids)
     assert expected.min() < -3.0, "weights too close to uniform for a meaningful comparison"

@@ -7,7 +7,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncgrpo.models.tiny import TinyModelSpec
-from asyncgrpo.models.warmstart import ensure_warm_model, measure_accuracy, warm_model_cache_key
+from asyncgrpo.models.warmstart import (
+    ensure_warm_model,
+    expected_sampled_accuracy,
+    measure_accuracy,
+    warm_model_cache_key,
+)
 from asyncgrpo.tasks import ArithmeticTask
 
 EXPECTED_FILES = {
@@ -23,18 +28,26 @@ EXPECTED_FILES = {
 def test_cache_key_depends_on_every_input() -> None:
     spec, task = TinyModelSpec(), ArithmeticTask()
     key = warm_model_cache_key(spec, task, seed=0, target_accuracy=0.12)
-    assert key == warm_model_cache_key(TinyModelSpec(), ArithmeticTask(), seed=0, target_accuracy=0.12)
+    assert key == warm_model_cache_key(
+        TinyModelSpec(), ArithmeticTask(), seed=0, target_accuracy=0.12
+    )
     assert key != warm_model_cache_key(spec, task, seed=1, target_accuracy=0.12)
     assert key != warm_model_cache_key(spec, task, seed=0, target_accuracy=0.2)
-    assert key != warm_model_cache_key(TinyModelSpec(num_layers=3), task, seed=0, target_accuracy=0.12)
-    assert key != warm_model_cache_key(spec, ArithmeticTask(split_seed=1), seed=0, target_accuracy=0.12)
+    assert key != warm_model_cache_key(
+        TinyModelSpec(num_layers=3), task, seed=0, target_accuracy=0.12
+    )
+    assert key != warm_model_cache_key(
+        spec, ArithmeticTask(split_seed=1), seed=0, target_accuracy=0.12
+    )
 
 
 @pytest.mark.slow
 def test_warm_start_reaches_low_target_saves_and_hits_cache(tmp_path: Path) -> None:
     task = ArithmeticTask()
     logs: list[str] = []
-    kwargs = dict(model_kwargs={}, task=task, seed=0, target_accuracy=0.03, max_seconds=120, log=logs.append)
+    kwargs = dict(
+        model_kwargs={}, task=task, seed=0, target_accuracy=0.03, max_seconds=120, log=logs.append
+    )
 
     model_dir = ensure_warm_model(tmp_path, **kwargs)
 
@@ -43,14 +56,21 @@ def test_warm_start_reaches_low_target_saves_and_hits_cache(tmp_path: Path) -> N
     record = json.loads((model_dir / "warmstart.json").read_text())
     assert record["reached_target"] is True
     assert record["seed"] == 0 and record["steps"] > 0 and record["seconds"] > 0
-    assert 0.0 < record["sampled_accuracy"] < 0.5
+    assert 0.03 <= record["expected_sampled_accuracy"] < 0.5
+    assert 0.0 <= record["sampled_accuracy"] < 0.5
     assert 0.0 <= record["greedy_accuracy"] <= 1.0
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     assert not model.config.tie_word_embeddings
-    reloaded_accuracy = measure_accuracy(model, tokenizer, task, task.eval_problems(), greedy=True)
-    assert reloaded_accuracy == pytest.approx(record["greedy_accuracy"])
+    eval_problems = task.eval_problems()
+    assert expected_sampled_accuracy(model, tokenizer, eval_problems) == pytest.approx(
+        record["expected_sampled_accuracy"], abs=1e-6
+    )
+    assert (
+        measure_accuracy(model, tokenizer, task, eval_problems, greedy=True)
+        == record["greedy_accuracy"]
+    )
 
     logs.clear()
     start = time.monotonic()

@@ -69,7 +69,9 @@ def test_one_digit_operands_include_zero() -> None:
         ("", 0.0),
     ],
 )
-def test_score_is_exact_match_ignoring_trailing_eos_and_whitespace(completion: str, expected: float) -> None:
+def test_score_is_exact_match_ignoring_trailing_eos_and_whitespace(
+    completion: str, expected: float
+) -> None:
     task = ArithmeticTask()
     problem = Problem(id=0, prompt="37+48=", answer="85")
     assert task.score(completion, problem) == expected

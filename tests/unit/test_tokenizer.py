@@ -4,7 +4,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
-from asyncgrpo.models.tokenizer import CHARACTERS, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, build_char_tokenizer
+from asyncgrpo.models.tokenizer import (
+    CHARACTERS,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    build_char_tokenizer,
+)
 
 SAMPLE_TEXT = "37+48=85\n(9*7) - 2 = ab?"
 
@@ -17,9 +23,7 @@ def tokenizer():
 def test_one_token_per_character(tokenizer) -> None:
     ids = tokenizer(SAMPLE_TEXT, add_special_tokens=False).input_ids
     assert len(ids) == len(SAMPLE_TEXT)
-    assert tokenizer("37+48=").input_ids == [
-        tokenizer.convert_tokens_to_ids(c) for c in "37+48="
-    ]
+    assert tokenizer("37+48=").input_ids == [tokenizer.convert_tokens_to_ids(c) for c in "37+48="]
 
 
 def test_vocab_is_specials_then_characters(tokenizer) -> None:
@@ -38,9 +42,10 @@ def test_decode_concatenates_characters_without_spaces(tokenizer) -> None:
 
 
 def test_no_special_tokens_are_added_to_prompts(tokenizer) -> None:
-    assert tokenizer("1+1=", add_special_tokens=True).input_ids == tokenizer(
-        "1+1=", add_special_tokens=False
-    ).input_ids
+    assert (
+        tokenizer("1+1=", add_special_tokens=True).input_ids
+        == tokenizer("1+1=", add_special_tokens=False).input_ids
+    )
 
 
 def test_unknown_character_maps_to_unk(tokenizer) -> None:
@@ -62,5 +67,8 @@ def test_auto_tokenizer_in_model_dir_matches(tokenizer, tmp_path: Path) -> None:
     assert loaded(SAMPLE_TEXT).input_ids == ids
     assert loaded.decode(ids) == SAMPLE_TEXT
     assert loaded.convert_ids_to_tokens(ids) == tokenizer.convert_ids_to_tokens(ids)
-    assert (loaded.eos_token_id, loaded.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert (loaded.eos_token_id, loaded.pad_token_id) == (
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
     assert len(loaded) == len(tokenizer)

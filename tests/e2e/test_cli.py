@@ -1,0 +1,151 @@
+"""The real CLI end to end: vLLM, Ray, ZeroMQ and torch.distributed, tiny budgets."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+REQUIRED_STEP_KEYS = {
+    "step", "samples", "reward/mean", "staleness/mean", "staleness/max", "time/step_s", "perf/samples_per_s",
+    "queue/depth", "queue/dropped_stale", "loss/pg", "loss/clipfrac", "mismatch/kl",
+}
+SUMMARY_KEYS = {
+    "steps", "samples", "wall_s", "samples_per_s", "eval_accuracy_start", "eval_accuracy_end",
+    "groups_dropped_stale", "staleness_max",
+}
+RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py")
+
+
+def cli(tmp_path: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable, "-m", "asyncgrpo.cli", "train",
+        f"run_dir={tmp_path / 'run'}",
+        # A short warm start into a private cache: these runs test the plumbing, not learning.
+        f"model.cache_dir={tmp_path / 'cache'}",
+        "model.warmstart_max_seconds=5",
+        "progress=false",
+        "train.steps_per_call=2",
+        *overrides,
+    ]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [r for r in read_jsonl(path) if "loss/pg" in r] if path.exists() else []
+
+
+def ray_processes_started_after(start: float) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if proc.info["create_time"] >= start and any(m in cmdline for m in RAY_PROCESS_MARKERS):
+                found.append(f"{proc.pid}: {cmdline[:120]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_for(predicate, timeout_s: float, what: str, detail=lambda: "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} {detail()}")
+        time.sleep(0.5)
+
+
+def test_train_runs_end_to_end(tmp_path):
+    steps = 6
+    result = subprocess.run(cli(tmp_path, f"train.max_steps={steps}"), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = tmp_path / "run"
+
+    assert f"max_steps: {steps}" in (run_dir / "config.yaml").read_text()
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # the learner's version advanced
+    for record in records:
+        assert REQUIRED_STEP_KEYS <= record.keys()
+        assert record["staleness/max"] <= 2
+    evals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+    assert [e["eval/when"] for e in evals] == ["start", "end"]
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["status"] == "finished"
+    assert summary["steps"] == steps and summary["samples"] == steps * 16 * 8
+    assert summary["staleness_max"] <= 2
+
+    # The generator loaded the pushed weights: its vLLM log-probs moved away from the start and
+    # equal the learner's forward at the final version.
+    probe = summary["probe"]
+    assert probe["generator_version"] == probe["learner_version"] == steps
+    assert probe["max_abs_change_since_start"] > 1e-4
+    assert probe["max_abs_diff_vs_learner"] < 1e-3
+
+
+def test_max_staleness_zero_is_on_policy(tmp_path):
+    result = subprocess.run(
+        cli(tmp_path, "train.max_steps=4", "train.max_staleness=0", "eval.at_start=false", "eval.at_end=false"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = step_records(tmp_path / "run")
+    assert len(records) == 4
+    assert all(r["staleness/max"] == 0 and r["queue/dropped_stale"] == 0 for r in records)
+
+
+def test_ctrl_c_stops_everything_and_leaves_readable_files(tmp_path):
+    start = time.time()
+    proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000", "eval.at_start=false"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = tmp_path / "run"
+    try:
+        wait_for(lambda: len(step_records(run_dir)) >= 2 or proc.poll() is not None, 600, "two learner steps")
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        actors = json.loads((run_dir / "actors.json").read_text())
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        assert time.monotonic() - interrupted < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert len(step_records(run_dir)) >= 2
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in actors["generator_pids"] + actors["learner_pids"]),
+             10, "actor processes to exit")
+    wait_for(lambda: not ray_processes_started_after(start), 10, "Ray processes to exit",
+             lambda: ray_processes_started_after(start))
+
+
+def test_dead_generator_fails_the_run_loudly(tmp_path):
+    proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000", "eval.at_start=false"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = tmp_path / "run"
+    try:
+        wait_for(lambda: len(step_records(run_dir)) >= 2 or proc.poll() is not None, 600, "two learner steps")
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        generator_pid = json.loads((run_dir / "actors.json").read_text())["generator_pids"][0]
+        os.kill(generator_pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "training failed" in output and "Generator" in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"

@@ -1,0 +1,268 @@
+"""The replay queue: exact accounting, loss and duplicate detection, eviction policies, timeouts."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import zmq
+
+from asyncgrpo.replay import QueueFull, QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.wire import Heartbeat, Receiver, ScoredGroup, Sender, VersionAck, encode, example_group
+
+ACCOUNTING_KEYS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_full", "queue/depth")
+
+
+def group(generator_id: int = 0, seq: int = 0, version: int = 0, reward: float = 1.0) -> ScoredGroup:
+    g = example_group(num_samples=2, tokens_per_sample=3, seed=seq)
+    g.generator_id, g.seq = generator_id, seq
+    g.versions[:] = version
+    g.rewards[:] = reward
+    return g
+
+
+def assert_accounted(queue: ReplayQueue) -> dict[str, float]:
+    stats = queue.stats()
+    assert stats["queue/received"] == sum(stats[key] for key in ACCOUNTING_KEYS), stats
+    assert stats["queue/depth"] <= stats["queue/peak_depth"] <= stats["queue/capacity"], stats
+    return stats
+
+
+def in_process_queue(capacity: int = 4, max_staleness: int = 2, **kwargs: object) -> ReplayQueue:
+    return ReplayQueue(None, capacity_groups=capacity, max_staleness=max_staleness, **kwargs)
+
+
+def test_stats_keep_the_keys_the_learner_logs() -> None:
+    stats = in_process_queue().stats()
+    for key in ("queue/depth", "queue/received", "queue/consumed", "queue/dropped_stale", "queue/dropped_full",
+                "queue/lost", "queue/duplicates", "wire/rejected"):
+        assert key in stats
+
+
+def test_groups_come_out_oldest_first_and_are_counted() -> None:
+    queue = in_process_queue(capacity=4)
+    for seq in range(3):
+        queue.put(group(seq=seq))
+    assert [g.seq for g in queue.take(2, learner_version=0, timeout_s=1)] == [0, 1]
+    stats = assert_accounted(queue)
+    assert (stats["queue/received"], stats["queue/consumed"], stats["queue/depth"]) == (3, 2, 1)
+
+
+def test_block_policy_refuses_a_put_into_a_full_queue_without_counting_it() -> None:
+    queue = in_process_queue(capacity=2, full_policy="block")
+    queue.put(group(seq=0))
+    queue.put(group(seq=1))
+    with pytest.raises(QueueFull):
+        queue.put(group(seq=2), timeout_s=0.0)
+    stats = assert_accounted(queue)
+    assert (stats["queue/received"], stats["queue/dropped_full"]) == (2, 0)
+    queue.take(1, learner_version=0, timeout_s=1)
+    queue.put(group(seq=2))  # the refused group may be offered again: it was never seen
+    assert assert_accounted(queue)["queue/duplicates"] == 0
+
+
+def test_block_policy_put_waits_for_a_take_in_another_thread() -> None:
+    queue = in_process_queue(capacity=1, full_policy="block")
+    queue.put(group(seq=0))
+    taker = threading.Timer(0.05, queue.take, kwargs={"num_groups": 1, "learner_version": 0, "timeout_s": 5})
+    taker.start()
+    queue.put(group(seq=1), timeout_s=5)
+    taker.join()
+    assert assert_accounted(queue)["queue/consumed"] == 1
+
+
+def test_drop_oldest_policy_evicts_the_oldest_and_counts_it() -> None:
+    queue = in_process_queue(capacity=3, full_policy="drop_oldest")
+    for seq in range(5):
+        queue.put(group(seq=seq))
+    stats = assert_accounted(queue)
+    assert (stats["queue/received"], stats["queue/dropped_full"], stats["queue/depth"]) == (5, 2, 3)
+    assert [g.seq for g in queue.take(3, learner_version=0, timeout_s=1)] == [2, 3, 4]
+
+
+def test_too_stale_groups_are_dropped_at_take_time_not_at_put_time() -> None:
+    queue = in_process_queue(capacity=8, max_staleness=1)
+    for seq, version in enumerate([0, 1, 2, 0, 2]):
+        queue.put(group(seq=seq, version=version))
+    assert assert_accounted(queue)["queue/dropped_stale"] == 0  # staleness is relative to the taker
+    taken = queue.take(3, learner_version=2, timeout_s=1)
+    assert [(g.seq, g.version_min) for g in taken] == [(1, 1), (2, 2), (4, 2)]
+    stats = assert_accounted(queue)
+    assert (stats["queue/dropped_stale"], stats["queue/consumed"], stats["queue/depth"]) == (2, 3, 0)
+
+
+def test_stale_groups_are_kept_when_dropping_is_off() -> None:
+    queue = in_process_queue(max_staleness=0, drop_stale=False)
+    queue.put(group(seq=0, version=0))
+    assert queue.take(1, learner_version=10, timeout_s=1)[0].version_min == 0
+    assert assert_accounted(queue)["queue/dropped_stale"] == 0
+
+
+def test_take_waits_past_stale_groups_and_keeps_fresh_ones_for_later() -> None:
+    queue = in_process_queue(capacity=4, max_staleness=0)
+    queue.put(group(seq=0, version=5))
+    queue.put(group(seq=1, version=3))
+    with pytest.raises(QueueTimeout):
+        queue.take(2, learner_version=5, timeout_s=0.05)
+    stats = assert_accounted(queue)
+    assert (stats["queue/dropped_stale"], stats["queue/depth"]) == (1, 1)
+    queue.put(group(seq=2, version=5))
+    assert [g.seq for g in queue.take(2, learner_version=5, timeout_s=1)] == [0, 2]
+
+
+def test_take_timeout_says_what_it_waited_for_and_loses_nothing() -> None:
+    queue = in_process_queue(capacity=4)
+    queue.put(group(generator_id=7, seq=0))
+    with pytest.raises(QueueTimeout) as raised:
+        queue.take(2, learner_version=0, timeout_s=0.05)
+    message = str(raised.value)
+    assert "for 2 groups" in message and "holds 1" in message and "gen 7" in message
+    assert assert_accounted(queue)["queue/depth"] == 1
+
+
+def test_take_timeout_on_an_empty_queue_says_no_generator_connected() -> None:
+    with pytest.raises(QueueTimeout, match="none ever connected"):
+        in_process_queue().take(1, learner_version=0, timeout_s=0.01)
+
+
+def test_take_more_than_capacity_is_refused() -> None:
+    with pytest.raises(ValueError, match="capacity_groups=4"):
+        in_process_queue(capacity=4).take(5, learner_version=0, timeout_s=1)
+
+
+def test_sequence_gaps_count_as_lost_per_generator() -> None:
+    queue = in_process_queue(capacity=16, full_policy="drop_oldest")
+    for generator_id, seq in [(0, 0), (0, 1), (0, 4), (1, 0), (1, 2), (0, 5)]:
+        queue.put(group(generator_id, seq))
+    stats = assert_accounted(queue)
+    assert (stats["queue/received"], stats["queue/lost"], stats["queue/duplicates"]) == (6, 3, 0)
+
+
+def test_heartbeat_reveals_loss_at_the_tail() -> None:
+    queue = in_process_queue(capacity=16)
+    queue.put(group(seq=0))
+    queue.put(Heartbeat(generator_id=0, next_seq=3, version=0))
+    assert queue.stats()["queue/lost"] == 2
+    queue.put(Heartbeat(generator_id=0, next_seq=3, version=0))  # nothing new
+    assert queue.stats()["queue/lost"] == 2
+
+
+def test_repeated_or_late_sequence_numbers_are_duplicates_and_never_enter() -> None:
+    queue = in_process_queue(capacity=16)
+    queue.put(group(seq=0))
+    queue.put(group(seq=0))
+    queue.put(group(seq=3))
+    queue.put(group(seq=1))  # declared lost by the gap: arriving now, it is a replay
+    stats = assert_accounted(queue)
+    assert (stats["queue/received"], stats["queue/duplicates"], stats["queue/lost"]) == (2, 2, 2)
+
+
+def test_loss_is_logged_once_per_generator(caplog: pytest.LogCaptureFixture) -> None:
+    queue = in_process_queue(capacity=16)
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.replay"):
+        for seq in (0, 2, 4, 6):
+            queue.put(group(seq=seq))
+    assert queue.stats()["queue/lost"] == 3
+    assert len([r for r in caplog.records if "lost in transit" in r.getMessage()]) == 1
+
+
+def test_acks_track_the_oldest_loaded_version() -> None:
+    queue = in_process_queue()
+    assert queue.min_acked_version() == -1
+    queue.put(VersionAck(generator_id=0, version=3))
+    queue.put(VersionAck(generator_id=1, version=2))
+    queue.put(VersionAck(generator_id=0, version=1))  # late ack: versions never go back
+    assert queue.min_acked_version() == 2
+
+
+def test_put_refuses_downstream_messages() -> None:
+    with pytest.raises(TypeError):
+        in_process_queue().put("not a message")  # type: ignore[arg-type]
+
+
+class EvictLowestReward:
+    """A custom policy: never too stale; when full, drop the group with the lowest mean reward."""
+
+    def too_stale(self, group: ScoredGroup, learner_version: int) -> bool:
+        return False
+
+    def victim_when_full(self, buffer: Sequence[ScoredGroup]) -> int | None:
+        return int(np.argmin([g.rewards.mean() for g in buffer]))
+
+
+def test_a_custom_policy_plugs_in_and_its_evictions_are_counted() -> None:
+    queue = ReplayQueue(None, capacity_groups=2, policy=EvictLowestReward())
+    for seq, reward in enumerate([0.5, 0.1, 0.9]):
+        queue.put(group(seq=seq, reward=reward))
+    stats = assert_accounted(queue)
+    assert stats["queue/dropped_full"] == 1
+    assert [g.seq for g in queue.take(2, learner_version=100, timeout_s=1)] == [0, 2]
+
+
+def test_policy_arguments_are_exclusive_and_checked() -> None:
+    with pytest.raises(TypeError):
+        ReplayQueue(None, capacity_groups=2)
+    with pytest.raises(TypeError):
+        ReplayQueue(None, capacity_groups=2, max_staleness=1, policy=EvictLowestReward())
+    with pytest.raises(ValueError, match="full_policy"):
+        in_process_queue(full_policy="drop_newest")
+    with pytest.raises(ValueError, match="max_staleness"):
+        StalenessEviction(max_staleness=-1)
+
+
+def test_a_live_queue_rejects_malformed_messages_logs_each_kind_once_and_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    queue = ReplayQueue(Receiver(), capacity_groups=4, max_staleness=1000, poll_interval_s=0.01).start()
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    sender = Sender(queue.receiver.endpoint)
+    try:
+        raw.connect(queue.receiver.endpoint)
+        with caplog.at_level(logging.WARNING, logger="asyncgrpo.wire.sockets"):
+            for _ in range(3):
+                raw.send_multipart([b"\xc1 not msgpack"])
+            raw.send_multipart(encode(group())[:-1])  # a frame short
+            sender.send(group(seq=0), timeout_s=5)
+            taken = queue.take(1, learner_version=0, timeout_s=5)
+        assert taken[0].seq == 0
+        stats = assert_accounted(queue)
+        assert stats["wire/rejected"] == 4
+        assert stats["wire/rejected/bad_header"] == 3 and stats["wire/rejected/frame_count"] == 1
+        warnings = [r.getMessage() for r in caplog.records if "rejected a malformed message" in r.getMessage()]
+        assert len(warnings) == 2
+    finally:
+        raw.close(linger=0)
+        sender.close()
+        queue.close()
+
+
+def test_a_live_queue_stops_reading_when_full_under_the_block_policy() -> None:
+    queue = ReplayQueue(Receiver(high_water_mark=1), capacity_groups=2, max_staleness=1000,
+                        poll_interval_s=0.01).start()
+    sender = Sender(queue.receiver.endpoint, high_water_mark=1)
+    # Big groups, so that the kernel's socket buffers between the two high-water marks hold few.
+    big = example_group(num_samples=2, tokens_per_sample=1 << 16)
+    big.generator_id = 0
+    try:
+        sent = 0
+        deadline = time.monotonic() + 10
+        while True:
+            big.seq = sent
+            if not sender.try_send(big, timeout_s=0.2):
+                break
+            sent += 1
+            assert time.monotonic() < deadline, "the sender never blocked"
+        print(f"sent {sent}")
+        assert queue.depth == 2 and sent >= 2  # the rest waits in the high-water-marked buffers
+        taken = 0
+        while taken < sent:
+            taken += len(queue.take(1, learner_version=0, timeout_s=5))
+        stats = assert_accounted(queue)
+        assert (stats["queue/received"], stats["queue/consumed"], stats["queue/dropped_full"]) == (sent, sent, 0)
+    finally:
+        sender.close()
+        queue.close()

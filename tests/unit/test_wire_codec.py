@@ -1,0 +1,275 @@
+"""The wire codec: lossless zero-copy round trips, and `WireError` (only) for every malformed input."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import asyncgrpo.wire
+from asyncgrpo.wire import (
+    SCHEMA_VERSION,
+    Heartbeat,
+    MsgType,
+    ScoredGroup,
+    Shutdown,
+    VersionAck,
+    WeightsChunk,
+    WireError,
+    decode,
+    decode_group,
+    encode,
+    encode_group,
+    example_group,
+)
+from asyncgrpo.wire.codec import MAX_HEADER_BYTES
+
+INT62 = st.integers(0, (1 << 62) - 1)
+FLOAT32 = {"width": 32, "allow_nan": False, "allow_infinity": False}
+
+
+@st.composite
+def scored_groups(draw: st.DrawFn) -> ScoredGroup:
+    lengths = draw(hnp.arrays(np.int32, draw(st.integers(1, 6)), elements=st.integers(0, 24)))
+    total = int(lengths.sum())
+    vmin = draw(st.integers(0, (1 << 31) - 2))
+    vmax = draw(st.integers(vmin, min(vmin + 5, (1 << 31) - 1)))
+    versions = draw(hnp.arrays(np.int32, total, elements=st.integers(vmin, vmax)))
+    if total:  # the header's vmin/vmax are the per-token extremes
+        versions[0], versions[-1] = vmin, vmax
+    meta = draw(st.dictionaries(
+        st.text(max_size=8), st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.floats(allow_nan=False), st.text()),
+        max_size=3,
+    ))
+    return ScoredGroup(
+        generator_id=draw(INT62),
+        seq=draw(INT62),
+        prompt_id=draw(INT62),
+        prompt_tokens=draw(hnp.arrays(np.int32, draw(st.integers(0, 16)), elements=st.integers(0, (1 << 31) - 1))),
+        tokens=draw(hnp.arrays(np.int32, total, elements=st.integers(0, (1 << 31) - 1))),
+        logprobs=draw(hnp.arrays(np.float32, total, elements=st.floats(max_value=0.0, **FLOAT32))),
+        versions=versions,
+        lengths=lengths,
+        rewards=draw(hnp.arrays(np.float32, lengths.size, elements=st.floats(**FLOAT32))),
+        meta=meta,
+    )
+
+
+def assert_same_group(decoded: ScoredGroup, original: ScoredGroup) -> None:
+    assert decoded.group_id == original.group_id
+    assert decoded.prompt_id == original.prompt_id
+    for name in ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards"):
+        got, want = getattr(decoded, name), getattr(original, name)
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    assert (decoded.version_min, decoded.version_max) == (original.version_min, original.version_max)
+    expected_meta = dict(original.meta)
+    if not original.tokens.size:
+        expected_meta.setdefault("version", original.version_min)
+    assert decoded.meta == expected_meta
+
+
+def shares_memory_with_frames(array: np.ndarray, frames: list[Any]) -> bool:
+    return any(np.shares_memory(array, np.frombuffer(getattr(f, "buffer", f), dtype=np.uint8)) for f in frames)
+
+
+@settings(max_examples=100, deadline=None)
+@given(scored_groups())
+def test_round_trip_is_lossless_and_zero_copy(group: ScoredGroup) -> None:
+    frames = [bytes(frame) for frame in encode_group(group)]  # as received: fresh buffers
+    decoded = decode_group(frames)
+    assert_same_group(decoded, group)
+    for name in ("prompt_tokens", "tokens", "logprobs", "versions"):
+        array = getattr(decoded, name)
+        assert array.size == 0 or shares_memory_with_frames(array, frames), name
+
+
+def test_arrays_decoded_from_zmq_frames_are_views_numpy_and_torch() -> None:
+    context = zmq.Context.instance()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        group = example_group(num_samples=4, tokens_per_sample=4096)
+        push.send_multipart(encode_group(group), copy=False)
+        assert pull.poll(5000)
+        frames = pull.recv_multipart(copy=False)
+    finally:
+        pull.close(linger=0)
+        push.close(linger=0)
+    decoded = decode_group(frames)
+    assert_same_group(decoded, group)
+    for name in ("tokens", "logprobs", "versions"):
+        array = getattr(decoded, name)
+        assert shares_memory_with_frames(array, frames), name
+        assert torch.from_numpy(array).data_ptr() == array.ctypes.data
+
+
+def test_encode_sends_views_of_the_groups_arrays() -> None:
+    group = example_group()
+    _, prompt, tokens, logprobs, versions = encode_group(group)
+    for frame, array in ((prompt, group.prompt_tokens), (tokens, group.tokens), (logprobs, group.logprobs),
+                         (versions, group.versions)):
+        assert np.shares_memory(np.frombuffer(frame, dtype=np.uint8), array)
+
+
+def test_example_group_is_valid_and_seeded() -> None:
+    group = example_group(num_samples=8, tokens_per_sample=512, seed=3)
+    assert group.num_samples == 8 and group.tokens.size == 8 * 512
+    assert_same_group(decode_group(encode_group(group)), group)
+    np.testing.assert_array_equal(example_group(seed=3).tokens, group.tokens)
+    assert not np.array_equal(example_group(seed=4).tokens, group.tokens)
+
+
+@pytest.mark.parametrize("message", [
+    VersionAck(generator_id=3, version=7),
+    Heartbeat(generator_id=1, next_seq=42, version=5),
+    Shutdown(reason="training finished"),
+])
+def test_control_messages_round_trip(message: Any) -> None:
+    assert decode(encode(message)) == message
+
+
+def test_weights_chunk_round_trips_bfloat16_and_shapes() -> None:
+    weight = torch.randn(3, 5, dtype=torch.bfloat16)
+    chunk = WeightsChunk(
+        version=4, chunk_index=1, num_chunks=2, names=["a.weight", "b.bias"],
+        tensors=[weight.view(torch.int16).numpy().view(np.uint16), np.arange(5, dtype=np.float32)],
+        dtypes=["bfloat16", "float32"],
+    )
+    decoded = decode(encode(chunk))
+    assert isinstance(decoded, WeightsChunk)
+    assert (decoded.version, decoded.chunk_index, decoded.num_chunks, decoded.names, decoded.dtypes) == (
+        4, 1, 2, ["a.weight", "b.bias"], ["bfloat16", "float32"])
+    restored = torch.from_numpy(decoded.tensors[0].view(np.int16)).view(torch.bfloat16)
+    assert torch.equal(restored, weight)
+    np.testing.assert_array_equal(decoded.tensors[1], np.arange(5, dtype=np.float32))
+
+
+# ------------------------------------------------------------------------------- malformed input
+
+
+def group_frames(**header_changes: Any) -> list[Any]:
+    """A valid group's frames with header fields replaced (a value of `...` deletes the field)."""
+    frames = [bytes(frame) for frame in encode_group(example_group(num_samples=2, tokens_per_sample=4))]
+    header = msgpack.unpackb(frames[0])
+    for key, value in header_changes.items():
+        if value is ...:
+            del header[key]
+        else:
+            header[key] = value
+    frames[0] = msgpack.packb(header, use_bin_type=True)
+    return frames
+
+
+def with_array(index: int, array: np.ndarray) -> list[Any]:
+    """A valid group's frames with array frame `index` (0 = prompt_tokens) replaced, same shape."""
+    frames = group_frames()
+    frames[1 + index] = array.tobytes()
+    return frames
+
+
+def with_descriptor(index: int, descriptor: Any) -> list[Any]:
+    header = msgpack.unpackb(group_frames()[0])
+    header["a"][index] = descriptor
+    return group_frames(a=header["a"])
+
+
+def lengths_of(frames: list[Any]) -> list[int]:
+    return msgpack.unpackb(frames[0])["lengths"]
+
+
+MALFORMED: dict[str, tuple[Callable[[], list[Any]], str]] = {
+    "no frames": (lambda: [], "empty"),
+    "not a frame list": (lambda: b"\x81", "bad_frame"),
+    "a frame that is not a buffer": (lambda: [group_frames()[0], 3, b"", b"", b""], "bad_frame"),
+    "truncated: last frame missing": (lambda: group_frames()[:-1], "frame_count"),
+    "extra frame": (lambda: group_frames() + [b"\x00" * 4], "frame_count"),
+    "array frame one byte short": (lambda: group_frames()[:-1] + [group_frames()[-1][:-1]], "size_mismatch"),
+    "garbage header": (lambda: [b"\xc1garbage"] + group_frames()[1:], "bad_header"),
+    "header with trailing bytes": (lambda: [group_frames()[0] + b"\x00"] + group_frames()[1:], "bad_header"),
+    "header is a list": (lambda: [msgpack.packb([1, 2])] + group_frames()[1:], "bad_header"),
+    "msgpack extension type": (lambda: group_frames(meta=msgpack.ExtType(1, b"x")), "bad_header"),
+    "header over the size limit": (lambda: group_frames(meta={"pad": "x" * MAX_HEADER_BYTES}), "header_too_large"),
+    "old schema version": (lambda: group_frames(v=SCHEMA_VERSION - 1), "schema_version"),
+    "schema version as bool": (lambda: group_frames(v=True), "schema_version"),
+    "no schema version": (lambda: group_frames(v=...), "schema_version"),
+    "unknown type": (lambda: group_frames(t=99), "unknown_type"),
+    "type as string": (lambda: group_frames(t="group"), "bad_field"),
+    "unknown dtype": (lambda: with_descriptor(1, ["complex64", [8]]), "bad_dtype"),
+    "dtype that mismatches the field": (lambda: with_descriptor(1, ["float32", [8]]), "bad_dtype"),
+    "shape that mismatches the frame": (lambda: with_descriptor(1, ["int32", [9]]), "size_mismatch"),
+    "negative dimension": (lambda: with_descriptor(1, ["int32", [-8]]), "bad_shape"),
+    "2-d tokens": (lambda: with_descriptor(1, ["int32", [2, 4]]), "bad_shape"),
+    "too many dimensions": (lambda: with_descriptor(1, ["int32", [1] * 9]), "bad_shape"),
+    "descriptor not a pair": (lambda: with_descriptor(1, ["int32"]), "bad_descriptor"),
+    "negative length": (lambda: group_frames(lengths=[-4, 12]), "bad_lengths"),
+    "lengths that miss the tokens": (lambda: group_frames(lengths=[4, 5]), "bad_lengths"),
+    "no samples": (lambda: group_frames(lengths=[], rewards=[]), "bad_lengths"),
+    "fractional length": (lambda: group_frames(lengths=[4.0, 4]), "bad_lengths"),
+    "one reward for two samples": (lambda: group_frames(rewards=[1.0]), "bad_rewards"),
+    "NaN reward": (lambda: group_frames(rewards=[float("nan"), 0.0]), "bad_rewards"),
+    "infinite reward": (lambda: group_frames(rewards=[float("inf"), 0.0]), "bad_rewards"),
+    "reward beyond float32": (lambda: group_frames(rewards=[1e300, 0.0]), "bad_rewards"),
+    "NaN log-prob": (lambda: with_array(2, np.array([0, -1, np.nan, 0, 0, 0, 0, 0], np.float32)), "bad_logprobs"),
+    "-inf log-prob": (lambda: with_array(2, np.array([0, -np.inf, 0, 0, 0, 0, 0, 0], np.float32)), "bad_logprobs"),
+    "positive log-prob": (lambda: with_array(2, np.array([0, 0.5, 0, 0, 0, 0, 0, 0], np.float32)), "bad_logprobs"),
+    "negative token id": (lambda: with_array(1, np.array([1, 2, -3, 4, 5, 6, 7, 8], np.int32)), "bad_tokens"),
+    "vmin above the tokens' versions": (lambda: group_frames(vmin=1000, vmax=1000), "bad_versions"),
+    "vmin > vmax": (lambda: group_frames(vmax=0, vmin=1), "bad_versions"),
+    "missing generator id": (lambda: group_frames(gen=...), "missing_field"),
+    "negative sequence number": (lambda: group_frames(seq=-1), "bad_field"),
+    "boolean prompt id": (lambda: group_frames(prompt_id=True), "bad_field"),
+    "huge prompt id": (lambda: group_frames(prompt_id=1 << 63), "bad_field"),
+    "meta with a list value": (lambda: group_frames(meta={"x": [1]}), "bad_field"),
+    "control message with an array": (
+        lambda: [msgpack.packb({"v": SCHEMA_VERSION, "t": int(MsgType.ACK), "gen": 0, "version": 0,
+                                "a": [["int32", [1]]]}), b"\x00" * 4], "frame_count"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_group_raises_wire_error_with_reason(case: str) -> None:
+    make_frames, reason = MALFORMED[case]
+    with pytest.raises(WireError) as raised:
+        decode_group(make_frames())
+    assert raised.value.reason == reason, raised.value
+
+
+def test_message_over_the_configured_limit_is_rejected() -> None:
+    frames = encode_group(example_group(num_samples=8, tokens_per_sample=512))
+    total = sum(len(frame) if isinstance(frame, bytes) else frame.nbytes for frame in frames)
+    assert decode_group(frames, max_message_bytes=total).tokens.size == 8 * 512
+    with pytest.raises(WireError) as raised:
+        decode_group(frames, max_message_bytes=total - 1)
+    assert raised.value.reason == "too_large"
+
+
+def test_decode_group_refuses_a_valid_control_message() -> None:
+    with pytest.raises(WireError) as raised:
+        decode_group(encode(Heartbeat(generator_id=0, next_seq=1, version=0)))
+    assert raised.value.reason == "unexpected_type"
+
+
+def test_non_contiguous_buffer_is_a_wire_error() -> None:
+    frames = group_frames()
+    frames[1] = memoryview(np.zeros(16, dtype=np.int32))[::2]
+    with pytest.raises(WireError):
+        decode_group(frames)
+
+
+def test_wire_package_has_no_code_path_that_executes_data() -> None:
+    executes_data = re.compile(r"\b(pickle|cloudpickle|marshal|shelve)\b|\beval\(|\bexec\(")
+    package = Path(asyncgrpo.wire.__file__).parent
+    for source in package.glob("*.py"):
+        assert not executes_data.search(source.read_text()), source.name
