@@ -21,7 +21,7 @@ class ModelConfig:
     num_layers: int = 2
     num_heads: int = 2
     num_kv_heads: int = 2
-    intermediate_size: int = 256
+    intermediate_size: int = 192
     max_positions: int = 32
     # The supervised warm start stops at this held-out sampled accuracy (RL from ~4% does not learn).
     warmstart_target_accuracy: float = 0.12
@@ -44,7 +44,7 @@ class RolloutConfig:
     temperature: float = 1.0
     # Prompts per vLLM call; 0 means one learner step's worth per generator.
     groups_per_call: int = 0
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: float = 0.25
     dtype: str = "float32"
     # Cores for each generator ("auto": core i for generator i on a CPU machine; "" = no pinning).
     cpu_cores: str = "auto"

@@ -42,7 +42,6 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm import LLM
 
@@ -53,6 +52,8 @@ class VLLMEngine:
             max_model_len=max_model_len,
             enforce_eager=True,
             gpu_memory_utilization=gpu_memory_utilization,
+            # An explicit size: otherwise vLLM on CPU reserves most of the machine's RAM.
+            kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
             # The learner's forward is the reference: log-probs of the distribution actually
             # sampled (after temperature), not of the raw logits.
             logprobs_mode="processed_logprobs",

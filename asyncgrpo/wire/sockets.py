@@ -69,9 +69,13 @@ def _context() -> zmq.Context:
 
 
 class _Channel:
-    def __init__(self, socket_type: int) -> None:
+    def __init__(self, socket_type: int, options: dict[int, int]) -> None:
         self.socket = _context().socket(socket_type)
+        # Options must precede bind and connect: libzmq copies them into each listener and
+        # connection then, and ignores later changes for those.
         self.socket.setsockopt(zmq.LINGER, 0)
+        for option, value in options.items():
+            self.socket.setsockopt(option, value)
 
     def close(self, linger_s: float = 0.0) -> None:
         """Close; `linger_s` > 0 gives queued outgoing messages that long to leave."""
@@ -80,13 +84,14 @@ class _Channel:
 
 
 class _Bound(_Channel):
-    def __init__(self, socket_type: int, host: str, curve: CurveServerKeys | None, insecure: bool) -> None:
+    def __init__(self, socket_type: int, options: dict[int, int], host: str, curve: CurveServerKeys | None,
+                 insecure: bool) -> None:
         if curve is None and not insecure and not is_loopback(host):
             raise ValueError(
                 f"refusing to bind {host!r} without authentication: pass CURVE keys "
                 "(asyncgrpo.wire.WireKeys) or set wire.insecure=true"
             )
-        super().__init__(socket_type)
+        super().__init__(socket_type, options)
         if curve is not None:
             make_curve_server(self.socket, curve)
         if ":" in host:
@@ -96,6 +101,15 @@ class _Bound(_Channel):
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+class _Connected(_Channel):
+    def __init__(self, socket_type: int, options: dict[int, int], endpoint: str, curve: CurveClientKeys | None) -> None:
+        super().__init__(socket_type, options)
+        if curve is not None:
+            make_curve_client(self.socket, curve)
+        self.socket.connect(endpoint)
+        self.endpoint = endpoint
+
+
 class _Receiving:
     """Shared receive path of Receiver and Subscriber."""
 
@@ -103,8 +117,6 @@ class _Receiving:
     endpoint: str
 
     def _init_receiving(self, max_message_bytes: int, accepts: tuple[type, ...]) -> None:
-        # libzmq drops a peer that sends a single frame over the limit before allocating it.
-        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.max_message_bytes = max_message_bytes
         self.accepts = accepts
         self.rejected = Rejections(self.endpoint)
@@ -130,19 +142,13 @@ class _Receiving:
             return message
 
 
-class Sender(_Channel):
+class Sender(_Connected):
     """PUSH side: `send` blocks while the receiver's buffers are full, up to `timeout_s`."""
 
     def __init__(self, endpoint: str, high_water_mark: int = 8, curve: CurveClientKeys | None = None) -> None:
-        super().__init__(zmq.PUSH)
-        self.socket.setsockopt(zmq.SNDHWM, high_water_mark)
-        # Queue only toward a completed (authenticated) connection, so an unreachable or refusing
-        # receiver shows up as a send timeout instead of messages piling up for nobody.
-        self.socket.setsockopt(zmq.IMMEDIATE, 1)
-        if curve is not None:
-            make_curve_client(self.socket, curve)
-        self.socket.connect(endpoint)
-        self.endpoint = endpoint
+        # IMMEDIATE: queue only toward a completed (authenticated) connection, so an unreachable or
+        # refusing receiver shows up as a send timeout instead of messages piling up for nobody.
+        super().__init__(zmq.PUSH, {zmq.SNDHWM: high_water_mark, zmq.IMMEDIATE: 1}, endpoint, curve)
 
     def try_send(self, message: Message | list[Frame], timeout_s: float) -> bool:
         """Send within `timeout_s`; False if the receiver did not take it in time."""
@@ -173,8 +179,9 @@ class Receiver(_Bound, _Receiving):
         curve: CurveServerKeys | None = None,
         insecure: bool = False,
     ) -> None:
-        super().__init__(zmq.PULL, host, curve, insecure)
-        self.socket.setsockopt(zmq.RCVHWM, high_water_mark)
+        # MAXMSGSIZE: libzmq drops a peer that sends a single frame over the limit before allocating it.
+        options = {zmq.RCVHWM: high_water_mark, zmq.MAXMSGSIZE: max_message_bytes}
+        super().__init__(zmq.PULL, options, host, curve, insecure)
         self._init_receiving(max_message_bytes, UPSTREAM_TYPES)
 
 
@@ -182,25 +189,20 @@ class Publisher(_Bound):
     """PUB side. No high-water mark: a weight push must never be dropped silently."""
 
     def __init__(self, host: str = "127.0.0.1", curve: CurveServerKeys | None = None, insecure: bool = False) -> None:
-        super().__init__(zmq.PUB, host, curve, insecure)
-        self.socket.setsockopt(zmq.SNDHWM, 0)
+        super().__init__(zmq.PUB, {zmq.SNDHWM: 0}, host, curve, insecure)
 
     def publish(self, message: Message) -> None:
         self.socket.send_multipart(encode(message), copy=False)
 
 
-class Subscriber(_Channel, _Receiving):
+class Subscriber(_Connected, _Receiving):
     def __init__(
         self,
         endpoint: str,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         curve: CurveClientKeys | None = None,
     ) -> None:
-        super().__init__(zmq.SUB)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
+        options = {zmq.RCVHWM: 0, zmq.MAXMSGSIZE: max_message_bytes}
+        super().__init__(zmq.SUB, options, endpoint, curve)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
-        if curve is not None:
-            make_curve_client(self.socket, curve)
-        self.socket.connect(endpoint)
-        self.endpoint = endpoint
         self._init_receiving(max_message_bytes, DOWNSTREAM_TYPES)

@@ -256,8 +256,10 @@ def test_a_live_queue_stops_reading_when_full_under_the_block_policy() -> None:
                 break
             sent += 1
             assert time.monotonic() < deadline, "the sender never blocked"
-        print(f"sent {sent}")
-        assert queue.depth == 2 and sent >= 2  # the rest waits in the high-water-marked buffers
+        assert queue.depth == 2
+        # Beyond the queue: one message at each high-water mark, a few in the kernel's socket
+        # buffers (a few MB at most). Before options preceded bind, libzmq's default of 1000 applied.
+        assert 2 <= sent <= 20
         taken = 0
         while taken < sent:
             taken += len(queue.take(1, learner_version=0, timeout_s=5))
