@@ -59,6 +59,11 @@ class LearnerConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip_norm: float = 1.0
+    # Adam's first steps move every weight by ~lr; without warm-up one step at lr=1e-3 wiped out
+    # the warm-started tiny model (sampled accuracy 19% -> 0.6%).
+    warmup_steps: int = 50
+    lr_schedule: str = "constant"  # constant | cosine (to min_lr_ratio * lr at train.max_steps)
+    min_lr_ratio: float = 0.1
     torch_threads: int = 1
     cpu_cores: str = "auto"  # "auto": the cores the generators leave free
     num_cpus_per_rank: float = 1.0
@@ -230,6 +235,9 @@ def validate(cfg: Config) -> None:
     require(q.full_policy in ("block", "drop_oldest"), "queue.full_policy", "must be block or drop_oldest", q.full_policy)
     require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
+    require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
+    require(learner.lr_schedule in ("constant", "cosine"), "learner.lr_schedule", "must be constant or cosine", learner.lr_schedule)
+    require(0 <= learner.min_lr_ratio <= 1, "learner.min_lr_ratio", "must be in [0, 1]", learner.min_lr_ratio)
     require(learner.micro_batch_tokens >= 0, "learner.micro_batch_tokens", "must be >= 0", learner.micro_batch_tokens)
     require(cfg.weights.backend == "zmq", "weights.backend", "supports only zmq so far", cfg.weights.backend)
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)

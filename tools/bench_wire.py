@@ -1,11 +1,13 @@
 """Throughput of the group stream: this wire vs a Ray actor queue vs an in-process memcpy.
 
-Same payloads for all three (groups of 8 samples, 512 and 8,192 tokens each):
+Same payloads for every path (groups of 8 samples, 512 and 8,192 tokens each):
 - zmq:    a producer process encodes and sends with `Sender`; this process receives, decodes and
           queues with `Receiver` + `ReplayQueue` and takes batches, as the learner does;
 - ray:    a Ray task puts the same `ScoredGroup`s into `ray.util.queue.Queue` (pickled through the
           object store); this process gets them one by one;
-- memcpy: this process copies the encoded frames' bytes into a preallocated buffer (the limit).
+- memcpy: this process copies the encoded frames' bytes into a preallocated buffer (the limit);
+- bare:   for reference, the same encoded frames over a bare ZeroMQ PUSH -> PULL pair, with no
+          encode, decode or queue: what the transport alone allows on this machine.
 
 Prints a table, then, last, one JSON line. Run: `.venv/bin/python tools/bench_wire.py`.
 """
@@ -27,8 +29,9 @@ SAMPLES_PER_GROUP = 8
 SHAPES = {"small": 512, "large": 8192}
 # Groups timed per (path, shape) at --scale 1: each run takes a few seconds on 2 cores.
 TIMED_GROUPS = {
-    ("zmq", "small"): 20_000, ("zmq", "large"): 4_000,
-    ("ray", "small"): 2_000, ("ray", "large"): 1_000,
+    ("zmq", "small"): 10_000, ("zmq", "large"): 3_000,
+    ("bare", "small"): 20_000, ("bare", "large"): 4_000,
+    ("ray", "small"): 1_000, ("ray", "large"): 600,
     ("memcpy", "small"): 20_000, ("memcpy", "large"): 4_000,
 }
 WARMUP_GROUPS = 64
@@ -77,6 +80,39 @@ def bench_zmq(tokens_per_sample: int, count: int) -> float:
     finally:
         producer.join(TIMEOUT_S)
         queue.close()
+    return count / elapsed
+
+
+def bare_producer(endpoint: str, tokens_per_sample: int, count: int) -> None:
+    frames = [encode_group(group) for group in payload_groups(tokens_per_sample)]
+    context = zmq.Context.instance()
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 8)
+    push.connect(endpoint)
+    for index in range(count):
+        push.send_multipart(frames[index % len(frames)], copy=False)
+    push.close(linger=int(TIMEOUT_S * 1000))
+    context.term()
+
+
+def bench_bare(tokens_per_sample: int, count: int) -> float:
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 8)
+    endpoint = f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}"
+    producer = mp.get_context("spawn").Process(
+        target=bare_producer, args=(endpoint, tokens_per_sample, WARMUP_GROUPS + count)
+    )
+    producer.start()
+    try:
+        for _ in range(WARMUP_GROUPS):
+            pull.recv_multipart(copy=False)
+        start = time.perf_counter()
+        for _ in range(count):
+            pull.recv_multipart(copy=False)
+        elapsed = time.perf_counter() - start
+    finally:
+        producer.join(TIMEOUT_S)
+        pull.close(linger=0)
     return count / elapsed
 
 
@@ -137,7 +173,7 @@ def main() -> None:
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    benches = {"zmq": bench_zmq, "ray": bench_ray, "memcpy": bench_memcpy}
+    benches = {"zmq": bench_zmq, "bare": bench_bare, "ray": bench_ray, "memcpy": bench_memcpy}
     rows = []
     groups_per_s: dict[str, dict[str, float]] = {path: {} for path in benches}
     try:
@@ -158,7 +194,7 @@ def main() -> None:
         "ratio_vs_ray_small": groups_per_s["zmq"]["small"] / groups_per_s["ray"]["small"],
         "ratio_vs_ray_large": groups_per_s["zmq"]["large"] / groups_per_s["ray"]["large"],
         "mb_per_s_large": groups_per_s["zmq"]["large"] * large_mb,
-        "fraction_of_memcpy_large": groups_per_s["zmq"]["large"] / groups_per_s["memcpy"]["large"],
+        "fraction_of_bare_zmq_large": groups_per_s["zmq"]["large"] / groups_per_s["bare"]["large"],
         "groups_per_s": groups_per_s,
         "samples_per_group": SAMPLES_PER_GROUP,
         "tokens_per_sample": SHAPES,

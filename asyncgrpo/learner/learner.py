@@ -6,6 +6,7 @@ replay queue (the PULL socket) and the weight publisher (the PUB socket).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from asyncgrpo import algo
-from asyncgrpo.config import Config
+from asyncgrpo.config import Config, LearnerConfig
 from asyncgrpo.learner.batch import Batch, collate, completion_logprobs
 from asyncgrpo.replay import ReplayQueue
 from asyncgrpo.resources import pin_to_cores
@@ -29,6 +30,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def lr_multiplier(step: int, learner: LearnerConfig, total_steps: int) -> float:
+    """Linear warm-up over `warmup_steps`, then constant or cosine decay to `min_lr_ratio`."""
+    if step < learner.warmup_steps:
+        return (step + 1) / learner.warmup_steps
+    if learner.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - learner.warmup_steps) / max(1, total_steps - learner.warmup_steps))
+    return learner.min_lr_ratio + (1 - learner.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class Learner:
@@ -65,6 +76,9 @@ class Learner:
             lr=cfg.learner.lr,
             betas=tuple(cfg.learner.betas),
             weight_decay=cfg.learner.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_multiplier(step, cfg.learner, cfg.train.max_steps)
         )
         self.pad_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
         self.version = 0
@@ -157,9 +171,10 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        metrics["optim/grad_norm"] = float(grad_norm)
         metrics["optim/lr"] = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics["optim/grad_norm"] = float(grad_norm)
         metrics["loss/total"] = float(loss.detach())
         return metrics
 

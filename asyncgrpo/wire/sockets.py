@@ -59,10 +59,6 @@ class Rejections:
         with self._lock:
             return dict(self._counts)
 
-    def total(self) -> int:
-        with self._lock:
-            return sum(self._counts.values())
-
 
 def _context() -> zmq.Context:
     return zmq.Context.instance()
@@ -126,12 +122,16 @@ class _Receiving:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = [self.socket.recv(zmq.NOBLOCK, copy=False)]
             except zmq.Again:
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
                 if remaining_ms <= 0 or self.socket.poll(remaining_ms, zmq.POLLIN) == 0:
                     return None
                 continue
+            # ZeroMQ delivers a multipart message whole: the other frames are already here. Frame.more
+            # instead of recv_multipart's getsockopt(RCVMORE) per frame, which costs more than the frame.
+            while frames[-1].more:
+                frames.append(self.socket.recv(copy=False))
             try:
                 message = decode(frames, self.max_message_bytes)
                 if not isinstance(message, self.accepts):
@@ -202,7 +202,8 @@ class Subscriber(_Connected, _Receiving):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         curve: CurveClientKeys | None = None,
     ) -> None:
-        options = {zmq.RCVHWM: 0, zmq.MAXMSGSIZE: max_message_bytes}
-        super().__init__(zmq.SUB, options, endpoint, curve)
+        # No MAXMSGSIZE here: the publisher is the learner, and a weight chunk over the limit should
+        # be rejected with a logged reason rather than silently drop the connection.
+        super().__init__(zmq.SUB, {zmq.RCVHWM: 0}, endpoint, curve)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._init_receiving(max_message_bytes, DOWNSTREAM_TYPES)
