@@ -55,7 +55,7 @@ class RolloutConfig:
 @dataclass
 class LearnerConfig:
     world_size: int = 1
-    lr: float = 1e-3
+    lr: float = 4e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip_norm: float = 1.0
@@ -103,7 +103,7 @@ class AlgoConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 1500
+    max_steps: int = 1000
     # Stop early after this much training wall-clock (0 = no limit); eval and start-up not included.
     max_train_minutes: float = 0.0
     groups_per_step: int = 16
@@ -252,6 +252,10 @@ def validate(cfg: Config) -> None:
     require(cfg.algo.agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
             "algo.agg", "is not a known aggregation", cfg.algo.agg)
     require(cfg.algo.correction.is_level in (None, "token", "sequence"), "algo.correction.is_level", "must be null, token or sequence", cfg.algo.correction.is_level)
+    from asyncgrpo.algo import KL_KINDS
+
+    require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", f"must be one of {sorted(KL_KINDS)}", cfg.algo.kl.kind)
+    require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
     require(cfg.task.name == "arithmetic", "task.name", "must be arithmetic (the only built-in task so far)", cfg.task.name)
     require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
 

@@ -33,6 +33,23 @@ class Batch:
     group_index: torch.Tensor
     group_version_min: torch.Tensor
 
+    def rows(self, start: int, end: int) -> "Batch":
+        """Samples [start, end), with padding trimmed to what those rows need."""
+        length = max(1, int(self.attention_mask[start:end].sum(1).max()))
+        width = max(1, int(self.mask[start:end].sum(1).max()))
+        return Batch(
+            input_ids=self.input_ids[start:end, :length],
+            attention_mask=self.attention_mask[start:end, :length],
+            logit_index=self.logit_index[start:end, :width],
+            targets=self.targets[start:end, :width],
+            mask=self.mask[start:end, :width],
+            rollout_logp=self.rollout_logp[start:end, :width],
+            token_versions=self.token_versions[start:end, :width],
+            rewards=self.rewards[start:end],
+            group_index=self.group_index[start:end],
+            group_version_min=self.group_version_min,
+        )
+
     @property
     def num_samples(self) -> int:
         return int(self.rewards.shape[0])
@@ -81,6 +98,25 @@ def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
         group_index=torch.tensor([s[5] for s in samples], dtype=torch.int64),
         group_version_min=torch.tensor([g.version_min for g in groups], dtype=torch.int64),
     )
+
+
+def micro_batch_bounds(batch: Batch, max_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges whose padded size (rows x longest row) stays within `max_tokens`.
+
+    A row longer than the budget gets a micro-batch of its own; 0 means one micro-batch.
+    """
+    if max_tokens <= 0:
+        return [(0, batch.num_samples)]
+    lengths = batch.attention_mask.sum(1).tolist()
+    bounds, start, longest = [], 0, 0
+    for row, length in enumerate(lengths):
+        longest_with_row = max(longest, length)
+        if row > start and longest_with_row * (row - start + 1) > max_tokens:
+            bounds.append((start, row))
+            start, longest_with_row = row, length
+        longest = longest_with_row
+    bounds.append((start, len(lengths)))
+    return bounds
 
 
 def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets: torch.Tensor,

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from asyncgrpo import algo
 from asyncgrpo.config import Config, LearnerConfig
-from asyncgrpo.learner.batch import Batch, collate, completion_logprobs
+from asyncgrpo.learner.batch import Batch, collate, completion_logprobs, micro_batch_bounds
 from asyncgrpo.replay import ReplayQueue
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.timing import PhaseTimer
@@ -30,6 +30,23 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def combine_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Merge per-micro-batch metrics: max of maxima, min of minima, token-weighted mean otherwise."""
+    if len(parts) == 1:
+        return dict(parts[0][1])
+    total = sum(weight for weight, _ in parts) or 1.0
+    merged: dict[str, float] = {}
+    for key in parts[0][1]:
+        values = [(weight, metrics[key]) for weight, metrics in parts if key in metrics]
+        if key.endswith("/max"):
+            merged[key] = max(v for _, v in values)
+        elif key.endswith("/min"):
+            merged[key] = min(v for _, v in values)
+        else:
+            merged[key] = sum(w * v for w, v in values) / total
+    return merged
 
 
 def lr_multiplier(step: int, learner: LearnerConfig, total_steps: int) -> float:
@@ -77,6 +94,11 @@ class Learner:
             betas=tuple(cfg.learner.betas),
             weight_decay=cfg.learner.weight_decay,
         )
+        # Frozen starting weights for the KL penalty, unsharded: the reference only runs forward.
+        self.reference = None
+        if cfg.algo.kl.enabled:
+            self.reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+            self.reference.requires_grad_(False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_multiplier(step, cfg.learner, cfg.train.max_steps)
         )
@@ -144,39 +166,75 @@ class Learner:
         return metrics
 
     def _update(self, batch: Batch) -> dict[str, float]:
-        a = self.cfg.algo
+        """One optimizer step on the whole batch, accumulated over token-budget micro-batches.
+
+        Loss denominators are the batch's global token and sequence counts, so the update does
+        not depend on how the batch is split.
+        """
         self.model.train()
-        advantages = algo.group_advantages(batch.rewards, batch.group_index, mode=a.advantage)
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logp = completion_logprobs(logits, batch.logit_index, batch.targets, self.cfg.rollout.temperature)
+        advantages = algo.group_advantages(batch.rewards, batch.group_index, mode=self.cfg.algo.advantage)
+        global_tokens = float(batch.mask.sum())
+        global_seqs = float((batch.mask.sum(1) > 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        parts: list[tuple[float, dict[str, float]]] = []
+        loss_total = pg_total = 0.0
+        for start, end in micro_batch_bounds(batch, self.cfg.learner.micro_batch_tokens):
+            micro = batch.rows(start, end)
+            loss, metrics = self._micro_batch_loss(micro, advantages[start:end], global_tokens, global_seqs)
+            loss.backward()
+            loss_total += float(loss.detach())
+            pg_total += metrics["loss/pg"]  # with global denominators the shares add up
+            parts.append((float(micro.mask.sum()), metrics))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        metrics = combine_metrics(parts)
+        metrics["optim/lr"] = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics["optim/grad_norm"] = float(grad_norm)
+        metrics["loss/total"] = loss_total
+        metrics["loss/pg"] = pg_total
+        metrics["perf/micro_batches"] = len(parts)
+        return metrics
+
+    def _micro_batch_loss(self, micro: Batch, advantages: torch.Tensor, global_tokens: float,
+                          global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+        a, temperature = self.cfg.algo, self.cfg.rollout.temperature
+        # Dr.GRPO's constant must not depend on a micro-batch's padding.
+        norm_constant = a.norm_constant or float(self.cfg.rollout.max_new_tokens)
+        logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+        logp = completion_logprobs(logits, micro.logit_index, micro.targets, temperature)
         loss, metrics = algo.bypass_policy_loss(
             logp,
-            batch.rollout_logp,
-            advantages.unsqueeze(1) * batch.mask,
-            batch.mask,
+            micro.rollout_logp,
+            advantages.unsqueeze(1) * micro.mask,
+            micro.mask,
             loss_type=a.loss_type,
             clip_low=a.clip_low,
             clip_high=a.clip_high,
             clip_c=a.clip_c,
             agg=a.agg,
-            norm_constant=a.norm_constant,
+            norm_constant=norm_constant,
             is_level=a.correction.is_level,
             is_threshold=a.correction.is_threshold,
             is_batch_normalize=a.correction.is_batch_normalize,
             rs=a.correction.rs,
             rs_threshold=a.correction.rs_threshold,
+            global_num_tokens=global_tokens,
+            global_num_seqs=global_seqs,
         )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        metrics["optim/lr"] = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        metrics["optim/grad_norm"] = float(grad_norm)
-        metrics["loss/total"] = float(loss.detach())
-        return metrics
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits = self.reference(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+                ref_logp = completion_logprobs(ref_logits, micro.logit_index, micro.targets, temperature)
+            kl = algo.aggregate(algo.kl_penalty(logp, ref_logp, kind=a.kl.kind), micro.mask, a.agg,
+                                norm_constant=norm_constant, global_num_tokens=global_tokens,
+                                global_num_seqs=global_seqs)
+            loss = loss + a.kl.coef * kl
+            # Each micro-batch's share of the global mean; combine_metrics weights by tokens.
+            metrics["loss/kl"] = float(kl.detach()) * global_tokens / max(1.0, float(micro.mask.sum()))
+        return loss, metrics
 
     # ------------------------------------------------------------------------------ weights
 
