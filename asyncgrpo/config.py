@@ -12,6 +12,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from asyncgrpo.wire.security import is_loopback
+
 
 @dataclass
 class ModelConfig:
@@ -49,13 +51,14 @@ class RolloutConfig:
     # Cores for each generator ("auto": core i for generator i on a CPU machine; "" = no pinning).
     cpu_cores: str = "auto"
     num_cpus_per_generator: float = 1.0
-    num_gpus_per_generator: float = 0.0
+    # Share of the GPU memory vLLM may use for weights and activations (device=cuda).
+    gpu_memory_utilization: float = 0.3
 
 
 @dataclass
 class LearnerConfig:
     world_size: int = 1
-    lr: float = 4e-4
+    lr: float = 1e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip_norm: float = 1.0
@@ -67,7 +70,6 @@ class LearnerConfig:
     torch_threads: int = 1
     cpu_cores: str = "auto"  # "auto": the cores the generators leave free
     num_cpus_per_rank: float = 1.0
-    num_gpus_per_rank: float = 0.0
     # Tokens per rank per forward pass; 0 = the whole step in one pass.
     micro_batch_tokens: int = 0
 
@@ -103,7 +105,7 @@ class AlgoConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 1000
+    max_steps: int = 1200
     # Stop early after this much training wall-clock (0 = no limit); eval and start-up not included.
     max_train_minutes: float = 0.0
     groups_per_step: int = 16
@@ -121,6 +123,9 @@ class QueueConfig:
 @dataclass
 class WireConfig:
     host: str = "127.0.0.1"
+    # CURVE authentication of every socket: auto = on when wire.host is not a loopback address.
+    # The launcher generates the keys and hands each process its own.
+    curve: str = "auto"  # auto | on | off
     # Binding beyond loopback without authentication must be asked for explicitly.
     insecure: bool = False
     max_message_bytes: int = 256 << 20
@@ -152,6 +157,9 @@ class RayConfig:
 class Config:
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
     seed: int = 0
+    # auto: cuda when the driver sees an NVIDIA GPU (vLLM and the learner then share the GPUs
+    # through Ray's GPU resources, with NCCL between learner ranks), else cpu.
+    device: str = "auto"
     progress: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -242,9 +250,10 @@ def validate(cfg: Config) -> None:
     require(cfg.weights.backend == "zmq", "weights.backend", "supports only zmq so far", cfg.weights.backend)
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
-    loopback = cfg.wire.host in ("127.0.0.1", "localhost", "::1")
-    require(loopback or cfg.wire.insecure, "wire.host",
-            "binds beyond loopback: set wire.insecure=true to allow unauthenticated sockets", cfg.wire.host)
+    require(cfg.wire.curve in ("auto", "on", "off"), "wire.curve", "must be auto, on or off", cfg.wire.curve)
+    require(use_curve(cfg) or cfg.wire.insecure or is_loopback(cfg.wire.host), "wire.curve",
+            f"is off while wire.host={cfg.wire.host!r} binds beyond loopback: set wire.insecure=true to allow "
+            "unauthenticated sockets", cfg.wire.curve)
     require(cfg.algo.advantage in ("grpo", "drgrpo", "rloo"), "algo.advantage", "must be grpo, drgrpo or rloo", cfg.algo.advantage)
     require(cfg.algo.loss_type in ("ppo_clip", "reinforce"), "algo.loss_type", "must be ppo_clip or reinforce", cfg.algo.loss_type)
     require(cfg.algo.clip_low > 0 and cfg.algo.clip_high > 0, "algo.clip_low/clip_high", "must be > 0", (cfg.algo.clip_low, cfg.algo.clip_high))
@@ -258,6 +267,11 @@ def validate(cfg: Config) -> None:
     require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
     require(cfg.task.name == "arithmetic", "task.name", "must be arithmetic (the only built-in task so far)", cfg.task.name)
     require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
+    require(cfg.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda", cfg.device)
+
+
+def use_curve(cfg: Config) -> bool:
+    return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and not is_loopback(cfg.wire.host))
 
 
 def to_yaml(cfg: Config) -> str:

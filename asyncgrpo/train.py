@@ -20,9 +20,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import Config, groups_per_generator, to_yaml
+from asyncgrpo.config import Config, groups_per_generator, to_yaml, use_curve
 from asyncgrpo.resources import plan_cores
 from asyncgrpo.tasks import ArithmeticTask, Problem
+from asyncgrpo.wire.security import WireKeys
 
 # Quiet, in-process vLLM inside the actors; the driver never imports vLLM.
 ACTOR_ENV = {
@@ -61,6 +62,24 @@ def prepare_model(cfg: Config, log=print) -> str:
     ))
 
 
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gpus_per_actor(cfg: Config, gpus_in_cluster: float) -> float:
+    """A whole GPU per actor when there are enough, else an equal share (vLLM + learner on one GPU)."""
+    if cfg.device != "cuda":
+        return 0.0
+    actors = cfg.rollout.num_generators + cfg.learner.world_size
+    if gpus_in_cluster <= 0:
+        raise TrainingFailed("device=cuda but the Ray cluster has no GPU")
+    return min(1.0, gpus_in_cluster / actors)
+
+
 def _task(cfg: Config) -> ArithmeticTask:
     return ArithmeticTask(num_digits=cfg.task.num_digits, eval_size=cfg.task.eval_size)
 
@@ -91,6 +110,7 @@ def train(cfg: Config) -> dict[str, Any]:
     import ray
 
     wall_start = time.monotonic()
+    cfg.device = resolve_device(cfg.device)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -170,16 +190,19 @@ class _Job:
         generator_cores, learner_cores = plan_cores(
             cfg.rollout.num_generators, cfg.learner.world_size, cfg.rollout.cpu_cores, cfg.learner.cpu_cores
         )
+        gpus = gpus_per_actor(cfg, ray.cluster_resources().get("GPU", 0.0))
+        keys = WireKeys.generate(cfg.rollout.num_generators) if use_curve(cfg) else None
         self.learner = ray.remote(Learner).options(
-            num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=cfg.learner.num_gpus_per_rank, max_restarts=0,
-        ).remote(cfg, self.model_dir, 0, 1, None, learner_cores[0])
+            num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=gpus, max_restarts=0,
+        ).remote(cfg, self.model_dir, 0, 1, None, learner_cores[0], keys.server() if keys else None)
         endpoints = ray.get(self.learner.endpoints.remote(), timeout=cfg.wire.startup_timeout_s)
         quotas = groups_per_generator(cfg)
         self.generators = [
             ray.remote(Generator).options(
-                num_cpus=cfg.rollout.num_cpus_per_generator, num_gpus=cfg.rollout.num_gpus_per_generator,
+                num_cpus=cfg.rollout.num_cpus_per_generator, num_gpus=gpus,
                 max_restarts=0,
-            ).remote(cfg, i, self.model_dir, endpoints["groups"], endpoints["weights"], quotas[i], generator_cores[i])
+            ).remote(cfg, i, self.model_dir, endpoints["groups"], endpoints["weights"], quotas[i], generator_cores[i],
+                     keys.client(i) if keys else None)
             for i in range(cfg.rollout.num_generators)
         ]
         ready = ray.get([g.ready.remote() for g in self.generators], timeout=cfg.wire.startup_timeout_s)

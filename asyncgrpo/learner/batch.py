@@ -33,6 +33,11 @@ class Batch:
     group_index: torch.Tensor
     group_version_min: torch.Tensor
 
+    def to(self, device: torch.device) -> "Batch":
+        if device.type == "cpu":
+            return self
+        return Batch(**{name: value.to(device, non_blocking=True) for name, value in vars(self).items()})
+
     def rows(self, start: int, end: int) -> "Batch":
         """Samples [start, end), with padding trimmed to what those rows need."""
         length = max(1, int(self.attention_mask[start:end].sum(1).max()))

@@ -22,6 +22,7 @@ from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights.zmq import ZmqWeightPusher
 from asyncgrpo.wire import Publisher, Receiver
+from asyncgrpo.wire.security import CurveServerKeys
 
 
 def _free_port() -> int:
@@ -30,6 +31,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def advertised(endpoint: str) -> str:
+    scheme, _, rest = endpoint.partition("://")
+    host, _, port = rest.rpartition(":")
+    if host in ("0.0.0.0", "*", "[::]"):
+        import socket
+
+        host = socket.gethostbyname(socket.gethostname())
+    return f"{scheme}://{host}:{port}"
 
 
 def combine_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
@@ -68,6 +79,7 @@ class Learner:
         world_size: int = 1,
         master_port: int | None = None,
         cores: list[int] | None = None,
+        curve: CurveServerKeys | None = None,
     ) -> None:
         pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads)
         from torch.distributed.device_mesh import init_device_mesh
@@ -76,15 +88,17 @@ class Learner:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
+        on_gpu = cfg.device == "cuda" and torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         if not dist.is_initialized():
             dist.init_process_group(
-                "gloo",
+                "nccl" if on_gpu else "gloo",
                 init_method=f"tcp://127.0.0.1:{master_port or _free_port()}",
                 rank=rank,
                 world_size=world_size,
             )
-        mesh = init_device_mesh("cpu", (world_size,))
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        mesh = init_device_mesh(self.device.type, (world_size,))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         for layer in self.model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(self.model, mesh=mesh)
@@ -97,7 +111,7 @@ class Learner:
         # Frozen starting weights for the KL penalty, unsharded: the reference only runs forward.
         self.reference = None
         if cfg.algo.kl.enabled:
-            self.reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+            self.reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device).eval()
             self.reference.requires_grad_(False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_multiplier(step, cfg.learner, cfg.train.max_steps)
@@ -109,7 +123,8 @@ class Learner:
         self.queue: ReplayQueue | None = None
         self.pusher: ZmqWeightPusher | None = None
         if rank == 0:
-            receiver = Receiver(cfg.wire.host, max_message_bytes=cfg.wire.max_message_bytes, insecure=cfg.wire.insecure)
+            receiver = Receiver(cfg.wire.host, max_message_bytes=cfg.wire.max_message_bytes, curve=curve,
+                                insecure=cfg.wire.insecure)
             self.queue = ReplayQueue(
                 receiver,
                 capacity_groups=cfg.queue.capacity_groups,
@@ -117,11 +132,12 @@ class Learner:
                 drop_stale=cfg.train.stale_policy in ("drop", "both"),
                 full_policy=cfg.queue.full_policy,
             ).start()
-            self.pusher = ZmqWeightPusher(Publisher(cfg.wire.host, insecure=cfg.wire.insecure))
+            self.pusher = ZmqWeightPusher(Publisher(cfg.wire.host, curve=curve, insecure=cfg.wire.insecure))
 
     def endpoints(self) -> dict[str, str]:
+        """Where generators connect; a wildcard bind is advertised under this node's address."""
         assert self.queue is not None and self.pusher is not None
-        return {"groups": self.queue.receiver.endpoint, "weights": self.pusher.publisher.endpoint}
+        return {"groups": advertised(self.queue.receiver.endpoint), "weights": advertised(self.pusher.publisher.endpoint)}
 
     # ------------------------------------------------------------------------------------ the loop
 
@@ -136,7 +152,7 @@ class Learner:
         with timer("gen_wait"):
             groups = self.queue.take(self.cfg.train.groups_per_step, self.version, self.cfg.wire.timeout_s)
         with timer("prepare"):
-            batch = collate(groups, self.pad_id)
+            batch = collate(groups, self.pad_id).to(self.device)
         with timer("train"):
             metrics = self._update(batch)
         staleness = self.version - batch.group_version_min
@@ -277,10 +293,10 @@ class Learner:
         self.model.eval()
         result = []
         for sequence in sequences:
-            ids = torch.tensor([sequence], dtype=torch.int64)
+            ids = torch.tensor([sequence], dtype=torch.int64, device=self.device)
             logits = self.model(input_ids=ids).logits[0, :-1].float() / self.cfg.rollout.temperature
             logp = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-            result.append(logp.numpy().astype(np.float32))
+            result.append(logp.cpu().numpy().astype(np.float32))
         return result
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ function on the worker directly, so new weights are loaded without a copy throug
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,12 @@ def _load_named_weights(worker, named_tensors: list[tuple[str, torch.Tensor]]) -
     return len(named_tensors)
 
 
+def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
+    # The rotary cos/sin cache is derived, not a checkpoint weight: vLLM keeps its own copy on
+    # every reload and warns about it each time.
+    return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -44,6 +51,8 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm import LLM
+
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload_warning)
 
         self.llm = LLM(
             model=model_dir,

@@ -23,6 +23,7 @@ from asyncgrpo.rollout.engine import Completion, VLLMEngine
 from asyncgrpo.tasks import ArithmeticTask, Problem
 from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights.zmq import ZmqWeightReceiver
+from asyncgrpo.wire.security import CurveClientKeys
 from asyncgrpo.wire import Heartbeat, ScoredGroup, Sender, Subscriber, VersionAck, WireTimeout
 
 
@@ -68,6 +69,7 @@ class Generator:
         weights_endpoint: str,
         quota_per_step: int,
         cores: list[int] | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> None:
         pin_to_cores(cores or [])
         from transformers import AutoTokenizer
@@ -85,9 +87,10 @@ class Generator:
             max_model_len=cfg.model.max_positions,
             dtype=cfg.rollout.dtype,
             kv_cache_gib=cfg.rollout.kv_cache_gib,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         )
-        self.sender = Sender(groups_endpoint)
-        self.weights = ZmqWeightReceiver(Subscriber(weights_endpoint, cfg.wire.max_message_bytes))
+        self.sender = Sender(groups_endpoint, curve=curve)
+        self.weights = ZmqWeightReceiver(Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve))
         self.version = 0
         self.next_seq = 0
         self.groups_started = 0

@@ -1,6 +1,6 @@
 import pytest
 
-from asyncgrpo.config import Config, ConfigError, groups_per_generator, load, to_yaml
+from asyncgrpo.config import Config, ConfigError, groups_per_generator, load, to_yaml, use_curve
 
 
 def test_defaults_compose_and_resolve():
@@ -26,7 +26,7 @@ def test_overrides_apply():
         ("train.max_staleness=-1", "train.max_staleness"),
         ("queue.capacity_groups=4", "queue.capacity_groups"),
         ("train.max_steps=abc", "train.max_steps"),
-        ("wire.host=0.0.0.0", "wire.host"),
+        ("wire.curve=maybe", "wire.curve"),
         ("rollout.temperature=0", "rollout.temperature"),
         ("algo.advantage=ppo", "algo.advantage"),
         ("rollout.num_generators=17", "rollout.num_generators"),
@@ -40,8 +40,12 @@ def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
     assert "\n" not in message
 
 
-def test_insecure_allows_non_loopback_host():
-    assert load(["wire.host=0.0.0.0", "wire.insecure=true"]).wire.host == "0.0.0.0"
+def test_non_loopback_host_needs_curve_or_an_explicit_insecure():
+    assert use_curve(load(["wire.host=0.0.0.0"]))
+    assert not use_curve(load([]))
+    with pytest.raises(ConfigError, match="wire.curve"):
+        load(["wire.host=0.0.0.0", "wire.curve=off"])
+    assert not use_curve(load(["wire.host=0.0.0.0", "wire.curve=off", "wire.insecure=true"]))
 
 
 def test_resolved_yaml_round_trips():
