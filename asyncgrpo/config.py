@@ -241,7 +241,8 @@ def validate(cfg: Config) -> None:
     require(t.stale_policy in ("throttle", "drop", "both"), "train.stale_policy", "must be throttle, drop or both", t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
     require(q.full_policy in ("block", "drop_oldest"), "queue.full_policy", "must be block or drop_oldest", q.full_policy)
-    require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
+    require(learner.world_size == 1, "learner.world_size", "must be 1 for now (multi-rank learners are not wired up yet)",
+            learner.world_size)
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
     require(learner.lr_schedule in ("constant", "cosine"), "learner.lr_schedule", "must be constant or cosine", learner.lr_schedule)

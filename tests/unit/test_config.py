@@ -30,6 +30,9 @@ def test_overrides_apply():
         ("rollout.temperature=0", "rollout.temperature"),
         ("algo.advantage=ppo", "algo.advantage"),
         ("rollout.num_generators=17", "rollout.num_generators"),
+        ("learner.world_size=2", "learner.world_size"),
+        ("algo.kl.kind=k9", "algo.kl.kind"),
+        ("device=tpu", "device"),
     ],
 )
 def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
