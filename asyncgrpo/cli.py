@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import traceback
 
@@ -23,6 +24,9 @@ most-used keys:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A process started in the background by a non-interactive shell inherits "ignore SIGINT";
+    # Ctrl-C (or a supervisor's SIGINT) must always reach the driver so it can shut down cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(prog="asyncgrpo", description="Asynchronous off-policy GRPO.")
     commands = parser.add_subparsers(dest="command", required=True)
     train_parser = commands.add_parser(
