@@ -18,8 +18,8 @@ USAGE_EXAMPLES = """examples:
 config groups (see asyncgrpo/config.py for every key and its default):
   model.*  task.*  rollout.*  learner.*  algo.*  train.*  queue.*  wire.*  weights.*  eval.*  ray.*
 most-used keys:
-  train.max_steps=1500  train.groups_per_step=16  train.max_staleness=2  rollout.samples_per_prompt=8
-  learner.lr=0.001  algo.clip_low=0.2  algo.clip_high=0.28  run_dir=runs/<time>  seed=0
+  train.max_steps=1200  train.groups_per_step=16  train.max_staleness=2  rollout.samples_per_prompt=8
+  learner.lr=0.0001  algo.clip_low=0.2  algo.clip_high=0.28  run_dir=runs/<time>  seed=0
 """
 
 
