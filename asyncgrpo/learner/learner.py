@@ -294,9 +294,10 @@ class Learner:
         result = []
         for sequence in sequences:
             ids = torch.tensor([sequence], dtype=torch.int64, device=self.device)
-            logits = self.model(input_ids=ids).logits[0, :-1].float() / self.cfg.rollout.temperature
-            logp = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-            result.append(logp.cpu().numpy().astype(np.float32))
+            positions = torch.arange(len(sequence) - 1, device=self.device).unsqueeze(0)
+            logp = completion_logprobs(self.model(input_ids=ids).logits, positions, ids[:, 1:],
+                                       self.cfg.rollout.temperature)
+            result.append(logp[0].cpu().numpy().astype(np.float32))
         return result
 
     def close(self) -> None:

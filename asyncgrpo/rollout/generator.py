@@ -118,10 +118,11 @@ class Generator:
                     continue
                 problems = list(itertools.islice(self.problems, min(per_call, allowed)))
                 self.groups_started += len(problems)
+                prompts = self._tokenize(problems)
                 with timer("generate"):
-                    completions = self._sample(problems, self.cfg.rollout.temperature)
+                    completions = self._sample(prompts, self.cfg.rollout.temperature)
                 with timer("score"):
-                    groups = [self._scored_group(p, c) for p, c in zip(problems, completions)]
+                    groups = [self._scored_group(p, t, c) for p, t, c in zip(problems, prompts, completions)]
                 with timer("send"):
                     for group in groups:
                         self._send(group)
@@ -137,8 +138,10 @@ class Generator:
 
     # ---------------------------------------------------------------------------------- sampling
 
-    def _sample(self, problems: list[Problem], temperature: float, n: int | None = None) -> list[list[Completion]]:
-        prompts = [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+    def _tokenize(self, problems: list[Problem]) -> list[list[int]]:
+        return [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+
+    def _sample(self, prompts: list[list[int]], temperature: float, n: int | None = None) -> list[list[Completion]]:
         return self.engine.generate(
             prompts,
             n=n or self.cfg.rollout.samples_per_prompt,
@@ -149,8 +152,8 @@ class Generator:
     def _completion_text(self, completion: Completion) -> str:
         return self.tokenizer.decode(completion.token_ids.tolist(), skip_special_tokens=True)
 
-    def _scored_group(self, problem: Problem, completions: list[Completion]) -> ScoredGroup:
-        prompt = np.asarray(self.tokenizer(problem.prompt, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    def _scored_group(self, problem: Problem, prompt_tokens: list[int], completions: list[Completion]) -> ScoredGroup:
+        prompt = np.asarray(prompt_tokens, dtype=np.int32)
         rewards = np.asarray([self.task.score(self._completion_text(c), problem) for c in completions], dtype=np.float32)
         tokens = np.concatenate([c.token_ids for c in completions]).astype(np.int32)
         self.stats.tokens_generated += int(tokens.size)
@@ -228,7 +231,7 @@ class Generator:
 
     def evaluate(self, problems: list[Problem], temperature: float) -> float:
         """Held-out accuracy with one sample per problem (temperature 0 = greedy)."""
-        completions = self._sample(problems, temperature, n=1)
+        completions = self._sample(self._tokenize(problems), temperature, n=1)
         correct = [self.task.score(self._completion_text(c[0]), p) for p, c in zip(problems, completions)]
         return float(np.mean(correct))
 
