@@ -1,5 +1,52 @@
-"""Verifiable tasks: problems with a prompt, a reference answer and an exact-match score."""
+"""Verifiable tasks: problems with a prompt, a reference answer and the task's own check.
+
+A task has `train_problems(seed) -> Iterator[Problem]`, `eval_problems() -> list[Problem]` and
+`score(completion, problem) -> float` (the held-out accuracy check). `make_task(cfg)` builds the
+configured one; `train_stream` gives a generator its share of the training problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from asyncgrpo.tasks.arithmetic import ArithmeticTask, Problem
+from asyncgrpo.tasks.countdown import CountdownTask
 
-__all__ = ["ArithmeticTask", "Problem"]
+if TYPE_CHECKING:
+    from asyncgrpo.config import Config
+
+__all__ = ["ArithmeticTask", "CountdownTask", "Problem", "make_task", "train_stream"]
+
+
+def make_task(cfg: Config, tokenizer: Any | None = None) -> Any:
+    """The task of `cfg.task.name`. File tasks load (and check) their files now; `tokenizer`, if
+    given, counts prompt tokens for the length filter and applies data.chat_template."""
+    name = cfg.task.name
+    if name == "arithmetic":
+        return ArithmeticTask(num_digits=cfg.task.num_digits, eval_size=cfg.task.eval_size)
+    if name == "countdown":
+        return CountdownTask(num_numbers=cfg.task.countdown_numbers, max_number=cfg.task.countdown_max_number,
+                             eval_size=cfg.task.eval_size)
+    if name in ("gsm8k", "files"):
+        from asyncgrpo.tasks.files import FileTask
+        from asyncgrpo.tasks.gsm8k import GSM8KTask
+
+        task_class = GSM8KTask if name == "gsm8k" else FileTask
+        context_tokens = max(cfg.model.max_positions - cfg.rollout.max_new_tokens, 0)
+        return task_class(cfg.data, eval_size=cfg.task.eval_size, tokenizer=tokenizer, context_tokens=context_tokens)
+    raise ValueError(f"task.name: unknown task {name!r}")
+
+
+def train_stream(task: Any, cfg: Config, generator_id: int) -> Iterator[Problem]:
+    """Generator `generator_id`'s training problems.
+
+    Built-in tasks: an independent endless stream per generator (seeded by seed and generator id,
+    as before). File tasks: one seeded shuffle per epoch shared by all generators, each taking a
+    disjoint shard, so an epoch covers every prompt once; the stream ends after data.epochs.
+    """
+    from asyncgrpo.tasks.files import FileTask
+
+    if isinstance(task, FileTask):
+        return task.train_problems(seed=cfg.seed, shard=generator_id, num_shards=cfg.rollout.num_generators)
+    return task.train_problems(seed=cfg.seed * 1000 + generator_id)

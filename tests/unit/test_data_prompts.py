@@ -1,0 +1,146 @@
+"""Prompt templates, chat templates, seeded shuffling with shards and epochs, and the file task."""
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncgrpo.config import ConfigError, load
+from asyncgrpo.data import DataError, PromptFormat, epoch_stream, split_holdout
+from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.tasks import make_task, train_stream
+from asyncgrpo.tasks.files import FileTask
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def arithmetic_file(tmp_path: Path, count: int = 40, name: str = "train.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"question": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(count)))
+    return path
+
+
+def test_chat_template_wraps_the_templated_prompt():
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    fmt = PromptFormat("{prompt} answer:", chat_template=True, system_prompt="be brief")
+    assert fmt.render("1+1=", tokenizer) == "<system>be brief\n<user>1+1= answer:\n<assistant>"
+
+
+def test_chat_template_without_one_in_the_tokenizer_fails_clearly():
+    with pytest.raises(DataError, match="data.chat_template"):
+        PromptFormat(chat_template=True).render("x", build_char_tokenizer())
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 60), num_shards=st.integers(1, 5), seed=st.integers(0, 10**6), epochs=st.integers(1, 3))
+def test_shards_of_an_epoch_are_disjoint_and_cover_every_item(size, num_shards, seed, epochs):
+    if size < num_shards:
+        with pytest.raises(DataError, match="rollout.num_generators"):
+            next(epoch_stream(list(range(size)), seed=seed, num_shards=num_shards))
+        return
+    items = list(range(size))
+    shards = [list(epoch_stream(items, seed=seed, epochs=epochs, shard=s, num_shards=num_shards))
+              for s in range(num_shards)]
+    assert Counter(itertools.chain(*shards)) == Counter({i: epochs for i in items})
+    again = list(epoch_stream(items, seed=seed, epochs=epochs, shard=0, num_shards=num_shards))
+    assert again == shards[0]
+
+
+def test_order_depends_on_seed_and_changes_per_epoch():
+    items = list(range(50))
+    two_epochs = list(epoch_stream(items, seed=1, epochs=2))
+    assert two_epochs[:50] != two_epochs[50:] and sorted(two_epochs[:50]) == items
+    assert list(epoch_stream(items, seed=2, epochs=1)) != two_epochs[:50]
+    assert list(epoch_stream(items, seed=1, epochs=1, shuffle=False)) == items
+    endless = epoch_stream(items, seed=1, epochs=0)
+    assert len(list(itertools.islice(endless, 1000))) == 1000
+
+
+def test_holdout_is_fixed_and_disjoint():
+    train, held = split_holdout(list(range(100)), 10)
+    assert len(held) == 10 and not set(train) & set(held) and sorted(train + held) == list(range(100))
+    assert split_holdout(list(range(100)), 10) == (train, held)
+
+
+def files_cfg(tmp_path, *extra):
+    return load(["task.name=files", f"data.train_files=[{arithmetic_file(tmp_path)}]", *extra])
+
+
+def test_files_task_holds_out_eval_problems_and_checks_exact_answers(tmp_path):
+    cfg = files_cfg(tmp_path, "task.eval_size=5")
+    task = make_task(cfg, build_char_tokenizer())
+    assert isinstance(task, FileTask)
+    held = task.eval_problems()
+    assert len(held) == 5 and task.num_train_problems == 35
+    train_ids = {p.id for p in itertools.islice(task.train_problems(seed=0), 35)}
+    assert train_ids.isdisjoint({p.id for p in held}) and len(train_ids) == 35
+    problem = held[0]
+    assert task.score(f" {problem.answer}<eos>", problem) == 1.0
+    assert task.score(problem.answer + "0", problem) == 0.0
+    assert "kept 40 of 40" in task.describe()
+
+
+def test_eval_files_are_used_and_capped_by_eval_size(tmp_path):
+    eval_file = arithmetic_file(tmp_path, count=30, name="eval.jsonl")
+    task = make_task(files_cfg(tmp_path, f"data.eval_files=[{eval_file}]", "task.eval_size=10"))
+    assert task.num_train_problems == 40 and len(task.eval_problems()) == 10
+    assert {p.id for p in task.eval_problems()} <= set(range(40, 70))  # ids continue after the training records
+
+
+def test_generators_get_disjoint_shards_and_the_stream_ends_after_epochs(tmp_path):
+    cfg = files_cfg(tmp_path, "rollout.num_generators=2", "data.epochs=1", "task.eval_size=4")
+    task = make_task(cfg)
+    first, second = (list(train_stream(task, cfg, g)) for g in (0, 1))
+    assert len(first) + len(second) == task.num_train_problems
+    assert not {p.id for p in first} & {p.id for p in second}
+
+
+def test_builtin_tasks_keep_their_per_generator_seeding():
+    cfg = load(["seed=3"])
+    task = make_task(cfg)
+    stream = train_stream(task, cfg, 1)
+    assert list(itertools.islice(stream, 5)) == list(itertools.islice(task.train_problems(seed=3001), 5))
+
+
+def test_all_prompts_too_long_fails_with_the_reason_and_the_fix(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"question": "9" * 50, "answer": "1"}) + "\n" for _ in range(3)))
+    cfg = load(["task.name=files", f"data.train_files=[{path}]"])
+    with pytest.raises(DataError) as err:
+        make_task(cfg, build_char_tokenizer())
+    message = str(err.value)
+    assert "too_long=3" in message and "model.max_positions" in message and "\n" not in message
+
+
+def test_settings_change_with_file_contents(tmp_path):
+    cfg = files_cfg(tmp_path)
+    before = make_task(cfg).settings()
+    arithmetic_file(tmp_path, count=41)
+    assert make_task(cfg).settings() != before
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["task.name=poetry"], "task.name"),
+    (["task.name=files"], "data.train_files"),
+    (["task.name=gsm8k", "data.train_files=[x.jsonl]"], "model.path"),
+    (["task.name=countdown"], "model.path"),
+    (["data.epochs=-1"], "data.epochs"),
+    (["data.prompt_template=no-placeholder"], "data.prompt_template"),
+])
+def test_bad_task_and_data_config_names_the_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load(overrides)
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tiny_model_refusal_explains_why():
+    with pytest.raises(ConfigError, match="32-token context"):
+        load(["task.name=gsm8k", "data.train_files=[x.jsonl]"])
