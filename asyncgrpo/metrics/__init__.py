@@ -1,0 +1,28 @@
+"""Where a run's numbers go: metrics sinks (JSONL, TensorBoard, W&B) and the sample log."""
+
+from asyncgrpo.metrics.samples import SampleLogger, format_samples_table
+from asyncgrpo.metrics.sinks import (
+    JsonlSink,
+    MetricsSink,
+    MultiSink,
+    SinkUnavailable,
+    TensorBoardSink,
+    WandbSink,
+    numeric_items,
+    open_sinks,
+    require_sink_packages,
+)
+
+__all__ = [
+    "JsonlSink",
+    "MetricsSink",
+    "MultiSink",
+    "SampleLogger",
+    "SinkUnavailable",
+    "TensorBoardSink",
+    "WandbSink",
+    "format_samples_table",
+    "numeric_items",
+    "open_sinks",
+    "require_sink_packages",
+]

@@ -1,0 +1,341 @@
+"""`asyncgrpo plot RUN_DIR [RUN_DIR ...]`: PNG figures from metrics.jsonl and summary.json.
+
+One run: its curves. Several runs: the same figures with one colour per run, for comparison.
+Every panel copes with missing keys (old runs, runs with other options) by saying "no data".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)  # learner step records
+    evals: list[dict[str, Any]] = field(default_factory=list)  # records with eval/accuracy
+    summary: dict[str, Any] = field(default_factory=dict)
+    num_generators: int = 1
+
+    def series(self, key: str, x: str = "samples") -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) over the step records that have both keys."""
+        points = [(r[x], r[key]) for r in self.steps if _is_number(r.get(key)) and _is_number(r.get(x))]
+        if not points:
+            return np.zeros(0), np.zeros(0)
+        xs, ys = zip(*points)
+        return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+
+    def keys(self, prefix: str) -> list[str]:
+        found: dict[str, None] = {}
+        for record in self.steps:
+            for key, value in record.items():
+                if key.startswith(prefix) and _is_number(value):
+                    found[key] = None
+        return list(found)
+
+    def at_step(self, step: int, key: str) -> float | None:
+        """`key` of the step record of learner step `step`; step 0 (before training) is 0."""
+        if step <= 0:
+            return 0.0
+        for record in self.steps:
+            if record.get("step") == step and _is_number(record.get(key)):
+                return float(record[key])
+        return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    if not path.exists():
+        return records
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a run killed mid-write leaves a partial last line
+    return records
+
+
+def _num_generators(run_dir: Path) -> int:
+    config = run_dir / "config.yaml"
+    if config.exists():
+        try:
+            from omegaconf import OmegaConf
+
+            return int(OmegaConf.load(config).rollout.num_generators)
+        except Exception:  # noqa: BLE001 - a config from another version only costs the estimate
+            pass
+    return 1
+
+
+def load_run(run_dir: str | Path, name: str | None = None) -> Run:
+    path = Path(run_dir)
+    if not (path / "metrics.jsonl").exists() and not (path / "summary.json").exists():
+        raise FileNotFoundError(f"{path}: neither metrics.jsonl nor summary.json found; is this a run directory?")
+    records = _read_jsonl(path / "metrics.jsonl")
+    summary: dict[str, Any] = {}
+    if (path / "summary.json").exists():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except json.JSONDecodeError:
+            summary = {}
+    return Run(
+        name=name or path.resolve().name,
+        path=path,
+        steps=[r for r in records if "eval/accuracy" not in r and "eval/greedy_accuracy" not in r],
+        evals=[r for r in records if "eval/accuracy" in r or "eval/greedy_accuracy" in r],
+        summary=summary,
+        num_generators=_num_generators(path),
+    )
+
+
+def run_labels(paths: list[Path]) -> list[str]:
+    """Run directory names; parent/name where two runs share a name."""
+    names = [p.resolve().name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{p.resolve().parent.name}/{p.resolve().name}" for p in paths]
+
+
+# --------------------------------------------------------------------------------------- drawing
+
+
+def _smooth(y: np.ndarray) -> np.ndarray:
+    """Trailing moving average over ~2% of the points: per-step values are noisy."""
+    window = max(1, len(y) // 50)
+    if window == 1:
+        return y
+    cumulative = np.cumsum(np.insert(y, 0, 0.0))
+    out = np.empty_like(y)
+    out[window - 1:] = (cumulative[window:] - cumulative[:-window]) / window
+    out[: window - 1] = cumulative[1:window] / np.arange(1, window)
+    return out
+
+
+def _no_data(ax: Any, what: str = "") -> None:
+    ax.text(0.5, 0.5, f"no data{': ' + what if what else ''}", ha="center", va="center",
+            transform=ax.transAxes, color="gray")
+
+
+def _line(ax: Any, x: np.ndarray, y: np.ndarray, color: str, label: str | None, smooth: bool = True,
+          **kwargs: Any) -> None:
+    if smooth and len(y) > 50:
+        ax.plot(x, y, color=color, alpha=0.2, linewidth=0.8)
+        ax.plot(x, _smooth(y), color=color, label=label, **kwargs)
+    else:
+        ax.plot(x, y, color=color, label=label, **kwargs)
+
+
+def _curves(ax: Any, runs: list[Run], colors: list[str], key: str, x: str, title: str, xlabel: str,
+            ylabel: str = "", smooth: bool = True) -> None:
+    drawn = False
+    for run, color in zip(runs, colors):
+        xs, ys = run.series(key, x)
+        if len(xs):
+            _line(ax, xs, ys, color, run.name, smooth)
+            drawn = True
+    _finish(ax, drawn, title, xlabel, ylabel or key, key)
+
+
+def _finish(ax: Any, drawn: bool, title: str, xlabel: str, ylabel: str, missing: str = "") -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if drawn:
+        ax.grid(True, alpha=0.3)
+        handles, _ = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(fontsize=8)
+    else:
+        _no_data(ax, missing)
+
+
+def _figure(rows: int, cols: int, title: str) -> tuple[Any, np.ndarray]:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
+    fig.suptitle(title)
+    return fig, axes
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_reward(runs: list[Run], colors: list[str], out: Path) -> Path:
+    fig, axes = _figure(1, 2, "training reward (mean over each step's samples)")
+    _curves(axes[0, 0], runs, colors, "reward/mean", "samples", "reward over samples", "samples consumed", "reward/mean")
+    _curves(axes[0, 1], runs, colors, "reward/mean", "time/wall_s", "reward over wall-clock", "training wall-clock (s)",
+            "reward/mean")
+    return _save(fig, out / "reward.png")
+
+
+def plot_eval(runs: list[Run], colors: list[str], out: Path) -> Path:
+    fig, axes = _figure(1, 2, "held-out accuracy (solid: sampled, dashed: greedy)")
+    for col, (x_key, xlabel) in enumerate((("samples", "samples consumed"), ("time/wall_s", "training wall-clock (s)"))):
+        ax, drawn = axes[0, col], False
+        for run, color in zip(runs, colors):
+            for key, style in (("eval/accuracy", "-o"), ("eval/greedy_accuracy", "--s")):
+                points = []
+                for record in run.evals:
+                    x = record.get(x_key)
+                    if not _is_number(x):
+                        x = run.at_step(int(record.get("step", 0)), x_key)
+                    if _is_number(record.get(key)) and x is not None:
+                        points.append((x, record[key]))
+                if points:
+                    xs, ys = zip(*sorted(points))
+                    ax.plot(xs, ys, style, color=color, label=run.name if key == "eval/accuracy" else None)
+                    drawn = True
+        _finish(ax, drawn, f"held-out accuracy over {xlabel.split(' (')[0]}", xlabel, "accuracy", "eval/accuracy")
+    return _save(fig, out / "eval_accuracy.png")
+
+
+def plot_staleness(runs: list[Run], colors: list[str], out: Path) -> Path:
+    fig, axes = _figure(1, 3, "staleness (policy versions between sampling and training)")
+    _curves(axes[0, 0], runs, colors, "staleness/mean", "step", "mean staleness per step", "learner step",
+            "staleness/mean")
+    ax, drawn = axes[0, 1], False
+    for run, color in zip(runs, colors):
+        xs, ys = run.series("staleness/max", "step")
+        if len(xs):
+            ax.step(xs, ys, where="post", color=color, label=run.name)
+            drawn = True
+    _finish(ax, drawn, "max staleness per step", "learner step", "staleness/max", "staleness/max")
+
+    ax, drawn = axes[0, 2], False
+    histograms = [(run, color, (run.summary.get("learner") or {}).get("staleness_histogram") or {})
+                  for run, color in zip(runs, colors)]
+    histograms = [(run, color, h) for run, color, h in histograms if h]
+    if histograms:
+        values = sorted({int(k) for _, _, h in histograms for k in h})
+        width = 0.8 / len(histograms)
+        for i, (run, color, histogram) in enumerate(histograms):
+            total = sum(histogram.values()) or 1
+            heights = [histogram.get(str(v), 0) / total for v in values]
+            ax.bar(np.arange(len(values)) + (i - (len(histograms) - 1) / 2) * width, heights, width=width,
+                   color=color, label=run.name)
+        ax.set_xticks(np.arange(len(values)), [str(v) for v in values])
+        drawn = True
+    _finish(ax, drawn, "staleness of consumed groups (summary.json)", "staleness", "fraction of groups",
+            "learner.staleness_histogram")
+    return _save(fig, out / "staleness.png")
+
+
+def plot_correction(runs: list[Run], colors: list[str], out: Path) -> Path:
+    """Every is/* and mismatch/* key, one panel each: rollout IS weights and train/rollout mismatch."""
+    keys: dict[str, None] = {}
+    for run in runs:
+        for key in run.keys("is/") + run.keys("mismatch/"):
+            keys[key] = None
+    names = list(keys) or ["is/*, mismatch/*"]
+    cols = min(4, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = _figure(rows, cols, "rollout importance weights (is/*) and rollout/training mismatch (mismatch/*)")
+    for index, ax in enumerate(axes.flat):
+        if index >= len(names):
+            ax.axis("off")
+            continue
+        if not keys:
+            _finish(ax, False, names[index], "learner step", "", "no is/ or mismatch/ keys")
+            continue
+        _curves(ax, runs, colors, names[index], "step", names[index], "learner step", names[index])
+    return _save(fig, out / "is_mismatch.png")
+
+
+def plot_throughput(runs: list[Run], colors: list[str], out: Path) -> Path:
+    fig, axes = _figure(1, 3, "throughput and idle time")
+    _curves(axes[0, 0], runs, colors, "perf/samples_per_s", "time/wall_s", "learner samples/s (per step)",
+            "training wall-clock (s)", "samples/s")
+
+    # Learner idle: the share of each step spent waiting for groups (and for lagging generators).
+    ax, drawn = axes[0, 1], False
+    for run, color in zip(runs, colors):
+        points = []
+        for record in run.steps:
+            step_s = record.get("time/step_s")
+            waits = [record[k] for k in ("time/gen_wait_s", "time/ack_wait_s") if _is_number(record.get(k))]
+            if _is_number(step_s) and step_s > 0 and waits:
+                points.append((record.get("samples", 0), min(1.0, sum(waits) / step_s)))
+        if points:
+            xs, ys = map(np.asarray, zip(*points))
+            _line(ax, xs, ys, color, f"{run.name} learner")
+            drawn = True
+        # Generator idle: throttle, weight loads and full-queue waits reported per step.
+        points = []
+        for record in run.steps:
+            step_s, idle = record.get("time/step_s"), record.get("time/gen_idle_s")
+            if _is_number(step_s) and step_s > 0 and _is_number(idle):
+                points.append((record.get("samples", 0), min(1.0, idle / (step_s * run.num_generators))))
+        if points:
+            xs, ys = map(np.asarray, zip(*points))
+            _line(ax, xs, ys, color, f"{run.name} generators", linestyle="--")
+            drawn = True
+    if drawn:
+        ax.set_ylim(-0.02, 1.02)
+    _finish(ax, drawn, "idle fraction (solid: learner, dashed: generators)", "samples consumed", "fraction of time",
+            "time/gen_wait_s, time/step_s")
+
+    # Where generator time went over the whole run (summary.json: generators' gen_time/*).
+    ax, drawn = axes[0, 2], False
+    bars: list[tuple[str, str, dict[str, float]]] = []
+    for run, color in zip(runs, colors):
+        for i, generator in enumerate(run.summary.get("generators") or []):
+            phases = {k.removeprefix("gen_time/").removesuffix("_s"): float(v)
+                      for k, v in generator.items() if k.startswith("gen_time/") and _is_number(v)}
+            if phases:
+                label = run.name if len(run.summary["generators"]) == 1 else f"{run.name} g{i}"
+                bars.append((label, color, phases))
+    if bars:
+        phases_all = list(dict.fromkeys(p for _, _, phases in bars for p in phases))
+        import matplotlib.pyplot as plt
+
+        palette = plt.get_cmap("tab10")
+        bottoms = np.zeros(len(bars))
+        for j, phase in enumerate(phases_all):
+            fractions = np.asarray([phases.get(phase, 0.0) / (sum(phases.values()) or 1.0) for _, _, phases in bars])
+            ax.bar(np.arange(len(bars)), fractions, bottom=bottoms, color=palette(j % 10), label=phase)
+            bottoms += fractions
+        ax.set_xticks(np.arange(len(bars)), [label for label, _, _ in bars], rotation=20, fontsize=8)
+        drawn = True
+    _finish(ax, drawn, "generator time by phase (summary.json)", "", "fraction of generator time",
+            "summary generators gen_time/*")
+    return _save(fig, out / "throughput.png")
+
+
+def plot_runs(run_dirs: list[str | Path], out_dir: str | Path | None = None) -> list[Path]:
+    """Write the figures for one run (or an overlay of several); returns the PNG paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a training machine
+    import matplotlib.pyplot as plt
+
+    paths = [Path(d) for d in run_dirs]
+    if not paths:
+        raise ValueError("no run directory given")
+    runs = [load_run(path, label) for path, label in zip(paths, run_labels(paths))]
+    out = Path(out_dir) if out_dir else (paths[0] / "plots" if len(paths) == 1 else Path("plots_compare"))
+    out.mkdir(parents=True, exist_ok=True)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color") or ["C0"]
+    colors = [cycle[i % len(cycle)] for i in range(len(runs))]
+    with plt.rc_context({"font.size": 9}):
+        return [plot(runs, colors, out) for plot in
+                (plot_reward, plot_eval, plot_staleness, plot_correction, plot_throughput)]

@@ -1,0 +1,53 @@
+"""`asyncgrpo --help` and `asyncgrpo train --help` list the config groups and the real defaults."""
+
+import dataclasses
+
+import pytest
+
+from asyncgrpo import cli
+from asyncgrpo.config import Config
+
+
+def help_text(capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
+def test_help_lists_every_config_group_and_the_current_defaults(capsys, argv):
+    text = help_text(capsys, argv)
+    defaults = Config()
+    for field in dataclasses.fields(Config):
+        if dataclasses.is_dataclass(getattr(defaults, field.name)):
+            assert f"  {field.name}.*" in text
+    assert f"train.max_steps={defaults.train.max_steps} " in text
+    assert f"train.max_staleness={defaults.train.max_staleness} " in text
+    assert f"learner.lr={defaults.learner.lr} " in text
+    assert f"log.samples_every_steps={defaults.log.samples_every_steps} " in text
+    assert "log.tensorboard=false " in text and "log.wandb_mode=offline " in text
+
+
+def test_every_listed_key_exists_and_every_group_is_described():
+    text = cli.config_help()
+    for key in cli.COMMON_KEYS:
+        assert f"  {key}=" in text, f"{key} is listed in cli.COMMON_KEYS but not in Config"
+    for name in cli.GROUP_HELP:
+        assert hasattr(Config(), name), f"cli.GROUP_HELP describes {name}.*, which Config does not have"
+
+
+def test_help_follows_a_changed_default(monkeypatch):
+    monkeypatch.setattr(Config, "__init__", _with_max_steps(Config.__init__, 4321))
+    assert "train.max_steps=4321 " in cli.config_help()
+
+
+def _with_max_steps(init, steps):
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.train.max_steps = steps
+    return patched
+
+
+def test_plot_is_a_subcommand(capsys):
+    assert "RUN_DIR" in help_text(capsys, ["plot", "--help"])

@@ -1,0 +1,96 @@
+"""`asyncgrpo plot`: synthetic run directories -> non-empty PNGs, overlays, missing keys."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from asyncgrpo import cli
+from asyncgrpo.plot import load_run, plot_runs, run_labels
+
+FIGURES = {"reward.png", "eval_accuracy.png", "staleness.png", "is_mismatch.png", "throughput.png"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_run(path: Path, steps: int = 40, seed: int = 0, generators: int = 1) -> Path:
+    rng = random.Random(seed)
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"rollout:\n  num_generators: {generators}\n")
+    records = [{"step": 0, "eval/accuracy": 0.15, "eval/greedy_accuracy": 0.4, "eval/when": "start"}]
+    for s in range(1, steps + 1):
+        step_s = 0.2 + 0.05 * rng.random()
+        records.append({
+            "step": s, "samples": 128 * s, "reward/mean": 0.2 + 0.3 * s / steps + rng.gauss(0, 0.05),
+            "staleness/min": 0, "staleness/mean": 1.5, "staleness/max": min(s - 1, 2),
+            "time/step_s": step_s, "time/gen_wait_s": 0.1 * step_s, "time/gen_idle_s": 0.2 * step_s,
+            "perf/samples_per_s": 128 / step_s, "time/wall_s": 0.25 * s,
+            "is/mean": 1.0, "is/max": 1.5, "mismatch/kl": 1e-4, "loss/pg": 0.0,
+        })
+    records.append({"step": steps, "eval/accuracy": 0.45, "eval/greedy_accuracy": 0.8, "eval/when": "end"})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 4')  # torn line
+    (path / "summary.json").write_text(json.dumps({
+        "status": "finished", "steps": steps,
+        "learner": {"staleness_histogram": {"0": 10, "1": 200, "2": 300}},
+        "generators": [{"gen_time/generate_s": 50.0, "gen_time/throttle_s": 5.0, "gen_time/weights_s": 3.0}] * generators,
+    }))
+    return path
+
+
+def assert_pngs(paths, directory: Path) -> None:
+    assert {p.name for p in paths} == FIGURES
+    for path in paths:
+        assert path.parent == directory
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+
+
+def test_one_run_writes_every_figure_under_run_dir_plots(tmp_path):
+    run = make_run(tmp_path / "run1")
+    assert_pngs(plot_runs([run]), run / "plots")
+
+
+def test_loaded_run_separates_steps_evals_and_skips_a_torn_line(tmp_path):
+    run = load_run(make_run(tmp_path / "r", steps=10, generators=2))
+    assert len(run.steps) == 10 and len(run.evals) == 2 and run.num_generators == 2
+    xs, ys = run.series("reward/mean", "time/wall_s")
+    assert len(xs) == len(ys) == 10
+    assert run.at_step(10, "samples") == 1280 and run.at_step(0, "time/wall_s") == 0.0
+
+
+def test_several_runs_overlay_into_one_directory_via_the_cli(tmp_path, monkeypatch, capsys):
+    a = make_run(tmp_path / "a", seed=1)
+    b = make_run(tmp_path / "b", steps=25, seed=2, generators=2)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["plot", str(a), str(b)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert {Path(p).name for p in printed} == FIGURES
+    assert_pngs([tmp_path / p for p in printed], tmp_path / "plots_compare")
+    single = plot_runs([a], tmp_path / "mine")
+    assert single[0].parent == tmp_path / "mine"
+    # A two-run overlay draws more than the single run on the same figure.
+    assert (tmp_path / "plots_compare" / "reward.png").stat().st_size > single[0].stat().st_size
+
+
+def test_missing_keys_give_no_data_panels_instead_of_errors(tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.jsonl").write_text(json.dumps({"step": 1, "samples": 128, "reward/mean": 0.5}) + "\n")
+    paths = plot_runs([bare])
+    assert_pngs(paths, bare / "plots")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "summary.json").write_text(json.dumps({"status": "failed"}))
+    assert_pngs(plot_runs([empty]), empty / "plots")
+
+
+def test_not_a_run_directory_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["plot", str(tmp_path / "nope")]) == 2
+    assert "nope" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError):
+        load_run(tmp_path)
+
+
+def test_labels_are_unique_even_when_run_names_collide(tmp_path):
+    assert run_labels([tmp_path / "x" / "run", tmp_path / "y" / "run"]) == ["x/run", "y/run"]
+    assert run_labels([tmp_path / "a", tmp_path / "b"]) == ["a", "b"]
