@@ -1,0 +1,260 @@
+"""Sharded, atomic learner checkpoints (torch.distributed.checkpoint) and finding the newest one.
+
+Layout of `<run_dir>/checkpoints/step_<N>/` (N = the policy version after step N):
+
+    dcp/          model and optimizer, sharded: each rank writes its own shards (DCP); any world
+                  size can load them
+    meta.json     version, counters, LR schedule, data position, world size, model directory
+    rng/rank_<r>.json   each rank's RNG states
+    model_files/  the model's config and tokenizer files (what `asyncgrpo export` needs besides weights)
+    COMPLETE      written last
+
+Everything is written into `step_<N>.tmp`; only after every file is on disk (fsync) does rank 0
+write COMPLETE and rename the directory to `step_<N>`. A run killed mid-save leaves a `.tmp`
+directory, which `latest` never returns; a directory without COMPLETE is ignored too.
+All ranks must see one filesystem (one node, or a shared filesystem across nodes).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from asyncgrpo.learner.learner import Learner
+
+MARKER = "COMPLETE"
+META = "meta.json"
+FORMAT = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+# Files of a Hugging Face model directory that are weights (everything else is config or tokenizer).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+# ------------------------------------------------------------------------------------ finding
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and _STEP_DIR.match(path.name) is not None and (path / MARKER).is_file()
+
+
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """Complete `step_<N>` directories under `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if is_complete(p)]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def latest(path: str | Path) -> Path:
+    """The checkpoint to resume from: `path` itself if it is a complete checkpoint, else the newest
+    complete one in `path` or in `path`/checkpoints (a run directory)."""
+    path = Path(path).expanduser().resolve()
+    if is_complete(path):
+        return path
+    if _STEP_DIR.match(path.name) or path.name.endswith(".tmp"):
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {MARKER} marker: its save did not finish)")
+    for directory in (path, path / "checkpoints"):
+        found = complete_checkpoints(directory)
+        if found:
+            return found[-1]
+    raise CheckpointError(f"no complete checkpoint (step_<N>/{MARKER}) in {path} or {path / 'checkpoints'}")
+
+
+def read_meta(checkpoint: str | Path) -> dict[str, Any]:
+    return json.loads((Path(checkpoint) / META).read_text())
+
+
+# ------------------------------------------------------------------------------------- saving
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    for path in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]:
+        _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with path.open("w") as f:
+        json.dump(value, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _encode_tensor(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _decode_tensor(text: str) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as JSON (no pickle)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state = {
+        "torch": _encode_tensor(torch.get_rng_state()),
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "python": [version, list(internal), gauss],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_encode_tensor(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(_decode_tensor(state["torch"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_decode_tensor(s) for s in state["cuda"]])
+
+
+def copy_model_files(source: Path, target: Path) -> None:
+    """Config, generation config and tokenizer files of a Hugging Face model directory (not weights)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.iterdir()):
+        if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and not path.name.endswith(".index.json"):
+            shutil.copy2(path, target / path.name)
+
+
+def _barrier(learner: Learner) -> None:
+    if learner.world_size > 1:
+        dist.barrier()  # bounded by the process group's timeout
+
+
+def save(learner: Learner, directory: Path) -> Path:
+    """Every rank calls it. Returns the complete checkpoint's path."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    directory = directory.expanduser().resolve()
+    final = directory / f"step_{learner.version}"
+    tmp = directory / f"step_{learner.version}.tmp"
+    if learner.rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)  # left by a save that was killed
+        (tmp / "rng").mkdir(parents=True)
+    _barrier(learner)
+    _write_json(tmp / "rng" / f"rank_{learner.rank}.json", rng_state())
+    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
+    _barrier(learner)
+    if learner.rank == 0:
+        copy_model_files(Path(learner.model_dir), tmp / "model_files")
+        _write_json(tmp / META, _meta(learner))
+        _fsync_tree(tmp)
+        _before_marker(tmp)
+        _write_json(tmp / MARKER, {"version": learner.version, "time": time.time()})
+        _fsync_dir(tmp)
+        if final.exists():  # an older save of the same step (a resumed run that went back)
+            stale = directory / f"step_{learner.version}.old"
+            shutil.rmtree(stale, ignore_errors=True)
+            os.replace(final, stale)
+            shutil.rmtree(stale)
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+        _prune(directory, learner.cfg.train.keep_checkpoints)
+    _barrier(learner)  # no rank goes on (and perhaps loads) before the checkpoint is complete
+    return final
+
+
+def _before_marker(tmp: Path) -> None:
+    """Hook between writing the data and marking it complete (tests kill the process here)."""
+
+
+def _prune(directory: Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    for old in complete_checkpoints(directory)[:-keep]:
+        # Unmark first: a prune killed half-way leaves an incomplete directory, never a broken "complete" one.
+        (old / MARKER).unlink()
+        shutil.rmtree(old)
+
+
+def _meta(learner: Learner) -> dict[str, Any]:
+    generators = {}
+    if learner.queue is not None:
+        # The prompts each generator has used up, as far as the learner knows: the groups it sent
+        # (consumed, dropped or still queued). A resumed generator skips that many problems.
+        generators = {str(g): {"groups_received": state.next_seq} for g, state in learner.queue.generators.items()}
+    return {
+        "format": FORMAT,
+        "version": learner.version,
+        "samples": learner.samples_consumed,
+        "counters": {
+            "staleness_histogram": {str(k): v for k, v in sorted(learner.staleness_histogram.items())},
+            "ack_waits": learner.ack_waits,
+            "idle_s": learner.idle_s,
+            "queue": learner.queue.stats() if learner.queue is not None else {},
+        },
+        "scheduler": learner.scheduler.state_dict(),
+        "generators": generators,
+        "world_size": learner.world_size,
+        "model_dir": str(learner.model_dir),
+        "torch": torch.__version__,
+        "time": time.time(),
+    }
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def load(learner: Learner, path: Path) -> dict[str, Any]:
+    """Every rank calls it with the same path; returns the checkpoint's meta."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    checkpoint = latest(path)
+    meta = read_meta(checkpoint)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{checkpoint}: checkpoint format {meta.get('format')}, this code reads {FORMAT}")
+    # Templates with this run's sharding; DCP reshards whatever world size wrote the checkpoint.
+    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(checkpoint / "dcp"))
+    set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    learner.scheduler.load_state_dict(meta["scheduler"])
+    learner.version = int(meta["version"])
+    learner.samples_consumed = int(meta["samples"])
+    counters = meta["counters"]
+    learner.staleness_histogram = {int(k): int(v) for k, v in counters["staleness_histogram"].items()}
+    learner.ack_waits = int(counters["ack_waits"])
+    learner.idle_s = float(counters["idle_s"])
+    rng_file = checkpoint / "rng" / f"rank_{learner.rank}.json"
+    if not rng_file.exists():  # written by fewer ranks than this run has
+        rng_file = checkpoint / "rng" / "rank_0.json"
+    set_rng_state(json.loads(rng_file.read_text()))
+    meta["path"] = str(checkpoint)
+    return meta
