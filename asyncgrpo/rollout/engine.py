@@ -21,6 +21,8 @@ class Completion:
     token_ids: np.ndarray  # int32 [L]
     logprobs: np.ndarray  # float32 [L]: log-prob of each sampled token under the sampling distribution
     finished: bool  # False when cut off by max_tokens
+    # Policy version that sampled each token; None = all by the version loaded when the call began.
+    versions: np.ndarray | None = None
 
 
 def _load_named_weights(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
@@ -77,20 +79,18 @@ class VLLMEngine:
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
+        max_tokens_per_prompt: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """n completions per prompt; temperature 0 means greedy (log-probs then are of the argmax)."""
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(
-            n=n,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            logprobs=0,
-            detokenize=False,
-            seed=seed,
-        )
+        def params(limit: int) -> SamplingParams:
+            return SamplingParams(n=n, max_tokens=limit, temperature=temperature, logprobs=0, detokenize=False,
+                                  seed=seed)
+
+        sampling = [params(limit) for limit in max_tokens_per_prompt] if max_tokens_per_prompt else params(max_tokens)
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [[self._completion(out) for out in request.outputs] for request in outputs]
 
     @staticmethod

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from asyncgrpo.weights import WeightTarget
 from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
 
 _TORCH_TO_WIRE = {
@@ -27,7 +28,10 @@ _WIRE_TO_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16"
 
 
 def tensor_to_wire(tensor: torch.Tensor) -> tuple[np.ndarray, str]:
-    tensor = tensor.detach().to("cpu").contiguous()
+    # Always a private copy: the frames are sent without copying, by ZeroMQ's I/O thread, after
+    # push() returns, while the optimizer updates the parameters (which a full_tensor() on one rank
+    # aliases) in place. Without the copy a generator could load a torn mix of two versions.
+    tensor = tensor.detach().to("cpu", copy=True).contiguous()
     if tensor.dtype not in _TORCH_TO_WIRE:
         raise TypeError(f"cannot send dtype {tensor.dtype}")
     name, _ = _TORCH_TO_WIRE[tensor.dtype]
@@ -76,6 +80,9 @@ class ZmqWeightPusher:
     def shutdown(self, reason: str) -> None:
         self.publisher.publish(Shutdown(reason=reason))
 
+    def close(self) -> None:
+        self.publisher.close()
+
 
 class ZmqWeightReceiver:
     """Generator side: drains the subscription, keeps the newest complete version."""
@@ -122,3 +129,14 @@ class ZmqWeightReceiver:
     def take_latest(self) -> tuple[int, list[tuple[str, torch.Tensor]]] | None:
         latest, self.latest = self.latest, None
         return latest
+
+    def apply_newest(self, target: WeightTarget) -> int | None:
+        latest = self.take_latest()
+        if latest is None:
+            return None
+        version, named_tensors = latest
+        target.load_weights(named_tensors)
+        return version
+
+    def close(self) -> None:
+        self.subscriber.close()

@@ -1,0 +1,218 @@
+"""Weight sync by collective broadcast from learner rank 0 into the generators (`weights.backend=nccl`).
+
+    learner rank 0 (group rank 0)                     generator i (group rank i + 1)
+    --------------------------------                  ----------------------------------
+    PUB: WeightsChunk(version, "__spec__")   ------>  poll(): version v announced
+    broadcast bucket 0, 1, ...   ====== group ====>   apply_newest(): receive every bucket at a safe
+                                                      point, load into the running engine, ack
+
+Control (which version, and a fingerprint of the names/shapes/dtypes) travels over the same ZeroMQ
+PUB socket as the zmq backend; the tensors travel through a separate process group of the learner's
+rank 0 and every generator, created without touching the learner ranks' default torch.distributed
+group: on GPU an NCCL communicator (vLLM's PyNcclCommunicator over a StatelessProcessGroup, the
+pattern vLLM documents for RLHF weight updates), on CPU a gloo group standing in for it, so the
+protocol is tested on machines without GPUs. Every generator must join every broadcast, in order:
+a generator never skips a version here (it would leave the others waiting), and the learner's push
+returns only when every generator has received it, i.e. at the generators' next safe point.
+
+Both sides know the tensor list from the same Hugging Face model directory (names and shapes of the
+state dict, float32, in state-dict order); the announcement carries a fingerprint of that list so a
+mismatch fails loudly instead of scrambling weights. Tensors are packed into buckets of at most
+`bucket_bytes` so a push is a few large collectives, not one per tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from asyncgrpo.weights import WeightTarget
+from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
+
+SPEC_NAME = "__spec__"
+TensorSpec = tuple[str, tuple[int, ...], torch.dtype]
+
+
+class Broadcaster(Protocol):
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None: ...
+
+
+class _GlooBroadcaster:
+    """CPU: a gloo group on its own TCPStore (independent of the default process group)."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        self.group.broadcast(tensor, src).wait()
+
+
+class _NcclBroadcaster:
+    """GPU: vLLM's NCCL wrapper over a stateless group, so the learner's own NCCL group is untouched."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                 device: torch.device) -> None:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
+                                             store_timeout=int(timeout_s))
+        self.communicator = PyNcclCommunicator(group, device=device)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        self.communicator.broadcast(tensor, src=src, stream=torch.cuda.current_stream())
+
+
+def connect(host: str, port: int, rank: int, world_size: int, device: torch.device,
+            timeout_s: float) -> Broadcaster:
+    """Join the weight group (rank 0 = the learner). Blocks until all `world_size` members join."""
+    if device.type == "cuda":
+        return _NcclBroadcaster(host, port, rank, world_size, timeout_s, device)
+    return _GlooBroadcaster(host, port, rank, world_size, timeout_s)
+
+
+def model_spec(model_dir: str) -> list[TensorSpec]:
+    """Names, shapes and dtypes of the model's state dict, in order, without allocating weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return [(name, tuple(t.shape), t.dtype) for name, t in model.state_dict().items()]
+
+
+def fingerprint(spec: Iterable[TensorSpec]) -> np.ndarray:
+    text = ";".join(f"{name}:{list(shape)}:{dtype}" for name, shape, dtype in spec)
+    return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.int64).copy()
+
+
+def buckets(spec: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
+    """Indices of consecutive same-dtype tensors, at most `bucket_bytes` per bucket (or one tensor)."""
+    result: list[list[int]] = []
+    size = 0
+    for index, (_, shape, dtype) in enumerate(spec):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not result or size + nbytes > bucket_bytes or spec[result[-1][-1]][2] != dtype:
+            result.append([])
+            size = 0
+        result[-1].append(index)
+        size += nbytes
+    return result
+
+
+class NcclWeightSender:
+    """Learner rank 0. `connect()` must run while every generator runs `NcclWeightReceiver.connect()`."""
+
+    def __init__(self, publisher: Publisher, model_dir: str, num_generators: int, device: torch.device,
+                 host: str = "127.0.0.1", timeout_s: float = 120.0, bucket_bytes: int = 256 << 20) -> None:
+        from asyncgrpo.learner.learner import _free_port
+
+        self.publisher, self.device, self.timeout_s = publisher, device, timeout_s
+        self.world_size = num_generators + 1
+        self.host, self.port = host, _free_port()
+        self.spec = model_spec(model_dir)
+        self.buckets = buckets(self.spec, bucket_bytes)
+        self.group: Broadcaster | None = None
+        self.bytes_pushed = 0
+
+    def address(self) -> dict[str, object]:
+        return {"host": self.host, "port": self.port, "world_size": self.world_size}
+
+    def connect(self) -> None:
+        self.group = connect(self.host, self.port, 0, self.world_size, self.device, self.timeout_s)
+
+    def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        if self.group is None:
+            raise RuntimeError("weights.backend=nccl: push before the weight group was connected")
+        named = list(named_tensors)
+        got = [(name, tuple(t.shape)) for name, t in named]
+        want = [(name, shape) for name, shape, _ in self.spec]
+        if got != want:
+            raise ValueError(f"weights.backend=nccl: the learner's state dict does not match {len(want)} tensors "
+                             f"of the model directory (first difference: "
+                             f"{next((g, w) for g, w in zip(got + [None] * len(want), want) if g != w)})")
+        self.publisher.publish(WeightsChunk(version=version, chunk_index=0, num_chunks=1, names=[SPEC_NAME],
+                                            tensors=[fingerprint(self.spec)], dtypes=["int64"]))
+        total = 0
+        for bucket in self.buckets:
+            flat = torch.cat([named[i][1].detach().to(self.device, torch.float32).reshape(-1) for i in bucket])
+            self.group.broadcast(flat, src=0)
+            total += flat.numel() * flat.element_size()
+        self.bytes_pushed += total
+        return total
+
+    def shutdown(self, reason: str) -> None:
+        self.publisher.publish(Shutdown(reason=reason))
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+class NcclWeightReceiver:
+    """Generator side: announcements over the subscription, tensors through the weight group."""
+
+    def __init__(self, subscriber: Subscriber, model_dir: str, device: torch.device,
+                 timeout_s: float = 120.0) -> None:
+        self.subscriber, self.device, self.timeout_s = subscriber, device, timeout_s
+        self.spec = model_spec(model_dir)
+        self.expected_fingerprint = fingerprint(self.spec)
+        self.buckets: list[list[int]] | None = None
+        self.group: Broadcaster | None = None
+        self.announced: list[int] = []  # versions announced and not yet received, in order
+        self.newest_version = -1
+        self.shutdown_reason: str | None = None
+
+    def connect(self, host: str, port: int, rank: int, world_size: int, bucket_bytes: int = 256 << 20) -> None:
+        self.buckets = buckets(self.spec, bucket_bytes)
+        self.group = connect(host, port, rank, world_size, self.device, self.timeout_s)
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        changed = False
+        wait = timeout_s
+        while (message := self.subscriber.recv(wait)) is not None:
+            wait = 0.0
+            if isinstance(message, Shutdown):
+                self.shutdown_reason = message.reason
+                changed = True
+            elif isinstance(message, WeightsChunk):
+                if message.names != [SPEC_NAME] or not np.array_equal(message.tensors[0], self.expected_fingerprint):
+                    raise ValueError("weights.backend=nccl: the learner announced a different tensor list than "
+                                     "this generator's model directory holds")
+                self.announced.append(message.version)
+                changed = True
+        return changed
+
+    def apply_newest(self, target: WeightTarget) -> int | None:
+        """Receive every announced version in order (each is a collective every member must join);
+        load only the newest into `target`."""
+        if not self.announced:
+            return None
+        if self.group is None or self.buckets is None:
+            raise RuntimeError("weights.backend=nccl: weights announced before the weight group was connected")
+        named: list[tuple[str, torch.Tensor]] = []
+        while self.announced:
+            version = self.announced.pop(0)
+            named = []
+            for bucket in self.buckets:
+                shapes = [self.spec[i][1] for i in bucket]
+                sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+                flat = torch.empty(sum(sizes), dtype=torch.float32, device=self.device)
+                self.group.broadcast(flat, src=0)
+                for i, part, shape in zip(bucket, flat.split(sizes), shapes):
+                    named.append((self.spec[i][0], part.view(shape)))
+        target.load_weights(named)
+        self.newest_version = version
+        return version
+
+    def close(self) -> None:
+        self.subscriber.close()
+

@@ -1,0 +1,208 @@
+"""The staleness contract's moving parts, in-process: in-flight updates tag every token with the
+version that sampled it, the learner waits for generators that lag, generator idle time is
+attributed to steps. The engine and weight receiver are stand-ins (pure logic); the queue is real."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncgrpo.config import load
+from asyncgrpo.learner.learner import Learner
+from asyncgrpo.replay import ReplayQueue
+from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.rollout.generator import Generator, GeneratorStats
+from asyncgrpo.wire import VersionAck, example_group
+
+EOS = 2
+
+
+class ScriptedEngine:
+    """Sample s of prompt p samples token 100 + 10 s + i at position i, and EOS at its stop length.
+
+    A continuation prompt is [prompt id, 0, tokens so far...]; its first token names the sample.
+    Every call and load is recorded."""
+
+    def __init__(self, stop_lengths: list[int]) -> None:
+        self.stop_lengths = stop_lengths
+        self.calls: list[list[list[int]]] = []
+        self.loaded: list[int] = []
+
+    def stop_at(self, prompt_id: int, sample: int) -> int:
+        return self.stop_lengths[(prompt_id * 7 + sample) % len(self.stop_lengths)]
+
+    def generate(self, prompts, *, n, max_tokens, temperature, max_tokens_per_prompt=None, seed=None):
+        self.calls.append([list(p) for p in prompts])
+        limits = max_tokens_per_prompt or [max_tokens] * len(prompts)
+        outputs = []
+        for prompt, limit in zip(prompts, limits):
+            so_far = list(prompt[2:])
+            group = []
+            for index in range(n):
+                sample = (so_far[0] - 100) // 10 if so_far else index
+                stop_at = self.stop_at(prompt[0], sample)
+                tokens, finished = [], False
+                while len(tokens) < limit:
+                    position = len(so_far) + len(tokens)
+                    if position + 1 == stop_at:
+                        tokens.append(EOS)
+                        finished = True
+                        break
+                    tokens.append(100 + 10 * sample + position)
+                group.append(Completion(np.asarray(tokens, dtype=np.int32),
+                                        -np.ones(len(tokens), dtype=np.float32) * (len(self.loaded) + 1), finished))
+            outputs.append(group)
+        return outputs
+
+    def load_weights(self, named_tensors) -> None:
+        self.loaded.append(len(self.loaded))
+
+
+class PushEverySegment:
+    """A weight receiver on which a new version is ready before every segment after the first."""
+
+    def __init__(self) -> None:
+        self.newest_version = 0
+        self.shutdown_reason = None
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        return True
+
+    def apply_newest(self, target) -> int:
+        self.newest_version += 1
+        target.load_weights([])
+        return self.newest_version
+
+
+BASE_CONFIG = load([])
+
+
+def generator_for(engine, **rollout) -> Generator:
+    generator = Generator.__new__(Generator)  # no vLLM, no sockets: only the sampling logic
+    generator.cfg = copy.deepcopy(BASE_CONFIG)
+    for key, value in rollout.items():
+        setattr(generator.cfg.rollout, key, value)
+    generator.engine = engine
+    generator.weights = PushEverySegment()
+    generator.sender = SimpleNamespace(try_send=lambda message, timeout_s: True)
+    generator.generator_id = 0
+    generator.version = 0
+    generator.stats = GeneratorStats()
+    return generator
+
+
+@settings(max_examples=40, deadline=None)
+@given(stop_lengths=st.lists(st.integers(1, 7), min_size=1, max_size=5), chunk=st.integers(1, 6),
+       max_new=st.integers(1, 7))
+def test_inflight_updates_keep_every_token_and_tag_its_version(stop_lengths, chunk, max_new):
+    samples = 3
+    engine = ScriptedEngine(stop_lengths)
+    generator = generator_for(engine, inflight_updates=True, inflight_chunk_tokens=chunk, max_new_tokens=max_new,
+                              samples_per_prompt=samples)
+    prompts = [[1, 0], [2, 0]]
+    groups = generator._generate(prompts)
+    for prompt, group in zip(prompts, groups):
+        assert len(group) == samples
+        for sample, completion in enumerate(group):
+            stop_at = engine.stop_at(prompt[0], sample)
+            length = min(stop_at, max_new)
+            # The same tokens as one uninterrupted call: nothing lost, nothing repeated.
+            expected = [100 + 10 * sample + i for i in range(length)]
+            if stop_at <= max_new:
+                expected[-1] = EOS
+            assert completion.token_ids.tolist() == expected
+            assert completion.finished == (stop_at <= max_new)
+            # Token i was sampled in segment i // chunk, after that many weight loads.
+            versions = completion.versions.tolist()
+            assert versions == [i // chunk for i in range(length)]
+            assert versions == sorted(versions)
+            # Each token's log-prob comes from the call (and so the weights) that sampled it.
+            assert (-completion.logprobs).tolist() == [v + 1 for v in versions]
+    assert generator.version == len(engine.loaded)
+
+
+def test_without_inflight_updates_one_call_and_one_version():
+    engine = ScriptedEngine([4])
+    generator = generator_for(engine, max_new_tokens=5, samples_per_prompt=2)
+    groups = generator._generate([[1, 0]])
+    assert len(engine.calls) == 1 and engine.loaded == []
+    assert all(c.versions.tolist() == [0] * c.token_ids.size for c in groups[0])
+
+
+# ------------------------------------------------------------------------- learner waits for acks
+
+
+def learner_stub(version: int, max_staleness: int, num_generators: int = 2, timeout_s: float = 5.0):
+    cfg = copy.deepcopy(BASE_CONFIG)
+    cfg.train.max_staleness, cfg.rollout.num_generators, cfg.wire.timeout_s = max_staleness, num_generators, timeout_s
+    queue = ReplayQueue(None, capacity_groups=64, max_staleness=max_staleness)
+    stub = SimpleNamespace(cfg=cfg, version=version, queue=queue, ack_waits=0)
+    return stub, lambda: Learner._wait_for_generator_versions(stub)
+
+
+def test_no_wait_while_generators_are_within_the_bound():
+    stub, wait = learner_stub(version=5, max_staleness=2)
+    stub.queue.put(VersionAck(0, 3))
+    stub.queue.put(VersionAck(1, 4))
+    wait()
+    assert stub.ack_waits == 0
+
+
+def test_learner_waits_for_a_lagging_generator_then_continues():
+    stub, wait = learner_stub(version=5, max_staleness=2)
+    stub.queue.put(VersionAck(0, 5))
+    stub.queue.put(VersionAck(1, 2))  # lags by 3 > 2
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (wait(), done.set()))
+    waiter.start()
+    assert not done.wait(0.3), "the learner must hold while generator 1 lags"
+    stub.queue.put(VersionAck(1, 3))
+    assert done.wait(5.0)
+    waiter.join()
+    assert stub.ack_waits == 1
+
+
+def test_synchronous_mode_waits_for_the_current_version():
+    stub, wait = learner_stub(version=3, max_staleness=0, num_generators=1, timeout_s=0.3)
+    stub.queue.put(VersionAck(0, 2))
+    with pytest.raises(TimeoutError, match=r"load version >= 3 .*\{0: 2\}"):
+        wait()
+
+
+def test_a_generator_never_heard_from_counts_as_lagging():
+    stub, wait = learner_stub(version=4, max_staleness=1, num_generators=2, timeout_s=0.2)
+    stub.queue.put(VersionAck(0, 4))
+    with pytest.raises(TimeoutError, match=r"\{1: -1\}"):
+        wait()
+
+
+def test_early_steps_need_no_acknowledgement():
+    stub, wait = learner_stub(version=2, max_staleness=2, timeout_s=0.1)
+    start = time.monotonic()
+    wait()
+    assert stub.ack_waits == 0 and time.monotonic() - start < 0.1 + 1.0
+
+
+# --------------------------------------------------------------------- generator idle attribution
+
+
+def test_generator_idle_time_is_attributed_once_per_step():
+    stub = SimpleNamespace(_generator_idle={})
+    delta = lambda groups: Learner._generator_idle_delta(stub, groups)  # noqa: E731
+
+    def group(generator_id: int, idle: float):
+        g = example_group(2, 4)
+        g.generator_id, g.meta = generator_id, {"gen_idle_s": idle}
+        return g
+
+    assert delta([group(0, 1.0), group(0, 1.5), group(1, 0.25)]) == pytest.approx(1.75)
+    # Older groups (sent before the newest seen) add nothing; new idle time adds only the difference.
+    assert delta([group(0, 1.2), group(0, 2.0), group(1, 0.25)]) == pytest.approx(0.5)
+    assert delta([group(1, 0.25)]) == 0.0

@@ -1,0 +1,166 @@
+"""Weight-push latency over the zmq backend: learner gather -> wire -> generator's running vLLM engine.
+
+    .venv/bin/python tools/bench_push.py                 # tiny default model and a ~100M-parameter one
+    .venv/bin/python tools/bench_push.py --sizes tiny --pushes 20
+
+For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format):
+- a generator process (core 0) runs a vLLM engine and a `ZmqWeightReceiver`; it loads every push
+  into the engine and acknowledges the version with a `VersionAck`, as in a run;
+- this process (core 1) is the learner: an FSDP2-wrapped model (world size 1), `full_state_dict()`
+  then `ZmqWeightPusher.push`.
+Latency = from the start of the gather to the arrival of the generator's acknowledgement, so it
+covers gather, encode, send, receive, assemble and the engine load. Correctness: after the last push
+the engine's log-probs of fixed sequences are compared with the learner's forward.
+
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIZES = {
+    # name: (hidden, layers, heads, kv_heads, intermediate)
+    "tiny": (64, 2, 2, 2, 192),
+    "100M": (1024, 8, 16, 16, 2816),
+}
+
+
+def build(size: str, directory: Path) -> int:
+    from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
+    from asyncgrpo.models.tokenizer import build_char_tokenizer
+
+    hidden, layers, heads, kv_heads, intermediate = SIZES[size]
+    spec = TinyModelSpec(hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+                         intermediate_size=intermediate, max_positions=32)
+    tokenizer = build_char_tokenizer()
+    model = build_model(spec, tokenizer, seed=0)
+    save_model(model, tokenizer, directory)
+    return sum(p.numel() for p in model.parameters())
+
+
+def generator_process(model_dir: str, weights_endpoint: str, acks_endpoint: str, pushes: int,
+                      probes: list[list[int]], results: mp.Queue) -> None:
+    os.sched_setaffinity(0, [0])
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from asyncgrpo.rollout.engine import VLLMEngine
+    from asyncgrpo.weights.zmq import ZmqWeightReceiver
+    from asyncgrpo.wire import Sender, Subscriber, VersionAck
+
+    engine = VLLMEngine(model_dir, seed=0, max_model_len=32, kv_cache_gib=0.25)
+    receiver = ZmqWeightReceiver(Subscriber(weights_endpoint))
+    acks = Sender(acks_endpoint)
+    acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready
+    load_s: list[float] = []
+    while len(load_s) < pushes:
+        receiver.poll(timeout_s=1.0)
+        start = time.perf_counter()
+        version = receiver.apply_newest(engine)
+        if version is None:
+            continue
+        load_s.append(time.perf_counter() - start)
+        acks.send(VersionAck(generator_id=0, version=version), timeout_s=60)
+    results.put({"load_s": load_s, "probe_logp": [x.tolist() for x in engine.sequence_logprobs(probes)]})
+
+
+def bench_size(size: str, pushes: int) -> dict[str, float]:
+    import numpy as np
+    import torch
+
+    from asyncgrpo.config import load
+    from asyncgrpo.learner.learner import Learner
+    from asyncgrpo.wire import Receiver, VersionAck
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / size
+        params = build(size, model_dir)
+        cfg = load(["learner.warmup_steps=0", f"model.path={model_dir}", f"run_dir={tmp}/run"])
+        learner = Learner(cfg, str(model_dir), cores=[1])
+        acks = Receiver()
+        probes = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24]]
+        results: mp.Queue = mp.get_context("spawn").Queue()
+        process = mp.get_context("spawn").Process(
+            target=generator_process,
+            args=(str(model_dir), learner.endpoints()["weights"], acks.endpoint, pushes, probes, results))
+        process.start()
+
+        def wait_ack(version: int, timeout_s: float) -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                message = acks.recv(1.0)
+                if isinstance(message, VersionAck) and message.version >= version:
+                    return
+                if not process.is_alive():
+                    raise RuntimeError("the generator process died")
+            raise TimeoutError(f"no acknowledgement of version {version} within {timeout_s:.0f} s")
+
+        wait_ack(0, 600)  # engine start
+        time.sleep(0.5)  # the subscription must be live before the first publish
+        latencies, gather_s, send_s = [], [], []
+        payload = 0
+        for version in range(1, pushes + 1):
+            with torch.no_grad():  # a different model each push, so every load really changes weights
+                for p in learner.model.parameters():
+                    p.add_(1e-4)
+            start = time.perf_counter()
+            named = learner.full_state_dict()
+            gathered = time.perf_counter()
+            payload = learner.pusher.push(version, named)
+            sent = time.perf_counter()
+            wait_ack(version, 120)
+            latencies.append(time.perf_counter() - start)
+            gather_s.append(gathered - start)
+            send_s.append(sent - gathered)
+        generator = results.get(timeout=120)
+        process.join(timeout=60)
+        learner_logp = learner.sequence_logprobs(probes)
+        diff = max(float(np.abs(np.asarray(g, dtype=np.float32) - l).max())
+                   for g, l in zip(generator["probe_logp"], learner_logp))
+        learner.close()
+        acks.close()
+    return {
+        "size": size,
+        "params": params,
+        "bytes_per_push": payload,
+        "latency_ms_median": 1e3 * statistics.median(latencies),
+        "latency_ms_max": 1e3 * max(latencies),
+        "gather_ms_median": 1e3 * statistics.median(gather_s),
+        "encode_send_ms_median": 1e3 * statistics.median(send_s),
+        "engine_load_ms_median": 1e3 * statistics.median(generator["load_s"]),
+        "mb_per_s": payload / 1e6 / statistics.median(latencies),
+        "probe_max_abs_diff": diff,
+        "pushes": pushes,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="tiny,100M")
+    parser.add_argument("--pushes", type=int, default=10)
+    args = parser.parse_args()
+    rows = [bench_size(size, args.pushes) for size in args.sizes.split(",")]
+    print()
+    header = (f"{'model':<6} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'gather ms':>9} "
+              f"{'send ms':>7} {'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['size']:<6} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.1f} {r['latency_ms_median']:>10.1f} "
+              f"{r['latency_ms_max']:>7.1f} {r['gather_ms_median']:>9.1f} {r['encode_send_ms_median']:>7.1f} "
+              f"{r['engine_load_ms_median']:>7.1f} {r['mb_per_s']:>6.0f} {r['probe_max_abs_diff']:>10.2e}")
+    print()
+    print(json.dumps({"pushes": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
