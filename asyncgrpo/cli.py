@@ -1,46 +1,156 @@
-"""`asyncgrpo train [key=value ...]`: the command-line entry point."""
+"""`asyncgrpo train [key=value ...]`, `asyncgrpo plot RUN_DIR ...`, `asyncgrpo export CHECKPOINT OUTDIR`:
+the command-line entry point."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
 import traceback
+from typing import Any
 
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import Config, ConfigError, load
 
 USAGE_EXAMPLES = """examples:
   asyncgrpo train                                    # the embedded default (CPU, tiny model)
   asyncgrpo train train.max_steps=20 train.max_staleness=0 run_dir=runs/sync seed=3
+  asyncgrpo train log.tensorboard=true log.samples_every_steps=50
   asyncgrpo train --config-name default --cfg        # print the resolved config and exit
-
-config groups (see asyncgrpo/config.py for every key and its default):
-  model.*  task.*  rollout.*  learner.*  algo.*  train.*  queue.*  wire.*  weights.*  eval.*  ray.*
-most-used keys:
-  train.max_steps=1200  train.groups_per_step=16  train.max_staleness=2  rollout.samples_per_prompt=8
-  learner.lr=0.0001  algo.clip_low=0.2  algo.clip_high=0.28  run_dir=runs/<time>  seed=0
+  asyncgrpo plot runs/a runs/b --out plots_ab        # compare runs
+  asyncgrpo train train.save_every_steps=100         # sharded checkpoints in run_dir/checkpoints
+  asyncgrpo train resume=runs/a                      # continue from its newest complete checkpoint
+  asyncgrpo export runs/a/checkpoints/step_100 hf    # a checkpoint in Hugging Face format
 """
+
+# One line per config group; a group added to Config without an entry here still gets listed.
+GROUP_HELP = {
+    "model": "the policy: a Hugging Face directory, or the embedded tiny Qwen2 and its warm start",
+    "task": "what the prompts are and how answers are checked",
+    "data": "prompt files for file-based tasks (JSONL or Parquet)",
+    "reward": "reward terms, user reward functions, an LLM judge",
+    "rollout": "vLLM generators: how many, samples per prompt, sampling, placement",
+    "learner": "the FSDP2 learner: optimizer, schedule, micro-batching, placement",
+    "algo": "GRPO variant: advantages, policy loss, clipping, KL, rollout IS correction",
+    "train": "the driver loop: steps, groups per step, the staleness bound",
+    "queue": "the replay queue between generators and learner",
+    "wire": "ZeroMQ transport: host, CURVE authentication, timeouts",
+    "weights": "weight pushes from learner to generators",
+    "eval": "held-out evaluation at the start and the end",
+    "ray": "the Ray cluster: local or an existing one",
+    "log": "metrics sinks (TensorBoard, W&B) and the periodic sample table",
+}
+
+# The keys people change most; their defaults are read from Config so this text cannot go stale.
+COMMON_KEYS = {
+    "run_dir": "where config.yaml, metrics.jsonl, summary.json, samples.jsonl go",
+    "seed": "",
+    "device": "auto | cpu | cuda",
+    "model.path": "empty = the embedded tiny model",
+    "task.name": "",
+    "train.max_steps": "learner steps (optimizer updates)",
+    "train.groups_per_step": "prompt groups per learner step",
+    "train.max_staleness": "policy versions; 0 = synchronous on-policy GRPO",
+    "rollout.samples_per_prompt": "completions per prompt (the group size)",
+    "rollout.num_generators": "",
+    "learner.lr": "AdamW learning rate (after learner.warmup_steps)",
+    "algo.loss_type": "",
+    "algo.clip_low": "",
+    "algo.clip_high": "",
+    "log.tensorboard": "event files under run_dir/tensorboard",
+    "log.wandb": "W&B run under run_dir/wandb",
+    "log.wandb_mode": "offline needs no network",
+    "log.samples_every_steps": "print and keep a few completions; 0 = off",
+}
+
+
+def _format_default(value: Any) -> str:
+    """As it would be written on the command line (YAML spelling)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value == "":
+        return "''"
+    return str(value)
+
+
+def _group_description(cls: Any) -> str:
+    # A dataclass without a docstring gets a generated signature as __doc__; that is not a description.
+    doc = (cls.__doc__ or "").strip()
+    return "" if not doc or doc.startswith(cls.__name__ + "(") else doc.splitlines()[0]
+
+
+def config_help() -> str:
+    """The config groups and the most-used keys with their current defaults, from `Config` itself."""
+    defaults = Config()
+    groups = [(f.name, type(getattr(defaults, f.name))) for f in dataclasses.fields(Config)
+              if dataclasses.is_dataclass(getattr(defaults, f.name))]
+    width = max(len(name) for name, _ in groups) + 3
+    lines = ["config groups (`asyncgrpo train --cfg` prints every key; defaults live in asyncgrpo/config.py):"]
+    lines += [f"  {name + '.*':<{width}} {GROUP_HELP.get(name) or _group_description(cls)}".rstrip()
+              for name, cls in groups]
+    lines.append("most-used keys, with their defaults:")
+    entries = []
+    for key, description in COMMON_KEYS.items():
+        value: Any = defaults
+        try:
+            for part in key.split("."):
+                value = getattr(value, part)
+        except AttributeError:
+            continue  # a key renamed in Config; test_cli_help catches it
+        entries.append((f"{key}={_format_default(value)}", description))
+    key_width = max(len(entry) for entry, _ in entries) + 2
+    lines += [f"  {entry:<{key_width}}{description}".rstrip() for entry, description in entries]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     # A process started in the background by a non-interactive shell inherits "ignore SIGINT";
     # Ctrl-C (or a supervisor's SIGINT) must always reach the driver so it can shut down cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    parser = argparse.ArgumentParser(prog="asyncgrpo", description="Asynchronous off-policy GRPO.")
+    parser = argparse.ArgumentParser(
+        prog="asyncgrpo", description="Asynchronous off-policy GRPO.", epilog=USAGE_EXAMPLES + "\n" + config_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     train_parser = commands.add_parser(
-        "train", help="run a training job", epilog=USAGE_EXAMPLES,
+        "train", help="run a training job (key=value overrides)", epilog=USAGE_EXAMPLES + "\n" + config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a training job; any config key can be overridden as key=value.",
     )
     train_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     train_parser.add_argument("--config-name", default="default", help="a YAML file in --config-dir (default: default)")
     train_parser.add_argument("--config-dir", default=None, help="directory of YAML presets (default: the repo's configs/)")
     train_parser.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
+    plot_parser = commands.add_parser(
+        "plot", help="write PNG figures of one run, or overlay several",
+        description="Figures from RUN_DIR/metrics.jsonl and summary.json: reward and held-out accuracy over samples "
+                    "and wall-clock, staleness, IS weights and mismatch, throughput and idle fractions.",
+    )
+    plot_parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are overlaid")
+    plot_parser.add_argument("--out", default=None,
+                             help="output directory (default: RUN_DIR/plots for one run, ./plots_compare for several)")
+    export_parser = commands.add_parser(
+        "export", help="write a checkpoint's policy in Hugging Face format",
+        description="Safetensors + config + tokenizer files that transformers and vLLM load directly. CHECKPOINT is "
+                    "a checkpoint directory (step_<N>) or a run directory (its newest complete checkpoint).",
+    )
+    export_parser.add_argument("checkpoint", metavar="CHECKPOINT")
+    export_parser.add_argument("outdir", metavar="OUTDIR")
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        return _plot(args.run_dirs, args.out)
+    if args.command == "export":
+        return _export(args.checkpoint, args.outdir)
 
     try:
         cfg = load(args.overrides, config_name=args.config_name, config_dir=args.config_dir)
+        if not args.cfg:
+            from asyncgrpo.metrics import require_sink_packages
+
+            require_sink_packages(cfg.log)
     except ConfigError as err:
         print(f"asyncgrpo: config error: {err}", file=sys.stderr)
         return 2
@@ -65,6 +175,32 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("steps", "samples", "wall_s", "samples_per_s", "eval_accuracy_start", "eval_accuracy_end",
             "groups_dropped_stale", "staleness_max")
     print(json.dumps({k: summary.get(k) for k in keys}))
+    return 0
+
+
+def _plot(run_dirs: list[str], out: str | None) -> int:
+    from asyncgrpo.plot import plot_runs
+
+    try:
+        paths = plot_runs(run_dirs, out)
+    except FileNotFoundError as err:
+        print(f"asyncgrpo: plot: {err}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _export(checkpoint: str, outdir: str) -> int:
+    from asyncgrpo.export import export_checkpoint
+    from asyncgrpo.learner.checkpoint import CheckpointError
+
+    try:
+        path = export_checkpoint(checkpoint, outdir)
+    except (CheckpointError, FileNotFoundError) as err:
+        print(f"asyncgrpo: export: {err}", file=sys.stderr)
+        return 2
+    print(path)
     return 0
 
 

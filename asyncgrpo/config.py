@@ -33,9 +33,86 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
+    # arithmetic (built in) | countdown (built in) | gsm8k (data.* files, answers after #### or in
+    # \boxed{}) | files (data.* files, answers compared as strings). See docs/TASKS.md.
     name: str = "arithmetic"
     num_digits: int = 2
+    # Held-out problems (file tasks: at most this many, a fixed subset of data.eval_files, or without
+    # eval files up to a fifth of the training records, held out of training).
     eval_size: int = 500
+    countdown_numbers: int = 4  # numbers given per countdown problem
+    countdown_max_number: int = 100  # numbers are drawn from 1..this
+
+
+@dataclass
+class DataConfig:
+    """Prompts from local files, for task.name=gsm8k|files (JSONL or Parquet, by file extension)."""
+
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)
+    prompt_field: str = "question"
+    answer_field: str = "answer"
+    # Wrap each prompt as a user message with the tokenizer's chat template (instruct models).
+    chat_template: bool = False
+    system_prompt: str = ""
+    # Applied to the raw prompt before the chat template; {prompt} is the file's prompt field.
+    prompt_template: str = "{prompt}"
+    # Prompts longer than this (tokens) are filtered; 0 = the context, model.max_positions - rollout.max_new_tokens.
+    max_prompt_tokens: int = 0
+    shuffle: bool = True
+    # Passes over the training files; 0 = endless.
+    epochs: int = 0
+    # Stop at the first bad record instead of skipping and counting it.
+    strict: bool = False
+
+
+@dataclass
+class RewardTermConfig:
+    name: str = "task"  # logged as reward/<name>
+    # task (the task's own check) | exact | numeric | math | format | fn | judge; "" = same as name.
+    kind: str = ""
+    weight: float = 1.0
+    fn: str = ""  # kind=fn: package.module:function (default: reward.fn)
+    tolerance: float = 1e-6  # kind=numeric: absolute and relative
+    pattern: str = ""  # kind=format: a regex the completion must contain (default: the task's answer format)
+
+
+@dataclass
+class JudgeConfig:
+    """An OpenAI-compatible chat-completions endpoint that scores completions (kind=judge)."""
+
+    base_url: str = ""  # e.g. http://127.0.0.1:8000/v1; requests go to <base_url>/chat/completions
+    model: str = ""
+    api_key_env: str = ""  # name of an environment variable holding the API key (never the key itself)
+    # Fields: {prompt} {completion} {answer}.
+    prompt_template: str = (
+        "Rate the response to the question from 0 to 10.\nQuestion: {prompt}\nReference answer: {answer}\n"
+        "Response: {completion}\nReply with the score only."
+    )
+    parser: str = "number"  # number (last number in the reply / max_score) | yes_no | regex:<pattern with one group>
+    max_score: float = 10.0
+    max_tokens: int = 16
+    temperature: float = 0.0
+    concurrency: int = 16  # requests in flight
+    timeout_s: float = 30.0  # one request
+    retries: int = 3  # after the first try, on timeouts, connection errors, 429 and 5xx
+    backoff_s: float = 0.5  # first retry delay, doubled each retry
+
+
+@dataclass
+class RewardConfig:
+    # Weighted sum of terms; empty = one term, the task's own check (exact match for arithmetic).
+    terms: list[RewardTermConfig] = field(default_factory=list)
+    # A user reward, fn(prompt, completion, answer=None, **extra) -> float, sync or async;
+    # with terms empty it is the only term.
+    fn: str = ""
+    # A reward that raises, times out or returns NaN/inf: zero = that term scores 0 for that
+    # completion; drop_group = the whole group is not sent. Either way reward/errors counts it.
+    on_error: str = "zero"  # zero | drop_group
+    timeout_s: float = 30.0  # one call of a user fn
+    concurrency: int = 64  # user fn calls in flight
+    threads: int = 4  # threads for sync user fns and math equivalence
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass
@@ -53,6 +130,10 @@ class RolloutConfig:
     num_cpus_per_generator: float = 1.0
     # Share of the GPU memory vLLM may use for weights and activations (device=cuda).
     gpu_memory_utilization: float = 0.3
+    # Load a weight push mid-generation: generate in segments of inflight_chunk_tokens, load the
+    # newest weights between segments, resume each unfinished sequence from what it already has.
+    inflight_updates: bool = False
+    inflight_chunk_tokens: int = 2
 
 
 @dataclass
@@ -72,6 +153,15 @@ class LearnerConfig:
     num_cpus_per_rank: float = 1.0
     # Tokens per rank per forward pass; 0 = the whole step in one pass.
     micro_batch_tokens: int = 0
+    # Fill micro-batches longest rows first, so rows of similar length share one (less padding).
+    bucket_by_length: bool = True
+    # Recompute each decoder layer's activations in the backward pass instead of storing them.
+    activation_checkpointing: bool = False
+    # fp32 | bf16 (GPU only: FSDP2 computes in bf16, reduces gradients and keeps weights in fp32).
+    mixed_precision: str = "fp32"
+    # GPU only: FSDP2 keeps sharded weights, gradients and optimizer state in CPU memory and runs
+    # the optimizer step there. On CPU everything already lives in CPU memory (no-op).
+    offload_optimizer: bool = False
 
 
 @dataclass
@@ -79,6 +169,9 @@ class KLConfig:
     enabled: bool = False
     kind: str = "k3"
     coef: float = 0.001
+    # Where the frozen reference (the starting weights) lives: same = sharded with FSDP2 like the
+    # policy, on the learner's device; cpu = a full copy in CPU memory (saves GPU memory, slower).
+    reference_on: str = "same"
 
 
 @dataclass
@@ -112,6 +205,11 @@ class TrainConfig:
     max_staleness: int = 2  # policy versions
     stale_policy: str = "both"  # throttle | drop | both
     steps_per_call: int = 10  # learner steps per driver round trip (progress granularity)
+    # Write a sharded checkpoint to run_dir/checkpoints/step_<N> every this many learner steps; 0 = never.
+    save_every_steps: int = 0
+    keep_checkpoints: int = 0  # newest complete checkpoints kept; 0 = all
+    # Write the final policy in Hugging Face format to run_dir/export.
+    export_at_end: bool = True
 
 
 @dataclass
@@ -137,6 +235,9 @@ class WireConfig:
 
 @dataclass
 class WeightsConfig:
+    # zmq: chunks over a ZeroMQ PUB socket (any device). nccl: versions announced over ZeroMQ, tensors
+    # broadcast from learner rank 0 into every generator over NCCL (one GPU per actor; on CPU a gloo
+    # group stands in, for tests). See asyncgrpo/weights/__init__.py.
     backend: str = "zmq"
     push_every_steps: int = 1
 
@@ -154,15 +255,34 @@ class RayConfig:
 
 
 @dataclass
+class LogConfig:
+    # run_dir/metrics.jsonl is always written; these add sinks (pip install 'asyncgrpo[track]').
+    tensorboard: bool = False  # event files under run_dir/tensorboard
+    wandb: bool = False
+    wandb_project: str = "asyncgrpo"
+    # offline needs no network or account; `wandb sync run_dir/wandb/offline-run-*` uploads later.
+    wandb_mode: str = "offline"  # offline | online
+    # Every this many learner steps, print a few prompts with completions and rewards and append
+    # them to run_dir/samples.jsonl; 0 = never.
+    samples_every_steps: int = 100
+    samples_per_log: int = 4  # prompts (groups) per log, each with all its completions
+
+
+@dataclass
 class Config:
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
     seed: int = 0
+    # Continue from a checkpoint: a checkpoint directory (step_<N>) or a run directory (its newest
+    # complete checkpoint); empty = a fresh run.
+    resume: str = ""
     # auto: cuda when the driver sees an NVIDIA GPU (vLLM and the learner then share the GPUs
     # through Ray's GPU resources, with NCCL between learner ranks), else cpu.
     device: str = "auto"
     progress: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -172,6 +292,7 @@ class Config:
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
 
 CONFIG_NAME = "asyncgrpo"
@@ -241,14 +362,25 @@ def validate(cfg: Config) -> None:
     require(t.stale_policy in ("throttle", "drop", "both"), "train.stale_policy", "must be throttle, drop or both", t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
     require(q.full_policy in ("block", "drop_oldest"), "queue.full_policy", "must be block or drop_oldest", q.full_policy)
-    require(learner.world_size == 1, "learner.world_size", "must be 1 for now (multi-rank learners are not wired up yet)",
-            learner.world_size)
+    require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
+    require(learner.mixed_precision in ("fp32", "bf16"), "learner.mixed_precision", "must be fp32 or bf16",
+            learner.mixed_precision)
+    require(learner.mixed_precision == "fp32" or cfg.device != "cpu", "learner.mixed_precision",
+            "bf16 needs a GPU (device=cuda or auto on a GPU machine)", learner.mixed_precision)
+    require(cfg.algo.kl.reference_on in ("same", "cpu"), "algo.kl.reference_on", "must be same or cpu",
+            cfg.algo.kl.reference_on)
+    require(t.save_every_steps >= 0, "train.save_every_steps", "must be >= 0 (0 = never)", t.save_every_steps)
+    require(t.keep_checkpoints >= 0, "train.keep_checkpoints", "must be >= 0 (0 = all)", t.keep_checkpoints)
+    require(not cfg.resume or Path(cfg.resume).expanduser().is_dir(), "resume",
+            "must be a checkpoint directory or a run directory", cfg.resume)
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
     require(learner.lr_schedule in ("constant", "cosine"), "learner.lr_schedule", "must be constant or cosine", learner.lr_schedule)
     require(0 <= learner.min_lr_ratio <= 1, "learner.min_lr_ratio", "must be in [0, 1]", learner.min_lr_ratio)
     require(learner.micro_batch_tokens >= 0, "learner.micro_batch_tokens", "must be >= 0", learner.micro_batch_tokens)
-    require(cfg.weights.backend == "zmq", "weights.backend", "supports only zmq so far", cfg.weights.backend)
+    require(cfg.weights.backend in ("zmq", "nccl"), "weights.backend", "must be zmq or nccl", cfg.weights.backend)
+    require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
+            cfg.rollout.inflight_chunk_tokens)
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
     require(cfg.wire.curve in ("auto", "on", "off"), "wire.curve", "must be auto, on or off", cfg.wire.curve)
@@ -266,9 +398,63 @@ def validate(cfg: Config) -> None:
 
     require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", f"must be one of {sorted(KL_KINDS)}", cfg.algo.kl.kind)
     require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
-    require(cfg.task.name == "arithmetic", "task.name", "must be arithmetic (the only built-in task so far)", cfg.task.name)
+    _validate_task_data_reward(cfg, require)
     require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
     require(cfg.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda", cfg.device)
+    require(cfg.log.wandb_mode in ("offline", "online"), "log.wandb_mode", "must be offline or online", cfg.log.wandb_mode)
+    require(cfg.log.samples_every_steps >= 0, "log.samples_every_steps", "must be >= 0 (0 = off)", cfg.log.samples_every_steps)
+    require(cfg.log.samples_per_log >= 1, "log.samples_per_log", "must be >= 1", cfg.log.samples_per_log)
+
+
+def _validate_task_data_reward(cfg: Config, require: Any) -> None:
+    task, data, reward = cfg.task, cfg.data, cfg.reward
+    require(task.name in TASK_NAMES, "task.name", f"must be one of {', '.join(TASK_NAMES)}", task.name)
+    require(task.eval_size >= 1, "task.eval_size", "must be >= 1", task.eval_size)
+    if task.name == "countdown":
+        require(2 <= task.countdown_numbers <= 6, "task.countdown_numbers", "must be between 2 and 6", task.countdown_numbers)
+        require(task.countdown_max_number >= 2, "task.countdown_max_number", "must be >= 2", task.countdown_max_number)
+    if task.name in FILE_TASKS:
+        require(bool(data.train_files), "data.train_files", f"must list at least one JSONL or Parquet file for task.name={task.name}",
+                data.train_files)
+    require(task.name not in ("countdown", "gsm8k") or bool(cfg.model.path), "model.path",
+            f"must name a Hugging Face model directory for task.name={task.name}: the embedded tiny model has a "
+            f"{cfg.model.max_positions}-token context and a character vocabulary, so every {task.name} prompt would be "
+            "filtered as too long", cfg.model.path)
+    require("{prompt}" in data.prompt_template, "data.prompt_template", "must contain {prompt}", data.prompt_template)
+    require(data.max_prompt_tokens >= 0, "data.max_prompt_tokens", "must be >= 0 (0 = the context)", data.max_prompt_tokens)
+    require(data.epochs >= 0, "data.epochs", "must be >= 0 (0 = endless)", data.epochs)
+    require(reward.on_error in ("zero", "drop_group"), "reward.on_error", "must be zero or drop_group", reward.on_error)
+    require(reward.timeout_s > 0, "reward.timeout_s", "must be > 0", reward.timeout_s)
+    require(reward.concurrency >= 1, "reward.concurrency", "must be >= 1", reward.concurrency)
+    require(reward.threads >= 1, "reward.threads", "must be >= 1", reward.threads)
+    names = [term.name for term in reward.terms]
+    require(len(set(names)) == len(names), "reward.terms", "must have distinct names", names)
+    for i, term in enumerate(reward.terms):
+        kind = term.kind or term.name
+        require(kind in REWARD_KINDS, f"reward.terms[{i}].kind", f"must be one of {', '.join(REWARD_KINDS)}", kind)
+        require(term.name not in ("mean", "std", "errors") and term.name.isidentifier(), f"reward.terms[{i}].name",
+                "must be an identifier other than mean, std or errors (it is logged as reward/<name>)", term.name)
+        require(term.weight == term.weight, f"reward.terms[{i}].weight", "must be a number", term.weight)
+        require(kind != "fn" or bool(term.fn or reward.fn), f"reward.terms[{i}].fn", "must be package.module:function (or set reward.fn)", term.fn)
+        require(term.tolerance >= 0, f"reward.terms[{i}].tolerance", "must be >= 0", term.tolerance)
+    kinds = [term.kind or term.name for term in reward.terms]
+    require(not reward.fn or not reward.terms or "fn" in kinds, "reward.fn",
+            "is set but no reward.terms entry has kind fn (with reward.terms set, add {name: fn} to use it)", reward.fn)
+    if "judge" in kinds:
+        judge = reward.judge
+        require(judge.base_url.startswith(("http://", "https://")), "reward.judge.base_url", "must be an http(s) URL", judge.base_url)
+        require(judge.concurrency >= 1, "reward.judge.concurrency", "must be >= 1", judge.concurrency)
+        require(judge.timeout_s > 0, "reward.judge.timeout_s", "must be > 0", judge.timeout_s)
+        require(judge.retries >= 0, "reward.judge.retries", "must be >= 0", judge.retries)
+        require(judge.backoff_s >= 0, "reward.judge.backoff_s", "must be >= 0", judge.backoff_s)
+        require(judge.max_score > 0, "reward.judge.max_score", "must be > 0", judge.max_score)
+        require(judge.parser in ("number", "yes_no") or judge.parser.startswith("regex:"), "reward.judge.parser",
+                "must be number, yes_no or regex:<pattern>", judge.parser)
+
+
+TASK_NAMES = ("arithmetic", "countdown", "gsm8k", "files")
+FILE_TASKS = ("gsm8k", "files")
+REWARD_KINDS = ("task", "exact", "numeric", "math", "format", "fn", "judge")
 
 
 def use_curve(cfg: Config) -> bool:

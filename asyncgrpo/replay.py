@@ -285,6 +285,11 @@ class ReplayQueue:
         with self._lock:
             return min((s.acked_version for s in self.generators.values()), default=-1)
 
+    def acked_versions(self, generator_ids: Sequence[int]) -> dict[int, int]:
+        """The newest weight version each generator acknowledged (-1: none yet)."""
+        with self._lock:
+            return {g: self.generators[g].acked_version if g in self.generators else -1 for g in generator_ids}
+
     def stats(self) -> dict[str, float]:
         with self._lock:
             stats: dict[str, float] = {

@@ -55,6 +55,25 @@ class Batch:
             group_version_min=self.group_version_min,
         )
 
+    def select(self, index: torch.Tensor) -> "Batch":
+        """Rows `index` (any order), with padding trimmed to what those rows need."""
+        attention_mask = self.attention_mask.index_select(0, index)
+        mask = self.mask.index_select(0, index)
+        length = max(1, int(attention_mask.sum(1).max()))
+        width = max(1, int(mask.sum(1).max()))
+        return Batch(
+            input_ids=self.input_ids.index_select(0, index)[:, :length],
+            attention_mask=attention_mask[:, :length],
+            logit_index=self.logit_index.index_select(0, index)[:, :width],
+            targets=self.targets.index_select(0, index)[:, :width],
+            mask=mask[:, :width],
+            rollout_logp=self.rollout_logp.index_select(0, index)[:, :width],
+            token_versions=self.token_versions.index_select(0, index)[:, :width],
+            rewards=self.rewards.index_select(0, index),
+            group_index=self.group_index.index_select(0, index),
+            group_version_min=self.group_version_min,
+        )
+
     @property
     def num_samples(self) -> int:
         return int(self.rewards.shape[0])
@@ -133,3 +152,102 @@ def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets
     vocab = logits.shape[-1]
     rows = logits.gather(1, logit_index.unsqueeze(-1).expand(-1, -1, vocab)).float() / temperature
     return rows.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - rows.logsumexp(-1)
+
+
+# ------------------------------------------------------------------------------ multi-rank split
+
+_INT_FIELDS = ("input_ids", "attention_mask", "logit_index", "targets", "token_versions", "group_index",
+               "group_version_min")
+_FLOAT_FIELDS = ("mask", "rollout_logp", "rewards")
+
+
+def rank_shares(batch: Batch, world_size: int) -> list[list[int]]:
+    """Whole groups, contiguous, to each rank, balanced by (unpadded) tokens.
+
+    A group goes to the rank whose share of the cumulative token count holds the group's middle,
+    so shares differ by at most about one group. With fewer groups than ranks some shares are empty.
+    """
+    if world_size == 1:
+        return [list(range(batch.num_samples))]
+    lengths = batch.attention_mask.sum(1).tolist()
+    group_of = batch.group_index.tolist()
+    groups: dict[int, list[int]] = {}
+    for row, group in enumerate(group_of):
+        groups.setdefault(group, []).append(row)
+    total = float(sum(lengths)) or 1.0
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    before = 0.0
+    for rows in groups.values():
+        size = float(sum(lengths[r] for r in rows))
+        rank = min(world_size - 1, int((before + size / 2) * world_size / total))
+        shares[rank].extend(rows)
+        before += size
+    return shares
+
+
+def micro_batch_plan(lengths: Sequence[int], rows: Sequence[int], max_tokens: int,
+                     bucket_by_length: bool = True) -> list[list[int]]:
+    """Split `rows` into micro-batches whose padded size (rows x longest row) stays within `max_tokens`.
+
+    With `bucket_by_length` rows are taken longest first, so each micro-batch holds rows of
+    similar length and little padding; otherwise in the given order. A row longer than the budget
+    gets a micro-batch of its own; 0 means one micro-batch (empty `rows` -> no micro-batch).
+    """
+    rows = list(rows)
+    if not rows:
+        return []
+    if max_tokens <= 0:
+        return [rows]
+    if bucket_by_length:
+        rows.sort(key=lambda r: -lengths[r])  # stable: ties keep their order
+    plan: list[list[int]] = [[]]
+    longest = 0
+    for row in rows:
+        longest_with_row = max(longest, lengths[row])
+        if plan[-1] and longest_with_row * (len(plan[-1]) + 1) > max_tokens:
+            plan.append([])
+            longest_with_row = lengths[row]
+        plan[-1].append(row)
+        longest = longest_with_row
+    return plan
+
+
+def broadcast_batch(batch: Batch | None, device: torch.device, src: int = 0) -> Batch:
+    """Rank `src` sends its batch to every rank of the default group as three tensor broadcasts.
+
+    Raw tensors only (no pickling): a shape header, then every integer field in one int64 buffer
+    and every float field in one float32 buffer.
+    """
+    import torch.distributed as dist
+
+    if dist.get_rank() == src:
+        assert batch is not None
+        batch_size, length = batch.input_ids.shape
+        width = batch.mask.shape[1]
+        header = torch.tensor([batch_size, length, width, batch.group_version_min.numel()], dtype=torch.int64,
+                              device=device)
+        dist.broadcast(header, src)
+        ints = torch.cat([getattr(batch, name).to(device, torch.int64).reshape(-1) for name in _INT_FIELDS])
+        floats = torch.cat([getattr(batch, name).to(device, torch.float32).reshape(-1) for name in _FLOAT_FIELDS])
+        dist.broadcast(ints, src)
+        dist.broadcast(floats, src)
+        return batch.to(device)
+    header = torch.empty(4, dtype=torch.int64, device=device)
+    dist.broadcast(header, src)
+    batch_size, length, width, num_groups = header.tolist()
+    size = {"input_ids": (batch_size, length), "attention_mask": (batch_size, length),
+            "logit_index": (batch_size, width), "targets": (batch_size, width), "token_versions": (batch_size, width),
+            "group_index": (batch_size,), "group_version_min": (num_groups,), "mask": (batch_size, width),
+            "rollout_logp": (batch_size, width), "rewards": (batch_size,)}
+    ints = torch.empty(sum(int(np.prod(size[n])) for n in _INT_FIELDS), dtype=torch.int64, device=device)
+    floats = torch.empty(sum(int(np.prod(size[n])) for n in _FLOAT_FIELDS), dtype=torch.float32, device=device)
+    dist.broadcast(ints, src)
+    dist.broadcast(floats, src)
+    fields: dict[str, torch.Tensor] = {}
+    for names, buffer in ((_INT_FIELDS, ints), (_FLOAT_FIELDS, floats)):
+        offset = 0
+        for name in names:
+            count = int(np.prod(size[name]))
+            fields[name] = buffer[offset:offset + count].reshape(size[name])
+            offset += count
+    return Batch(**fields)

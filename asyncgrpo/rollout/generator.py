@@ -10,21 +10,59 @@ within max_staleness versions of the learner that consumes it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from asyncgrpo.config import Config
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.rollout.engine import Completion, VLLMEngine
-from asyncgrpo.tasks import ArithmeticTask, Problem
+from asyncgrpo.rewards.scorer import GroupScore, Scorer
+from asyncgrpo.tasks import Problem, make_task, train_stream
 from asyncgrpo.timing import PhaseTimer
+from asyncgrpo.weights import WeightReceiver
 from asyncgrpo.weights.zmq import ZmqWeightReceiver
 from asyncgrpo.wire.security import CurveClientKeys
-from asyncgrpo.wire import Heartbeat, ScoredGroup, Sender, Subscriber, VersionAck, WireTimeout
+from asyncgrpo.wire import Heartbeat, ScoredGroup, Sender, Subscriber, VersionAck, WireTimeout, encode_group
+
+
+class _Growing:
+    """A sequence generated in segments, possibly by several policy versions (in-flight updates)."""
+
+    def __init__(self, first: Completion, version: int) -> None:
+        self.tokens, self.logprobs = [first.token_ids], [first.logprobs]
+        self.versions = [np.full(first.token_ids.size, version, dtype=np.int32)]
+        self.finished = first.finished
+        self.length = int(first.token_ids.size)
+
+    def extend(self, more: Completion, version: int) -> None:
+        self.tokens.append(more.token_ids)
+        self.logprobs.append(more.logprobs)
+        self.versions.append(np.full(more.token_ids.size, version, dtype=np.int32))
+        self.finished = more.finished
+        self.length += int(more.token_ids.size)
+
+    def token_list(self) -> list[int]:
+        return np.concatenate(self.tokens).tolist()
+
+    def completion(self) -> Completion:
+        return Completion(token_ids=np.concatenate(self.tokens), logprobs=np.concatenate(self.logprobs),
+                          finished=self.finished, versions=np.concatenate(self.versions))
+
+
+@dataclass
+class _Scoring:
+    """A generated batch whose rewards are being computed."""
+
+    problems: list[Problem]
+    prompts: list[list[int]]
+    completions: list[list[Completion]]
+    future: concurrent.futures.Future
 
 
 class GeneratorStopped(Exception):
@@ -37,6 +75,9 @@ class GeneratorStats:
     tokens_generated: int = 0
     weight_loads: int = 0
     throttled_waits: int = 0
+    inflight_switches: int = 0
+    send_blocked_s: float = 0.0
+    exhausted: bool = False
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
     def as_dict(self) -> dict[str, float]:
@@ -45,6 +86,8 @@ class GeneratorStats:
             "gen/tokens_generated": self.tokens_generated,
             "gen/weight_loads": self.weight_loads,
             "gen/throttled_waits": self.throttled_waits,
+            "gen/inflight_switches": self.inflight_switches,
+            "gen/send_blocked_s": self.send_blocked_s,
             **self.timer.metrics("gen_time/"),
         }
 
@@ -70,7 +113,11 @@ class Generator:
         quota_per_step: int,
         cores: list[int] | None = None,
         curve: CurveClientKeys | None = None,
+        initial_version: int = 0,
+        skip_problems: int = 0,
     ) -> None:
+        """`initial_version` / `skip_problems`: resuming from a checkpoint, `model_dir` holds that
+        version's weights and the first `skip_problems` prompts of this generator's stream were used."""
         pin_to_cores(cores or [])
         from transformers import AutoTokenizer
 
@@ -79,8 +126,12 @@ class Generator:
         self.quota_per_step = quota_per_step
         self.throttle = cfg.train.stale_policy in ("throttle", "both")
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.task = ArithmeticTask(num_digits=cfg.task.num_digits, eval_size=cfg.task.eval_size)
-        self.problems = self.task.train_problems(seed=cfg.seed * 1000 + generator_id)
+        self.task = make_task(cfg, self.tokenizer)
+        self.problems = train_stream(self.task, cfg, generator_id)
+        if skip_problems:
+            self.problems = itertools.islice(self.problems, skip_problems, None)
+        # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
+        self.scorer = Scorer(self.task, cfg.reward)
         self.engine = VLLMEngine(
             model_dir,
             seed=cfg.seed * 1000 + generator_id,
@@ -90,12 +141,29 @@ class Generator:
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         )
         self.sender = Sender(groups_endpoint, curve=curve)
-        self.weights = ZmqWeightReceiver(Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve))
-        self.version = 0
+        subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
+        self.weights: WeightReceiver
+        if cfg.weights.backend == "nccl":
+            import torch
+
+            from asyncgrpo.weights.nccl import NcclWeightReceiver
+
+            device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+            self.weights = NcclWeightReceiver(subscriber, model_dir, device, timeout_s=cfg.wire.startup_timeout_s)
+        else:
+            self.weights = ZmqWeightReceiver(subscriber)
+        self.version = initial_version
         self.next_seq = 0
-        self.groups_started = 0
+        # As if the steps before the checkpoint had been generated here: the throttle then allows
+        # max_staleness + 1 steps ahead of the resumed version, not of version 0.
+        self.groups_started = initial_version * quota_per_step
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
+
+    def connect_weight_group(self, address: dict[str, Any]) -> None:
+        """weights.backend=nccl: join the learner's weight group as rank generator_id + 1."""
+        self.weights.connect(address["host"], address["port"], self.generator_id + 1,  # type: ignore[attr-defined]
+                             address["world_size"])
 
     def ready(self) -> dict[str, int]:
         return {"generator_id": self.generator_id, "pid": os.getpid(), "version": self.version}
@@ -103,33 +171,94 @@ class Generator:
     # ------------------------------------------------------------------------------------ the loop
 
     def run(self) -> dict[str, float]:
-        """Generate until the learner says stop; returns this generator's counters and timings."""
+        """Generate until the learner says stop; returns this generator's counters and timings.
+
+        Rewards that take time (an HTTP judge) are computed while the next batch generates: a
+        batch is sent once the following vLLM call returns, or before waiting on the throttle.
+        """
         timer = self.stats.timer
         per_call = self.cfg.rollout.groups_per_call or self.quota_per_step
+        run_start = time.perf_counter()
+        pending: _Scoring | None = None
+        # Version 0 is loaded from disk; acknowledging it tells the learner this generator is up.
+        self.sender.try_send(VersionAck(self.generator_id, self.version), timeout_s=1.0)
         try:
             while True:
                 with timer("weights"):
                     self._load_newest_weights(wait_s=0.0)
                 allowed = self._groups_allowed() - self.groups_started
-                if allowed <= 0:
-                    with timer("throttle"):
-                        self.stats.throttled_waits += 1
-                        self._wait_for_new_weights()
+                problems = list(itertools.islice(self.problems, min(per_call, allowed))) if allowed > 0 else []
+                if not problems:
+                    if pending is not None:
+                        self._send_scored(pending)
+                        pending = None
+                    elif allowed > 0:
+                        with timer("exhausted"):
+                            self._wait_for_shutdown()  # a finite dataset ran out
+                    else:
+                        with timer("throttle"):
+                            self.stats.throttled_waits += 1
+                            self._wait_for_new_weights()
                     continue
-                problems = list(itertools.islice(self.problems, min(per_call, allowed)))
                 self.groups_started += len(problems)
                 prompts = self._tokenize(problems)
                 with timer("generate"):
-                    completions = self._sample(prompts, self.cfg.rollout.temperature)
+                    completions = self._generate(prompts)
                 with timer("score"):
-                    groups = [self._scored_group(p, t, c) for p, t, c in zip(problems, prompts, completions)]
-                with timer("send"):
-                    for group in groups:
-                        self._send(group)
+                    scoring = _Scoring(problems, prompts, completions,
+                                       self.scorer.submit(problems, [self.completion_texts(c) for c in completions]))
+                if pending is not None:  # its rewards were computed during this vLLM call
+                    self._send_scored(pending)
+                    pending = None
+                if scoring.future.done():
+                    self._send_scored(scoring)
+                else:
+                    pending = scoring
         except GeneratorStopped:
             self.weights.poll(0.0)
             self._apply_latest_weights()  # leave the engine at the final version
-        return {**self.stats.as_dict(), "gen/version": self.version}
+        finally:
+            self.scorer.close()
+        wall_s = time.perf_counter() - run_start
+        return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), "gen/version": self.version,
+                "gen/wall_s": wall_s, "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0}
+
+    def _send_scored(self, scoring: _Scoring) -> None:
+        """Wait for a batch's rewards, then send its groups."""
+        timer = self.stats.timer
+        with timer("score_wait"):
+            scores = scoring.future.result(timeout=self._score_timeout_s(len(scoring.problems)))
+        with timer("send"):
+            for problem, prompt, completions, score in zip(scoring.problems, scoring.prompts, scoring.completions,
+                                                           scores):
+                group = self._scored_group(problem, prompt, completions, score)
+                if group is None:  # reward.on_error=drop_group: give the throttle quota back
+                    self.groups_started -= 1
+                    continue
+                self._send(group)
+
+    def _score_timeout_s(self, num_groups: int) -> float:
+        """Generous: every reward call is bounded by its own timeout and retries; this only catches a hang."""
+        judge = self.cfg.reward.judge
+        calls = num_groups * self.cfg.rollout.samples_per_prompt
+        waves = -(-calls // max(1, judge.concurrency))
+        per_call = max(self.cfg.reward.timeout_s, judge.timeout_s * (judge.retries + 1) + judge.backoff_s * 2 ** judge.retries)
+        return self.cfg.wire.timeout_s + waves * per_call
+
+    def _wait_for_shutdown(self) -> None:
+        """Nothing left to generate: keep loading weights and heartbeating until the learner says stop."""
+        if not self.stats.exhausted:
+            self.stats.exhausted = True
+            print(f"[generator {self.generator_id}] the training data is exhausted (data.epochs="
+                  f"{self.cfg.data.epochs}); waiting for the learner to stop", flush=True)
+        self._load_newest_weights(wait_s=0.5)
+        self._heartbeat()
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds spent waiting on the throttle, on new weights or on a full queue."""
+        seconds = self.stats.timer.seconds
+        return seconds["throttle"] + seconds["score_wait"] + seconds["exhausted"] + self.stats.send_blocked_s
 
     def _groups_allowed(self) -> float:
         if not self.throttle:
@@ -149,12 +278,58 @@ class Generator:
             temperature=temperature,
         )
 
+    def _generate(self, prompts: list[list[int]]) -> list[list[Completion]]:
+        """`samples_per_prompt` completions per prompt, each token tagged with the version that sampled it.
+
+        With `rollout.inflight_updates`, generation runs in segments of `rollout.inflight_chunk_tokens`;
+        between segments the newest weights are loaded and every unfinished sequence resumes from its
+        prompt plus the tokens it already has, so a push never waits for a whole call and no sampled
+        token is thrown away.
+        """
+        r = self.cfg.rollout
+        if not r.inflight_updates:
+            completions = self._sample(prompts, r.temperature)
+            for group in completions:
+                for c in group:
+                    c.versions = np.full(c.token_ids.size, self.version, dtype=np.int32)
+            return completions
+        segment = min(r.inflight_chunk_tokens, r.max_new_tokens)
+        first = self.engine.generate(prompts, n=r.samples_per_prompt, max_tokens=segment, temperature=r.temperature)
+        groups = [[_Growing(c, self.version) for c in group] for group in first]
+        while True:
+            unfinished = [(prompt, s) for prompt, group in zip(prompts, groups) for s in group
+                          if not s.finished and s.length < r.max_new_tokens]
+            if not unfinished:
+                return [[s.completion() for s in group] for group in groups]
+            if self._load_newest_weights(wait_s=0.0):
+                self.stats.inflight_switches += 1
+            outputs = self.engine.generate(
+                [prompt + s.token_list() for prompt, s in unfinished], n=1,
+                max_tokens=segment, temperature=r.temperature,
+                max_tokens_per_prompt=[min(segment, r.max_new_tokens - s.length) for _, s in unfinished],
+            )
+            for (_, s), out in zip(unfinished, outputs):
+                s.extend(out[0], self.version)
+
     def _completion_text(self, completion: Completion) -> str:
         return self.tokenizer.decode(completion.token_ids.tolist(), skip_special_tokens=True)
 
-    def _scored_group(self, problem: Problem, prompt_tokens: list[int], completions: list[Completion]) -> ScoredGroup:
+    def completion_texts(self, completions: list[Completion]) -> list[str]:
+        return [self._completion_text(c) for c in completions]
+
+    def _scored_group(self, problem: Problem, prompt_tokens: list[int], completions: list[Completion],
+                      score: GroupScore | None = None) -> ScoredGroup | None:
+        """The group to send; `score` from `self.scorer.submit(...)`, or None to score here (blocking).
+
+        Returns None when the reward policy drops the group (reward.on_error=drop_group and a
+        reward failed): the caller must not send it, and may start a replacement.
+        """
+        if score is None:
+            score = self.scorer.score([problem], [self.completion_texts(completions)])[0]
+        if score.dropped:
+            return None
         prompt = np.asarray(prompt_tokens, dtype=np.int32)
-        rewards = np.asarray([self.task.score(self._completion_text(c), problem) for c in completions], dtype=np.float32)
+        rewards = score.rewards
         tokens = np.concatenate([c.token_ids for c in completions]).astype(np.int32)
         self.stats.tokens_generated += int(tokens.size)
         group = ScoredGroup(
@@ -164,25 +339,31 @@ class Generator:
             prompt_tokens=prompt,
             tokens=tokens,
             logprobs=np.concatenate([c.logprobs for c in completions]).astype(np.float32),
-            versions=np.full(tokens.size, self.version, dtype=np.int32),
+            versions=np.concatenate([c.versions if c.versions is not None else np.full(c.token_ids.size, self.version)
+                                     for c in completions]).astype(np.int32),
             lengths=np.asarray([c.token_ids.size for c in completions], dtype=np.int32),
             rewards=rewards,
-            meta={"version": self.version},
+            meta={"version": self.version, **score.meta()},
         )
         return group
 
     # ------------------------------------------------------------------------------ transport
 
     def _send(self, group: ScoredGroup) -> None:
-        """Send, waiting on a full queue; keeps reading the weight stream so a stop is heard."""
+        """Send, waiting on a full queue; meanwhile new weights are loaded (a safe point) and a stop is heard."""
         deadline = time.monotonic() + self.cfg.wire.timeout_s
         group.seq = self.next_seq
-        while not self.sender.try_send(group, timeout_s=0.5):
-            self._check_control()
+        group.meta["gen_idle_s"] = self.idle_s
+        blocked_since = None
+        while not self.sender.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
+            blocked_since = blocked_since or time.perf_counter()
+            self._load_newest_weights(wait_s=0.0)
             if time.monotonic() > deadline:
                 raise WireTimeout(
                     f"generator {self.generator_id}: the learner took no group for {self.cfg.wire.timeout_s:.0f} s"
                 )
+        if blocked_since is not None:
+            self.stats.send_blocked_s += time.perf_counter() - blocked_since
         self.next_seq += 1
         self.stats.groups_sent += 1
         self._heartbeat()
@@ -193,17 +374,10 @@ class Generator:
             self._last_heartbeat = now
             self.sender.try_send(Heartbeat(self.generator_id, self.next_seq, self.version), timeout_s=0.0)
 
-    def _check_control(self) -> None:
-        self.weights.poll(0.0)
-        if self.weights.shutdown_reason is not None:
-            raise GeneratorStopped(self.weights.shutdown_reason)
-
     def _apply_latest_weights(self) -> bool:
-        latest = self.weights.take_latest()
-        if latest is None:
+        version = self.weights.apply_newest(self.engine)
+        if version is None:
             return False
-        version, named_tensors = latest
-        self.engine.load_weights(named_tensors)
         self.version = version
         self.stats.weight_loads += 1
         self.sender.try_send(VersionAck(self.generator_id, version), timeout_s=1.0)
@@ -240,3 +414,27 @@ class Generator:
 
     def loaded_version(self) -> int:
         return self.version
+
+    def generate_alone(self, num_groups: int) -> dict[str, Any]:
+        """Benchmark: generate and score `num_groups` groups with no learner (no throttle, no sends).
+
+        Returns the timing and the groups' encoded frames, which the learner can train on alone.
+        """
+        per_call = self.cfg.rollout.groups_per_call or self.quota_per_step
+        frames: list[list[bytes]] = []
+        tokens = 0
+        start = time.perf_counter()
+        while len(frames) < num_groups:
+            problems = list(itertools.islice(self.problems, min(per_call, num_groups - len(frames))))
+            prompts = self._tokenize(problems)
+            completions = self._generate(prompts)
+            for problem, prompt, group_completions in zip(problems, prompts, completions):
+                group = self._scored_group(problem, prompt, group_completions)
+                if group is None:  # reward.on_error=drop_group
+                    continue
+                group.seq = len(frames)
+                tokens += int(group.tokens.size)
+                frames.append([bytes(frame) for frame in encode_group(group)])
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "groups": num_groups, "samples": num_groups * self.cfg.rollout.samples_per_prompt,
+                "tokens": tokens, "frames": frames}

@@ -68,7 +68,10 @@ def wait_for(predicate, timeout_s: float, what: str, detail=lambda: "") -> None:
 
 def test_train_runs_end_to_end(tmp_path):
     steps = 6
-    result = subprocess.run(cli(tmp_path, f"train.max_steps={steps}"), capture_output=True, text=True, timeout=900)
+    # Every sink on, and a sample table every 3 steps (logged at chunk ends 4 and 6: steps_per_call=2).
+    log = ["log.tensorboard=true", "log.wandb=true", "log.samples_every_steps=3", "log.samples_per_log=2"]
+    result = subprocess.run(cli(tmp_path, f"train.max_steps={steps}", *log), capture_output=True, text=True,
+                            timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "run"
 
@@ -94,6 +97,22 @@ def test_train_runs_end_to_end(tmp_path):
     assert probe["max_abs_change_since_start"] > 1e-4
     assert probe["max_abs_diff_vs_learner"] < 1e-3
 
+    # Observability: sample log, TensorBoard, offline W&B, and plots of the run.
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert [s["step"] for s in samples] == [4] * 16 + [6] * 16  # 2 prompts x 8 completions per log
+    assert all(s["prompt"].endswith("=") and s["reward"] in (0.0, 1.0) for s in samples)
+    assert "samples at step 4: 2 prompts, 16 completions" in result.stdout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == list(range(1, steps + 1))
+    assert len(list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+    plot = subprocess.run([sys.executable, "-m", "asyncgrpo.cli", "plot", str(run_dir)], capture_output=True,
+                          text=True, timeout=300)
+    assert plot.returncode == 0, plot.stderr[-2000:]
+    assert len(list((run_dir / "plots").glob("*.png"))) == 5
+
 
 def test_max_staleness_zero_is_on_policy_over_curve_authenticated_sockets(tmp_path):
     result = subprocess.run(
@@ -105,6 +124,52 @@ def test_max_staleness_zero_is_on_policy_over_curve_authenticated_sockets(tmp_pa
     records = step_records(tmp_path / "run")
     assert len(records) == 4
     assert all(r["staleness/max"] == 0 and r["queue/dropped_stale"] == 0 for r in records)
+
+
+def test_inflight_updates_over_the_collective_weight_backend(tmp_path):
+    # weights.backend=nccl runs its gloo stand-in on CPU: the same announce/broadcast protocol.
+    steps = 8
+    result = subprocess.run(
+        cli(tmp_path, f"train.max_steps={steps}", "train.max_staleness=1", "eval.at_start=false",
+            "eval.at_end=false", "weights.backend=nccl", "rollout.inflight_updates=true",
+            "rollout.inflight_chunk_tokens=2"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = step_records(tmp_path / "run")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["staleness/max"] <= 1 for r in records)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    probe = summary["probe"]
+    assert probe["generator_version"] == probe["learner_version"] == steps
+    assert probe["max_abs_diff_vs_learner"] < 1e-3
+    (generator,) = summary["generators"]
+    assert generator["gen/weight_loads"] >= steps - 1  # the collective backend never skips a version
+
+
+def test_prompts_from_a_file_with_weighted_rewards_stop_when_the_data_runs_out(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    data = tmp_path / "train.jsonl"
+    lines = [json.dumps({"question": f"{a}+{b}=", "answer": str(a + b)})
+             for a, b in ((rng.randint(10, 99), rng.randint(10, 99)) for _ in range(100))]
+    data.write_text("\n".join([*lines, "{not json", json.dumps({"question": ""})]) + "\n")
+    result = subprocess.run(
+        cli(tmp_path, "task.name=files", f"data.train_files=[{data}]", "data.epochs=1", "train.max_steps=1000",
+            "reward.terms=[{name:task,weight:1.0},{name:fmt,kind:format,weight:0.1}]", "eval.at_start=false"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # 100 good records, 20 held out for eval, 80 prompts = 5 steps of 16 groups; 2 bad lines skipped.
+    assert summary["data"]["train"]["kept"] == 100 and sum(summary["data"]["train"]["skipped"].values()) == 2
+    assert summary["steps"] == 5
+    records = step_records(tmp_path / "run")
+    assert len(records) == 5
+    for record in records:
+        assert 0.0 <= record["reward/task"] <= 1.0 and 0.0 <= record["reward/fmt"] <= 1.0
+        assert record["reward/mean"] == pytest.approx(record["reward/task"] + 0.1 * record["reward/fmt"], abs=1e-5)
 
 
 def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
