@@ -226,6 +226,10 @@ class WireConfig:
     curve: str = "auto"  # auto | on | off
     # Binding beyond loopback without authentication must be asked for explicitly.
     insecure: bool = False
+    # auto = ipc (Unix socket, about half the kernel cost of TCP loopback) when wire.host is loopback,
+    # tcp otherwise. ipc needs every process on this node, and drops what a generator sent but the
+    # learner had not read yet if that generator exits meanwhile; tcp delivers it. See docs/WIRE.md.
+    transport: str = "auto"  # auto | tcp | ipc
     max_message_bytes: int = 256 << 20
     # Every cross-process wait fails loudly after this long.
     timeout_s: float = 120.0
@@ -384,6 +388,11 @@ def validate(cfg: Config) -> None:
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
     require(cfg.wire.curve in ("auto", "on", "off"), "wire.curve", "must be auto, on or off", cfg.wire.curve)
+    require(cfg.wire.transport in ("auto", "tcp", "ipc"), "wire.transport", "must be auto, tcp or ipc",
+            cfg.wire.transport)
+    require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
+            f"ipc reaches only this node, but wire.host={cfg.wire.host!r} is for other nodes: use tcp or auto",
+            cfg.wire.transport)
     require(use_curve(cfg) or cfg.wire.insecure or is_loopback(cfg.wire.host), "wire.curve",
             f"is off while wire.host={cfg.wire.host!r} binds beyond loopback: set wire.insecure=true to allow "
             "unauthenticated sockets", cfg.wire.curve)

@@ -54,7 +54,7 @@ def advertised_host(host: str) -> str:
 
 def advertised(endpoint: str) -> str:
     scheme, _, rest = endpoint.partition("://")
-    if scheme != "tcp":  # ipc:// paths are node-local and have no host part
+    if scheme != "tcp":  # an ipc:// path is node-local and the same for every process on this node
         return endpoint
     host, _, port = rest.rpartition(":")
     return f"{scheme}://{advertised_host(host)}:{port}"
@@ -214,7 +214,7 @@ class Learner:
         self.pusher: WeightSender | None = None
         if rank == 0:
             receiver = Receiver(cfg.wire.host, max_message_bytes=cfg.wire.max_message_bytes, curve=curve,
-                                insecure=cfg.wire.insecure)
+                                insecure=cfg.wire.insecure, transport=cfg.wire.transport)
             self.queue = ReplayQueue(
                 receiver,
                 capacity_groups=cfg.queue.capacity_groups,
@@ -222,7 +222,7 @@ class Learner:
                 drop_stale=cfg.train.stale_policy in ("drop", "both"),
                 full_policy=cfg.queue.full_policy,
             ).start()
-            publisher = Publisher(cfg.wire.host, curve=curve, insecure=cfg.wire.insecure)
+            publisher = Publisher(cfg.wire.host, curve=curve, insecure=cfg.wire.insecure, transport=cfg.wire.transport)
             if cfg.weights.backend == "nccl":
                 from asyncgrpo.weights.nccl import NcclWeightSender
 

@@ -8,13 +8,21 @@
 Every blocking call takes a timeout. Bound sockets listen on loopback unless given CURVE keys
 (see security.py) or, explicitly, `insecure=True`. A receiving channel rejects and counts any
 malformed or wrong-direction message and keeps serving.
+
+Transport: a bound channel on a loopback host listens on a Unix-domain socket (`ipc://`) by
+default (`transport="auto"`), which costs the kernel about half of what TCP loopback does per byte;
+`tcp` everywhere else. Connecting channels take whatever endpoint string they are given.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections import Counter
 
 import zmq
@@ -33,6 +41,37 @@ log = logging.getLogger(__name__)
 
 UPSTREAM_TYPES = (ScoredGroup, VersionAck, Heartbeat)
 DOWNSTREAM_TYPES = (WeightsChunk, Shutdown)
+
+TRANSPORTS = ("auto", "tcp", "ipc")
+# A Unix socket path must fit sockaddr_un.sun_path (108 bytes on Linux, 104 on macOS).
+_MAX_IPC_PATH = 100
+
+
+def resolve_transport(transport: str, host: str) -> str:
+    """The transport a channel bound on `host` uses: `auto` is ipc for a loopback host (every peer
+    is on this node then, and a Unix socket is cheaper than TCP loopback), tcp otherwise."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    if transport == "auto":
+        return "ipc" if is_loopback(host) and zmq.has("ipc") else "tcp"
+    if transport == "ipc":
+        if not zmq.has("ipc"):
+            raise ValueError("this libzmq has no ipc transport: use transport=tcp")
+        if not is_loopback(host):
+            raise ValueError(f"transport=ipc reaches only this node, but host={host!r} is meant for other "
+                             "nodes: use transport=tcp or auto, or a loopback host")
+    return transport
+
+
+def _private_ipc_dir() -> str:
+    """A fresh directory for one socket file. mkdtemp makes it mode 0700, so only this user (and
+    root) can connect: stricter than TCP loopback, which any local user can reach."""
+    for parent in (None, "/tmp"):
+        directory = tempfile.mkdtemp(prefix="asyncgrpo-wire-", dir=parent)
+        if len(directory) + 2 <= _MAX_IPC_PATH:
+            return directory
+        os.rmdir(directory)
+    raise ValueError(f"no temporary directory with a path short enough for a Unix socket ({directory!r})")
 
 
 class WireTimeout(TimeoutError):
@@ -81,20 +120,32 @@ class _Channel:
 
 class _Bound(_Channel):
     def __init__(self, socket_type: int, options: dict[int, int], host: str, curve: CurveServerKeys | None,
-                 insecure: bool) -> None:
+                 insecure: bool, transport: str) -> None:
         if curve is None and not insecure and not is_loopback(host):
             raise ValueError(
                 f"refusing to bind {host!r} without authentication: pass CURVE keys "
                 "(asyncgrpo.wire.WireKeys) or set wire.insecure=true"
             )
+        self.transport = resolve_transport(transport, host)
         super().__init__(socket_type, options)
         if curve is not None:
             make_curve_server(self.socket, curve)
-        if ":" in host:
-            self.socket.setsockopt(zmq.IPV6, 1)
-            host = f"[{host}]"
-        self.socket.bind_to_random_port(f"tcp://{host}")
+        if self.transport == "ipc":
+            directory = _private_ipc_dir()
+            # Removed at close, or when this object is collected or the process exits without one.
+            self._remove_ipc_dir = weakref.finalize(self, shutil.rmtree, directory, True)
+            self.socket.bind(f"ipc://{directory}/s")
+        else:
+            if ":" in host:
+                self.socket.setsockopt(zmq.IPV6, 1)
+                host = f"[{host}]"
+            self.socket.bind_to_random_port(f"tcp://{host}")
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def close(self, linger_s: float = 0.0) -> None:
+        super().close(linger_s)
+        if self.transport == "ipc":
+            self._remove_ipc_dir()
 
 
 class _Connected(_Channel):
@@ -116,17 +167,23 @@ class _Receiving:
         self.max_message_bytes = max_message_bytes
         self.accepts = accepts
         self.rejected = Rejections(self.endpoint)
+        # One poller for the channel's life: Socket.poll builds a new one per call, and a
+        # non-blocking recv that finds nothing raises zmq.Again; the receiver usually waits for
+        # the next message, so each of those would be paid once per message.
+        self._poller = zmq.Poller()
+        self._poller.register(self.socket, zmq.POLLIN)
 
     def recv(self, timeout_s: float) -> Message | None:
         """The next valid message, or None if none arrived within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
+            # poll(0) still reports a message that is already there.
+            remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._poller.poll(remaining_ms):
+                return None
             try:
                 frames = [self.socket.recv(zmq.NOBLOCK, copy=False)]
             except zmq.Again:
-                remaining_ms = int((deadline - time.monotonic()) * 1000)
-                if remaining_ms <= 0 or self.socket.poll(remaining_ms, zmq.POLLIN) == 0:
-                    return None
                 continue
             # ZeroMQ delivers a multipart message whole: the other frames are already here. Frame.more
             # instead of recv_multipart's getsockopt(RCVMORE) per frame, which costs more than the frame.
@@ -178,18 +235,20 @@ class Receiver(_Bound, _Receiving):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         curve: CurveServerKeys | None = None,
         insecure: bool = False,
+        transport: str = "auto",
     ) -> None:
         # MAXMSGSIZE: libzmq drops a peer that sends a single frame over the limit before allocating it.
         options = {zmq.RCVHWM: high_water_mark, zmq.MAXMSGSIZE: max_message_bytes}
-        super().__init__(zmq.PULL, options, host, curve, insecure)
+        super().__init__(zmq.PULL, options, host, curve, insecure, transport)
         self._init_receiving(max_message_bytes, UPSTREAM_TYPES)
 
 
 class Publisher(_Bound):
     """PUB side. No high-water mark: a weight push must never be dropped silently."""
 
-    def __init__(self, host: str = "127.0.0.1", curve: CurveServerKeys | None = None, insecure: bool = False) -> None:
-        super().__init__(zmq.PUB, {zmq.SNDHWM: 0}, host, curve, insecure)
+    def __init__(self, host: str = "127.0.0.1", curve: CurveServerKeys | None = None, insecure: bool = False,
+                 transport: str = "auto") -> None:
+        super().__init__(zmq.PUB, {zmq.SNDHWM: 0}, host, curve, insecure, transport)
 
     def publish(self, message: Message) -> None:
         self.socket.send_multipart(encode(message), copy=False)
