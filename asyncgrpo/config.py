@@ -386,6 +386,10 @@ def validate(cfg: Config) -> None:
     require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
             cfg.rollout.inflight_chunk_tokens)
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
+    # Generators only ever hold pushed versions (multiples of k): with k > max_staleness + 1 the
+    # throttle and the acknowledgement bound would wait for a version that is never pushed.
+    require(cfg.weights.push_every_steps <= cfg.train.max_staleness + 1, "weights.push_every_steps",
+            f"must be <= train.max_staleness + 1 = {cfg.train.max_staleness + 1}", cfg.weights.push_every_steps)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
     require(cfg.wire.curve in ("auto", "on", "off"), "wire.curve", "must be auto, on or off", cfg.wire.curve)
     require(cfg.wire.transport in ("auto", "tcp", "ipc"), "wire.transport", "must be auto, tcp or ipc",

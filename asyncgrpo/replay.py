@@ -167,6 +167,9 @@ class ReplayQueue:
                 state = self._seen(message.generator_id)
                 # A heartbeat announces how many groups were sent: a gap at the tail is loss too.
                 self._skip_to(message.generator_id, state, message.next_seq)
+                # It also names the loaded version: an acknowledgement that found the socket full
+                # (and was dropped) is made good by the next heartbeat.
+                state.acked_version = max(state.acked_version, message.version)
             else:
                 raise TypeError(f"the replay queue takes groups, acks and heartbeats, not {type(message).__name__}")
         return True

@@ -35,6 +35,14 @@ from asyncgrpo.wire import Publisher, Receiver, ScoredGroup
 from asyncgrpo.wire.security import CurveServerKeys
 
 
+# ScoredGroup.meta field (cumulative per generator) -> the per-step metric of its increase.
+GENERATOR_COUNTERS = {
+    "gen_idle_s": "time/gen_idle_s",
+    "gen_reward_errors": "reward/errors",
+    "gen_reward_groups_dropped": "reward/groups_dropped",
+}
+
+
 def _free_port() -> int:
     import socket
 
@@ -209,7 +217,7 @@ class Learner:
         self.idle_s = 0.0
         self._first_step_start = 0.0
         self.busy_until = 0.0
-        self._generator_idle: dict[int, float] = {}
+        self._generator_counters: dict[tuple[int, str], float] = {}
         self.queue: ReplayQueue | None = None
         self.pusher: WeightSender | None = None
         if rank == 0:
@@ -311,7 +319,7 @@ class Learner:
             **timer.metrics(),
         })
         if self.queue is not None and groups is not None:
-            metrics["time/gen_idle_s"] = self._generator_idle_delta(groups)
+            metrics.update(self._generator_deltas(groups))
             metrics.update(self.queue.stats())
         return metrics
 
@@ -392,7 +400,10 @@ class Learner:
         while True:
             acked = self.queue.acked_versions(generator_ids)
             lagging = {g: v for g, v in acked.items() if v < floor}
-            if not lagging:
+            # A full step already queued means this step waits on nobody; and a generator blocked on
+            # a full queue cannot deliver its acknowledgement until the learner takes (they share
+            # the socket). What is trained stays bounded by the throttle and the drop at take.
+            if not lagging or self.queue.depth >= self.cfg.train.groups_per_step:
                 return
             if not waited:
                 waited = True
@@ -405,19 +416,22 @@ class Learner:
                 )
             time.sleep(0.0005)
 
-    def _generator_idle_delta(self, groups: list[ScoredGroup]) -> float:
-        """Generator seconds spent waiting (throttle, weights, full queue) since the previous step.
+    def _generator_deltas(self, groups: list[ScoredGroup]) -> dict[str, float]:
+        """What the generators counted since the previous step: idle seconds (throttle, weights, full
+        queue), reward errors and groups dropped by the reward policy.
 
-        Each group carries its generator's cumulative idle time when it was sent.
+        Each group carries its generator's cumulative counters (`GENERATOR_COUNTERS`) as of its
+        send, so what was counted for a group that never arrived (a dropped one) still shows.
         """
-        delta = 0.0
+        deltas = dict.fromkeys(GENERATOR_COUNTERS.values(), 0.0)
         for group in groups:
-            idle = float(group.meta.get("gen_idle_s", 0.0))
-            previous = self._generator_idle.get(group.generator_id, 0.0)
-            if idle > previous:
-                delta += idle - previous
-                self._generator_idle[group.generator_id] = idle
-        return delta
+            for field, metric in GENERATOR_COUNTERS.items():
+                value = float(group.meta.get(field, 0.0))
+                previous = self._generator_counters.get((group.generator_id, field), 0.0)
+                if value > previous:
+                    deltas[metric] += value - previous
+                    self._generator_counters[(group.generator_id, field)] = value
+        return deltas
 
     def _update(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on the whole batch, accumulated over token-budget micro-batches.

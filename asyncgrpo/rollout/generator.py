@@ -353,7 +353,10 @@ class Generator:
         """Send, waiting on a full queue; meanwhile new weights are loaded (a safe point) and a stop is heard."""
         deadline = time.monotonic() + self.cfg.wire.timeout_s
         group.seq = self.next_seq
-        group.meta["gen_idle_s"] = self.idle_s
+        # Cumulative counters; the learner logs their increase per step (learner.GENERATOR_COUNTERS).
+        reward_stats = self.scorer.stats_snapshot()
+        group.meta.update(gen_idle_s=self.idle_s, gen_reward_errors=reward_stats["reward/errors"],
+                          gen_reward_groups_dropped=reward_stats["reward/groups_dropped"])
         blocked_since = None
         while not self.sender.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
             blocked_since = blocked_since or time.perf_counter()

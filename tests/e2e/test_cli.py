@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 REQUIRED_STEP_KEYS = {
     "step", "samples", "reward/mean", "staleness/mean", "staleness/max", "time/step_s", "perf/samples_per_s",
-    "queue/depth", "queue/dropped_stale", "loss/pg", "loss/clipfrac", "mismatch/kl",
+    "queue/depth", "queue/dropped_stale", "loss/pg", "loss/clipfrac", "mismatch/kl", "staleness/min",
+    "time/ack_wait_s", "time/gen_wait_s", "time/prepare_s", "time/train_s", "time/push_s", "time/gen_idle_s",
+    "reward/errors",
 }
 SUMMARY_KEYS = {
     "steps", "samples", "wall_s", "samples_per_s", "eval_accuracy_start", "eval_accuracy_end",
@@ -89,6 +91,11 @@ def test_train_runs_end_to_end(tmp_path):
     assert summary["status"] == "finished"
     assert summary["steps"] == steps and summary["samples"] == steps * 16 * 8
     assert summary["staleness_max"] <= 2
+    histogram = summary["learner"]["staleness_histogram"]
+    assert sum(histogram.values()) == steps * 16 and max(int(k) for k in histogram) <= 2
+    assert 0.0 <= summary["learner"]["idle_frac"] <= 1.0
+    (generator,) = summary["generators"]
+    assert 0.0 <= generator["gen/idle_frac"] <= 1.0
 
     # The generator loaded the pushed weights: its vLLM log-probs moved away from the start and
     # equal the learner's forward at the final version.
@@ -124,6 +131,28 @@ def test_max_staleness_zero_is_on_policy_over_curve_authenticated_sockets(tmp_pa
     records = step_records(tmp_path / "run")
     assert len(records) == 4
     assert all(r["staleness/max"] == 0 and r["queue/dropped_stale"] == 0 for r in records)
+
+
+def test_drop_policy_without_throttle_bounds_staleness_by_dropping(tmp_path):
+    # No throttle: the generator runs ahead into a one-step queue and blocks there; groups too stale
+    # when taken are dropped and counted, and the learner never waits on an acknowledgement that a
+    # blocked generator cannot deliver.
+    steps = 8
+    result = subprocess.run(
+        cli(tmp_path, f"train.max_steps={steps}", "train.max_staleness=1", "train.stale_policy=drop",
+            "queue.capacity_groups=16", "eval.at_start=false", "eval.at_end=false", "wire.timeout_s=60"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = step_records(tmp_path / "run")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["staleness/max"] <= 1 for r in records)
+    last = records[-1]
+    assert last["queue/received"] == (last["queue/consumed"] + last["queue/dropped_stale"]
+                                      + last["queue/dropped_full"] + last["queue/depth"])
+    assert last["queue/consumed"] == steps * 16
+    (generator,) = json.loads((tmp_path / "run" / "summary.json").read_text())["generators"]
+    assert generator["gen/throttled_waits"] == 0
 
 
 def test_inflight_updates_over_the_collective_weight_backend(tmp_path):

@@ -37,6 +37,7 @@ def test_overrides_apply():
         ("resume=/no/such/checkpoint", "resume"),
         ("algo.kl.kind=k9", "algo.kl.kind"),
         ("device=tpu", "device"),
+        ("weights.push_every_steps=4", "weights.push_every_steps"),  # > max_staleness + 1 = 3
     ],
 )
 def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):

@@ -19,7 +19,7 @@ from asyncgrpo.learner.learner import Learner
 from asyncgrpo.replay import ReplayQueue
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import Generator, GeneratorStats
-from asyncgrpo.wire import VersionAck, example_group
+from asyncgrpo.wire import Heartbeat, VersionAck, example_group
 
 EOS = 2
 
@@ -183,6 +183,28 @@ def test_a_generator_never_heard_from_counts_as_lagging():
         wait()
 
 
+def test_a_heartbeat_makes_good_an_acknowledgement_that_was_dropped():
+    stub, wait = learner_stub(version=5, max_staleness=2, num_generators=1, timeout_s=5.0)
+    stub.queue.put(Heartbeat(generator_id=0, next_seq=0, version=3))
+    wait()
+    assert stub.ack_waits == 0
+
+
+def test_a_full_step_already_queued_is_trained_without_waiting_for_acks():
+    # Without the throttle (stale_policy=drop) a generator blocked on a full queue cannot deliver
+    # its acknowledgement until the learner takes: waiting for it would deadlock.
+    stub, wait = learner_stub(version=6, max_staleness=1, num_generators=1, timeout_s=0.3)
+    stub.queue.put(VersionAck(0, 2))
+    with pytest.raises(TimeoutError):
+        wait()
+    for seq in range(stub.cfg.train.groups_per_step):
+        g = example_group(2, 4)
+        g.generator_id, g.seq = 0, seq
+        g.versions[:] = 5
+        stub.queue.put(g)
+    wait()
+
+
 def test_early_steps_need_no_acknowledgement():
     stub, wait = learner_stub(version=2, max_staleness=2, timeout_s=0.1)
     start = time.monotonic()
@@ -193,16 +215,20 @@ def test_early_steps_need_no_acknowledgement():
 # --------------------------------------------------------------------- generator idle attribution
 
 
-def test_generator_idle_time_is_attributed_once_per_step():
-    stub = SimpleNamespace(_generator_idle={})
-    delta = lambda groups: Learner._generator_idle_delta(stub, groups)  # noqa: E731
+def test_generator_counters_are_attributed_once_per_step():
+    stub = SimpleNamespace(_generator_counters={})
+    delta = lambda groups: Learner._generator_deltas(stub, groups)  # noqa: E731
 
-    def group(generator_id: int, idle: float):
+    def group(generator_id: int, idle: float, errors: int = 0, dropped: int = 0):
         g = example_group(2, 4)
-        g.generator_id, g.meta = generator_id, {"gen_idle_s": idle}
+        g.generator_id = generator_id
+        g.meta = {"gen_idle_s": idle, "gen_reward_errors": errors, "gen_reward_groups_dropped": dropped}
         return g
 
-    assert delta([group(0, 1.0), group(0, 1.5), group(1, 0.25)]) == pytest.approx(1.75)
-    # Older groups (sent before the newest seen) add nothing; new idle time adds only the difference.
-    assert delta([group(0, 1.2), group(0, 2.0), group(1, 0.25)]) == pytest.approx(0.5)
-    assert delta([group(1, 0.25)]) == 0.0
+    first = delta([group(0, 1.0), group(0, 1.5, errors=2), group(1, 0.25)])
+    assert first == pytest.approx({"time/gen_idle_s": 1.75, "reward/errors": 2, "reward/groups_dropped": 0})
+    # Older groups (sent before the newest seen) add nothing; new counts add only the difference,
+    # including errors of groups the reward policy dropped (they never reach the learner).
+    second = delta([group(0, 1.2), group(0, 2.0, errors=5, dropped=1), group(1, 0.25)])
+    assert second == pytest.approx({"time/gen_idle_s": 0.5, "reward/errors": 3, "reward/groups_dropped": 1})
+    assert delta([group(1, 0.25)]) == {"time/gen_idle_s": 0.0, "reward/errors": 0.0, "reward/groups_dropped": 0.0}
