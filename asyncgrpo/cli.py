@@ -11,7 +11,7 @@ import sys
 import traceback
 from typing import Any
 
-from asyncgrpo.config import Config, ConfigError, load
+from asyncgrpo.config import CONFIG_DIR, Config, ConfigError, load
 
 USAGE_EXAMPLES = """examples:
   asyncgrpo train                                    # the embedded default (CPU, tiny model)
@@ -48,13 +48,24 @@ COMMON_KEYS = {
     "seed": "",
     "device": "auto | cpu | cuda",
     "model.path": "empty = the embedded tiny model",
-    "task.name": "",
+    "task.name": "arithmetic | countdown | gsm8k | files (docs/TASKS.md)",
+    "data.train_files": "JSONL or Parquet prompt files, for task.name=gsm8k|files",
+    "data.prompt_field": "record field holding the prompt",
+    "data.answer_field": "record field holding the reference answer",
+    "reward.terms": "weighted rewards, e.g. [{name:math,weight:1.0},{name:fmt,kind:format,weight:0.1}]",
+    "reward.fn": "a user reward function, package.module:function",
+    "reward.on_error": "drop_group | zero: what a failing reward does",
     "train.max_steps": "learner steps (optimizer updates)",
     "train.groups_per_step": "prompt groups per learner step",
     "train.max_staleness": "policy versions; 0 = synchronous on-policy GRPO",
+    "train.stale_policy": "throttle | drop | both",
     "rollout.samples_per_prompt": "completions per prompt (the group size)",
     "rollout.num_generators": "",
+    "rollout.inflight_updates": "load pushed weights between segments of a generation call",
     "learner.lr": "AdamW learning rate (after learner.warmup_steps)",
+    "learner.world_size": "FSDP2 learner ranks",
+    "learner.micro_batch_tokens": "padded tokens per forward pass per rank; 0 = whole share",
+    "weights.backend": "zmq (any device) | nccl (GPU broadcast)",
     "algo.loss_type": "",
     "algo.clip_low": "",
     "algo.clip_high": "",
@@ -103,6 +114,9 @@ def config_help() -> str:
         entries.append((f"{key}={_format_default(value)}", description))
     key_width = max(len(entry) for entry, _ in entries) + 2
     lines += [f"  {entry:<{key_width}}{description}".rstrip() for entry, description in entries]
+    presets = sorted(path.stem for path in CONFIG_DIR.glob("*.yaml"))
+    if presets:
+        lines.append(f"presets (--config-name NAME, in {CONFIG_DIR}): {', '.join(presets)}")
     return "\n".join(lines) + "\n"
 
 
@@ -160,10 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         print(to_yaml(cfg))
         return 0
 
+    from asyncgrpo.data.records import DataError
     from asyncgrpo.train import train
 
     try:
         summary = train(cfg)
+    except DataError as err:  # bad or missing data: the message names the file and line
+        print(f"asyncgrpo: data error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"asyncgrpo: interrupted; metrics and summary are in {cfg.run_dir}", file=sys.stderr)
         return 130

@@ -140,7 +140,11 @@ class Generator:
             kv_cache_gib=cfg.rollout.kv_cache_gib,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         )
-        self.sender = Sender(groups_endpoint, curve=curve)
+        # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
+        # the learner's receiving thread, which competes with training for its core and the GIL.
+        # Memory stays bounded: a call's groups in the socket buffers, the rest by the throttle.
+        per_call = cfg.rollout.groups_per_call or quota_per_step
+        self.sender = Sender(groups_endpoint, high_water_mark=max(8, per_call), curve=curve)
         subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
         self.weights: WeightReceiver
         if cfg.weights.backend == "nccl":

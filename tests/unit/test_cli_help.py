@@ -51,3 +51,21 @@ def _with_max_steps(init, steps):
 
 def test_plot_is_a_subcommand(capsys):
     assert "RUN_DIR" in help_text(capsys, ["plot", "--help"])
+
+
+def test_bad_data_is_reported_in_one_line_not_a_traceback(capsys, monkeypatch, tmp_path):
+    import asyncgrpo.train
+    from asyncgrpo.data.records import DataError
+
+    def bad_data(cfg):
+        raise DataError("train.jsonl:3: missing field 'question' (data.strict=true; ...)")
+
+    monkeypatch.setattr(asyncgrpo.train, "train", bad_data)
+    assert cli.main(["train", f"run_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asyncgrpo: data error: train.jsonl:3:") and "Traceback" not in err
+
+
+def test_help_lists_the_presets(capsys):
+    text = help_text(capsys, ["train", "--help"])
+    assert "presets (--config-name NAME" in text and "gsm8k_qwen05b_1gpu" in text
