@@ -225,6 +225,7 @@ class Generator:
             self.scorer.close()
         wall_s = time.perf_counter() - run_start
         return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), "gen/version": self.version,
+                "gen/weight_load_path": self.engine.weight_load_path,
                 "gen/wall_s": wall_s, "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0}
 
     def _send_scored(self, scoring: _Scoring) -> None:

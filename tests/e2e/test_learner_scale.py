@@ -54,6 +54,7 @@ def test_two_ranks_checkpoint_resume_and_export(tmp_path):
     assert max(r["staleness/max"] for r in records) <= 2
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step_4") and summary["resumed_at_step"] == 4
+    assert summary["queue_at_resume"]["queue/consumed"] == 4 * 16
     # The generator started from the checkpoint's weights at version 4 and followed the pushes.
     assert summary["probe"]["generator_version"] == summary["probe"]["learner_version"] == 7
     assert summary["probe"]["max_abs_diff_vs_learner"] < 1e-3

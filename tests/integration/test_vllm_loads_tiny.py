@@ -103,3 +103,33 @@ def test_prompt_logprobs_of_fixed_completion_match_transformers(
     expected = reference_logprobs(reference, token_ids)
     assert expected.min() < -3.0, "weights too close to uniform for a meaningful comparison"
     torch.testing.assert_close(vllm_logprobs, expected, atol=LOGPROB_TOLERANCE, rtol=0)
+
+
+def test_engine_loads_new_weights_in_place_and_matches_the_reload_path(model_dir: Path, reference) -> None:
+    """The CPU engine copies pushed weights into its live parameters (no vLLM reload): the log-probs
+    then equal transformers' on the new weights, and equal what vLLM's own reload path gives."""
+    pytest.importorskip("vllm")
+    from asyncgrpo.rollout.engine import VLLMEngine
+
+    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, kv_cache_gib=0.25)
+    assert engine.weight_load_path == "in_place"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    token_ids = [*tokenizer("37+48=85").input_ids, tokenizer.eos_token_id]
+    generator = torch.Generator().manual_seed(1)
+    moved = {name: p.detach() + 0.2 * torch.randn(p.shape, generator=generator)
+             for name, p in reference.state_dict().items()}
+    engine.load_weights(moved.items())
+    in_place = torch.from_numpy(engine.sequence_logprobs([token_ids])[0])
+
+    updated = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    updated.load_state_dict(moved)
+    expected = reference_logprobs(updated, token_ids)
+    assert (expected - reference_logprobs(reference, token_ids)).abs().max() > 0.1, "weights barely moved"
+    torch.testing.assert_close(in_place, expected, atol=LOGPROB_TOLERANCE, rtol=0)
+
+    engine.weight_load_path = "reload"
+    engine.load_weights(moved.items())
+    torch.testing.assert_close(torch.from_numpy(engine.sequence_logprobs([token_ids])[0]), in_place,
+                               atol=1e-6, rtol=0)
+    del engine
+    gc.collect()
