@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from asyncgrpo.wire.security import is_loopback
+from asyncgrpo.wire.sockets import TRANSPORTS
 
 
 @dataclass
@@ -392,7 +393,7 @@ def validate(cfg: Config) -> None:
             f"must be <= train.max_staleness + 1 = {cfg.train.max_staleness + 1}", cfg.weights.push_every_steps)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
     require(cfg.wire.curve in ("auto", "on", "off"), "wire.curve", "must be auto, on or off", cfg.wire.curve)
-    require(cfg.wire.transport in ("auto", "tcp", "ipc"), "wire.transport", "must be auto, tcp or ipc",
+    require(cfg.wire.transport in TRANSPORTS, "wire.transport", f"must be one of {', '.join(TRANSPORTS)}",
             cfg.wire.transport)
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
             f"ipc reaches only this node, but wire.host={cfg.wire.host!r} is for other nodes: use tcp or auto",

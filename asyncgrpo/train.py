@@ -419,7 +419,7 @@ class _Job:
                 self.summary["resumed_at_step"] = start_steps
                 # The queue of this run counts from the resume (its identity holds per run); the
                 # checkpointed run's counters are kept beside them.
-                self.summary["queue_at_resume"] = (self.resume or {}).get("counters", {}).get("queue", {})
+                self.summary["queue_at_resume"] = self.resume["counters"]["queue"]
             if records:
                 last = records[-1]
                 self.summary["groups_dropped_stale"] = int(last["queue/dropped_stale"])

@@ -182,10 +182,10 @@ class VLLMEngine:
                 raise RuntimeError("a linear layer was repacked anyway")
             probe = [list(range(1, min(self.max_model_len, 9)))]
             before = self.sequence_logprobs(probe)
-            files = sorted(Path(model_dir).glob("*.safetensors"))
+            saved = [load_file(file) for file in sorted(Path(model_dir).glob("*.safetensors"))]
             for scale in (0.5, 1.0):
-                for file in files:
-                    named = [(name, tensor * scale) for name, tensor in load_file(file).items()]
+                for tensors in saved:
+                    named = [(name, tensor * scale) for name, tensor in tensors.items()]
                     self.llm.collective_rpc(_copy_named_weights, args=(named,))
                 self.llm.reset_prefix_cache()
                 after = self.sequence_logprobs(probe)

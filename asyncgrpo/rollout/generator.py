@@ -143,8 +143,8 @@ class Generator:
         # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
         # the learner's receiving thread, which competes with training for its core and the GIL.
         # Memory stays bounded: a call's groups in the socket buffers, the rest by the throttle.
-        per_call = cfg.rollout.groups_per_call or quota_per_step
-        self.sender = Sender(groups_endpoint, high_water_mark=max(8, per_call), curve=curve)
+        self.groups_per_call = cfg.rollout.groups_per_call or quota_per_step
+        self.sender = Sender(groups_endpoint, high_water_mark=max(8, self.groups_per_call), curve=curve)
         subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
         self.weights: WeightReceiver
         if cfg.weights.backend == "nccl":
@@ -181,7 +181,7 @@ class Generator:
         batch is sent once the following vLLM call returns, or before waiting on the throttle.
         """
         timer = self.stats.timer
-        per_call = self.cfg.rollout.groups_per_call or self.quota_per_step
+        per_call = self.groups_per_call
         run_start = time.perf_counter()
         pending: _Scoring | None = None
         # Version 0 is loaded from disk; acknowledging it tells the learner this generator is up.
@@ -428,7 +428,7 @@ class Generator:
 
         Returns the timing and the groups' encoded frames, which the learner can train on alone.
         """
-        per_call = self.cfg.rollout.groups_per_call or self.quota_per_step
+        per_call = self.groups_per_call
         frames: list[list[bytes]] = []
         tokens = 0
         start = time.perf_counter()
