@@ -1,317 +1,17 @@
-"""The structured config: the one place where defaults live.
-
-Dataclasses registered in Hydra's ConfigStore; YAML under `configs/` and command-line overrides
-only change values. Unknown keys fail (OmegaConf struct mode). Units are in the names.
+"""Loading and validating the config: compose the schema's defaults, a preset and overrides, then
+reject what cannot work, before anything starts. The schema itself is `asyncgrpo.schema`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from asyncgrpo.wire.security import is_loopback
-from asyncgrpo.wire.sockets import TRANSPORTS
-
-
-@dataclass
-class ModelConfig:
-    # A Hugging Face model directory; empty = the embedded tiny Qwen2, built and warm-started locally.
-    path: str = ""
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 2
-    intermediate_size: int = 192
-    max_positions: int = 32
-    # The supervised warm start stops at this held-out sampled accuracy (RL from ~4% does not learn).
-    warmstart_target_accuracy: float = 0.12
-    warmstart_max_seconds: float = 180.0
-    cache_dir: str = "~/.cache/asyncgrpo"
-
-
-@dataclass
-class TaskConfig:
-    # arithmetic (built in) | countdown (built in) | gsm8k (data.* files, answers after #### or in
-    # \boxed{}) | files (data.* files, answers compared as strings). See docs/TASKS.md.
-    name: str = "arithmetic"
-    num_digits: int = 2
-    # Held-out problems (file tasks: at most this many, a fixed subset of data.eval_files, or without
-    # eval files up to a fifth of the training records, held out of training).
-    eval_size: int = 500
-    countdown_numbers: int = 4  # numbers given per countdown problem
-    countdown_max_number: int = 100  # numbers are drawn from 1..this
-
-
-@dataclass
-class DataConfig:
-    """Prompts from local files, for task.name=gsm8k|files (JSONL or Parquet, by file extension)."""
-
-    train_files: list[str] = field(default_factory=list)
-    eval_files: list[str] = field(default_factory=list)
-    prompt_field: str = "question"
-    answer_field: str = "answer"
-    # Wrap each prompt as a user message with the tokenizer's chat template (instruct models).
-    chat_template: bool = False
-    system_prompt: str = ""
-    # Applied to the raw prompt before the chat template; {prompt} is the file's prompt field.
-    prompt_template: str = "{prompt}"
-    # Prompts longer than this (tokens) are filtered; 0 = the context, model.max_positions - rollout.max_new_tokens.
-    max_prompt_tokens: int = 0
-    shuffle: bool = True
-    # Passes over the training files; 0 = endless.
-    epochs: int = 0
-    # Stop at the first bad record instead of skipping and counting it.
-    strict: bool = False
-
-
-@dataclass
-class RewardTermConfig:
-    name: str = "task"  # logged as reward/<name>
-    # task (the task's own check) | exact | numeric | math | format | fn | judge; "" = same as name.
-    kind: str = ""
-    weight: float = 1.0
-    fn: str = ""  # kind=fn: package.module:function (default: reward.fn)
-    tolerance: float = 1e-6  # kind=numeric: absolute and relative
-    pattern: str = ""  # kind=format: a regex the completion must contain (default: the task's answer format)
-
-
-@dataclass
-class JudgeConfig:
-    """An OpenAI-compatible chat-completions endpoint that scores completions (kind=judge)."""
-
-    base_url: str = ""  # e.g. http://127.0.0.1:8000/v1; requests go to <base_url>/chat/completions
-    model: str = ""
-    api_key_env: str = ""  # name of an environment variable holding the API key (never the key itself)
-    # Fields: {prompt} {completion} {answer}.
-    prompt_template: str = (
-        "Rate the response to the question from 0 to 10.\nQuestion: {prompt}\nReference answer: {answer}\n"
-        "Response: {completion}\nReply with the score only."
-    )
-    parser: str = "number"  # number (last number in the reply / max_score) | yes_no | regex:<pattern with one group>
-    max_score: float = 10.0
-    max_tokens: int = 16
-    temperature: float = 0.0
-    concurrency: int = 16  # requests in flight
-    timeout_s: float = 30.0  # one request
-    retries: int = 3  # after the first try, on timeouts, connection errors, 429 and 5xx
-    backoff_s: float = 0.5  # first retry delay, doubled each retry
-
-
-@dataclass
-class RewardConfig:
-    # Weighted sum of terms; empty = one term, the task's own check (exact match for arithmetic).
-    terms: list[RewardTermConfig] = field(default_factory=list)
-    # A user reward, fn(prompt, completion, answer=None, **extra) -> float, sync or async;
-    # with terms empty it is the only term.
-    fn: str = ""
-    # A reward that raises, times out or returns NaN/inf: zero = that term scores 0 for that
-    # completion; drop_group = the whole group is not sent. Either way reward/errors counts it.
-    on_error: str = "zero"  # zero | drop_group
-    timeout_s: float = 30.0  # one call of a user fn
-    concurrency: int = 64  # user fn calls in flight
-    threads: int = 4  # threads for sync user fns and math equivalence
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-
-
-@dataclass
-class RolloutConfig:
-    num_generators: int = 1
-    samples_per_prompt: int = 8
-    max_new_tokens: int = 5
-    temperature: float = 1.0
-    # Prompts per vLLM call; 0 means one learner step's worth per generator.
-    groups_per_call: int = 0
-    kv_cache_gib: float = 0.25
-    dtype: str = "float32"
-    # Cores for each generator ("auto": core i for generator i on a CPU machine; "" = no pinning).
-    cpu_cores: str = "auto"
-    num_cpus_per_generator: float = 1.0
-    # Share of the GPU memory vLLM may use for weights and activations (device=cuda).
-    gpu_memory_utilization: float = 0.3
-    # Load a weight push mid-generation: generate in segments of inflight_chunk_tokens, load the
-    # newest weights between segments, resume each unfinished sequence from what it already has.
-    inflight_updates: bool = False
-    inflight_chunk_tokens: int = 2
-
-
-@dataclass
-class LearnerConfig:
-    world_size: int = 1
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip_norm: float = 1.0
-    # Adam's first steps move every weight by ~lr; without warm-up one step at lr=1e-3 wiped out
-    # the warm-started tiny model (sampled accuracy 19% -> 0.6%).
-    warmup_steps: int = 50
-    lr_schedule: str = "constant"  # constant | cosine (to min_lr_ratio * lr at train.max_steps)
-    min_lr_ratio: float = 0.1
-    torch_threads: int = 1
-    cpu_cores: str = "auto"  # "auto": the cores the generators leave free
-    num_cpus_per_rank: float = 1.0
-    # Tokens per rank per forward pass; 0 = the whole step in one pass.
-    micro_batch_tokens: int = 0
-    # Fill micro-batches longest rows first, so rows of similar length share one (less padding).
-    bucket_by_length: bool = True
-    # Recompute each decoder layer's activations in the backward pass instead of storing them.
-    activation_checkpointing: bool = False
-    # fp32 | bf16 (GPU only: FSDP2 computes in bf16, reduces gradients and keeps weights in fp32).
-    mixed_precision: str = "fp32"
-    # GPU only: FSDP2 keeps sharded weights, gradients and optimizer state in CPU memory and runs
-    # the optimizer step there. On CPU everything already lives in CPU memory (no-op).
-    offload_optimizer: bool = False
-
-
-@dataclass
-class KLConfig:
-    enabled: bool = False
-    kind: str = "k3"
-    coef: float = 0.001
-    # Where the frozen reference (the starting weights) lives: same = sharded with FSDP2 like the
-    # policy, on the learner's device; cpu = a full copy in CPU memory (saves GPU memory, slower).
-    reference_on: str = "same"
-
-
-@dataclass
-class CorrectionConfig:
-    is_level: str | None = None  # None | token | sequence
-    is_threshold: Any = 2.0  # float U (truncation) or "L_U" (masking)
-    is_batch_normalize: bool = False
-    rs: str | None = None  # e.g. "token_k1,seq_max_k2"
-    rs_threshold: Any = None
-
-
-@dataclass
-class AlgoConfig:
-    advantage: str = "grpo"  # grpo | drgrpo | rloo
-    loss_type: str = "ppo_clip"  # ppo_clip | reinforce
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    clip_c: float = 3.0
-    agg: str = "token-mean"
-    norm_constant: float | None = None
-    kl: KLConfig = field(default_factory=KLConfig)
-    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
-
-
-@dataclass
-class TrainConfig:
-    max_steps: int = 1200
-    # Stop early after this much training wall-clock (0 = no limit); eval and start-up not included.
-    max_train_minutes: float = 0.0
-    groups_per_step: int = 16
-    max_staleness: int = 2  # policy versions
-    stale_policy: str = "both"  # throttle | drop | both
-    steps_per_call: int = 10  # learner steps per driver round trip (progress granularity)
-    # Write a sharded checkpoint to run_dir/checkpoints/step_<N> every this many learner steps; 0 = never.
-    save_every_steps: int = 0
-    keep_checkpoints: int = 0  # newest complete checkpoints kept; 0 = all
-    # Write the final policy in Hugging Face format to run_dir/export.
-    export_at_end: bool = True
-
-
-@dataclass
-class QueueConfig:
-    capacity_groups: int = 64
-    full_policy: str = "block"  # block | drop_oldest
-
-
-@dataclass
-class WireConfig:
-    host: str = "127.0.0.1"
-    # CURVE authentication of every socket: auto = on when wire.host is not a loopback address.
-    # The launcher generates the keys and hands each process its own.
-    curve: str = "auto"  # auto | on | off
-    # Binding beyond loopback without authentication must be asked for explicitly.
-    insecure: bool = False
-    # auto = ipc (Unix socket, about half the kernel cost of TCP loopback) when wire.host is loopback,
-    # tcp otherwise. ipc needs every process on this node, and drops what a generator sent but the
-    # learner had not read yet if that generator exits meanwhile; tcp delivers it. See docs/WIRE.md.
-    transport: str = "auto"  # auto | tcp | ipc
-    max_message_bytes: int = 256 << 20
-    # Every cross-process wait fails loudly after this long.
-    timeout_s: float = 120.0
-    # Actor start-up (vLLM engine start is the slow part).
-    startup_timeout_s: float = 600.0
-
-
-@dataclass
-class WeightsConfig:
-    # zmq: chunks over a ZeroMQ PUB socket (any device). nccl: versions announced over ZeroMQ, tensors
-    # broadcast from learner rank 0 into every generator over NCCL (one GPU per actor; on CPU a gloo
-    # group stands in, for tests). See asyncgrpo/weights/__init__.py.
-    backend: str = "zmq"
-    push_every_steps: int = 1
-
-
-@dataclass
-class EvalConfig:
-    at_start: bool = True
-    at_end: bool = True
-
-
-@dataclass
-class RayConfig:
-    address: str = ""  # empty: start a local cluster
-    num_cpus: int = 0  # for a local cluster; 0 = all cores
-
-
-@dataclass
-class LogConfig:
-    # run_dir/metrics.jsonl is always written; these add sinks (pip install 'asyncgrpo[track]').
-    tensorboard: bool = False  # event files under run_dir/tensorboard
-    wandb: bool = False
-    wandb_project: str = "asyncgrpo"
-    # offline needs no network or account; `wandb sync run_dir/wandb/offline-run-*` uploads later.
-    wandb_mode: str = "offline"  # offline | online
-    # Every this many learner steps, print a few prompts with completions and rewards and append
-    # them to run_dir/samples.jsonl; 0 = never.
-    samples_every_steps: int = 100
-    samples_per_log: int = 4  # prompts (groups) per log, each with all its completions
-
-
-@dataclass
-class Config:
-    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
-    seed: int = 0
-    # Continue from a checkpoint: a checkpoint directory (step_<N>) or a run directory (its newest
-    # complete checkpoint); empty = a fresh run.
-    resume: str = ""
-    # auto: cuda when the driver sees an NVIDIA GPU (vLLM and the learner then share the GPUs
-    # through Ray's GPU resources, with NCCL between learner ranks), else cpu.
-    device: str = "auto"
-    progress: bool = True
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    queue: QueueConfig = field(default_factory=QueueConfig)
-    wire: WireConfig = field(default_factory=WireConfig)
-    weights: WeightsConfig = field(default_factory=WeightsConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-
-
-CONFIG_NAME = "asyncgrpo"
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key."""
-
-
-def register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name=CONFIG_NAME, node=Config)
+# Re-exported: a caller loads a Config and catches ConfigError from one module.
+from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register, to_yaml  # noqa: F401
+from asyncgrpo.wire.network import TRANSPORTS, is_loopback
 
 
 def _one_line(err: BaseException) -> str:
@@ -475,13 +175,16 @@ def use_curve(cfg: Config) -> bool:
     return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and not is_loopback(cfg.wire.host))
 
 
-def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
 def groups_per_generator(cfg: Config) -> list[int]:
     """How one step's groups are shared among generators (the throttle's per-generator quota)."""
     n, total = cfg.rollout.num_generators, cfg.train.groups_per_step
     return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
 
+
+
+def learner_wait_timeout_s(cfg: Config) -> float:
+    """How long anyone waits on a learner rank (a collective between ranks, the driver on a step):
+    rank 0 may first wait for generator acknowledgements and then for a batch, each up to
+    `wire.timeout_s`, while the others already wait for that batch."""
+    return 2 * cfg.wire.timeout_s + 60.0

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from asyncgrpo import algo
-from asyncgrpo.config import Config, LearnerConfig
+from asyncgrpo.schema import Config, LearnerConfig
 from asyncgrpo.learner.batch import (
     Batch,
     broadcast_batch,

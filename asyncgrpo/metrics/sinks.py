@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from asyncgrpo.config import Config, ConfigError, LogConfig
+from asyncgrpo.schema import Config, ConfigError, LogConfig
 
 
 class SinkUnavailable(ConfigError):

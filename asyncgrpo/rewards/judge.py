@@ -16,7 +16,7 @@ import random
 import re
 from typing import Any
 
-from asyncgrpo.config import JudgeConfig
+from asyncgrpo.schema import JudgeConfig
 
 MAX_RETRY_AFTER_S = 30.0
 _NUMBER = r"-?\d+(?:\.\d+)?"

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgrpo.config import RewardConfig, RewardTermConfig
+from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.rewards import verifiers
 from asyncgrpo.rewards.user_fn import is_async_fn, load_reward_fn
 from asyncgrpo.tasks.arithmetic import Problem

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgrpo.config import Config
+from asyncgrpo.schema import Config
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.rollout.engine import Completion, VLLMEngine
 from asyncgrpo.rewards.scorer import GroupScore, Scorer

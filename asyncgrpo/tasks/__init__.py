@@ -14,7 +14,7 @@ from asyncgrpo.tasks.arithmetic import ArithmeticTask, Problem
 from asyncgrpo.tasks.countdown import CountdownTask
 
 if TYPE_CHECKING:
-    from asyncgrpo.config import Config
+    from asyncgrpo.schema import Config
 
 __all__ = ["ArithmeticTask", "CountdownTask", "Problem", "make_task", "train_stream"]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import DataConfig
+from asyncgrpo.schema import DataConfig
 from asyncgrpo.data import DataError, DataReport, FieldMap, PromptFormat, epoch_stream, load_problems, split_holdout
 from asyncgrpo.rewards import verifiers
 from asyncgrpo.tasks.arithmetic import Problem

@@ -1,57 +1,30 @@
-"""Weight sync between learner rank 0 and the generators: one interface, one backend per transport.
+"""Weight sync between learner rank 0 and the generators (interface: `asyncgrpo.weights.base`).
 
-    learner rank 0: WeightSender.push(version, named_tensors)  ->  generators: WeightReceiver
-                    WeightSender.shutdown(reason)                              .poll() / .apply_newest(engine)
-
-Backends (`weights.backend`):
-- `zmq` (any device): the full state dict in chunks over a ZeroMQ PUB socket; each generator keeps
-  only the newest complete version and loads it into its running vLLM engine.
-- `nccl` (GPU): names, shapes and dtypes are announced over the same PUB socket, the tensors are
-  broadcast from learner rank 0 into the vLLM workers over an NCCL group (asyncgrpo/weights/nccl.py).
-
-Tensors always travel under their Hugging Face names and shapes; the engine maps them.
+`weights.backend` picks the implementation; `make_sender` / `make_receiver` build it from config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol
-
 import torch
 
+from asyncgrpo.schema import Config
+from asyncgrpo.weights.base import BACKENDS, WeightReceiver, WeightSender, WeightTarget
+from asyncgrpo.weights.nccl import NcclWeightReceiver, NcclWeightSender
+from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender
+from asyncgrpo.wire import Publisher, Subscriber
+from asyncgrpo.wire.network import advertised_host
 
-class WeightSender(Protocol):
-    """Learner side (rank 0 only)."""
-
-    bytes_pushed: int
-
-    def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Make `version` available to every generator; returns the payload bytes sent."""
-
-    def shutdown(self, reason: str) -> None:
-        """Tell every generator to stop after loading what it has."""
-
-    def close(self) -> None: ...
+__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender"]
 
 
-class WeightTarget(Protocol):
-    """What a receiver loads weights into (a `VLLMEngine`)."""
+def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch.device) -> WeightSender:
+    if cfg.weights.backend == "nccl":
+        return NcclWeightSender(publisher, model_dir, cfg.rollout.num_generators, device,
+                                host=advertised_host(cfg.wire.host), timeout_s=cfg.wire.startup_timeout_s)
+    return ZmqWeightSender(publisher)
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
-
-class WeightReceiver(Protocol):
-    """Generator side."""
-
-    shutdown_reason: str | None
-    newest_version: int
-
-    def poll(self, timeout_s: float = 0.0) -> bool:
-        """Read what has arrived, waiting up to `timeout_s` for the first message; True if a new
-        version or a shutdown arrived."""
-
-    def apply_newest(self, target: WeightTarget) -> int | None:
-        """Load the newest complete version into `target` (a safe point: no request in flight);
-        returns that version, or None if nothing new arrived."""
-
-    def close(self) -> None: ...
+def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: torch.device) -> WeightReceiver:
+    if cfg.weights.backend == "nccl":
+        return NcclWeightReceiver(subscriber, model_dir, device, timeout_s=cfg.wire.startup_timeout_s)
+    return ZmqWeightReceiver(subscriber)

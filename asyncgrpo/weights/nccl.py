@@ -26,13 +26,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from asyncgrpo.weights import WeightTarget
+from asyncgrpo.weights.base import WeightTarget
 from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
+from asyncgrpo.wire.network import free_port
 
 SPEC_NAME = "__spec__"
 TensorSpec = tuple[str, tuple[int, ...], torch.dtype]
@@ -110,24 +111,23 @@ def buckets(spec: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
 
 
 class NcclWeightSender:
-    """Learner rank 0. `connect()` must run while every generator runs `NcclWeightReceiver.connect()`."""
+    """Learner rank 0. `wait_for_joins()` must run while every generator runs `NcclWeightReceiver.join()`."""
 
     def __init__(self, publisher: Publisher, model_dir: str, num_generators: int, device: torch.device,
-                 host: str = "127.0.0.1", timeout_s: float = 120.0, bucket_bytes: int = 256 << 20) -> None:
-        from asyncgrpo.learner.learner import _free_port
-
+                 host: str, timeout_s: float, bucket_bytes: int = 256 << 20) -> None:
         self.publisher, self.device, self.timeout_s = publisher, device, timeout_s
+        self.endpoint = publisher.endpoint
         self.world_size = num_generators + 1
-        self.host, self.port = host, _free_port()
+        self.host, self.port = host, free_port()
         self.spec = model_spec(model_dir)
         self.buckets = buckets(self.spec, bucket_bytes)
         self.group: Broadcaster | None = None
         self.bytes_pushed = 0
 
-    def address(self) -> dict[str, object]:
+    def join_address(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port, "world_size": self.world_size}
 
-    def connect(self) -> None:
+    def wait_for_joins(self) -> None:
         self.group = connect(self.host, self.port, 0, self.world_size, self.device, self.timeout_s)
 
     def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -160,9 +160,10 @@ class NcclWeightSender:
 class NcclWeightReceiver:
     """Generator side: announcements over the subscription, tensors through the weight group."""
 
-    def __init__(self, subscriber: Subscriber, model_dir: str, device: torch.device,
-                 timeout_s: float = 120.0) -> None:
+    def __init__(self, subscriber: Subscriber, model_dir: str, device: torch.device, timeout_s: float,
+                 bucket_bytes: int = 256 << 20) -> None:
         self.subscriber, self.device, self.timeout_s = subscriber, device, timeout_s
+        self.bucket_bytes = bucket_bytes
         self.spec = model_spec(model_dir)
         self.expected_fingerprint = fingerprint(self.spec)
         self.buckets: list[list[int]] | None = None
@@ -171,9 +172,11 @@ class NcclWeightReceiver:
         self.newest_version = -1
         self.shutdown_reason: str | None = None
 
-    def connect(self, host: str, port: int, rank: int, world_size: int, bucket_bytes: int = 256 << 20) -> None:
-        self.buckets = buckets(self.spec, bucket_bytes)
-        self.group = connect(host, port, rank, world_size, self.device, self.timeout_s)
+    def join(self, address: dict[str, Any]) -> None:
+        """`address` from `NcclWeightSender.join_address`, plus this generator's group `rank` (>= 1)."""
+        self.buckets = buckets(self.spec, self.bucket_bytes)
+        self.group = connect(address["host"], address["port"], address["rank"], address["world_size"],
+                             self.device, self.timeout_s)
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         changed = False

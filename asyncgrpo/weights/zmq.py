@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
-from asyncgrpo.weights import WeightTarget
+from asyncgrpo.weights.base import WeightTarget
 from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
 
 _TORCH_TO_WIRE = {
@@ -48,13 +49,20 @@ def wire_to_tensor(array: np.ndarray, wire_dtype: str) -> torch.Tensor:
     return tensor.view(torch.bfloat16) if wire_dtype == "bfloat16" else tensor
 
 
-class ZmqWeightPusher:
+class ZmqWeightSender:
     """Learner side (rank 0)."""
 
     def __init__(self, publisher: Publisher, chunk_bytes: int = 64 << 20) -> None:
         self.publisher = publisher
+        self.endpoint = publisher.endpoint
         self.chunk_bytes = chunk_bytes
         self.bytes_pushed = 0
+
+    def join_address(self) -> dict[str, Any]:
+        return {}  # subscribers connect to `endpoint`; nothing else to join
+
+    def wait_for_joins(self) -> None:
+        pass
 
     def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Publish all tensors as version `version`; returns the bytes sent."""
@@ -93,6 +101,9 @@ class ZmqWeightReceiver:
         self.latest: tuple[int, list[tuple[str, torch.Tensor]]] | None = None
         self.newest_version = -1
         self.shutdown_reason: str | None = None
+
+    def join(self, address: dict[str, Any]) -> None:
+        pass  # the subscription is the whole transport
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Read what has arrived (waiting up to `timeout_s` for the first message).

@@ -20,7 +20,8 @@ from asyncgrpo.wire.messages import (
     VersionAck,
     WeightsChunk,
 )
-from asyncgrpo.wire.security import CurveClientKeys, CurveKeypair, CurveServerKeys, WireKeys, is_loopback
+from asyncgrpo.wire.network import is_loopback
+from asyncgrpo.wire.security import CurveClientKeys, CurveKeypair, CurveServerKeys, WireKeys
 from asyncgrpo.wire.sockets import Publisher, Receiver, Rejections, Sender, Subscriber, WireTimeout
 
 __all__ = [

@@ -93,6 +93,9 @@ def encode(message: Message) -> list[Frame]:
             "gen": int(message.generator_id),
             "next_seq": int(message.next_seq),
             "version": int(message.version),
+            "idle_s": float(message.idle_s),
+            "reward_errors": int(message.reward_errors),
+            "groups_dropped": int(message.groups_dropped),
         }
         return _pack(header, [])
     if isinstance(message, Shutdown):
@@ -137,6 +140,13 @@ def _field(header: dict[str, Any], key: str, kind: type) -> Any:
 def _int_field(header: dict[str, Any], key: str, minimum: int = 0) -> int:
     value = _field(header, key, int)
     if not minimum <= value < _MAX_INT:
+        raise WireError("bad_field", f"{key}={value} out of range")
+    return value
+
+
+def _seconds_field(header: dict[str, Any], key: str) -> float:
+    value = _field(header, key, float)
+    if not 0.0 <= value < float(_MAX_INT):  # also rejects NaN
         raise WireError("bad_field", f"{key}={value} out of range")
     return value
 
@@ -316,6 +326,9 @@ def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heart
         generator_id=_int_field(header, "gen"),
         next_seq=_int_field(header, "next_seq"),
         version=_int_field(header, "version"),
+        idle_s=_seconds_field(header, "idle_s"),
+        reward_errors=_int_field(header, "reward_errors"),
+        groups_dropped=_int_field(header, "groups_dropped"),
     )
 
 

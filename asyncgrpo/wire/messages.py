@@ -14,7 +14,8 @@ from enum import IntEnum
 import numpy as np
 
 # 2: lengths and rewards moved from array frames into the header.
-SCHEMA_VERSION = 2
+# 3: heartbeats carry the generator's cumulative report (idle seconds, reward errors, dropped groups).
+SCHEMA_VERSION = 3
 
 
 class MsgType(IntEnum):
@@ -92,9 +93,15 @@ class VersionAck:
 
 @dataclass
 class Heartbeat:
+    """A generator's periodic report: how many groups it has sent (`next_seq`), which weights it
+    has loaded, and its cumulative counters, which the learner logs as per-step increases."""
+
     generator_id: int
     next_seq: int
     version: int
+    idle_s: float = 0.0  # waiting on the throttle, on rewards, on new weights or on a full queue
+    reward_errors: int = 0  # reward terms that failed (reward/errors)
+    groups_dropped: int = 0  # groups not sent because a reward failed under reward.on_error=drop_group
 
 
 @dataclass

@@ -9,7 +9,6 @@ through. Keys are Z85-encoded bytes, as `zmq.curve_keypair()` makes them.
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import threading
 from collections.abc import Iterable
@@ -17,6 +16,8 @@ from dataclasses import dataclass, field
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+
+from asyncgrpo.wire.network import is_loopback
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,6 @@ class WireKeys:
     def client(self, index: int) -> CurveClientKeys:
         return CurveClientKeys(self.client_keypairs[index], self.server_keypair.public)
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # an interface name or a hostname: it may reach beyond this machine
-        return False
 
 
 class _AllowedKeys:

@@ -29,10 +29,10 @@ import zmq
 
 from asyncgrpo.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Frame, WireError, decode, encode
 from asyncgrpo.wire.messages import Heartbeat, Message, ScoredGroup, Shutdown, VersionAck, WeightsChunk
+from asyncgrpo.wire.network import TRANSPORTS, is_loopback
 from asyncgrpo.wire.security import (
     CurveClientKeys,
     CurveServerKeys,
-    is_loopback,
     make_curve_client,
     make_curve_server,
 )
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 UPSTREAM_TYPES = (ScoredGroup, VersionAck, Heartbeat)
 DOWNSTREAM_TYPES = (WeightsChunk, Shutdown)
 
-TRANSPORTS = ("auto", "tcp", "ipc")
 # A Unix socket path must fit sockaddr_un.sun_path (108 bytes on Linux, 104 on macOS).
 _MAX_IPC_PATH = 100
 

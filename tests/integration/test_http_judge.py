@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from asyncgrpo.config import JudgeConfig, RewardConfig, RewardTermConfig
+from asyncgrpo.schema import JudgeConfig, RewardConfig, RewardTermConfig
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.tasks import ArithmeticTask, Problem
 

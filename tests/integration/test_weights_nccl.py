@@ -29,8 +29,9 @@ class Recorder:
 
 def generator_main(endpoint: str, model_dir: str, address: dict, rank: int, versions: int,
                    first_poll_delay_s: float, results: mp.Queue) -> None:
-    receiver = NcclWeightReceiver(Subscriber(endpoint), model_dir, torch.device("cpu"), timeout_s=60)
-    receiver.connect(address["host"], address["port"], rank, address["world_size"], bucket_bytes=20_000)
+    receiver = NcclWeightReceiver(Subscriber(endpoint), model_dir, torch.device("cpu"), timeout_s=60,
+                                  bucket_bytes=20_000)
+    receiver.join({**address, "rank": rank})
     time.sleep(first_poll_delay_s)
     target, applied = Recorder(), []
     deadline = time.monotonic() + 60
@@ -52,18 +53,18 @@ def test_every_generator_receives_every_version_exactly(tmp_path):
     model = build_model(TinyModelSpec(), tokenizer, seed=0)
     save_model(model, tokenizer, tmp_path)
     publisher = Publisher()
-    sender = NcclWeightSender(publisher, str(tmp_path), num_generators=2, device=torch.device("cpu"),
+    sender = NcclWeightSender(publisher, str(tmp_path), num_generators=2, device=torch.device("cpu"), host="127.0.0.1",
                               timeout_s=60, bucket_bytes=20_000)
     assert len(sender.buckets) > 3  # several collectives per push
     context = mp.get_context("spawn")
     results = context.Queue()
-    processes = [context.Process(target=generator_main, args=(publisher.endpoint, str(tmp_path), sender.address(),
+    processes = [context.Process(target=generator_main, args=(publisher.endpoint, str(tmp_path), sender.join_address(),
                                                               rank, 3, delay, results))
                  for rank, delay in ((1, 0.0), (2, 1.0))]
     for process in processes:
         process.start()
     try:
-        sender.connect()  # returns once both generators joined
+        sender.wait_for_joins()  # returns once both generators joined
         time.sleep(0.5)  # subscriptions are live
         for version in (1, 2, 3):
             assert sender.push(version, version_weights(model, version)) > 0

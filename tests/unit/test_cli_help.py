@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from asyncgrpo import cli
-from asyncgrpo.config import Config
+from asyncgrpo.schema import Config
 
 
 def help_text(capsys, argv):

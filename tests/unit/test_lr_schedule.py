@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from asyncgrpo.config import LearnerConfig
+from asyncgrpo.schema import LearnerConfig
 from asyncgrpo.learner.learner import lr_multiplier
 
 

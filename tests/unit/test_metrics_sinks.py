@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asyncgrpo.config import ConfigError, LogConfig, load
+from asyncgrpo.config import ConfigError, load
+from asyncgrpo.schema import LogConfig
 from asyncgrpo.metrics import (
     JsonlSink,
     MultiSink,

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from asyncgrpo.config import RewardConfig, RewardTermConfig, load
+from asyncgrpo.config import load
+from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import ConfigError, RewardConfig, RewardTermConfig, load
+from asyncgrpo.config import ConfigError, load
+from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.rewards import reward_term_metrics
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rewards.user_fn import RewardFnError, load_reward_fn

@@ -1,0 +1,73 @@
+"""Weight sync between learner rank 0 and the generators: one interface, one backend per transport.
+
+    learner rank 0: WeightSender                              generators: WeightReceiver
+      join_address()  --- the driver hands it to --->           join(address)
+      wait_for_joins()   (both sides block until every generator has joined; no-op for zmq)
+      push(version, named_tensors)  ------------------->        poll() / apply_newest(engine)
+      shutdown(reason)  -------------------------------->       shutdown_reason
+
+Backends (`weights.backend`):
+- `zmq` (any device): the full state dict in chunks over a ZeroMQ PUB socket; each generator keeps
+  only the newest complete version and loads it into its running vLLM engine.
+- `nccl` (GPU): names, shapes and dtypes are announced over the same PUB socket, the tensors are
+  broadcast from learner rank 0 into the vLLM workers over an NCCL group (asyncgrpo/weights/nccl.py).
+
+Tensors always travel under their Hugging Face names and shapes; the engine maps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+
+
+BACKENDS = ("zmq", "nccl")
+
+
+class WeightSender(Protocol):
+    """Learner side (rank 0 only)."""
+
+    bytes_pushed: int
+    endpoint: str  # the ZeroMQ endpoint generators subscribe to (announcements, chunks, shutdown)
+
+    def join_address(self) -> dict[str, Any]:
+        """Where receivers join the weight transport ({}: nothing to join)."""
+
+    def wait_for_joins(self) -> None:
+        """Block until every receiver has joined (returns at once when there is nothing to join)."""
+
+    def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Make `version` available to every generator; returns the payload bytes sent."""
+
+    def shutdown(self, reason: str) -> None:
+        """Tell every generator to stop after loading what it has."""
+
+    def close(self) -> None: ...
+
+
+class WeightTarget(Protocol):
+    """What a receiver loads weights into (a `VLLMEngine`)."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
+class WeightReceiver(Protocol):
+    """Generator side."""
+
+    shutdown_reason: str | None
+    newest_version: int
+
+    def join(self, address: dict[str, Any]) -> None:
+        """Join the sender's transport at `address` (from `WeightSender.join_address`); blocks until all joined."""
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        """Read what has arrived, waiting up to `timeout_s` for the first message; True if a new
+        version or a shutdown arrived."""
+
+    def apply_newest(self, target: WeightTarget) -> int | None:
+        """Load the newest complete version into `target` (a safe point: no request in flight);
+        returns that version, or None if nothing new arrived."""
+
+    def close(self) -> None: ...
