@@ -9,9 +9,20 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
+from asyncgrpo.learner.schedule import LR_SCHEDULES
+from asyncgrpo.metrics.sinks import WANDB_MODES
+from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES
+from asyncgrpo.resources import DEVICES
+from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX
+from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
+from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
+
 # Re-exported: a caller loads a Config and catches ConfigError from one module.
 from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register, to_yaml  # noqa: F401
-from asyncgrpo.wire.network import TRANSPORTS, is_loopback
+from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES  # noqa: F401 - re-exported for callers
+from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
+from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
 
 
 def _one_line(err: BaseException) -> str:
@@ -45,8 +56,19 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
     return cfg
 
 
+def _one_of(choices: tuple[str, ...]) -> str:
+    return f"must be one of {', '.join(choices)}"
+
+
 def validate(cfg: Config) -> None:
-    """Reject configs that cannot work, before anything starts. Messages name the key."""
+    """Reject configs that cannot work, before anything starts. Messages name the key.
+
+    Each choice list comes from the module that implements the choice.
+    """
+    # Imported here, not at the top: these modules import torch, and `import asyncgrpo.config`
+    # (the CLI's help, the schema's users) should not pay for it.
+    from asyncgrpo.algo import ADVANTAGE_MODES, AGG_MODES, IS_LEVELS, KL_KINDS, LOSS_TYPES
+    from asyncgrpo.weights.base import BACKENDS
 
     def require(ok: bool, key: str, why: str, value: Any) -> None:
         if not ok:
@@ -64,15 +86,15 @@ def validate(cfg: Config) -> None:
     require(t.max_steps >= 1, "train.max_steps", "must be >= 1", t.max_steps)
     require(t.steps_per_call >= 1, "train.steps_per_call", "must be >= 1", t.steps_per_call)
     require(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0", t.max_train_minutes)
-    require(t.stale_policy in ("throttle", "drop", "both"), "train.stale_policy", "must be throttle, drop or both", t.stale_policy)
+    require(t.stale_policy in STALE_POLICIES, "train.stale_policy", _one_of(STALE_POLICIES), t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
-    require(q.full_policy in ("block", "drop_oldest"), "queue.full_policy", "must be block or drop_oldest", q.full_policy)
+    require(q.full_policy in FULL_POLICIES, "queue.full_policy", _one_of(FULL_POLICIES), q.full_policy)
     require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
-    require(learner.mixed_precision in ("fp32", "bf16"), "learner.mixed_precision", "must be fp32 or bf16",
+    require(learner.mixed_precision in MIXED_PRECISIONS, "learner.mixed_precision", _one_of(MIXED_PRECISIONS),
             learner.mixed_precision)
     require(learner.mixed_precision == "fp32" or cfg.device != "cpu", "learner.mixed_precision",
             "bf16 needs a GPU (device=cuda or auto on a GPU machine)", learner.mixed_precision)
-    require(cfg.algo.kl.reference_on in ("same", "cpu"), "algo.kl.reference_on", "must be same or cpu",
+    require(cfg.algo.kl.reference_on in REFERENCE_PLACEMENTS, "algo.kl.reference_on", _one_of(REFERENCE_PLACEMENTS),
             cfg.algo.kl.reference_on)
     require(t.save_every_steps >= 0, "train.save_every_steps", "must be >= 0 (0 = never)", t.save_every_steps)
     require(t.keep_checkpoints >= 0, "train.keep_checkpoints", "must be >= 0 (0 = all)", t.keep_checkpoints)
@@ -80,10 +102,10 @@ def validate(cfg: Config) -> None:
             "must be a checkpoint directory or a run directory", cfg.resume)
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
-    require(learner.lr_schedule in ("constant", "cosine"), "learner.lr_schedule", "must be constant or cosine", learner.lr_schedule)
+    require(learner.lr_schedule in LR_SCHEDULES, "learner.lr_schedule", _one_of(LR_SCHEDULES), learner.lr_schedule)
     require(0 <= learner.min_lr_ratio <= 1, "learner.min_lr_ratio", "must be in [0, 1]", learner.min_lr_ratio)
     require(learner.micro_batch_tokens >= 0, "learner.micro_batch_tokens", "must be >= 0", learner.micro_batch_tokens)
-    require(cfg.weights.backend in ("zmq", "nccl"), "weights.backend", "must be zmq or nccl", cfg.weights.backend)
+    require(cfg.weights.backend in BACKENDS, "weights.backend", _one_of(BACKENDS), cfg.weights.backend)
     require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
             cfg.rollout.inflight_chunk_tokens)
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
@@ -92,40 +114,38 @@ def validate(cfg: Config) -> None:
     require(cfg.weights.push_every_steps <= cfg.train.max_staleness + 1, "weights.push_every_steps",
             f"must be <= train.max_staleness + 1 = {cfg.train.max_staleness + 1}", cfg.weights.push_every_steps)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
-    require(cfg.wire.curve in ("auto", "on", "off"), "wire.curve", "must be auto, on or off", cfg.wire.curve)
-    require(cfg.wire.transport in TRANSPORTS, "wire.transport", f"must be one of {', '.join(TRANSPORTS)}",
-            cfg.wire.transport)
+    require(cfg.wire.curve in CURVE_MODES, "wire.curve", _one_of(CURVE_MODES), cfg.wire.curve)
+    require(cfg.wire.transport in TRANSPORTS, "wire.transport", _one_of(TRANSPORTS), cfg.wire.transport)
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
             f"ipc reaches only this node, but wire.host={cfg.wire.host!r} is for other nodes: use tcp or auto",
             cfg.wire.transport)
     require(use_curve(cfg) or cfg.wire.insecure or is_loopback(cfg.wire.host), "wire.curve",
             f"is off while wire.host={cfg.wire.host!r} binds beyond loopback: set wire.insecure=true to allow "
             "unauthenticated sockets", cfg.wire.curve)
-    require(cfg.algo.advantage in ("grpo", "drgrpo", "rloo"), "algo.advantage", "must be grpo, drgrpo or rloo", cfg.algo.advantage)
-    require(cfg.algo.loss_type in ("ppo_clip", "reinforce"), "algo.loss_type", "must be ppo_clip or reinforce", cfg.algo.loss_type)
+    require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", _one_of(ADVANTAGE_MODES), cfg.algo.advantage)
+    require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", _one_of(LOSS_TYPES), cfg.algo.loss_type)
     require(cfg.algo.clip_low > 0 and cfg.algo.clip_high > 0, "algo.clip_low/clip_high", "must be > 0", (cfg.algo.clip_low, cfg.algo.clip_high))
     require(cfg.algo.clip_c > 1, "algo.clip_c", "must be > 1", cfg.algo.clip_c)
-    require(cfg.algo.agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-            "algo.agg", "is not a known aggregation", cfg.algo.agg)
-    require(cfg.algo.correction.is_level in (None, "token", "sequence"), "algo.correction.is_level", "must be null, token or sequence", cfg.algo.correction.is_level)
-    from asyncgrpo.algo import KL_KINDS
-
-    require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", f"must be one of {sorted(KL_KINDS)}", cfg.algo.kl.kind)
+    require(cfg.algo.agg in AGG_MODES, "algo.agg", _one_of(AGG_MODES), cfg.algo.agg)
+    require(cfg.algo.correction.is_level is None or cfg.algo.correction.is_level in IS_LEVELS, "algo.correction.is_level",
+            f"must be null or one of {', '.join(IS_LEVELS)}", cfg.algo.correction.is_level)
+    require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", _one_of(KL_KINDS), cfg.algo.kl.kind)
     require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
     _validate_task_data_reward(cfg, require)
     require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
-    require(cfg.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda", cfg.device)
-    require(cfg.log.wandb_mode in ("offline", "online"), "log.wandb_mode", "must be offline or online", cfg.log.wandb_mode)
+    require(cfg.device in DEVICES, "device", _one_of(DEVICES), cfg.device)
+    require(cfg.log.wandb_mode in WANDB_MODES, "log.wandb_mode", _one_of(WANDB_MODES), cfg.log.wandb_mode)
     require(cfg.log.samples_every_steps >= 0, "log.samples_every_steps", "must be >= 0 (0 = off)", cfg.log.samples_every_steps)
     require(cfg.log.samples_per_log >= 1, "log.samples_per_log", "must be >= 1", cfg.log.samples_per_log)
 
 
 def _validate_task_data_reward(cfg: Config, require: Any) -> None:
     task, data, reward = cfg.task, cfg.data, cfg.reward
-    require(task.name in TASK_NAMES, "task.name", f"must be one of {', '.join(TASK_NAMES)}", task.name)
+    require(task.name in TASK_NAMES, "task.name", _one_of(TASK_NAMES), task.name)
     require(task.eval_size >= 1, "task.eval_size", "must be >= 1", task.eval_size)
     if task.name == "countdown":
-        require(2 <= task.countdown_numbers <= 6, "task.countdown_numbers", "must be between 2 and 6", task.countdown_numbers)
+        require(MIN_NUMBERS <= task.countdown_numbers <= MAX_NUMBERS, "task.countdown_numbers",
+                f"must be between {MIN_NUMBERS} and {MAX_NUMBERS}", task.countdown_numbers)
         require(task.countdown_max_number >= 2, "task.countdown_max_number", "must be >= 2", task.countdown_max_number)
     if task.name in FILE_TASKS:
         require(bool(data.train_files), "data.train_files", f"must list at least one JSONL or Parquet file for task.name={task.name}",
@@ -137,7 +157,7 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
     require("{prompt}" in data.prompt_template, "data.prompt_template", "must contain {prompt}", data.prompt_template)
     require(data.max_prompt_tokens >= 0, "data.max_prompt_tokens", "must be >= 0 (0 = the context)", data.max_prompt_tokens)
     require(data.epochs >= 0, "data.epochs", "must be >= 0 (0 = endless)", data.epochs)
-    require(reward.on_error in ("zero", "drop_group"), "reward.on_error", "must be zero or drop_group", reward.on_error)
+    require(reward.on_error in ON_ERROR_POLICIES, "reward.on_error", _one_of(ON_ERROR_POLICIES), reward.on_error)
     require(reward.timeout_s > 0, "reward.timeout_s", "must be > 0", reward.timeout_s)
     require(reward.concurrency >= 1, "reward.concurrency", "must be >= 1", reward.concurrency)
     require(reward.threads >= 1, "reward.threads", "must be >= 1", reward.threads)
@@ -145,9 +165,10 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
     require(len(set(names)) == len(names), "reward.terms", "must have distinct names", names)
     for i, term in enumerate(reward.terms):
         kind = term.kind or term.name
-        require(kind in REWARD_KINDS, f"reward.terms[{i}].kind", f"must be one of {', '.join(REWARD_KINDS)}", kind)
-        require(term.name not in ("mean", "std", "errors") and term.name.isidentifier(), f"reward.terms[{i}].name",
-                "must be an identifier other than mean, std or errors (it is logged as reward/<name>)", term.name)
+        require(kind in REWARD_KINDS, f"reward.terms[{i}].kind", _one_of(REWARD_KINDS), kind)
+        require(term.name not in RESERVED_TERM_NAMES and term.name.isidentifier(), f"reward.terms[{i}].name",
+                f"must be an identifier other than {', '.join(RESERVED_TERM_NAMES)} (it is logged as reward/<name>)",
+                term.name)
         require(term.weight == term.weight, f"reward.terms[{i}].weight", "must be a number", term.weight)
         require(kind != "fn" or bool(term.fn or reward.fn), f"reward.terms[{i}].fn", "must be package.module:function (or set reward.fn)", term.fn)
         require(term.tolerance >= 0, f"reward.terms[{i}].tolerance", "must be >= 0", term.tolerance)
@@ -162,13 +183,9 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
         require(judge.retries >= 0, "reward.judge.retries", "must be >= 0", judge.retries)
         require(judge.backoff_s >= 0, "reward.judge.backoff_s", "must be >= 0", judge.backoff_s)
         require(judge.max_score > 0, "reward.judge.max_score", "must be > 0", judge.max_score)
-        require(judge.parser in ("number", "yes_no") or judge.parser.startswith("regex:"), "reward.judge.parser",
-                "must be number, yes_no or regex:<pattern>", judge.parser)
+        require(judge.parser in JUDGE_PARSERS or judge.parser.startswith(REGEX_PARSER_PREFIX), "reward.judge.parser",
+                f"must be one of {', '.join(JUDGE_PARSERS)} or {REGEX_PARSER_PREFIX}<pattern>", judge.parser)
 
-
-TASK_NAMES = ("arithmetic", "countdown", "gsm8k", "files")
-FILE_TASKS = ("gsm8k", "files")
-REWARD_KINDS = ("task", "exact", "numeric", "math", "format", "fn", "judge")
 
 
 def use_curve(cfg: Config) -> bool:

@@ -9,25 +9,33 @@ bounded whatever the producer rate (see docs/WIRE.md for the bound).
 
 Every group that enters is accounted for exactly once:
     received == consumed + dropped_stale + dropped_full + depth
-A group whose sequence number its generator already used (or that a heartbeat declared lost) does
-not enter; it is counted under `duplicates`. Gaps in a generator's sequence numbers are `lost`.
+Acknowledgements and heartbeats go to the `GeneratorRegistry`, which also checks each group's
+sequence number: a group whose number its generator already used (or that a heartbeat declared
+lost) does not enter and is counted under `duplicates`; gaps are `lost`.
+
+The learner takes groups from a `GroupSource`: this queue, or a `ListSource` of fixed groups
+(tests, offline benchmarks).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.wire import Heartbeat, Receiver, ScoredGroup, VersionAck
 
-log = logging.getLogger(__name__)
-
+# queue.full_policy: block the producers, or drop the oldest group to admit a new one.
 FULL_POLICIES = ("block", "drop_oldest")
+# train.stale_policy: throttle = generators wait rather than run more than train.max_staleness
+# versions ahead; drop = the queue drops groups that are too stale at take time; both.
+STALE_POLICIES = ("throttle", "drop", "both")
+THROTTLING_STALE_POLICIES = ("throttle", "both")
+DROPPING_STALE_POLICIES = ("drop", "both")
 
 
 class QueueTimeout(TimeoutError):
@@ -72,18 +80,51 @@ class StalenessEviction:
         return 0 if self.full_policy == "drop_oldest" else None
 
 
-@dataclass
-class GeneratorState:
-    next_seq: int = 0
-    acked_version: int = -1
-    last_seen: float = field(default_factory=time.monotonic)
-    reported_loss: bool = False
+class GroupSource(Protocol):
+    """Where the learner takes its groups from."""
+
+    @property
+    def depth(self) -> int:
+        """Groups ready to be taken."""
+
+    def take(self, num_groups: int, learner_version: int, timeout_s: float) -> list[ScoredGroup]:
+        """`num_groups` groups fit to train on at `learner_version`, oldest first; raises
+        `QueueTimeout` if they do not come within `timeout_s`."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the step metrics (queue/*, wire/*)."""
+
+    def close(self) -> None: ...
+
+
+class ListSource:
+    """A fixed list of groups, taken in order (tests and offline benchmarks)."""
+
+    def __init__(self, groups: Sequence[ScoredGroup]) -> None:
+        self._groups = deque(groups)
+        self.consumed = 0
+
+    @property
+    def depth(self) -> int:
+        return len(self._groups)
+
+    def take(self, num_groups: int, learner_version: int, timeout_s: float) -> list[ScoredGroup]:
+        if len(self._groups) < num_groups:
+            raise QueueTimeout(f"the list holds {len(self._groups)} groups, {num_groups} asked for")
+        self.consumed += num_groups
+        return [self._groups.popleft() for _ in range(num_groups)]
+
+    def stats(self) -> dict[str, float]:
+        return {"queue/depth": len(self._groups), "queue/consumed": self.consumed}
+
+    def close(self) -> None:
+        pass
 
 
 class ReplayQueue:
     """Give either `max_staleness` (with `drop_stale` and `full_policy`) or a custom `policy`.
 
-    `receiver` may be None for a queue fed in-process through `put`.
+    `receiver` may be None for a queue fed in-process through `put`; `registry` None makes a new one.
     """
 
     def __init__(
@@ -96,6 +137,7 @@ class ReplayQueue:
         poll_interval_s: float = 0.05,
         *,
         policy: EvictionPolicy | None = None,
+        registry: GeneratorRegistry | None = None,
     ) -> None:
         if (max_staleness is None) == (policy is None):
             raise TypeError("give exactly one of max_staleness and policy")
@@ -107,9 +149,9 @@ class ReplayQueue:
             policy if policy is not None else StalenessEviction(max_staleness, drop_stale, full_policy)
         )
         self.poll_interval_s = poll_interval_s
-        self.generators: dict[int, GeneratorState] = {}
-        self.received = self.consumed = self.dropped_stale = self.dropped_full = 0
-        self.lost = self.duplicates = self.peak_depth = 0
+        self.registry = registry if registry is not None else GeneratorRegistry()
+        self.counters_at_resume: dict[str, float] = {}
+        self.received = self.consumed = self.dropped_stale = self.dropped_full = self.peak_depth = 0
         self._buffer: deque[ScoredGroup] = deque()
         self._lock = threading.Lock()
         # Two conditions on one lock, so a producer waiting for room and a taker waiting for groups
@@ -161,15 +203,9 @@ class ReplayQueue:
                     return False
                 self._admit(message)
             elif isinstance(message, VersionAck):
-                state = self._seen(message.generator_id)
-                state.acked_version = max(state.acked_version, message.version)
+                self.registry.on_ack(message)
             elif isinstance(message, Heartbeat):
-                state = self._seen(message.generator_id)
-                # A heartbeat announces how many groups were sent: a gap at the tail is loss too.
-                self._skip_to(message.generator_id, state, message.next_seq)
-                # It also names the loaded version: an acknowledgement that found the socket full
-                # (and was dropped) is made good by the next heartbeat.
-                state.acked_version = max(state.acked_version, message.version)
+                self.registry.on_heartbeat(message)
             else:
                 raise TypeError(f"the replay queue takes groups, acks and heartbeats, not {type(message).__name__}")
         return True
@@ -185,29 +221,9 @@ class ReplayQueue:
             self._room_made.wait(min(wait_s, self.poll_interval_s))
         return True
 
-    def _seen(self, generator_id: int) -> GeneratorState:
-        state = self.generators.setdefault(generator_id, GeneratorState())
-        state.last_seen = time.monotonic()
-        return state
-
-    def _skip_to(self, generator_id: int, state: GeneratorState, next_seq: int) -> None:
-        missing = next_seq - state.next_seq
-        if missing <= 0:
-            return
-        self.lost += missing
-        if not state.reported_loss:
-            state.reported_loss = True
-            log.warning("generator %d: %d group(s) lost in transit before sequence number %d; "
-                        "later losses are only counted under queue/lost", generator_id, missing, next_seq)
-        state.next_seq = next_seq
-
     def _admit(self, group: ScoredGroup) -> None:
-        state = self._seen(group.generator_id)
-        if group.seq < state.next_seq:
-            self.duplicates += 1  # the stream is ordered: an old sequence number is a replay
-            return
-        self._skip_to(group.generator_id, state, group.seq)
-        state.next_seq = group.seq + 1
+        if not self.registry.admit(group.generator_id, group.seq):
+            return  # the stream is ordered: an old sequence number is a replay
         self.received += 1
         if len(self._buffer) >= self.capacity_groups:
             victim = self.policy.victim_when_full(self._buffer)
@@ -266,16 +282,11 @@ class ReplayQueue:
         return batch
 
     def _timeout_message(self, num_groups: int, learner_version: int, timeout_s: float) -> str:
-        if self.generators:
-            now = time.monotonic()
-            seen = ", ".join(f"gen {g}: {now - s.last_seen:.1f} s ago" for g, s in sorted(self.generators.items()))
-        else:
-            seen = "none ever connected"
         rejected = self.receiver.rejected.counts() if self.receiver is not None else {}
         return (
             f"waited {timeout_s:.0f} s for {num_groups} groups at learner version {learner_version}, "
             f"the queue holds {len(self._buffer)} (capacity {self.capacity_groups}); "
-            f"generators last seen: {seen}; lost in transit: {self.lost}; "
+            f"generators last seen: {self.registry.last_seen()}; lost in transit: {self.registry.lost}; "
             f"rejected messages: {rejected or 'none'}"
         )
 
@@ -283,15 +294,6 @@ class ReplayQueue:
     def depth(self) -> int:
         with self._lock:
             return len(self._buffer)
-
-    def min_acked_version(self) -> int:
-        with self._lock:
-            return min((s.acked_version for s in self.generators.values()), default=-1)
-
-    def acked_versions(self, generator_ids: Sequence[int]) -> dict[int, int]:
-        """The newest weight version each generator acknowledged (-1: none yet)."""
-        with self._lock:
-            return {g: self.generators[g].acked_version if g in self.generators else -1 for g in generator_ids}
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -303,13 +305,20 @@ class ReplayQueue:
                 "queue/consumed": self.consumed,
                 "queue/dropped_stale": self.dropped_stale,
                 "queue/dropped_full": self.dropped_full,
-                "queue/lost": self.lost,
-                "queue/duplicates": self.duplicates,
+                **self.registry.stats(),
             }
         rejected = self.receiver.rejected.counts() if self.receiver is not None else {}
         stats["wire/rejected"] = sum(rejected.values())
         stats.update({f"wire/rejected/{reason}": count for reason, count in sorted(rejected.items())})
         return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters, for the record: groups in the buffer are not saved (their generators'
+        prompt positions are, in the registry); a resumed run's queue counts from the resume."""
+        return {"counters": self.stats()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counters_at_resume = dict(state.get("counters", {}))
 
     def close(self) -> None:
         self._stop.set()

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 
+# device: auto = cuda when the driver sees an NVIDIA GPU, else cpu.
+DEVICES = ("auto", "cpu", "cuda")
+
 
 def parse_cores(spec: str) -> list[int]:
     """'0,2-3' -> [0, 2, 3]."""
@@ -18,12 +21,13 @@ def parse_cores(spec: str) -> list[int]:
     return cores
 
 
-def plan_cores(num_generators: int, num_learner_ranks: int, generator_spec: str = "auto",
-               learner_spec: str = "auto", available: list[int] | None = None) -> tuple[list[list[int]], list[list[int]]]:
+def plan_cores(num_generators: int, num_learner_ranks: int, generator_spec: str, learner_spec: str,
+               available: list[int] | None = None) -> tuple[list[list[int]], list[list[int]]]:
     """Core lists for each generator and each learner rank ([] = not pinned).
 
-    "auto" gives every process one core of its own when there are enough cores, else pins nothing.
-    An explicit spec "0|1" lists the cores of process 0, 1, ... separated by '|'.
+    The specs are rollout.cpu_cores and learner.cpu_cores (no defaults here: config's are the only
+    ones). "auto" gives every process one core of its own when there are enough cores, else pins
+    nothing; "" pins nothing. An explicit spec "0|1" lists the cores of process 0, 1, ... separated by '|'.
     """
     available = sorted(available if available is not None else os.sched_getaffinity(0))
     wanted = num_generators + num_learner_ranks
@@ -47,8 +51,12 @@ def plan_cores(num_generators: int, num_learner_ranks: int, generator_spec: str 
     return generators, learners
 
 
-def pin_to_cores(cores: list[int], torch_threads: int | None = None) -> None:
-    """Pin this process (and the threads it starts later) to `cores`; size torch's thread pool."""
+def pin_to_cores(cores: list[int], *, torch_threads: int | None) -> None:
+    """Pin this process (and the threads it starts later) to `cores`; size torch's thread pool.
+
+    `torch_threads`: learner.torch_threads for a learner rank (no default here: config's is the only
+    one); None (a generator, which has no such key) = one thread per pinned core.
+    """
     import torch
 
     if cores:

@@ -34,26 +34,104 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import Config, load
+import numpy as np
+
+from asyncgrpo.config import load
+from asyncgrpo.learner.actor import LearnerActor
+from asyncgrpo.rollout.generator import GeneratorActor
+from asyncgrpo.schema import Config
+from asyncgrpo.wire import Message, ScoredGroup, decode_group, encode_group
+
+
+class FrameSink:
+    """A generator's sink with no learner behind it: keeps each group's encoded frames (what the
+    learner would have received), drops acknowledgements and heartbeats, never blocks."""
+
+    def __init__(self) -> None:
+        self.frames: list[list[bytes]] = []
+        self.tokens = 0
+
+    def try_send(self, message: Message, timeout_s: float) -> bool:
+        if isinstance(message, ScoredGroup):
+            self.frames.append([bytes(frame) for frame in encode_group(message)])
+            self.tokens += int(message.tokens.size)
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class BenchGenerator(GeneratorActor):
+    """Generation alone: the run's generator (same engine, scorer and cores), with no throttle and
+    its groups kept as frames instead of sent; the learner can then train on them alone."""
+
+    def __init__(self, cfg: Config, model_dir: str, endpoints: dict[str, str], quota_per_step: int,
+                 cores: list[int]) -> None:
+        super().__init__(cfg, 0, model_dir, endpoints["groups"], endpoints["weights"], quota_per_step, cores)
+        self.sink.close()  # nothing goes to the learner
+        self.sink = FrameSink()
+
+    def generate_alone(self, num_groups: int) -> dict[str, Any]:
+        """Generate and score `num_groups` groups, one vLLM call's worth at a time; the timing and the frames."""
+        sink = self.sink
+        assert isinstance(sink, FrameSink)
+        sink.frames, sink.tokens = [], 0
+        start = time.perf_counter()
+        while len(sink.frames) < num_groups:
+            # No throttle: the only limit is the groups still wanted (a dropped group is replaced).
+            problems = self._take_problems(num_groups - len(sink.frames))
+            if not problems:
+                raise RuntimeError(f"the training data ran out after {len(sink.frames)} of {num_groups} groups")
+            prompts = self._tokenize(problems)
+            completions = self._generate(prompts)
+            self._send_scored(self._submit(problems, prompts, completions))
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "groups": num_groups, "samples": num_groups * self.cfg.rollout.samples_per_prompt,
+                "tokens": sink.tokens, "frames": sink.frames}
+
+
+class BenchLearner(LearnerActor):
+    """Training alone: the run's learner rank, fed cached groups instead of its queue."""
+
+    def train_alone(self, frames: list[list[bytes]], num_steps: int) -> dict[str, float]:
+        """`num_steps` steps on cached groups (no queue, no waiting), pushes included.
+
+        Each group is relabelled with the current version, so staleness is 0 as in a sync run.
+        """
+        groups = [decode_group(f) for f in frames]
+        per_step = self.cfg.train.groups_per_step
+        seconds = 0.0
+        samples = tokens = 0
+        for step in range(num_steps):
+            batch = [groups[(step * per_step + i) % len(groups)] for i in range(per_step)]
+            for group in batch:
+                group.versions = np.full_like(group.versions, self.version)
+            start = time.perf_counter()
+            metrics = self.train_on(batch)
+            seconds += time.perf_counter() - start
+            samples += int(metrics["perf/samples"])
+            tokens += int(metrics["perf/tokens"])
+        return {"seconds": seconds, "steps": num_steps, "samples": samples, "tokens": tokens}
 
 
 def measure_limits(cfg: Config, model_dir: str, steps: int) -> dict[str, float]:
     """Seconds per sample of generation alone and of training alone, on the run's actors and cores."""
     import ray
 
-    from asyncgrpo.learner.learner import Learner
     from asyncgrpo.resources import plan_cores
-    from asyncgrpo.rollout.generator import Generator
     from asyncgrpo.train import ACTOR_ENV
 
     ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
     try:
         generator_cores, learner_cores = plan_cores(1, 1, cfg.rollout.cpu_cores, cfg.learner.cpu_cores)
-        learner = ray.remote(Learner).options(num_cpus=1).remote(cfg, model_dir, 0, 1, None, learner_cores[0], None)
+        learner = ray.remote(BenchLearner).options(num_cpus=1).remote(
+            cfg, model_dir, 0, 1, "127.0.0.1", None, learner_cores[0], None)
+        # The generator connects to the learner's sockets as in a run (and hears its weight pushes),
+        # but sends nothing.
         endpoints = ray.get(learner.endpoints.remote(), timeout=cfg.wire.startup_timeout_s)
         quota = cfg.train.groups_per_step
-        generator = ray.remote(Generator).options(num_cpus=1).remote(
-            cfg, 0, model_dir, endpoints["groups"], endpoints["weights"], quota, generator_cores[0], None)
+        generator = ray.remote(BenchGenerator).options(num_cpus=1).remote(
+            cfg, model_dir, endpoints, quota, generator_cores[0])
         ray.get(generator.ready.remote(), timeout=cfg.wire.startup_timeout_s)
         ray.get(generator.generate_alone.remote(quota))  # warm-up: first calls compile and allocate
         gen = ray.get(generator.generate_alone.remote(steps * quota), timeout=cfg.wire.startup_timeout_s)
@@ -158,7 +236,7 @@ def main() -> int:
 
     rows = []
     for eta in etas:
-        rows.append(run_mode(f"sync" if eta == 0 else f"async eta={eta}", [*common, f"train.max_staleness={eta}"], out_dir))
+        rows.append(run_mode("sync" if eta == 0 else f"async eta={eta}", [*common, f"train.max_staleness={eta}"], out_dir))
         if eta == 0 and not args.no_sync_both_cores:
             rows.append(run_mode("sync, 2-core lrn", [*common, "train.max_staleness=0", "learner.cpu_cores=0-1",
                                                       "learner.torch_threads=2"], out_dir))

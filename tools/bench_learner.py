@@ -57,7 +57,7 @@ def rank_main(rank: int, world_size: int, port: int, model_dir: str, steps: int,
     from asyncgrpo.timing import PhaseTimer
 
     cfg = load(["learner.warmup_steps=0", *overrides])
-    learner = Learner(cfg, model_dir, rank=rank, world_size=world_size, master_port=port)
+    learner = Learner.from_config(cfg, model_dir, rank=rank, world_size=world_size, master_port=port)
     results = {}
     try:
         for shape, (prompt_len, max_completion) in SHAPES.items():
@@ -107,10 +107,11 @@ def main() -> None:
 
     from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
     from asyncgrpo.models.tokenizer import build_char_tokenizer
+    from asyncgrpo.schema import ModelConfig
 
     with tempfile.TemporaryDirectory() as model_dir:
         tokenizer = build_char_tokenizer()
-        save_model(build_model(TinyModelSpec(), tokenizer, seed=0), tokenizer, Path(model_dir))
+        save_model(build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0), tokenizer, Path(model_dir))
         results = [run(int(w), model_dir, args.steps, args.warmup, args.overrides) for w in args.world_sizes.split(",")]
 
     print(f"{'world size':>10} {'shape':>8} {'tokens/step':>12} {'step ms (median)':>17} {'of which train ms':>18} "

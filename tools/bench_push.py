@@ -7,7 +7,7 @@ For each model size (random weights, Qwen2 architecture, float32, saved in Huggi
 - a generator process (core 0) runs a vLLM engine and a `ZmqWeightReceiver`; it loads every push
   into the engine and acknowledges the version with a `VersionAck`, as in a run;
 - this process (core 1) is the learner: an FSDP2-wrapped model (world size 1), `full_state_dict()`
-  then `ZmqWeightPusher.push`.
+  then `ZmqWeightSender.push`.
 Latency = from the start of the gather to the arrival of the generator's acknowledgement, so it
 covers gather, encode, send, receive, assemble and the engine load. Correctness: after the last push
 the engine's log-probs of fixed sequences are compared with the learner's forward.
@@ -56,7 +56,7 @@ def generator_process(model_dir: str, weights_endpoint: str, acks_endpoint: str,
     from asyncgrpo.weights.zmq import ZmqWeightReceiver
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
-    engine = VLLMEngine(model_dir, seed=0, max_model_len=32, kv_cache_gib=0.25)
+    engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3)
     receiver = ZmqWeightReceiver(Subscriber(weights_endpoint))
     acks = Sender(acks_endpoint)
     acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready
@@ -69,7 +69,7 @@ def generator_process(model_dir: str, weights_endpoint: str, acks_endpoint: str,
             continue
         load_s.append(time.perf_counter() - start)
         acks.send(VersionAck(generator_id=0, version=version), timeout_s=60)
-    results.put({"load_s": load_s, "probe_logp": [x.tolist() for x in engine.sequence_logprobs(probes)]})
+    results.put({"load_s": load_s, "probe_logp": [x.tolist() for x in engine.sequence_logprobs(probes, temperature=1.0)]})
 
 
 def bench_size(size: str, pushes: int) -> dict[str, float]:
@@ -84,13 +84,13 @@ def bench_size(size: str, pushes: int) -> dict[str, float]:
         model_dir = Path(tmp) / size
         params = build(size, model_dir)
         cfg = load(["learner.warmup_steps=0", f"model.path={model_dir}", f"run_dir={tmp}/run"])
-        learner = Learner(cfg, str(model_dir), cores=[1])
+        learner = Learner.from_config(cfg, str(model_dir), cores=[1])
         acks = Receiver()
         probes = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24]]
         results: mp.Queue = mp.get_context("spawn").Queue()
         process = mp.get_context("spawn").Process(
             target=generator_process,
-            args=(str(model_dir), learner.endpoints()["weights"], acks.endpoint, pushes, probes, results))
+            args=(str(model_dir), learner.weights.endpoint, acks.endpoint, pushes, probes, results))
         process.start()
 
         def wait_ack(version: int, timeout_s: float) -> None:
@@ -109,12 +109,12 @@ def bench_size(size: str, pushes: int) -> dict[str, float]:
         payload = 0
         for version in range(1, pushes + 1):
             with torch.no_grad():  # a different model each push, so every load really changes weights
-                for p in learner.model.parameters():
+                for p in learner.policy.model.parameters():
                     p.add_(1e-4)
             start = time.perf_counter()
-            named = learner.full_state_dict()
+            named = learner.policy.full_state_dict()
             gathered = time.perf_counter()
-            payload = learner.pusher.push(version, named)
+            payload = learner.weights.push(version, named)
             sent = time.perf_counter()
             wait_ack(version, 120)
             latencies.append(time.perf_counter() - start)

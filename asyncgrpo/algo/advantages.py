@@ -2,7 +2,7 @@
 
 API
 ---
-``group_advantages(rewards, group_ids, mode="grpo", eps=1e-6) -> Tensor[B]``
+``group_advantages(rewards, group_ids, *, mode, eps=1e-6) -> Tensor[B]``
 
 Responses that share a group id (the prompt they answer) form a group with n members, mean m and
 unbiased standard deviation s:
@@ -31,7 +31,8 @@ ADVANTAGE_MODES = ("grpo", "drgrpo", "rloo")
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor | Sequence[Hashable] | np.ndarray,
-    mode: str = "grpo",
+    *,
+    mode: str,
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """Advantage of every response relative to the other responses of its group.
@@ -40,7 +41,7 @@ def group_advantages(
         rewards: [B] scalar reward per response (any real dtype; integers become the default float).
         group_ids: [B] group of each response: an integer tensor or array, or any sequence of
             hashable ids (prompt uuids, strings, tuples).
-        mode: ``"grpo"``, ``"drgrpo"`` or ``"rloo"``.
+        mode: ``"grpo"``, ``"drgrpo"`` or ``"rloo"`` (algo.advantage).
         eps: added to the group standard deviation under ``grpo``; must be >= 0.
 
     Returns:

@@ -2,8 +2,11 @@
 
 API
 ---
-``rollout_correction(logp_train, logp_rollout, mask, *, is_level=None, is_threshold=2.0,
-is_batch_normalize=False, rs=None, rs_threshold=None) -> (weights | None, new_mask, metrics)``
+``rollout_correction(logp_train, logp_rollout, mask, *, is_level, is_threshold, is_batch_normalize, rs,
+rs_threshold) -> (weights | None, new_mask, metrics)``
+
+The keyword arguments are the ``algo.correction.*`` keys, with no defaults of their own: config's
+are the only ones (``is_level=None`` and ``rs=None`` switch IS weights and rejection off).
 
 With lam = logp_train - logp_rollout per token (0 on padding):
 
@@ -95,11 +98,11 @@ def rollout_correction(
     logp_rollout: torch.Tensor,
     mask: torch.Tensor,
     *,
-    is_level: str | None = None,
-    is_threshold: float | str | None = 2.0,
-    is_batch_normalize: bool = False,
-    rs: str | None = None,
-    rs_threshold: float | str | None = None,
+    is_level: str | None,
+    is_threshold: float | str | None,
+    is_batch_normalize: bool,
+    rs: str | None,
+    rs_threshold: float | str | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """IS weights, rejection mask and mismatch diagnostics of the rollout policy against the trainer.
 

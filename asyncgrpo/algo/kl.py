@@ -2,7 +2,7 @@
 
 API
 ---
-``kl_penalty(logp, ref_logp, kind="k3") -> Tensor[B, T]``
+``kl_penalty(logp, ref_logp, *, kind) -> Tensor[B, T]``
 
 With x = logp - ref_logp (Schulman, "Approximating KL divergence"):
 
@@ -30,13 +30,13 @@ _LOG_RATIO_BOUND = 20.0
 _K3_CEILING = 10.0
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, *, kind: str) -> torch.Tensor:
     """Per-token KL estimate of the policy against the reference.
 
     Args:
         logp: [B, T] log-probabilities of the sampled tokens under the trained policy.
         ref_logp: [B, T] log-probabilities of the same tokens under the reference policy.
-        kind: one of ``KL_KINDS`` (see the module docstring).
+        kind: one of ``KL_KINDS`` (algo.kl.kind; see the module docstring).
 
     Returns:
         [B, T] estimate, differentiable with respect to both inputs.

@@ -2,7 +2,7 @@
 
 API
 ---
-``aggregate(loss_mat, mask, mode, norm_constant=None, *, global_num_tokens=None, global_num_seqs=None)``
+``aggregate(loss_mat, mask, mode, *, norm_constant, global_num_tokens=None, global_num_seqs=None)``
     [B, T] per-token loss -> scalar, for ``AGG_MODES``:
 
     * ``token-mean``: sum(l*m) / N_tokens
@@ -15,7 +15,7 @@ API
     Passing the counts of the whole (global) batch makes the loss additive: summing the results over
     any split of the batch into micro-batches (and ranks) gives the unsplit loss and its gradient.
 
-``policy_loss(logp, old_logp, advantages, mask, *, loss_type="ppo_clip", ...) -> (loss, metrics)``
+``policy_loss(logp, old_logp, advantages, mask, *, loss_type, clip_low, ...) -> (loss, metrics)``
     ``ppo_clip``: asymmetric clipped surrogate with dual clip, r = exp(clamp(logp - old_logp, ±20)),
     per-token loss max(-A r, -A clamp(r, 1-clip_low, 1+clip_high)), capped at -A*clip_c where A < 0.
     ``reinforce``: per-token loss -A * logp.
@@ -31,6 +31,10 @@ API
     Denominators count the tokens / sequences of the input mask, before rejection: a rejected token
     adds zero to the loss but still counts, as in verl's data-parallel engine. Metrics: the policy
     metrics under ``loss/`` plus the ``is/`` and ``mismatch/`` metrics of ``rollout_correction``.
+
+Arguments that are config keys (``loss_type``, ``clip_low``, ``clip_high``, ``clip_c``, ``agg``,
+``norm_constant``: ``algo.*``; the correction's: ``algo.correction.*``) are keyword-only and have no
+defaults here: config's are the only ones.
 
 Gradients flow into ``logp`` only: ``old_logp``, ``rollout_logp``, ``advantages`` and the IS
 weights are treated as constants (detached).
@@ -61,8 +65,8 @@ def aggregate(
     loss_mat: torch.Tensor,
     mask: torch.Tensor,
     mode: str,
-    norm_constant: float | None = None,
     *,
+    norm_constant: float | None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
 ) -> torch.Tensor:
@@ -72,7 +76,7 @@ def aggregate(
         loss_mat: [B, T] per-token loss.
         mask: [B, T] 0/1 float or bool, 1 on real response tokens.
         mode: one of ``AGG_MODES`` (see the module docstring).
-        norm_constant: divisor of ``seq-mean-token-sum-norm`` (> 0, default T = loss_mat.shape[1]);
+        norm_constant: divisor of ``seq-mean-token-sum-norm`` (> 0, or None for T = loss_mat.shape[1]);
             ignored by the other modes. Pass it explicitly when micro-batches are padded to
             different lengths, or the split loss will not add up.
         global_num_tokens: token count of the whole batch, replacing the local one (``token-mean``).
@@ -125,13 +129,13 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    loss_type: str = "ppo_clip",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_c: float = 3.0,
-    agg: str = "token-mean",
+    loss_type: str,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float,
+    agg: str,
+    norm_constant: float | None,
     is_weights: torch.Tensor | None = None,
-    norm_constant: float | None = None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -217,17 +221,17 @@ def bypass_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    loss_type: str = "ppo_clip",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_c: float = 3.0,
-    agg: str = "token-mean",
-    norm_constant: float | None = None,
-    is_level: str | None = None,
-    is_threshold: float | str | None = 2.0,
-    is_batch_normalize: bool = False,
-    rs: str | None = None,
-    rs_threshold: float | str | None = None,
+    loss_type: str,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float,
+    agg: str,
+    norm_constant: float | None,
+    is_level: str | None,
+    is_threshold: float | str | None,
+    is_batch_normalize: bool,
+    rs: str | None,
+    rs_threshold: float | str | None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -20,13 +20,14 @@ T = TypeVar("T")
 AnswerParser = Callable[[str], "str | None"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptFormat:
-    """How a record's prompt field becomes the text the model sees."""
+    """How a record's prompt field becomes the text the model sees: data.prompt_template,
+    data.chat_template and data.system_prompt (no defaults here: config's are the only ones)."""
 
-    template: str = "{prompt}"
-    chat_template: bool = False
-    system_prompt: str = ""
+    template: str
+    chat_template: bool
+    system_prompt: str
 
     def render(self, raw_prompt: str, tokenizer: Any | None) -> str:
         text = self.template.replace("{prompt}", raw_prompt)
@@ -39,10 +40,12 @@ class PromptFormat:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FieldMap:
-    prompt: str = "question"
-    answer: str = "answer"  # "" = records carry no reference answer
+    """Which record fields hold the prompt and the answer: data.prompt_field and data.answer_field."""
+
+    prompt: str
+    answer: str  # "" = records carry no reference answer
 
 
 def load_problems(
@@ -51,16 +54,17 @@ def load_problems(
     report: DataReport,
     fields: FieldMap,
     prompt_format: PromptFormat,
+    max_prompt_tokens: int,
     tokenizer: Any | None = None,
     context_tokens: int = 0,
-    max_prompt_tokens: int = 0,
     parse_answer: AnswerParser | None = None,
     first_id: int = 0,
 ) -> list[Problem]:
     """Problems from `files` in file order; bad and over-long records are skipped into `report`.
 
     `context_tokens` (prompt budget within the model's context; 0 = unknown) makes longer prompts
-    bad data; `max_prompt_tokens` filters by choice. Both need a tokenizer to count tokens.
+    bad data; `max_prompt_tokens` (data.max_prompt_tokens, 0 = no limit) filters by choice. Both need
+    a tokenizer to count tokens.
     Ids number all records read (kept or not) from `first_id`, so an id names a file position.
     """
     candidates: list[tuple[int, str, int, str, str, dict[str, Any]]] = []
@@ -145,11 +149,12 @@ def split_holdout(problems: list[T], size: int, seed: int = 0) -> tuple[list[T],
     return ([p for i, p in enumerate(problems) if i not in chosen], [p for i, p in enumerate(problems) if i in chosen])
 
 
-def epoch_stream(items: Sequence[T], *, seed: int, epochs: int = 0, shuffle: bool = True, shard: int = 0,
+def epoch_stream(items: Sequence[T], *, seed: int, epochs: int, shuffle: bool, shard: int = 0,
                  num_shards: int = 1) -> Iterator[T]:
     """Each epoch: all items in a seeded order (the same for every shard), this shard's every n-th.
 
-    Shards of one epoch are disjoint and together cover every item once; `epochs=0` is endless.
+    Shards of one epoch are disjoint and together cover every item once; `epochs` (data.epochs) 0 is
+    endless; `shuffle` is data.shuffle (no defaults here: config's are the only ones).
     Deterministic: the same (seed, epoch) always gives the same order.
     """
     if not 0 <= shard < num_shards:

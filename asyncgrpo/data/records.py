@@ -39,11 +39,11 @@ class Record:
 class DataReport:
     """Counts of kept, skipped and filtered records, with the first few locations of each reason.
 
-    With `strict`, the first bad record raises DataError instead of being counted.
+    With `strict` (data.strict), the first bad record raises DataError instead of being counted.
     """
 
     name: str
-    strict: bool = False
+    strict: bool = field(kw_only=True)
     examples_per_reason: int = 5
     read: int = 0
     kept: int = 0

@@ -38,23 +38,6 @@ class Batch:
             return self
         return Batch(**{name: value.to(device, non_blocking=True) for name, value in vars(self).items()})
 
-    def rows(self, start: int, end: int) -> "Batch":
-        """Samples [start, end), with padding trimmed to what those rows need."""
-        length = max(1, int(self.attention_mask[start:end].sum(1).max()))
-        width = max(1, int(self.mask[start:end].sum(1).max()))
-        return Batch(
-            input_ids=self.input_ids[start:end, :length],
-            attention_mask=self.attention_mask[start:end, :length],
-            logit_index=self.logit_index[start:end, :width],
-            targets=self.targets[start:end, :width],
-            mask=self.mask[start:end, :width],
-            rollout_logp=self.rollout_logp[start:end, :width],
-            token_versions=self.token_versions[start:end, :width],
-            rewards=self.rewards[start:end],
-            group_index=self.group_index[start:end],
-            group_version_min=self.group_version_min,
-        )
-
     def select(self, index: torch.Tensor) -> "Batch":
         """Rows `index` (any order), with padding trimmed to what those rows need."""
         attention_mask = self.attention_mask.index_select(0, index)
@@ -124,25 +107,6 @@ def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
     )
 
 
-def micro_batch_bounds(batch: Batch, max_tokens: int) -> list[tuple[int, int]]:
-    """Consecutive row ranges whose padded size (rows x longest row) stays within `max_tokens`.
-
-    A row longer than the budget gets a micro-batch of its own; 0 means one micro-batch.
-    """
-    if max_tokens <= 0:
-        return [(0, batch.num_samples)]
-    lengths = batch.attention_mask.sum(1).tolist()
-    bounds, start, longest = [], 0, 0
-    for row, length in enumerate(lengths):
-        longest_with_row = max(longest, length)
-        if row > start and longest_with_row * (row - start + 1) > max_tokens:
-            bounds.append((start, row))
-            start, longest_with_row = row, length
-        longest = longest_with_row
-    bounds.append((start, len(lengths)))
-    return bounds
-
-
 def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets: torch.Tensor,
                         temperature: float) -> torch.Tensor:
     """Log-prob of each target token: logits [B, L, V], logit_index/targets [B, T] -> [B, T].
@@ -186,10 +150,12 @@ def rank_shares(batch: Batch, world_size: int) -> list[list[int]]:
 
 
 def micro_batch_plan(lengths: Sequence[int], rows: Sequence[int], max_tokens: int,
-                     bucket_by_length: bool = True) -> list[list[int]]:
-    """Split `rows` into micro-batches whose padded size (rows x longest row) stays within `max_tokens`.
+                     bucket_by_length: bool) -> list[list[int]]:
+    """Split `rows` into micro-batches whose padded size (rows x longest row) stays within `max_tokens`
+    (learner.micro_batch_tokens).
 
-    With `bucket_by_length` rows are taken longest first, so each micro-batch holds rows of
+    With `bucket_by_length` (learner.bucket_by_length; no default here: config's is the only one)
+    rows are taken longest first, so each micro-batch holds rows of
     similar length and little padding; otherwise in the given order. A row longer than the budget
     gets a micro-batch of its own; 0 means one micro-batch (empty `rows` -> no micro-batch).
     """

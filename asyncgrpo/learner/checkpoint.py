@@ -4,7 +4,8 @@ Layout of `<run_dir>/checkpoints/step_<N>/` (N = the policy version after step N
 
     dcp/          model and optimizer, sharded: each rank writes its own shards (DCP); any world
                   size can load them
-    meta.json     version, counters, LR schedule, data position, world size, model directory
+    meta.json     version, world size, model directory, and the JSON state of each stateful part
+                  (learner counters, LR schedule, generator registry: prompt positions, queue counters)
     rng/rank_<r>.json   each rank's RNG states
     model_files/  the model's config and tokenizer files (what `asyncgrpo export` needs besides weights)
     COMPLETE      written last
@@ -25,18 +26,24 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from asyncgrpo.learner.learner import Learner
-
 MARKER = "COMPLETE"
 META = "meta.json"
-FORMAT = 1
+# 2: the parts' states under meta["states"] (1 had fixed fields for the learner's counters).
+FORMAT = 2
+
+
+class ShardedState(Protocol):
+    """What torch.distributed.checkpoint saves and loads (each rank its own shards): the policy."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 # Files of a Hugging Face model directory that are weights (everything else is config or tokenizer).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt")
@@ -148,45 +155,47 @@ def copy_model_files(source: Path, target: Path) -> None:
             shutil.copy2(path, target / path.name)
 
 
-def _barrier(learner: Learner) -> None:
-    if learner.world_size > 1:
+def _barrier(world_size: int) -> None:
+    if world_size > 1:
         dist.barrier()  # bounded by the process group's timeout
 
 
-def save(learner: Learner, directory: Path) -> Path:
-    """Every rank calls it. Returns the complete checkpoint's path."""
+def save(directory: Path, version: int, sharded: ShardedState, states: dict[str, Any], *, model_dir: str,
+         rank: int, world_size: int, keep: int) -> Path:
+    """Every rank calls it with the same arguments but its own shards. `states`: each part's JSON
+    state (rank 0's are written). `keep`: complete checkpoints kept, 0 = all. Returns the path."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     directory = directory.expanduser().resolve()
-    final = directory / f"step_{learner.version}"
-    tmp = directory / f"step_{learner.version}.tmp"
-    if learner.rank == 0:
+    final = directory / f"step_{version}"
+    tmp = directory / f"step_{version}.tmp"
+    if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)  # left by a save that was killed
         (tmp / "rng").mkdir(parents=True)
-    _barrier(learner)
-    _write_json(tmp / "rng" / f"rank_{learner.rank}.json", rng_state())
-    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
-    _barrier(learner)
-    if learner.rank == 0:
-        copy_model_files(Path(learner.model_dir), tmp / "model_files")
-        _write_json(tmp / META, _meta(learner))
+    _barrier(world_size)
+    _write_json(tmp / "rng" / f"rank_{rank}.json", rng_state())
+    dcp.save(sharded.state_dict(), checkpoint_id=str(tmp / "dcp"))
+    _barrier(world_size)
+    if rank == 0:
+        copy_model_files(Path(model_dir), tmp / "model_files")
+        _write_json(tmp / META, {"format": FORMAT, "version": version, "world_size": world_size,
+                                 "model_dir": str(model_dir), "torch": torch.__version__, "time": time.time(),
+                                 "states": states})
         _fsync_tree(tmp)
         _before_marker(tmp)
-        _write_json(tmp / MARKER, {"version": learner.version, "time": time.time()})
+        _write_json(tmp / MARKER, {"version": version, "time": time.time()})
         _fsync_dir(tmp)
         if final.exists():  # an older save of the same step (a resumed run that went back)
-            stale = directory / f"step_{learner.version}.old"
+            stale = directory / f"step_{version}.old"
             shutil.rmtree(stale, ignore_errors=True)
             os.replace(final, stale)
             shutil.rmtree(stale)
         os.replace(tmp, final)
         _fsync_dir(directory)
-        _prune(directory, learner.cfg.train.keep_checkpoints)
-    _barrier(learner)  # no rank goes on (and perhaps loads) before the checkpoint is complete
+        _prune(directory, keep)
+    _barrier(world_size)  # no rank goes on (and perhaps loads) before the checkpoint is complete
     return final
 
 
@@ -203,56 +212,23 @@ def _prune(directory: Path, keep: int) -> None:
         shutil.rmtree(old)
 
 
-def _meta(learner: Learner) -> dict[str, Any]:
-    generators = {}
-    if learner.queue is not None:
-        # The prompts each generator has used up, as far as the learner knows: the groups it sent
-        # (consumed, dropped or still queued). A resumed generator skips that many problems.
-        generators = {str(g): {"groups_received": state.next_seq} for g, state in learner.queue.generators.items()}
-    return {
-        "format": FORMAT,
-        "version": learner.version,
-        "samples": learner.samples_consumed,
-        "counters": {
-            "staleness_histogram": {str(k): v for k, v in sorted(learner.staleness_histogram.items())},
-            "ack_waits": learner.ack_waits,
-            "idle_s": learner.idle_s,
-            "queue": learner.queue.stats() if learner.queue is not None else {},
-        },
-        "scheduler": learner.scheduler.state_dict(),
-        "generators": generators,
-        "world_size": learner.world_size,
-        "model_dir": str(learner.model_dir),
-        "torch": torch.__version__,
-        "time": time.time(),
-    }
-
-
 # ------------------------------------------------------------------------------------ loading
 
 
-def load(learner: Learner, path: Path) -> dict[str, Any]:
-    """Every rank calls it with the same path; returns the checkpoint's meta."""
+def load(path: Path, sharded: ShardedState, rank: int) -> dict[str, Any]:
+    """Every rank calls it with the same path: loads `sharded` and this rank's RNG states; returns
+    the checkpoint's meta (with `path`), whose `states` the caller hands to each part."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     checkpoint = latest(path)
     meta = read_meta(checkpoint)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{checkpoint}: checkpoint format {meta.get('format')}, this code reads {FORMAT}")
     # Templates with this run's sharding; DCP reshards whatever world size wrote the checkpoint.
-    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state = sharded.state_dict()
     dcp.load(state, checkpoint_id=str(checkpoint / "dcp"))
-    set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    learner.scheduler.load_state_dict(meta["scheduler"])
-    learner.version = int(meta["version"])
-    learner.samples_consumed = int(meta["samples"])
-    counters = meta["counters"]
-    learner.staleness_histogram = {int(k): int(v) for k, v in counters["staleness_histogram"].items()}
-    learner.ack_waits = int(counters["ack_waits"])
-    learner.idle_s = float(counters["idle_s"])
-    rng_file = checkpoint / "rng" / f"rank_{learner.rank}.json"
+    sharded.load_state_dict(state)
+    rng_file = checkpoint / "rng" / f"rank_{rank}.json"
     if not rng_file.exists():  # written by fewer ranks than this run has
         rng_file = checkpoint / "rng" / "rank_0.json"
     set_rng_state(json.loads(rng_file.read_text()))

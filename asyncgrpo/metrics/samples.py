@@ -1,7 +1,7 @@
 """A look at what the policy actually writes: a few prompts, their completions and rewards.
 
-The learner hands over token ids (`Learner.recent_samples`); the driver decodes them, prints a
-compact table and appends one JSON line per completion to run_dir/samples.jsonl.
+The learner hands over token ids (`sample_records` of the groups of its last step); the driver
+decodes them, prints a compact table and appends one JSON line per completion to run_dir/samples.jsonl.
 """
 
 from __future__ import annotations
@@ -9,9 +9,32 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from asyncgrpo.wire.messages import ScoredGroup
 
 Decode = Callable[[list[int]], str]
+
+
+def sample_records(groups: list[ScoredGroup], learner_version: int, num_groups: int) -> list[dict[str, Any]]:
+    """The first `num_groups` of `groups`, as plain token ids (cheap to ship over Ray, easy to log).
+
+    `learner_version` is the learner's version when it took the groups: staleness counts from it."""
+    records = []
+    for group in groups[:num_groups]:
+        completions = [group.completion(i) for i in range(group.num_samples)]
+        records.append({
+            "prompt_id": int(group.prompt_id),
+            "generator_id": int(group.generator_id),
+            "prompt_tokens": group.prompt_tokens.tolist(),
+            "completions": [tokens.tolist() for tokens, _, _ in completions],
+            "rewards": group.rewards.astype(float).tolist(),
+            # The oldest weights that sampled each completion (all of it, unless a push landed mid-sequence).
+            "versions": [int(versions.min()) if versions.size else group.version_min for _, _, versions in completions],
+            "staleness": learner_version - group.version_min,
+        })
+    return records
 
 
 def _one_line(text: str) -> str:
@@ -61,7 +84,7 @@ def format_samples_table(step: int, rows: list[dict[str, Any]], width: int | Non
 
 
 class SampleLogger:
-    """Decodes `Learner.recent_samples` output, appends it to samples.jsonl, returns the table."""
+    """Decodes `sample_records` output, appends it to samples.jsonl, returns the table."""
 
     def __init__(self, run_dir: str | Path, decode: Decode) -> None:
         self.path = Path(run_dir) / "samples.jsonl"
@@ -69,10 +92,19 @@ class SampleLogger:
 
     @classmethod
     def from_tokenizer_dir(cls, run_dir: str | Path, tokenizer_dir: str) -> SampleLogger:
-        from transformers import AutoTokenizer
+        """Decoding with the model's tokenizer, loaded at the first decode: a run that logs no
+        samples never loads it."""
+        tokenizer = None
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        return cls(run_dir, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        def decode(ids: list[int]) -> str:
+            nonlocal tokenizer
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        return cls(run_dir, decode)
 
     def log(self, step: int, groups: list[dict[str, Any]], width: int | None = None) -> str:
         rows = decode_samples(step, groups, self.decode)

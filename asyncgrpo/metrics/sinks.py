@@ -18,6 +18,10 @@ from typing import Any, Protocol
 from asyncgrpo.schema import Config, ConfigError, LogConfig
 
 
+# log.wandb_mode: offline needs no network or account (`wandb sync` uploads later); online.
+WANDB_MODES = ("offline", "online")
+
+
 class SinkUnavailable(ConfigError):
     """An enabled sink whose optional package is not installed; the message names key and package."""
 
@@ -79,10 +83,13 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """A W&B run under run_dir/wandb; offline by default, so it needs neither network nor account."""
+    """A W&B run under run_dir/wandb. `project` and `mode` are log.wandb_project and log.wandb_mode
+    (no defaults here: config's are the only ones; its offline mode needs neither network nor account)."""
 
-    def __init__(self, run_dir: str | Path, project: str = "asyncgrpo", mode: str = "offline",
+    def __init__(self, run_dir: str | Path, *, project: str, mode: str,
                  config: dict[str, Any] | None = None, name: str | None = None) -> None:
+        if mode not in WANDB_MODES:
+            raise ValueError(f"log.wandb_mode must be one of {', '.join(WANDB_MODES)}, got {mode!r}")
         import wandb
 
         run_dir = Path(run_dir)

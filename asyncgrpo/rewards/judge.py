@@ -19,6 +19,10 @@ from typing import Any
 from asyncgrpo.schema import JudgeConfig
 
 MAX_RETRY_AFTER_S = 30.0
+# reward.judge.parser: number (the last number in the reply / max_score) | yes_no, or
+# regex:<pattern with one group> (group 1 of the first match / max_score).
+JUDGE_PARSERS = ("number", "yes_no")
+REGEX_PARSER_PREFIX = "regex:"
 _NUMBER = r"-?\d+(?:\.\d+)?"
 
 
@@ -36,13 +40,19 @@ def fill_template(template: str, *, prompt: str, completion: str, answer: str | 
             .replace("{answer}", "" if answer is None else answer))
 
 
-def parse_score(reply: str, parser: str = "number", max_score: float = 10.0) -> float:
+def parse_score(reply: str, *, parser: str, max_score: float) -> float:
     """A judge reply as a score in [0, 1]; raises JudgeParseError when there is none.
+
+    `parser` and `max_score` are reward.judge.parser and reward.judge.max_score; an unknown parser
+    raises ValueError.
 
     number: "7", "Score: 7", "7/10", "7 out of 10" -> 0.7 with max_score 10; out-of-range fails.
     yes_no: a reply starting with yes/no, or naming exactly one of them.
     regex:<pattern>: group 1 of the first match, divided by max_score.
     """
+    if parser not in JUDGE_PARSERS and not parser.startswith(REGEX_PARSER_PREFIX):
+        raise ValueError(f"reward.judge.parser must be one of {', '.join(JUDGE_PARSERS)} or "
+                         f"{REGEX_PARSER_PREFIX}<pattern>, got {parser!r}")
     text = reply.strip()
     if parser == "yes_no":
         lowered = text.lower()
@@ -54,8 +64,8 @@ def parse_score(reply: str, parser: str = "number", max_score: float = 10.0) -> 
         if said_yes != said_no:
             return 1.0 if said_yes else 0.0
         raise JudgeParseError(f"no yes/no in the judge's reply: {text[:80]!r}")
-    if parser.startswith("regex:"):
-        match = re.search(parser[len("regex:"):], text, re.DOTALL)
+    if parser.startswith(REGEX_PARSER_PREFIX):
+        match = re.search(parser[len(REGEX_PARSER_PREFIX):], text, re.DOTALL)
         if not match or match.lastindex is None:
             raise JudgeParseError(f"reward.judge.parser found no match in the judge's reply: {text[:80]!r}")
         value_text = match.group(1)
@@ -154,7 +164,7 @@ class JudgeClient:
                 self.failures += 1
                 raise JudgeError(f"judge {self.url} reply has no choices[0].message.content") from None
             try:
-                return parse_score(str(reply or ""), self.cfg.parser, self.cfg.max_score)
+                return parse_score(str(reply or ""), parser=self.cfg.parser, max_score=self.cfg.max_score)
             except JudgeParseError:
                 self.failures += 1
                 raise

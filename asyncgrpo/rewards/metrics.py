@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+# reward/<name> entries that are not terms (reward/mean, reward/std: the learner's batch statistics;
+# reward/errors: failed term calls), so no reward.terms[].name may take these names.
+RESERVED_TERM_NAMES = ("mean", "std", "errors")
+
 
 def reward_term_metrics(groups: Iterable[Any]) -> dict[str, float]:
     """reward/<term>: mean over the groups that report it; reward/errors: sum. Other meta keys are ignored."""

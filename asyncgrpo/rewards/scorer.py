@@ -43,6 +43,11 @@ from asyncgrpo.rewards import verifiers
 from asyncgrpo.rewards.user_fn import is_async_fn, load_reward_fn
 from asyncgrpo.tasks.arithmetic import Problem
 
+# reward.terms[].kind (an empty kind is the term's name): each is built by `_build_term`.
+REWARD_KINDS = ("task", "exact", "numeric", "math", "format", "fn", "judge")
+# reward.on_error: zero = a failed term scores 0 for that completion; drop_group = the group is not sent.
+ON_ERROR_POLICIES = ("zero", "drop_group")
+
 # Keys of Problem.extra that the reward function receives as named arguments would collide with.
 _RESERVED_ARGS = ("prompt", "completion", "answer")
 _INTERNAL_EXTRA = ("raw_prompt", "raw_answer")
@@ -132,11 +137,12 @@ def _build_term(task: Any, cfg: RewardConfig, term: RewardTermConfig, index: int
         return RewardTerm(name, weight, sync_fn=lambda p, c: verifiers.exact_match(c, p.answer), cheap=True)
     if kind == "numeric":
         tolerance = term.tolerance
-        return RewardTerm(name, weight, sync_fn=lambda p, c: verifiers.numeric_match(c, p.answer, tolerance), cheap=True)
+        return RewardTerm(name, weight, sync_fn=lambda p, c: verifiers.numeric_match(c, p.answer, tolerance=tolerance),
+                          cheap=True)
     if kind == "math":
         tolerance = term.tolerance
         # sympy can take a while on odd input: off the caller's thread, under a timeout.
-        return RewardTerm(name, weight, sync_fn=lambda p, c: verifiers.math_reward(c, p.answer, tolerance),
+        return RewardTerm(name, weight, sync_fn=lambda p, c: verifiers.math_reward(c, p.answer, tolerance=tolerance),
                           timeout_s=cfg.timeout_s)
     if kind == "format":
         pattern = term.pattern or getattr(task, "answer_format", r"\S")
@@ -162,13 +168,15 @@ def _build_term(task: Any, cfg: RewardConfig, term: RewardTermConfig, index: int
             return await judge.score(prompt, completion, answer)
 
         return RewardTerm(name, weight, async_fn=ask, timeout_s=None, judge=judge)  # the judge times itself
-    raise ValueError(f"reward.terms[{index}].kind: unknown reward kind {kind!r}")
+    raise ValueError(f"reward.terms[{index}].kind: unknown reward kind {kind!r} (one of {', '.join(REWARD_KINDS)})")
 
 
 class Scorer:
     """Rewards for groups of completions; see the module docstring for the threading and error contract."""
 
     def __init__(self, task: Any, cfg: RewardConfig) -> None:
+        if cfg.on_error not in ON_ERROR_POLICIES:
+            raise ValueError(f"reward.on_error must be one of {', '.join(ON_ERROR_POLICIES)}, got {cfg.on_error!r}")
         self.cfg = cfg
         self.task = task
         self.terms = build_terms(task, cfg)

@@ -96,8 +96,11 @@ def parse_number(text: str) -> float | None:
     return None
 
 
-def numeric_match(completion: str, answer: str, tolerance: float = 1e-6) -> float:
-    """1.0 when the completion's final answer is a number within `tolerance` (absolute or relative) of the answer."""
+def numeric_match(completion: str, answer: str, *, tolerance: float) -> float:
+    """1.0 when the completion's final answer is a number within `tolerance` (absolute or relative) of the answer.
+
+    `tolerance` is the term's reward.terms[].tolerance (no default here: config's is the only one).
+    """
     expected = parse_number(answer)
     found = extract_answer(completion)
     value = parse_number(found) if found is not None else None
@@ -169,8 +172,9 @@ def _sympy_value(text: str):  # noqa: ANN202 - a sympy expression
     return parse_expr(text, transformations=transformations, evaluate=True)
 
 
-def math_equivalent(candidate: str, reference: str, tolerance: float = 1e-6) -> bool:
-    """Whether two final answers denote the same value: strings, then numbers, then sympy."""
+def math_equivalent(candidate: str, reference: str, *, tolerance: float) -> bool:
+    """Whether two final answers denote the same value: strings, then numbers (within `tolerance`,
+    absolute or relative), then sympy."""
     left, right = normalize_answer(candidate), normalize_answer(reference)
     if not left or not right:
         return False
@@ -197,10 +201,10 @@ def math_equivalent(candidate: str, reference: str, tolerance: float = 1e-6) -> 
         return False
 
 
-def math_reward(completion: str, answer: str, tolerance: float = 1e-6) -> float:
+def math_reward(completion: str, answer: str, *, tolerance: float) -> float:
     """1.0 when the completion's final answer (####, \\boxed{}, "answer is", last number) equals the reference."""
     found = extract_answer(completion)
-    return 1.0 if found is not None and math_equivalent(found, answer, tolerance) else 0.0
+    return 1.0 if found is not None and math_equivalent(found, answer, tolerance=tolerance) else 0.0
 
 
 def format_reward(completion: str, pattern: str) -> float:

@@ -93,11 +93,13 @@ class VLLMEngine:
         *,
         seed: int,
         max_model_len: int,
-        dtype: str = "float32",
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.5,
+        dtype: str,
+        kv_cache_gib: float,
+        gpu_memory_utilization: float,
         in_place_cpu_weights: bool = True,
     ) -> None:
+        """`dtype`, `kv_cache_gib` and `gpu_memory_utilization` are rollout.dtype, rollout.kv_cache_gib
+        and rollout.gpu_memory_utilization (no defaults here: config's are the only ones)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm import LLM
@@ -154,8 +156,9 @@ class VLLMEngine:
             logprobs[position] = candidates[token].logprob
         return Completion(token_ids=token_ids, logprobs=logprobs, finished=out.finish_reason == "stop")
 
-    def sequence_logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[np.ndarray]:
-        """Log-prob of tokens 1..L-1 of each sequence given its prefix ([L-1] float32 each)."""
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]:
+        """Log-prob of tokens 1..L-1 of each sequence given its prefix ([L-1] float32 each), at
+        `temperature` (rollout.temperature: the distribution generation samples from)."""
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=temperature, detokenize=False)
@@ -181,14 +184,15 @@ class VLLMEngine:
             if not all(self.llm.collective_rpc(_unpacked_linear_weights)):
                 raise RuntimeError("a linear layer was repacked anyway")
             probe = [list(range(1, min(self.max_model_len, 9)))]
-            before = self.sequence_logprobs(probe)
+            # Any temperature shows whether the weights changed; 1.0 reads the raw distribution.
+            before = self.sequence_logprobs(probe, temperature=1.0)
             saved = [load_file(file) for file in sorted(Path(model_dir).glob("*.safetensors"))]
             for scale in (0.5, 1.0):
                 for tensors in saved:
                     named = [(name, tensor * scale) for name, tensor in tensors.items()]
                     self.llm.collective_rpc(_copy_named_weights, args=(named,))
                 self.llm.reset_prefix_cache()
-                after = self.sequence_logprobs(probe)
+                after = self.sequence_logprobs(probe, temperature=1.0)
                 unchanged = all(np.array_equal(a, b) for a, b in zip(before, after))
                 if scale != 1.0 and unchanged:
                     raise RuntimeError("halved weights copied in place did not change the log-probs")

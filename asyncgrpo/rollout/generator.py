@@ -1,6 +1,8 @@
 """The generator: sample groups with vLLM, score them, stream them to the learner.
 
-Plain Python; `train.py` wraps it in a Ray actor, tests may run it in-process.
+`Generator` receives its parts (engine, tokenizer, task, prompt stream, scorer, sink, weight
+receiver); `Generator.from_config` builds the real ones, `GeneratorActor` builds them inside a Ray
+actor. The pure parts live beside it: segments.py (in-flight updates), groups.py (the message).
 
 Staleness throttle (DESIGN.md): with quota q = this generator's share of a step's groups, a
 group may start only while groups started < (max_staleness + v + 1) * q, where v is the policy
@@ -14,45 +16,43 @@ import concurrent.futures
 import itertools
 import os
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import torch
 
-from asyncgrpo.schema import Config
+from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import pin_to_cores
+from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, VLLMEngine
-from asyncgrpo.rewards.scorer import GroupScore, Scorer
+from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.segments import InFlight, tag_versions
+from asyncgrpo.rollout.sink import GroupSink
+from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem, make_task, train_stream
 from asyncgrpo.timing import PhaseTimer
-from asyncgrpo.weights import WeightReceiver
-from asyncgrpo.weights.zmq import ZmqWeightReceiver
+from asyncgrpo.weights import WeightReceiver, make_receiver
+from asyncgrpo.wire import Heartbeat, ScoredGroup, Sender, Subscriber, VersionAck, WireTimeout
 from asyncgrpo.wire.security import CurveClientKeys
-from asyncgrpo.wire import Heartbeat, ScoredGroup, Sender, Subscriber, VersionAck, WireTimeout, encode_group
+
+# While waiting (throttle, new weights, exhausted data) the learner still hears from us this often.
+HEARTBEAT_EVERY_S = 1.0
 
 
-class _Growing:
-    """A sequence generated in segments, possibly by several policy versions (in-flight updates)."""
+class SamplingEngine(Protocol):
+    """What the generator needs of an engine (`VLLMEngine`)."""
 
-    def __init__(self, first: Completion, version: int) -> None:
-        self.tokens, self.logprobs = [first.token_ids], [first.logprobs]
-        self.versions = [np.full(first.token_ids.size, version, dtype=np.int32)]
-        self.finished = first.finished
-        self.length = int(first.token_ids.size)
+    weight_load_path: str
 
-    def extend(self, more: Completion, version: int) -> None:
-        self.tokens.append(more.token_ids)
-        self.logprobs.append(more.logprobs)
-        self.versions.append(np.full(more.token_ids.size, version, dtype=np.int32))
-        self.finished = more.finished
-        self.length += int(more.token_ids.size)
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, temperature: float,
+                 seed: int | None = None, max_tokens_per_prompt: Sequence[int] | None = None
+                 ) -> list[list[Completion]]: ...
 
-    def token_list(self) -> list[int]:
-        return np.concatenate(self.tokens).tolist()
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]: ...
 
-    def completion(self) -> Completion:
-        return Completion(token_ids=np.concatenate(self.tokens), logprobs=np.concatenate(self.logprobs),
-                          finished=self.finished, versions=np.concatenate(self.versions))
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
 
 @dataclass
@@ -102,60 +102,48 @@ def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int)
     return (max_staleness + loaded_version + 1) * quota_per_step
 
 
+def score_timeout_s(cfg: Config, num_groups: int) -> float:
+    """How long to wait for a batch's rewards. Generous: every reward call is bounded by its own
+    timeout and retries; this only catches a hang."""
+    judge = cfg.reward.judge
+    calls = num_groups * cfg.rollout.samples_per_prompt
+    waves = -(-calls // max(1, judge.concurrency))
+    per_call = max(cfg.reward.timeout_s, judge.timeout_s * (judge.retries + 1) + judge.backoff_s * 2 ** judge.retries)
+    return cfg.wire.timeout_s + waves * per_call
+
+
+def groups_per_call(cfg: Config, quota_per_step: int) -> int:
+    """Prompts per vLLM call: rollout.groups_per_call, or one step's quota when 0."""
+    return cfg.rollout.groups_per_call or quota_per_step
+
+
 class Generator:
+    """Samples groups with `engine`, scores them with `scorer`, sends them to `sink`; loads new
+    weights from `weights` at safe points (between calls, between segments, while waiting)."""
+
     def __init__(
         self,
+        *,
         cfg: Config,
         generator_id: int,
-        model_dir: str,
-        groups_endpoint: str,
-        weights_endpoint: str,
+        engine: SamplingEngine,
+        tokenizer: Any,
+        task: Any,
+        problems: Iterator[Problem],
+        scorer: Scorer,
+        sink: GroupSink,
+        weights: WeightReceiver,
         quota_per_step: int,
-        cores: list[int] | None = None,
-        curve: CurveClientKeys | None = None,
         initial_version: int = 0,
-        skip_problems: int = 0,
     ) -> None:
-        """`initial_version` / `skip_problems`: resuming from a checkpoint, `model_dir` holds that
-        version's weights and the first `skip_problems` prompts of this generator's stream were used."""
-        pin_to_cores(cores or [])
-        from transformers import AutoTokenizer
-
+        """`initial_version`: the version of the weights `engine` starts with (a resumed checkpoint's)."""
         self.cfg = cfg
         self.generator_id = generator_id
+        self.engine, self.tokenizer, self.task, self.problems = engine, tokenizer, task, problems
+        self.scorer, self.sink, self.weights = scorer, sink, weights
         self.quota_per_step = quota_per_step
-        self.throttle = cfg.train.stale_policy in ("throttle", "both")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.task = make_task(cfg, self.tokenizer)
-        self.problems = train_stream(self.task, cfg, generator_id)
-        if skip_problems:
-            self.problems = itertools.islice(self.problems, skip_problems, None)
-        # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
-        self.scorer = Scorer(self.task, cfg.reward)
-        self.engine = VLLMEngine(
-            model_dir,
-            seed=cfg.seed * 1000 + generator_id,
-            max_model_len=cfg.model.max_positions,
-            dtype=cfg.rollout.dtype,
-            kv_cache_gib=cfg.rollout.kv_cache_gib,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        )
-        # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
-        # the learner's receiving thread, which competes with training for its core and the GIL.
-        # Memory stays bounded: a call's groups in the socket buffers, the rest by the throttle.
-        self.groups_per_call = cfg.rollout.groups_per_call or quota_per_step
-        self.sender = Sender(groups_endpoint, high_water_mark=max(8, self.groups_per_call), curve=curve)
-        subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
-        self.weights: WeightReceiver
-        if cfg.weights.backend == "nccl":
-            import torch
-
-            from asyncgrpo.weights.nccl import NcclWeightReceiver
-
-            device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-            self.weights = NcclWeightReceiver(subscriber, model_dir, device, timeout_s=cfg.wire.startup_timeout_s)
-        else:
-            self.weights = ZmqWeightReceiver(subscriber)
+        self.throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
+        self.groups_per_call = groups_per_call(cfg, quota_per_step)
         self.version = initial_version
         self.next_seq = 0
         # As if the steps before the checkpoint had been generated here: the throttle then allows
@@ -164,91 +152,109 @@ class Generator:
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
 
-    def connect_weight_group(self, address: dict[str, Any]) -> None:
-        """weights.backend=nccl: join the learner's weight group as rank generator_id + 1."""
-        self.weights.connect(address["host"], address["port"], self.generator_id + 1,  # type: ignore[attr-defined]
-                             address["world_size"])
+    @classmethod
+    def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
+                    weights_endpoint: str, quota_per_step: int, cores: list[int] | None = None,
+                    curve: CurveClientKeys | None = None, initial_version: int = 0,
+                    skip_problems: int = 0) -> Generator:
+        """The real parts: vLLM on `model_dir`, the groups and weights sockets. Resuming from a
+        checkpoint, `model_dir` holds `initial_version`'s weights and the first `skip_problems`
+        prompts of this generator's stream were used."""
+        return cls(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
+                                        quota_per_step, cores, curve, initial_version, skip_problems))
+
+    def join_weight_group(self, address: dict[str, Any]) -> None:
+        """Join the learner's weight transport (`WeightSender.join_address`) as rank generator_id + 1."""
+        self.weights.join({**address, "rank": self.generator_id + 1})
 
     def ready(self) -> dict[str, int]:
         return {"generator_id": self.generator_id, "pid": os.getpid(), "version": self.version}
 
     # ------------------------------------------------------------------------------------ the loop
 
-    def run(self) -> dict[str, float]:
+    def run(self) -> dict[str, Any]:
         """Generate until the learner says stop; returns this generator's counters and timings.
 
         Rewards that take time (an HTTP judge) are computed while the next batch generates: a
         batch is sent once the following vLLM call returns, or before waiting on the throttle.
         """
-        timer = self.stats.timer
-        per_call = self.groups_per_call
-        run_start = time.perf_counter()
+        timer, run_start = self.stats.timer, time.perf_counter()
         pending: _Scoring | None = None
-        # Version 0 is loaded from disk; acknowledging it tells the learner this generator is up.
-        self.sender.try_send(VersionAck(self.generator_id, self.version), timeout_s=1.0)
+        # The weights loaded from disk; acknowledging them tells the learner this generator is up.
+        self.sink.try_send(VersionAck(self.generator_id, self.version), timeout_s=1.0)
         try:
             while True:
                 with timer("weights"):
                     self._load_newest_weights(wait_s=0.0)
-                allowed = self._groups_allowed() - self.groups_started
-                problems = list(itertools.islice(self.problems, min(per_call, allowed))) if allowed > 0 else []
+                room = self._room()
+                problems = self._take_problems(room)
                 if not problems:
-                    if pending is not None:
+                    if pending is not None:  # nothing to overlap its rewards with: send it now
                         self._send_scored(pending)
                         pending = None
-                    elif allowed > 0:
+                    elif room > 0:
                         with timer("exhausted"):
                             self._wait_for_shutdown()  # a finite dataset ran out
                     else:
                         with timer("throttle"):
-                            self.stats.throttled_waits += 1
                             self._wait_for_new_weights()
                     continue
-                self.groups_started += len(problems)
                 prompts = self._tokenize(problems)
                 with timer("generate"):
                     completions = self._generate(prompts)
                 with timer("score"):
-                    scoring = _Scoring(problems, prompts, completions,
-                                       self.scorer.submit(problems, [self.completion_texts(c) for c in completions]))
+                    scoring = self._submit(problems, prompts, completions)
                 if pending is not None:  # its rewards were computed during this vLLM call
                     self._send_scored(pending)
+                pending = scoring
+                if pending.future.done():  # rewards computed inline (cheap terms): no reason to hold it
+                    self._send_scored(pending)
                     pending = None
-                if scoring.future.done():
-                    self._send_scored(scoring)
-                else:
-                    pending = scoring
         except GeneratorStopped:
             self.weights.poll(0.0)
             self._apply_latest_weights()  # leave the engine at the final version
         finally:
             self.scorer.close()
-        wall_s = time.perf_counter() - run_start
+        return self._summary(time.perf_counter() - run_start)
+
+    def _summary(self, wall_s: float) -> dict[str, Any]:
         return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), "gen/version": self.version,
-                "gen/weight_load_path": self.engine.weight_load_path,
-                "gen/wall_s": wall_s, "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0}
+                "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
+                "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0}
+
+    def _room(self) -> float:
+        """How many more groups the throttle lets this generator start now (inf without it)."""
+        if not self.throttle:
+            return float("inf")
+        return throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step) - self.groups_started
+
+    def _take_problems(self, room: float) -> list[Problem]:
+        """The next vLLM call's prompts, at most `room`; empty when throttled or out of data."""
+        problems = list(itertools.islice(self.problems, min(self.groups_per_call, room))) if room > 0 else []
+        self.groups_started += len(problems)
+        return problems
+
+    def _submit(self, problems: list[Problem], prompts: list[list[int]],
+                completions: list[list[Completion]]) -> _Scoring:
+        texts = [decode_completions(self.tokenizer, group) for group in completions]
+        return _Scoring(problems, prompts, completions, self.scorer.submit(problems, texts))
 
     def _send_scored(self, scoring: _Scoring) -> None:
-        """Wait for a batch's rewards, then send its groups."""
+        """Wait for a batch's rewards, send its groups, then report (a heartbeat per batch keeps the
+        learner's per-step view of our counters current)."""
         timer = self.stats.timer
         with timer("score_wait"):
-            scores = scoring.future.result(timeout=self._score_timeout_s(len(scoring.problems)))
+            scores = scoring.future.result(timeout=score_timeout_s(self.cfg, len(scoring.problems)))
         with timer("send"):
             for problem, prompt, completions, score in zip(scoring.problems, scoring.prompts, scoring.completions,
                                                            scores):
-                group = self._scored_group(problem, prompt, completions, score)
+                group = scored_group(self.generator_id, problem.id, prompt, completions, score, self.version)
                 if group is None:  # reward.on_error=drop_group: give the throttle quota back
                     self.groups_started -= 1
                     continue
+                self.stats.tokens_generated += int(group.tokens.size)
                 self._send(group)
-
-    def _score_timeout_s(self, num_groups: int) -> float:
-        """Generous: every reward call is bounded by its own timeout and retries; this only catches a hang."""
-        judge = self.cfg.reward.judge
-        calls = num_groups * self.cfg.rollout.samples_per_prompt
-        waves = -(-calls // max(1, judge.concurrency))
-        per_call = max(self.cfg.reward.timeout_s, judge.timeout_s * (judge.retries + 1) + judge.backoff_s * 2 ** judge.retries)
-        return self.cfg.wire.timeout_s + waves * per_call
+            self._heartbeat(periodic=False)
 
     def _wait_for_shutdown(self) -> None:
         """Nothing left to generate: keep loading weights and heartbeating until the learner says stop."""
@@ -257,100 +263,41 @@ class Generator:
             print(f"[generator {self.generator_id}] the training data is exhausted (data.epochs="
                   f"{self.cfg.data.epochs}); waiting for the learner to stop", flush=True)
         self._load_newest_weights(wait_s=0.5)
-        self._heartbeat()
+        self._heartbeat(periodic=True)
 
     @property
     def idle_s(self) -> float:
-        """Seconds spent waiting on the throttle, on new weights or on a full queue."""
+        """Seconds spent waiting on the throttle, on rewards, on exhausted data or on a full queue."""
         seconds = self.stats.timer.seconds
         return seconds["throttle"] + seconds["score_wait"] + seconds["exhausted"] + self.stats.send_blocked_s
-
-    def _groups_allowed(self) -> float:
-        if not self.throttle:
-            return float("inf")
-        return throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step)
 
     # ---------------------------------------------------------------------------------- sampling
 
     def _tokenize(self, problems: list[Problem]) -> list[list[int]]:
         return [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
 
-    def _sample(self, prompts: list[list[int]], temperature: float, n: int | None = None) -> list[list[Completion]]:
-        return self.engine.generate(
-            prompts,
-            n=n or self.cfg.rollout.samples_per_prompt,
-            max_tokens=self.cfg.rollout.max_new_tokens,
-            temperature=temperature,
-        )
+    def _sample(self, prompts: list[list[int]], temperature: float, n: int) -> list[list[Completion]]:
+        return self.engine.generate(prompts, n=n, max_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature)
 
     def _generate(self, prompts: list[list[int]]) -> list[list[Completion]]:
         """`samples_per_prompt` completions per prompt, each token tagged with the version that sampled it.
 
         With `rollout.inflight_updates`, generation runs in segments of `rollout.inflight_chunk_tokens`;
-        between segments the newest weights are loaded and every unfinished sequence resumes from its
-        prompt plus the tokens it already has, so a push never waits for a whole call and no sampled
-        token is thrown away.
+        between segments the newest weights are loaded (segments.py), so a push never waits for a
+        whole call and no sampled token is thrown away.
         """
         r = self.cfg.rollout
         if not r.inflight_updates:
-            completions = self._sample(prompts, r.temperature)
-            for group in completions:
-                for c in group:
-                    c.versions = np.full(c.token_ids.size, self.version, dtype=np.int32)
-            return completions
+            return tag_versions(self._sample(prompts, r.temperature, r.samples_per_prompt), self.version)
         segment = min(r.inflight_chunk_tokens, r.max_new_tokens)
         first = self.engine.generate(prompts, n=r.samples_per_prompt, max_tokens=segment, temperature=r.temperature)
-        groups = [[_Growing(c, self.version) for c in group] for group in first]
-        while True:
-            unfinished = [(prompt, s) for prompt, group in zip(prompts, groups) for s in group
-                          if not s.finished and s.length < r.max_new_tokens]
-            if not unfinished:
-                return [[s.completion() for s in group] for group in groups]
+        inflight = InFlight(prompts, first, self.version, r.max_new_tokens)
+        while (call := inflight.next_call(segment)) is not None:
             if self._load_newest_weights(wait_s=0.0):
                 self.stats.inflight_switches += 1
-            outputs = self.engine.generate(
-                [prompt + s.token_list() for prompt, s in unfinished], n=1,
-                max_tokens=segment, temperature=r.temperature,
-                max_tokens_per_prompt=[min(segment, r.max_new_tokens - s.length) for _, s in unfinished],
-            )
-            for (_, s), out in zip(unfinished, outputs):
-                s.extend(out[0], self.version)
-
-    def _completion_text(self, completion: Completion) -> str:
-        return self.tokenizer.decode(completion.token_ids.tolist(), skip_special_tokens=True)
-
-    def completion_texts(self, completions: list[Completion]) -> list[str]:
-        return [self._completion_text(c) for c in completions]
-
-    def _scored_group(self, problem: Problem, prompt_tokens: list[int], completions: list[Completion],
-                      score: GroupScore | None = None) -> ScoredGroup | None:
-        """The group to send; `score` from `self.scorer.submit(...)`, or None to score here (blocking).
-
-        Returns None when the reward policy drops the group (reward.on_error=drop_group and a
-        reward failed): the caller must not send it, and may start a replacement.
-        """
-        if score is None:
-            score = self.scorer.score([problem], [self.completion_texts(completions)])[0]
-        if score.dropped:
-            return None
-        prompt = np.asarray(prompt_tokens, dtype=np.int32)
-        rewards = score.rewards
-        tokens = np.concatenate([c.token_ids for c in completions]).astype(np.int32)
-        self.stats.tokens_generated += int(tokens.size)
-        group = ScoredGroup(
-            generator_id=self.generator_id,
-            seq=-1,  # assigned when sent, so heartbeats and sequence numbers agree
-            prompt_id=problem.id,
-            prompt_tokens=prompt,
-            tokens=tokens,
-            logprobs=np.concatenate([c.logprobs for c in completions]).astype(np.float32),
-            versions=np.concatenate([c.versions if c.versions is not None else np.full(c.token_ids.size, self.version)
-                                     for c in completions]).astype(np.int32),
-            lengths=np.asarray([c.token_ids.size for c in completions], dtype=np.int32),
-            rewards=rewards,
-            meta={"version": self.version, **score.meta()},
-        )
-        return group
+            inflight.extend(self.engine.generate(call.prompts, n=1, max_tokens=segment, temperature=r.temperature,
+                                                 max_tokens_per_prompt=call.max_tokens), self.version)
+        return inflight.completions()
 
     # ------------------------------------------------------------------------------ transport
 
@@ -358,12 +305,8 @@ class Generator:
         """Send, waiting on a full queue; meanwhile new weights are loaded (a safe point) and a stop is heard."""
         deadline = time.monotonic() + self.cfg.wire.timeout_s
         group.seq = self.next_seq
-        # Cumulative counters; the learner logs their increase per step (learner.GENERATOR_COUNTERS).
-        reward_stats = self.scorer.stats_snapshot()
-        group.meta.update(gen_idle_s=self.idle_s, gen_reward_errors=reward_stats["reward/errors"],
-                          gen_reward_groups_dropped=reward_stats["reward/groups_dropped"])
         blocked_since = None
-        while not self.sender.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
+        while not self.sink.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
             blocked_since = blocked_since or time.perf_counter()
             self._load_newest_weights(wait_s=0.0)
             if time.monotonic() > deadline:
@@ -374,13 +317,19 @@ class Generator:
             self.stats.send_blocked_s += time.perf_counter() - blocked_since
         self.next_seq += 1
         self.stats.groups_sent += 1
-        self._heartbeat()
 
-    def _heartbeat(self, every_s: float = 1.0) -> None:
+    def _heartbeat(self, periodic: bool) -> None:
+        """Report sequence number, loaded version and cumulative counters (the learner logs their
+        per-step increase); `periodic`: at most once per HEARTBEAT_EVERY_S. Never blocks: a lost
+        heartbeat is made good by the next, its values being cumulative."""
         now = time.monotonic()
-        if now - self._last_heartbeat >= every_s:
-            self._last_heartbeat = now
-            self.sender.try_send(Heartbeat(self.generator_id, self.next_seq, self.version), timeout_s=0.0)
+        if periodic and now - self._last_heartbeat < HEARTBEAT_EVERY_S:
+            return
+        self._last_heartbeat = now
+        rewards = self.scorer.stats_snapshot()
+        self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.idle_s,
+                                     reward_errors=rewards["reward/errors"],
+                                     groups_dropped=rewards["reward/groups_dropped"]), timeout_s=0.0)
 
     def _apply_latest_weights(self) -> bool:
         version = self.weights.apply_newest(self.engine)
@@ -388,7 +337,7 @@ class Generator:
             return False
         self.version = version
         self.stats.weight_loads += 1
-        self.sender.try_send(VersionAck(self.generator_id, version), timeout_s=1.0)
+        self.sink.try_send(VersionAck(self.generator_id, version), timeout_s=1.0)
         return True
 
     def _load_newest_weights(self, wait_s: float) -> bool:
@@ -400,9 +349,11 @@ class Generator:
         return loaded
 
     def _wait_for_new_weights(self) -> None:
+        """Throttled: nothing may start until newer weights arrive."""
+        self.stats.throttled_waits += 1
         deadline = time.monotonic() + self.cfg.wire.timeout_s
         while not self._load_newest_weights(wait_s=0.5):
-            self._heartbeat()
+            self._heartbeat(periodic=True)
             if time.monotonic() > deadline:
                 raise WireTimeout(
                     f"generator {self.generator_id} (throttled at version {self.version}) received no new "
@@ -414,8 +365,8 @@ class Generator:
     def evaluate(self, problems: list[Problem], temperature: float) -> float:
         """Held-out accuracy with one sample per problem (temperature 0 = greedy)."""
         completions = self._sample(self._tokenize(problems), temperature, n=1)
-        correct = [self.task.score(self._completion_text(c[0]), p) for p, c in zip(problems, completions)]
-        return float(np.mean(correct))
+        texts = decode_completions(self.tokenizer, [group[0] for group in completions])
+        return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
         return self.engine.sequence_logprobs(sequences, temperature=self.cfg.rollout.temperature)
@@ -423,26 +374,55 @@ class Generator:
     def loaded_version(self) -> int:
         return self.version
 
-    def generate_alone(self, num_groups: int) -> dict[str, Any]:
-        """Benchmark: generate and score `num_groups` groups with no learner (no throttle, no sends).
+    def close(self) -> None:
+        """Release the scorer's threads and both sockets (a run's actors are killed instead)."""
+        self.scorer.close()
+        self.weights.close()
+        self.sink.close()
 
-        Returns the timing and the groups' encoded frames, which the learner can train on alone.
-        """
-        per_call = self.groups_per_call
-        frames: list[list[bytes]] = []
-        tokens = 0
-        start = time.perf_counter()
-        while len(frames) < num_groups:
-            problems = list(itertools.islice(self.problems, min(per_call, num_groups - len(frames))))
-            prompts = self._tokenize(problems)
-            completions = self._generate(prompts)
-            for problem, prompt, group_completions in zip(problems, prompts, completions):
-                group = self._scored_group(problem, prompt, group_completions)
-                if group is None:  # reward.on_error=drop_group
-                    continue
-                group.seq = len(frames)
-                tokens += int(group.tokens.size)
-                frames.append([bytes(frame) for frame in encode_group(group)])
-        seconds = time.perf_counter() - start
-        return {"seconds": seconds, "groups": num_groups, "samples": num_groups * self.cfg.rollout.samples_per_prompt,
-                "tokens": tokens, "frames": frames}
+
+class GeneratorActor(Generator):
+    """The Ray actor: constructed from config, so the engine and sockets are built in the actor's process."""
+
+    def __init__(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
+                 quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
+                 initial_version: int = 0, skip_problems: int = 0) -> None:
+        super().__init__(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
+                                              quota_per_step, cores, curve, initial_version, skip_problems))
+
+    @classmethod
+    def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
+        return cls(*args, **kwargs)  # this constructor already takes from_config's arguments
+
+
+def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
+                       quota_per_step: int, cores: list[int] | None, curve: CurveClientKeys | None,
+                       initial_version: int, skip_problems: int) -> dict[str, Any]:
+    """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`)."""
+    pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
+    from transformers import AutoTokenizer  # slow to import; only where a real generator is built
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    task = make_task(cfg, tokenizer)
+    problems = itertools.islice(train_stream(task, cfg, generator_id), skip_problems, None)
+    # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
+    scorer = Scorer(task, cfg.reward)
+    engine = VLLMEngine(
+        model_dir,
+        seed=cfg.seed * 1000 + generator_id,
+        max_model_len=cfg.model.max_positions,
+        dtype=cfg.rollout.dtype,
+        kv_cache_gib=cfg.rollout.kv_cache_gib,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+    )
+    # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
+    # the learner's receiving thread, which competes with training for its core and the GIL.
+    # Memory stays bounded: a call's groups in the socket buffers, the rest by the throttle.
+    sink = Sender(groups_endpoint, high_water_mark=max(8, groups_per_call(cfg, quota_per_step)), curve=curve)
+    subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
+    # After the engine: on a GPU, vLLM has set up this process's device by now.
+    device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+    weights = make_receiver(cfg, subscriber, model_dir, device)
+    return dict(cfg=cfg, generator_id=generator_id, engine=engine, tokenizer=tokenizer, task=task, problems=problems,
+                scorer=scorer, sink=sink, weights=weights, quota_per_step=quota_per_step,
+                initial_version=initial_version)

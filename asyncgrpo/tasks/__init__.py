@@ -16,7 +16,11 @@ from asyncgrpo.tasks.countdown import CountdownTask
 if TYPE_CHECKING:
     from asyncgrpo.schema import Config
 
-__all__ = ["ArithmeticTask", "CountdownTask", "Problem", "make_task", "train_stream"]
+__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "Problem", "make_task", "train_stream"]
+
+# task.name: each is built by `make_task`; the file tasks read their problems from data.* files.
+TASK_NAMES = ("arithmetic", "countdown", "gsm8k", "files")
+FILE_TASKS = ("gsm8k", "files")
 
 
 def make_task(cfg: Config, tokenizer: Any | None = None) -> Any:
@@ -28,14 +32,14 @@ def make_task(cfg: Config, tokenizer: Any | None = None) -> Any:
     if name == "countdown":
         return CountdownTask(num_numbers=cfg.task.countdown_numbers, max_number=cfg.task.countdown_max_number,
                              eval_size=cfg.task.eval_size)
-    if name in ("gsm8k", "files"):
+    if name in FILE_TASKS:
         from asyncgrpo.tasks.files import FileTask
         from asyncgrpo.tasks.gsm8k import GSM8KTask
 
         task_class = GSM8KTask if name == "gsm8k" else FileTask
         context_tokens = max(cfg.model.max_positions - cfg.rollout.max_new_tokens, 0)
         return task_class(cfg.data, eval_size=cfg.task.eval_size, tokenizer=tokenizer, context_tokens=context_tokens)
-    raise ValueError(f"task.name: unknown task {name!r}")
+    raise ValueError(f"task.name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
 
 
 def train_stream(task: Any, cfg: Config, generator_id: int) -> Iterator[Problem]:

@@ -26,16 +26,17 @@ class Problem:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArithmeticTask:
     """All ``a+b`` with ``num_digits``-digit operands; a fixed random subset is held out.
 
     Problem ids enumerate the operand grid, so an id names the same problem for every
-    seed, and the held-out split depends only on ``split_seed``.
+    seed, and the held-out split depends only on ``split_seed``. ``num_digits`` and ``eval_size``
+    are task.num_digits and task.eval_size (no defaults here: config's are the only ones).
     """
 
-    num_digits: int = 2
-    eval_size: int = 500
+    num_digits: int
+    eval_size: int
     split_seed: int = 0
 
     def __post_init__(self) -> None:

@@ -22,22 +22,27 @@ from asyncgrpo.tasks.arithmetic import Problem
 ANSWER_FORMAT = r"<answer>.*?</answer>"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 MAX_EQUATION_CHARS = 200
+# task.countdown_numbers: numbers given per problem.
+MIN_NUMBERS, MAX_NUMBERS = 2, 6
 _MAX_ID = 2**31 - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CountdownTask:
-    num_numbers: int = 4
-    max_number: int = 100
+    """``num_numbers``, ``max_number`` and ``eval_size`` are task.countdown_numbers,
+    task.countdown_max_number and task.eval_size (no defaults here: config's are the only ones)."""
+
+    num_numbers: int
+    max_number: int
+    eval_size: int
     max_target: int = 1000
-    eval_size: int = 500
     split_seed: int = 0
 
     answer_format = ANSWER_FORMAT
 
     def __post_init__(self) -> None:
-        if not 2 <= self.num_numbers <= 6:
-            raise ValueError(f"num_numbers must be in [2, 6], got {self.num_numbers}")
+        if not MIN_NUMBERS <= self.num_numbers <= MAX_NUMBERS:
+            raise ValueError(f"num_numbers must be in [{MIN_NUMBERS}, {MAX_NUMBERS}], got {self.num_numbers}")
         if self.max_number < 2:
             raise ValueError(f"max_number must be >= 2, got {self.max_number}")
 

@@ -24,18 +24,20 @@ class FileTask:
     name = "files"
     answer_format = r"\S"
 
-    def __init__(self, data: DataConfig, *, eval_size: int = 500, tokenizer: Any | None = None,
+    def __init__(self, data: DataConfig, *, eval_size: int, tokenizer: Any | None = None,
                  context_tokens: int = 0, split_seed: int = 0) -> None:
         """Loads and checks every file now, so bad data fails (or is counted) before anything starts.
 
         `tokenizer` counts prompt tokens for the length filter and applies the chat template;
         without one, prompts are not length-filtered. `context_tokens` is the prompt budget
-        within the model's context (model.max_positions - rollout.max_new_tokens).
+        within the model's context (model.max_positions - rollout.max_new_tokens). `eval_size` is
+        task.eval_size (no default here: config's is the only one).
         """
         self.data = data
         self.split_seed = split_seed
         fields = FieldMap(prompt=data.prompt_field, answer=data.answer_field)
-        prompt_format = PromptFormat(data.prompt_template, data.chat_template, data.system_prompt)
+        prompt_format = PromptFormat(template=data.prompt_template, chat_template=data.chat_template,
+                                     system_prompt=data.system_prompt)
         common = dict(fields=fields, prompt_format=prompt_format, tokenizer=tokenizer, context_tokens=context_tokens,
                       max_prompt_tokens=data.max_prompt_tokens, parse_answer=self.parse_answer)
         self.train_report = DataReport("data.train_files", strict=data.strict)

@@ -15,6 +15,10 @@ from asyncgrpo.tasks.arithmetic import Problem
 from asyncgrpo.tasks.files import FileTask
 
 ANSWER_FORMAT = r"####\s*\S|\\boxed\{"
+# The task's own check (held-out accuracy, and the reward when no reward.terms are set): numbers
+# within this of the reference count as equal. A reward term of kind math has its own,
+# reward.terms[].tolerance.
+SCORE_TOLERANCE = 1e-6
 _BARE_ANSWER = re.compile(r"[-+$]?[\d.,/]+%?|[-\w^{}\\()/.+* ]{1,40}")
 
 
@@ -41,4 +45,4 @@ class GSM8KTask(FileTask):
         return gsm8k_reference_answer(raw)
 
     def score(self, completion_text: str, problem: Problem) -> float:
-        return verifiers.math_reward(completion_text, problem.answer)
+        return verifiers.math_reward(completion_text, problem.answer, tolerance=SCORE_TOLERANCE)

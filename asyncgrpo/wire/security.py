@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from asyncgrpo.wire.network import is_loopback
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asyncgrpo.schema import ModelConfig
 from asyncgrpo.wire import ScoredGroup
 
 
@@ -16,7 +17,7 @@ def make_model_dir(directory: Path) -> str:
     from asyncgrpo.models.tokenizer import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
-    save_model(build_model(TinyModelSpec(), tokenizer, seed=0), tokenizer, directory)
+    save_model(build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0), tokenizer, directory)
     return str(directory)
 
 
@@ -48,13 +49,13 @@ def step_groups(num_steps: int, num_groups: int = 5) -> list[list[ScoredGroup]]:
 def full_params(learner) -> dict[str, torch.Tensor]:
     """Every parameter, unsharded, on every rank (a collective)."""
     return {name: p.full_tensor().detach().clone() if hasattr(p, "full_tensor") else p.detach().clone()
-            for name, p in learner.model.named_parameters()}
+            for name, p in learner.policy.model.named_parameters()}
 
 
 def full_grads(learner) -> dict[str, torch.Tensor]:
     """The last step's gradients (the learner leaves them in place after the optimizer step), unsharded."""
     return {name: p.grad.full_tensor().clone() if hasattr(p.grad, "full_tensor") else p.grad.clone()
-            for name, p in learner.model.named_parameters()}
+            for name, p in learner.policy.model.named_parameters()}
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -81,7 +82,7 @@ def rank_main(rank: int, world_size: int, port: int, model_dir: str, runs: list[
     try:
         batches = step_groups(num_steps)
         for index, (name, overrides) in enumerate(runs):
-            learner = Learner(load(overrides), model_dir, rank=rank, world_size=world_size)
+            learner = Learner.from_config(load(overrides), model_dir, rank=rank, world_size=world_size)
             try:
                 metrics = []
                 for step, groups in enumerate(batches):

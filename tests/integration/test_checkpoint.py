@@ -39,14 +39,14 @@ def train(learner, batches):
 
 def test_resume_matches_an_uninterrupted_run(model_dir, tmp_path):
     batches = step_groups(6)
-    straight = Learner(load(OVERRIDES), model_dir)
+    straight = Learner.from_config(load(OVERRIDES), model_dir)
     try:
         straight_metrics = train(straight, batches)
         straight_params = full_params(straight)
     finally:
         straight.close()
 
-    first = Learner(load(OVERRIDES), model_dir)
+    first = Learner.from_config(load(OVERRIDES), model_dir)
     try:
         first_metrics = train(first, batches[:3])
         saved = Path(first.save_checkpoint(tmp_path / "checkpoints"))
@@ -55,7 +55,7 @@ def test_resume_matches_an_uninterrupted_run(model_dir, tmp_path):
     assert saved.name == "step_3" and (saved / checkpoint.MARKER).is_file()
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
-    resumed = Learner(load(OVERRIDES), model_dir)
+    resumed = Learner.from_config(load(OVERRIDES), model_dir)
     try:
         meta = resumed.load_checkpoint(tmp_path)  # a run directory: its newest complete checkpoint
         assert meta["version"] == 3 and resumed.version == 3 and resumed.samples_consumed == 3 * 5 * 4
@@ -85,7 +85,7 @@ KILLED_SAVE = textwrap.dedent("""
     from asyncgrpo.learner.learner import Learner
 
     model_dir, out = sys.argv[1], Path(sys.argv[2])
-    learner = Learner(load(["learner.warmup_steps=0"]), model_dir)
+    learner = Learner.from_config(load(["learner.warmup_steps=0"]), model_dir)
     learner.train_on(step_groups(1)[0])
     learner.save_checkpoint(out)
 
@@ -124,7 +124,7 @@ def test_a_save_killed_midway_is_never_resumed_from(model_dir, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="not a complete checkpoint"):
         checkpoint.latest(half)
 
-    learner = Learner(load(["learner.warmup_steps=0"]), model_dir)
+    learner = Learner.from_config(load(["learner.warmup_steps=0"]), model_dir)
     try:
         assert learner.load_checkpoint(out)["version"] == 1
         # The next save of step 2 replaces the stale .tmp and completes.
@@ -137,7 +137,7 @@ def test_a_save_killed_midway_is_never_resumed_from(model_dir, tmp_path):
 
 
 def test_keep_checkpoints_prunes_the_oldest(model_dir, tmp_path):
-    learner = Learner(load(["learner.warmup_steps=0", "train.keep_checkpoints=2"]), model_dir)
+    learner = Learner.from_config(load(["learner.warmup_steps=0", "train.keep_checkpoints=2"]), model_dir)
     try:
         for groups in step_groups(3):
             learner.train_on(groups)

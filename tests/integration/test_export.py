@@ -39,7 +39,7 @@ def transformers_logprobs(directory, sequences):
 
 
 def test_export_loads_with_transformers_and_matches_the_learner(model_dir, tmp_path):
-    learner = Learner(load(["learner.warmup_steps=0", "learner.lr=1e-2"]), model_dir)
+    learner = Learner.from_config(load(["learner.warmup_steps=0", "learner.lr=1e-2"]), model_dir)
     try:
         for groups in step_groups(2):
             learner.train_on(groups)

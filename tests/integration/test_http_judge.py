@@ -116,7 +116,7 @@ def make_scorer(server: JudgeServer, model: str, on_error: str = "zero", **judge
                     backoff_s=0.01, concurrency=4)
     settings.update(judge)
     cfg = RewardConfig(terms=[RewardTermConfig(name="judge")], on_error=on_error, judge=JudgeConfig(**settings))
-    return Scorer(ArithmeticTask(), cfg)
+    return Scorer(ArithmeticTask(num_digits=2, eval_size=500), cfg)
 
 
 PROBLEM = Problem(id=7, prompt="37+48=", answer="85")
@@ -236,7 +236,7 @@ def test_a_missing_api_key_is_an_error_naming_the_variable(server, monkeypatch):
 def test_an_unreachable_judge_is_an_error_not_a_hang():
     cfg = RewardConfig(terms=[RewardTermConfig(name="judge")], judge=JudgeConfig(
         base_url="http://127.0.0.1:9/v1", model="m", timeout_s=1.0, retries=1, backoff_s=0.01))
-    scorer = Scorer(ArithmeticTask(), cfg)
+    scorer = Scorer(ArithmeticTask(num_digits=2, eval_size=500), cfg)
     try:
         [score] = scorer.score([PROBLEM], [["85"]], timeout_s=10)
         assert score.errors == 1 and "failed 2 tries" in score.error_messages[0]

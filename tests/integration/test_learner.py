@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from asyncgrpo.schema import ModelConfig
 from asyncgrpo.config import load
-from asyncgrpo.learner.batch import collate, micro_batch_bounds
+from asyncgrpo.learner.batch import collate
 from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.update import update
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.wire import ScoredGroup
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.slow
 def model_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny")
     tokenizer = build_char_tokenizer()
-    save_model(build_model(TinyModelSpec(), tokenizer, seed=0), tokenizer, directory)
+    save_model(build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0), tokenizer, directory)
     return str(directory)
 
 
@@ -42,11 +44,11 @@ def fixed_groups(num_groups=4, samples=4, seed=0):
 
 def one_update(model_dir, *overrides):
     cfg = load(["learner.warmup_steps=0", *overrides])
-    learner = Learner(cfg, model_dir)
+    learner = Learner.from_config(cfg, model_dir)
     try:
         batch = collate(fixed_groups(), learner.pad_id)
-        metrics = learner._update(batch)
-        params = {name: p.full_tensor().detach().clone() for name, p in learner.model.named_parameters()}
+        metrics = update(learner.policy, batch, cfg, rank=0, world_size=1)
+        params = {name: p.full_tensor().detach().clone() for name, p in learner.policy.model.named_parameters()}
     finally:
         learner.close()
     return params, metrics
@@ -72,26 +74,15 @@ def test_kl_to_reference_is_added(model_dir):
     assert with_kl["loss/total"] == pytest.approx(without["loss/total"], abs=1e-6)
 
 
-def test_micro_batch_bounds_respect_the_budget():
-    batch = collate(fixed_groups(num_groups=6), pad_id=0)
-    for budget in (1, 15, 30, 1000):
-        bounds = micro_batch_bounds(batch, budget)
-        assert bounds[0][0] == 0 and bounds[-1][1] == batch.num_samples
-        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
-        for start, end in bounds:
-            padded = int(batch.attention_mask[start:end].sum(1).max()) * (end - start)
-            assert end - start == 1 or padded <= budget
-
-
 def test_sequence_logprobs_match_the_training_forward(model_dir):
     cfg = load([])
-    learner = Learner(cfg, model_dir)
+    learner = Learner.from_config(cfg, model_dir)
     try:
         batch = collate(fixed_groups(num_groups=1, samples=1), learner.pad_id)
         sequence = batch.input_ids[0][batch.attention_mask[0].bool()].tolist()
         probe = learner.sequence_logprobs([sequence])[0]
         with torch.no_grad():
-            logits = learner.model(input_ids=batch.input_ids).logits
+            logits = learner.policy.model(input_ids=batch.input_ids).logits
         from asyncgrpo.learner.batch import completion_logprobs
 
         expected = completion_logprobs(logits, batch.logit_index, batch.targets, 1.0)[0, : int(batch.mask[0].sum())]

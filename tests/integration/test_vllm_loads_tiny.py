@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from asyncgrpo.schema import ModelConfig
 from asyncgrpo.models.tiny import VLLM_CPU_ENGINE_KWARGS, TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 
@@ -26,7 +27,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     makes a log-prob mismatch (rotary positions, attention, norms) visible."""
     directory = tmp_path_factory.mktemp("tiny")
     tokenizer = build_char_tokenizer()
-    model = build_model(TinyModelSpec(), tokenizer, seed=0)
+    model = build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -111,7 +112,7 @@ def test_engine_loads_new_weights_in_place_and_matches_the_reload_path(model_dir
     pytest.importorskip("vllm")
     from asyncgrpo.rollout.engine import VLLMEngine
 
-    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, kv_cache_gib=0.25)
+    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3)
     assert engine.weight_load_path == "in_place"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     token_ids = [*tokenizer("37+48=85").input_ids, tokenizer.eos_token_id]
@@ -119,7 +120,7 @@ def test_engine_loads_new_weights_in_place_and_matches_the_reload_path(model_dir
     moved = {name: p.detach() + 0.2 * torch.randn(p.shape, generator=generator)
              for name, p in reference.state_dict().items()}
     engine.load_weights(moved.items())
-    in_place = torch.from_numpy(engine.sequence_logprobs([token_ids])[0])
+    in_place = torch.from_numpy(engine.sequence_logprobs([token_ids], temperature=1.0)[0])
 
     updated = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     updated.load_state_dict(moved)
@@ -129,7 +130,7 @@ def test_engine_loads_new_weights_in_place_and_matches_the_reload_path(model_dir
 
     engine.weight_load_path = "reload"
     engine.load_weights(moved.items())
-    torch.testing.assert_close(torch.from_numpy(engine.sequence_logprobs([token_ids])[0]), in_place,
+    torch.testing.assert_close(torch.from_numpy(engine.sequence_logprobs([token_ids], temperature=1.0)[0]), in_place,
                                atol=1e-6, rtol=0)
     del engine
     gc.collect()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from asyncgrpo.schema import ModelConfig
 from asyncgrpo.models.tiny import TinyModelSpec
 from asyncgrpo.models.warmstart import (
     ensure_warm_model,
@@ -14,6 +15,10 @@ from asyncgrpo.models.warmstart import (
     warm_model_cache_key,
 )
 from asyncgrpo.tasks import ArithmeticTask
+
+# The embedded model's sizes, as the config gives them to the warm start.
+SIZES = {key: getattr(ModelConfig(), key) for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                                      "intermediate_size", "max_positions")}
 
 EXPECTED_FILES = {
     "config.json",
@@ -26,27 +31,27 @@ EXPECTED_FILES = {
 
 
 def test_cache_key_depends_on_every_input() -> None:
-    spec, task = TinyModelSpec(), ArithmeticTask()
+    spec, task = TinyModelSpec.from_config(ModelConfig()), ArithmeticTask(num_digits=2, eval_size=500)
     key = warm_model_cache_key(spec, task, seed=0, target_accuracy=0.12)
     assert key == warm_model_cache_key(
-        TinyModelSpec(), ArithmeticTask(), seed=0, target_accuracy=0.12
+        TinyModelSpec.from_config(ModelConfig()), ArithmeticTask(num_digits=2, eval_size=500), seed=0, target_accuracy=0.12
     )
     assert key != warm_model_cache_key(spec, task, seed=1, target_accuracy=0.12)
     assert key != warm_model_cache_key(spec, task, seed=0, target_accuracy=0.2)
     assert key != warm_model_cache_key(
-        TinyModelSpec(num_layers=3), task, seed=0, target_accuracy=0.12
+        TinyModelSpec(**{**SIZES, "num_layers": 3}), task, seed=0, target_accuracy=0.12
     )
     assert key != warm_model_cache_key(
-        spec, ArithmeticTask(split_seed=1), seed=0, target_accuracy=0.12
+        spec, ArithmeticTask(num_digits=2, eval_size=500, split_seed=1), seed=0, target_accuracy=0.12
     )
 
 
 @pytest.mark.slow
 def test_warm_start_reaches_low_target_saves_and_hits_cache(tmp_path: Path) -> None:
-    task = ArithmeticTask()
+    task = ArithmeticTask(num_digits=2, eval_size=500)
     logs: list[str] = []
     kwargs = dict(
-        model_kwargs={}, task=task, seed=0, target_accuracy=0.03, max_seconds=120, log=logs.append
+        model_kwargs=SIZES, task=task, seed=0, target_accuracy=0.03, max_seconds=120, log=logs.append
     )
 
     model_dir = ensure_warm_model(tmp_path, **kwargs)
@@ -84,8 +89,8 @@ def test_missed_target_is_saved_with_a_warning(tmp_path: Path) -> None:
     logs: list[str] = []
     model_dir = ensure_warm_model(
         tmp_path,
-        model_kwargs={"num_layers": 1},
-        task=ArithmeticTask(),
+        model_kwargs={**SIZES, "num_layers": 1},
+        task=ArithmeticTask(num_digits=2, eval_size=500),
         seed=0,
         target_accuracy=1.0,
         max_seconds=1.0,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from asyncgrpo.schema import ModelConfig
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.weights.nccl import NcclWeightReceiver, NcclWeightSender, buckets, model_spec
@@ -50,7 +51,7 @@ def version_weights(model, version: int) -> list[tuple[str, torch.Tensor]]:
 
 def test_every_generator_receives_every_version_exactly(tmp_path):
     tokenizer = build_char_tokenizer()
-    model = build_model(TinyModelSpec(), tokenizer, seed=0)
+    model = build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0)
     save_model(model, tokenizer, tmp_path)
     publisher = Publisher()
     sender = NcclWeightSender(publisher, str(tmp_path), num_generators=2, device=torch.device("cpu"), host="127.0.0.1",
@@ -83,7 +84,7 @@ def test_every_generator_receives_every_version_exactly(tmp_path):
 
 def test_buckets_cover_the_spec_in_order(tmp_path):
     tokenizer = build_char_tokenizer()
-    save_model(build_model(TinyModelSpec(), tokenizer, seed=0), tokenizer, tmp_path)
+    save_model(build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0), tokenizer, tmp_path)
     spec = model_spec(str(tmp_path))
     for limit in (1, 10_000, 1 << 30):
         parts = buckets(spec, limit)

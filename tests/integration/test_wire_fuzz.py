@@ -224,7 +224,7 @@ def take_until(queue: ReplayQueue, wanted: set[tuple[int, int]], timeout_s: floa
 
 
 def send_valid_groups_and_check_they_are_served(queue: ReplayQueue, count: int = 8) -> None:
-    generator_id = next(i for i in itertools.count(1 << 61) if i not in queue.generators)  # fresh sequence
+    generator_id = next(i for i in itertools.count(1 << 61) if i not in queue.registry.generators)  # fresh sequence
     originals = []
     sender = Sender(queue.receiver.endpoint)
     try:

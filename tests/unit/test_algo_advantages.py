@@ -17,7 +17,7 @@ def f64(values):
 
 def test_grpo_group_of_two_is_plus_minus_one_over_sqrt_two():
     # mean 0.5, unbiased std sqrt(0.5); (1 - 0.5) / (sqrt(0.5) + 1e-6)
-    advantages = group_advantages(f64([1.0, 0.0]), [0, 0])
+    advantages = group_advantages(f64([1.0, 0.0]), [0, 0], mode="grpo")
     expected = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert advantages.tolist() == pytest.approx([expected, -expected], rel=1e-12)
     assert advantages.tolist() == pytest.approx([SQRT_HALF, -SQRT_HALF], rel=1e-5)
@@ -25,12 +25,12 @@ def test_grpo_group_of_two_is_plus_minus_one_over_sqrt_two():
 
 def test_grpo_uses_unbiased_std():
     # rewards 1, 2, 3: mean 2, unbiased std 1 (the biased one would be sqrt(2/3)).
-    advantages = group_advantages(f64([1.0, 2.0, 3.0]), ["p", "p", "p"], eps=0.0)
+    advantages = group_advantages(f64([1.0, 2.0, 3.0]), ["p", "p", "p"], mode="grpo", eps=0.0)
     assert advantages.tolist() == [-1.0, 0.0, 1.0]
 
 
 def test_grpo_eps_is_added_to_std():
-    advantages = group_advantages(f64([1.0, 2.0, 3.0]), [0, 0, 0], eps=1.0)
+    advantages = group_advantages(f64([1.0, 2.0, 3.0]), [0, 0, 0], mode="grpo", eps=1.0)
     assert advantages.tolist() == pytest.approx([-0.5, 0.0, 0.5], abs=1e-15)
 
 
@@ -60,7 +60,7 @@ def test_all_equal_group_gets_exactly_zero(mode):
 
 
 def test_interleaved_groups():
-    advantages = group_advantages(f64([1.0, 4.0, 0.0, 2.0]), [7, 3, 7, 3])
+    advantages = group_advantages(f64([1.0, 4.0, 0.0, 2.0]), [7, 3, 7, 3], mode="grpo")
     assert advantages.tolist() == pytest.approx([SQRT_HALF, SQRT_HALF, -SQRT_HALF, -SQRT_HALF], rel=1e-5)
 
 
@@ -88,11 +88,11 @@ def test_integer_rewards_become_float():
 
 def test_result_is_detached():
     rewards = f64([1.0, 0.0]).requires_grad_()
-    assert not group_advantages(rewards, [0, 0]).requires_grad
+    assert not group_advantages(rewards, [0, 0], mode="grpo").requires_grad
 
 
 def test_empty_batch():
-    assert group_advantages(torch.zeros(0), []).shape == (0,)
+    assert group_advantages(torch.zeros(0), [], mode="grpo").shape == (0,)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_empty_batch():
 )
 def test_invalid_options(kwargs, argument):
     with pytest.raises(ValueError, match=argument):
-        group_advantages(f64([1.0, 0.0]), [0, 0], **kwargs)
+        group_advantages(f64([1.0, 0.0]), [0, 0], **({"mode": "grpo"} | kwargs))
 
 
 @pytest.mark.parametrize(
@@ -126,4 +126,4 @@ def test_invalid_options(kwargs, argument):
 )
 def test_invalid_inputs(rewards, group_ids, argument):
     with pytest.raises(ValueError, match=argument):
-        group_advantages(rewards, group_ids)
+        group_advantages(rewards, group_ids, mode="grpo")

@@ -7,6 +7,15 @@ import torch
 
 from asyncgrpo.algo import rollout_correction
 
+# rollout_correction takes its algo.correction.* keys without defaults. Unless a test sets them:
+# no IS weights, threshold 2 (truncation), no batch normalisation, no rejection.
+NO_CORRECTION = {"is_level": None, "is_threshold": 2.0, "is_batch_normalize": False, "rs": None, "rs_threshold": None}
+
+
+def correct(logp_train, logp_rollout, mask, **options):
+    """rollout_correction with NO_CORRECTION, `options` overriding it."""
+    return rollout_correction(logp_train, logp_rollout, mask, **(NO_CORRECTION | options))
+
 
 def f64(values):
     return torch.tensor(values, dtype=torch.float64)
@@ -26,7 +35,7 @@ def from_ratios(ratios, mask):
 
 def test_token_truncation():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 0.25, 1.5, 9.0]], [[1, 1, 1, 0]])
-    weights, new_mask, metrics = rollout_correction(logp_train, logp_rollout, mask, is_level="token")
+    weights, new_mask, metrics = correct(logp_train, logp_rollout, mask, is_level="token")
     assert weights[0].tolist() == pytest.approx([2.0, 0.25, 1.5, 0.0], rel=1e-12)
     assert new_mask is mask
     # applied weights [2, 0.25, 1.5]: mean 1.25, E[w^2] = 6.3125 / 3
@@ -42,7 +51,7 @@ def test_token_truncation():
 
 def test_sequence_weight_is_the_product_of_token_ratios():
     logp_train, logp_rollout, mask = from_ratios([[2.0, 1.5, 1.0], [0.5, 0.5, 7.0]], [[1, 1, 1], [1, 1, 0]])
-    weights, _, metrics = rollout_correction(logp_train, logp_rollout, mask, is_level="sequence", is_threshold=2.0)
+    weights, _, metrics = correct(logp_train, logp_rollout, mask, is_level="sequence", is_threshold=2.0)
     # row 0: 2 * 1.5 = 3 -> truncated to 2; row 1: 0.25 (the padded ratio 7 is ignored)
     torch.testing.assert_close(weights, f64([[2.0, 2.0, 2.0], [0.25, 0.25, 0.0]]))
     assert metrics["is/max"] == pytest.approx(3.0, rel=1e-12)
@@ -55,7 +64,7 @@ def test_sequence_weight_is_the_product_of_token_ratios():
 
 def test_sequence_log_ratio_beyond_twenty_is_clamped():
     logp_train = f64([[15.0, 15.0], [-15.0, -15.0]])
-    weights, _, metrics = rollout_correction(
+    weights, _, metrics = correct(
         logp_train, torch.zeros(2, 2, dtype=torch.float64), torch.ones(2, 2), is_level="sequence", is_threshold=1e12
     )
     torch.testing.assert_close(weights, f64([[math.exp(20)] * 2, [math.exp(-20)] * 2]))
@@ -65,7 +74,7 @@ def test_sequence_log_ratio_beyond_twenty_is_clamped():
 
 def test_token_log_ratio_beyond_twenty_is_clamped():
     logp_train = f64([[1000.0, -1000.0]])
-    weights, _, metrics = rollout_correction(
+    weights, _, metrics = correct(
         logp_train, torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2), is_level="token", is_threshold=1e12
     )
     torch.testing.assert_close(weights, f64([[math.exp(20), math.exp(-20)]]))
@@ -75,7 +84,7 @@ def test_token_log_ratio_beyond_twenty_is_clamped():
 
 def test_icepop_token_window_zeroes_weights_outside_and_keeps_the_mask():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 0.25, 1.5, 0.8]], [[1, 1, 1, 1]])
-    weights, new_mask, metrics = rollout_correction(
+    weights, new_mask, metrics = correct(
         logp_train, logp_rollout, mask, is_level="token", is_threshold="0.5_2.0"
     )
     assert weights[0].tolist() == pytest.approx([0.0, 0.0, 1.5, 0.8], rel=1e-12)
@@ -88,19 +97,19 @@ def test_icepop_token_window_zeroes_weights_outside_and_keeps_the_mask():
 
 def test_icepop_sequence_window():
     logp_train, logp_rollout, mask = from_ratios([[2.0, 1.5], [1.5, 1.0]], [[1, 1], [1, 1]])
-    weights, _, _ = rollout_correction(logp_train, logp_rollout, mask, is_level="sequence", is_threshold=" 0.5_2 ")
+    weights, _, _ = correct(logp_train, logp_rollout, mask, is_level="sequence", is_threshold=" 0.5_2 ")
     torch.testing.assert_close(weights, f64([[0.0, 0.0], [1.5, 1.5]]))
 
 
 def test_threshold_as_numeric_string_truncates():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 0.25]], [[1, 1]])
-    weights, _, _ = rollout_correction(logp_train, logp_rollout, mask, is_level="token", is_threshold="1.5")
+    weights, _, _ = correct(logp_train, logp_rollout, mask, is_level="token", is_threshold="1.5")
     assert weights[0].tolist() == pytest.approx([1.5, 0.25], rel=1e-12)
 
 
 def test_token_batch_normalization():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 0.25, 1.5, 9.0]], [[1, 1, 1, 0]])
-    weights, _, metrics = rollout_correction(logp_train, logp_rollout, mask, is_level="token", is_batch_normalize=True)
+    weights, _, metrics = correct(logp_train, logp_rollout, mask, is_level="token", is_batch_normalize=True)
     assert weights[0].tolist() == pytest.approx([1.6, 0.2, 1.2, 0.0], rel=1e-12)
     assert metrics["is/batch_norm_factor"] == pytest.approx(1.25, rel=1e-12)
     assert metrics["is/mean"] == pytest.approx(1.25, rel=1e-12)  # reported before normalisation
@@ -109,7 +118,7 @@ def test_token_batch_normalization():
 def test_sequence_batch_normalization_averages_over_sequences_not_tokens():
     # row 0: two tokens, weight min(3, 2) = 2; row 1: one token, weight 0.25.
     logp_train, logp_rollout, mask = from_ratios([[2.0, 1.5], [0.25, 1.0]], [[1, 1], [1, 0]])
-    weights, _, metrics = rollout_correction(
+    weights, _, metrics = correct(
         logp_train, logp_rollout, mask, is_level="sequence", is_batch_normalize=True
     )
     assert metrics["is/batch_norm_factor"] == pytest.approx(1.125, rel=1e-12)  # (2 + 0.25) / 2
@@ -118,7 +127,7 @@ def test_sequence_batch_normalization_averages_over_sequences_not_tokens():
 
 def test_batch_normalization_skips_a_zero_mean():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 4.0]], [[1, 1]])
-    weights, _, metrics = rollout_correction(
+    weights, _, metrics = correct(
         logp_train, logp_rollout, mask, is_level="token", is_threshold="0.5_2", is_batch_normalize=True
     )
     assert weights.tolist() == [[0.0, 0.0]]
@@ -130,14 +139,14 @@ def test_weights_are_detached_and_zero_on_padding():
     logp_train, logp_rollout, mask = from_ratios([[1.2, 0.9], [1.1, 5.0]], [[1, 1], [1, 0]])
     logp_train.requires_grad_()
     for level in ("token", "sequence"):
-        weights, _, _ = rollout_correction(logp_train, logp_rollout, mask, is_level=level)
+        weights, _, _ = correct(logp_train, logp_rollout, mask, is_level=level)
         assert not weights.requires_grad
         assert weights[1, 1].item() == 0.0
 
 
 def test_no_is_level_gives_no_weights_and_no_is_stats():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 0.25]], [[1, 1]])
-    weights, new_mask, metrics = rollout_correction(logp_train, logp_rollout, mask)
+    weights, new_mask, metrics = correct(logp_train, logp_rollout, mask)
     assert weights is None and new_mask is mask
     assert not any(key.startswith("is/") for key in metrics)
 
@@ -180,7 +189,7 @@ def test_single_rejection_option(rs, rs_threshold, ratios, expected_keep):
     # Every statistic above is at least 0.02 away from its threshold.
     mask = [[1] * len(ratios[0])] * len(ratios)
     logp_train, logp_rollout, mask = from_ratios(ratios, mask)
-    weights, new_mask, metrics = rollout_correction(logp_train, logp_rollout, mask, rs=rs, rs_threshold=rs_threshold)
+    weights, new_mask, metrics = correct(logp_train, logp_rollout, mask, rs=rs, rs_threshold=rs_threshold)
     assert weights is None
     assert new_mask.tolist() == expected_keep
     removed = 1 - f64(expected_keep)
@@ -198,7 +207,7 @@ def test_multiple_options_combine_with_and():
     ]
     mask = [[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0]]
     logp_train, logp_rollout, mask = from_ratios(ratios, mask)
-    _, new_mask, metrics = rollout_correction(
+    _, new_mask, metrics = correct(
         logp_train, logp_rollout, mask.bool(), rs="token_k2, seq_mean_k1", rs_threshold="0.5,1.15"
     )
     assert new_mask.dtype == torch.bool
@@ -214,14 +223,14 @@ def test_multiple_options_combine_with_and():
 def test_one_threshold_shared_by_all_options():
     ratios = [[1.2, 1.0], [1.0, 3.0]]
     logp_train, logp_rollout, mask = from_ratios(ratios, [[1, 1], [1, 1]])
-    _, new_mask, _ = rollout_correction(logp_train, logp_rollout, mask, rs="token_k1,seq_max_k3", rs_threshold=2.0)
+    _, new_mask, _ = correct(logp_train, logp_rollout, mask, rs="token_k1,seq_max_k3", rs_threshold=2.0)
     # ratio 3 fails token_k1 ([0.5, 2]); k3 of it is 3 - 1 - log 3 = 0.90 < 2, so only that token goes.
     assert new_mask.tolist() == [[1, 1], [1, 0]]
 
 
 def test_rejection_ignores_fully_masked_rows_in_fractions():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 1.0], [1.0, 1.0], [50.0, 50.0]], [[1, 1], [1, 1], [0, 0]])
-    weights, new_mask, metrics = rollout_correction(
+    weights, new_mask, metrics = correct(
         logp_train, logp_rollout, mask, is_level="sequence", rs="seq_sum_k1", rs_threshold=2.0
     )
     assert new_mask.tolist() == [[0, 0], [1, 1], [0, 0]]
@@ -233,7 +242,7 @@ def test_rejection_ignores_fully_masked_rows_in_fractions():
 
 def test_rejection_does_not_change_the_weights():
     logp_train, logp_rollout, mask = from_ratios([[3.0, 1.5]], [[1, 1]])
-    weights, new_mask, _ = rollout_correction(
+    weights, new_mask, _ = correct(
         logp_train, logp_rollout, mask, is_level="token", is_threshold=5.0, rs="token_k1", rs_threshold=2.0
     )
     assert new_mask.tolist() == [[0, 1]]
@@ -250,7 +259,7 @@ def test_mismatch_metrics_hand_computed():
     logp_train = f64([[-1.0, -2.0], [-0.5, -9.0], [-50.0, 3.0]])
     logp_rollout = f64([[-1.5, -1.5], [-1.0, 0.0], [0.0, -50.0]])
     mask = f64([[1, 1], [1, 0], [0, 0]])
-    weights, new_mask, metrics = rollout_correction(logp_train, logp_rollout, mask)
+    weights, new_mask, metrics = correct(logp_train, logp_rollout, mask)
     assert weights is None and new_mask is mask
     e = math.e
     expected = {
@@ -270,7 +279,7 @@ def test_mismatch_metrics_hand_computed():
 
 def test_identical_policies():
     logp = f64([[-0.7, -1.3, -2.0]])
-    _, _, metrics = rollout_correction(logp, logp.clone(), torch.ones(1, 3), is_level="sequence")
+    _, _, metrics = correct(logp, logp.clone(), torch.ones(1, 3), is_level="sequence")
     assert metrics["mismatch/kl"] == 0.0
     assert metrics["mismatch/k3_kl"] == 0.0
     assert metrics["mismatch/chi2_token"] == 0.0
@@ -281,7 +290,7 @@ def test_identical_policies():
 
 def test_no_real_token_gives_zero_metrics():
     logp = f64([[-0.7, -1.3]])
-    weights, new_mask, metrics = rollout_correction(
+    weights, new_mask, metrics = correct(
         logp, logp - 1, torch.zeros(1, 2), is_level="token", rs="token_k1", rs_threshold=2.0
     )
     assert weights.tolist() == [[0.0, 0.0]]
@@ -334,4 +343,14 @@ def test_invalid_arguments(kwargs, argument):
     logp_train, logp_rollout, mask = from_ratios([[1.0, 1.0]], [[1, 1]])
     arguments = {"logp_train": logp_train, "logp_rollout": logp_rollout, "mask": mask} | kwargs
     with pytest.raises(ValueError, match=argument):
-        rollout_correction(**arguments)
+        rollout_correction(**(NO_CORRECTION | arguments))
+
+
+@pytest.mark.parametrize("key", sorted(NO_CORRECTION))
+def test_config_keys_have_no_default(key):
+    """A missing algo.correction.* key is an error, not a silent default that may differ from config's."""
+    logp_train, logp_rollout, mask = from_ratios([[1.0, 1.0]], [[1, 1]])
+    arguments = dict(NO_CORRECTION)
+    del arguments[key]
+    with pytest.raises(TypeError, match=key):
+        rollout_correction(logp_train, logp_rollout, mask, **arguments)

@@ -12,6 +12,11 @@ from asyncgrpo.algo import AGG_MODES, bypass_policy_loss, kl_penalty, policy_los
 # 1 - 0.2, beyond the dual clip c = 3) and at least 0.05 away from each boundary.
 RATIOS = torch.tensor([[0.9, 1.1, 1.5, 0.5, 5.0], [1.05, 0.6, 2.0, 0.95, 1.2]], dtype=torch.float64)
 ADVANTAGES = torch.tensor([[1.0, -1.0, 1.0, -1.0, -2.0], [-0.5, 0.5, -1.5, 2.0, 0.7]], dtype=torch.float64)
+# The functions take their config keys without defaults: unless a test sets them, token-mean,
+# clip range [0.8, 1.28], dual clip 3, no rollout correction.
+PPO = {"loss_type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "clip_c": 3.0, "agg": "token-mean",
+       "norm_constant": None}
+NO_CORRECTION = {"is_level": None, "is_threshold": 2.0, "is_batch_normalize": False, "rs": None, "rs_threshold": None}
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.float64)
 OLD_LOGP = torch.tensor([[-1.0, -2.0, -0.5, -3.0, -1.5], [-0.7, -1.2, -2.5, -0.9, -1.8]], dtype=torch.float64)
 
@@ -26,9 +31,8 @@ def test_policy_loss(agg, loss_type):
     weights = torch.tensor([[0.5, 1.0, 2.0, 1.5, 0.8], [1.2, 0.3, 1.0, 1.0, 1.0]], dtype=torch.float64)
 
     def loss(logp):
-        return policy_loss(
-            logp, OLD_LOGP, ADVANTAGES, MASK, loss_type=loss_type, clip_high=0.28, agg=agg, is_weights=weights
-        )[0]
+        options = PPO | {"loss_type": loss_type, "agg": agg}
+        return policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options, is_weights=weights)[0]
 
     assert gradcheck(loss, (current_logp(),))
 
@@ -37,9 +41,8 @@ def test_policy_loss(agg, loss_type):
 def test_bypass_ppo_clip_with_rejection(agg):
     # token_k1 at 3 keeps ratios in [1/3, 3]: the ratio 5 is rejected, the others are far from the bounds.
     def loss(logp):
-        return bypass_policy_loss(
-            logp, OLD_LOGP, ADVANTAGES, MASK, agg=agg, clip_high=0.28, is_level="token", rs="token_k1", rs_threshold=3.0
-        )[0]
+        options = PPO | NO_CORRECTION | {"agg": agg, "is_level": "token", "rs": "token_k1", "rs_threshold": 3.0}
+        return bypass_policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options)[0]
 
     assert gradcheck(loss, (current_logp(),))
 
@@ -49,9 +52,8 @@ def test_bypass_reinforce(is_level):
     # Every raw weight is >= 0.5 here and a threshold of 0.4 truncates all of them: the weights are
     # locally constant, so finite differences see only the detached-weight gradient.
     def loss(logp):
-        return bypass_policy_loss(
-            logp, OLD_LOGP, ADVANTAGES, MASK, loss_type="reinforce", is_level=is_level, is_threshold=0.4
-        )[0]
+        options = PPO | NO_CORRECTION | {"loss_type": "reinforce", "is_level": is_level, "is_threshold": 0.4}
+        return bypass_policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options)[0]
 
     assert gradcheck(loss, (current_logp(),))
 
@@ -62,7 +64,7 @@ def test_kl_penalty(kind):
     offsets = torch.tensor([[0.2, -0.4, 1.5, -1.1], [0.7, -1.5, 0.3, -0.2]], dtype=torch.float64)
     ref_logp = torch.tensor([[-1.0, -2.0, -3.0, -0.5], [-0.2, -4.0, -1.0, -2.2]], dtype=torch.float64)
     logp = (ref_logp + offsets).requires_grad_()
-    assert gradcheck(lambda lp, ref: kl_penalty(lp, ref, kind), (logp, ref_logp.clone().requires_grad_()))
+    assert gradcheck(lambda lp, ref: kl_penalty(lp, ref, kind=kind), (logp, ref_logp.clone().requires_grad_()))
 
 
 def test_bypass_reinforce_truncation_premise():

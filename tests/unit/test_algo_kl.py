@@ -34,7 +34,7 @@ def inputs():
 @pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3", "kl", "mse", "low_var_kl"])
 def test_values(kind):
     logp, ref_logp = inputs()
-    values = kl_penalty(logp, ref_logp, kind)
+    values = kl_penalty(logp, ref_logp, kind=kind)
     assert values.shape == (1, 5)
     assert values[0].tolist() == pytest.approx(EXPECTED[ALIASES.get(kind, kind)], rel=1e-12, abs=1e-12)
 
@@ -42,7 +42,7 @@ def test_values(kind):
 @pytest.mark.parametrize("kind", ["k1+", "abs+", "k2+", "k3+", "kl+", "mse+", "low_var_kl+"])
 def test_plus_keeps_the_value_and_takes_the_gradient_of_k2(kind):
     logp, ref_logp = inputs()
-    values = kl_penalty(logp, ref_logp, kind)
+    values = kl_penalty(logp, ref_logp, kind=kind)
     assert values[0].tolist() == pytest.approx(EXPECTED[ALIASES.get(kind[:-1], kind[:-1])], rel=1e-12, abs=1e-12)
     values.sum().backward()
     assert logp.grad[0].tolist() == pytest.approx(X, rel=1e-12)
@@ -51,7 +51,7 @@ def test_plus_keeps_the_value_and_takes_the_gradient_of_k2(kind):
 
 def test_k3_gradient_without_plus():
     logp, ref_logp = inputs()
-    kl_penalty(logp, ref_logp, "k3").sum().backward()
+    kl_penalty(logp, ref_logp, kind="k3").sum().backward()
     # d/dx (exp(-x) + x - 1) = 1 - exp(-x) inside the clamps; 0 where the value is clamped at 10.
     expected = [1 - math.exp(-0.5), 1 - math.exp(0.5), 1 - math.exp(-2.0), 0.0, 0.0]
     assert logp.grad[0].tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
@@ -59,12 +59,14 @@ def test_k3_gradient_without_plus():
 
 def test_k3_is_zero_when_policies_agree():
     logp = torch.tensor([[-0.3, -7.0]])
-    assert kl_penalty(logp, logp.clone(), "k3").tolist() == [[0.0, 0.0]]
+    assert kl_penalty(logp, logp.clone(), kind="k3").tolist() == [[0.0, 0.0]]
 
 
-def test_default_kind_is_k3():
+def test_kind_has_no_default():
+    # algo.kl.kind is config's; a call without it fails instead of picking a kind of its own.
     logp, ref_logp = inputs()
-    torch.testing.assert_close(kl_penalty(logp, ref_logp), kl_penalty(logp, ref_logp, "k3"))
+    with pytest.raises(TypeError, match="kind"):
+        kl_penalty(logp, ref_logp)
 
 
 @pytest.mark.parametrize(
@@ -83,10 +85,10 @@ def test_default_kind_is_k3():
 def test_invalid_arguments(arguments, argument):
     logp, ref_logp = inputs()
     with pytest.raises(ValueError, match=argument):
-        kl_penalty(**({"logp": logp, "ref_logp": ref_logp} | arguments))
+        kl_penalty(**({"logp": logp, "ref_logp": ref_logp, "kind": "k3"} | arguments))
 
 
 def test_k3_does_not_round_below_zero_in_float32():
     # exp(6e-8) == 1 in float32, so the naive exp(d) - d - 1 gives -6e-8 here.
-    values = kl_penalty(torch.tensor([-5.960464477539063e-08, 1e-7]), torch.tensor([0.0, 0.0]), "k3")
+    values = kl_penalty(torch.tensor([-5.960464477539063e-08, 1e-7]), torch.tensor([0.0, 0.0]), kind="k3")
     assert bool((values >= 0).all())

@@ -7,9 +7,26 @@ import torch
 
 from asyncgrpo.algo import aggregate, bypass_policy_loss, policy_loss
 
+# The functions take their config keys (algo.*, algo.correction.*) without defaults. The
+# hand-computed cases below assume these values unless a test overrides them: a symmetric clip
+# range of 0.2, dual clip 3, token-mean, and no rollout correction.
+PPO = {"loss_type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2, "clip_c": 3.0, "agg": "token-mean",
+       "norm_constant": None}
+NO_CORRECTION = {"is_level": None, "is_threshold": 2.0, "is_batch_normalize": False, "rs": None, "rs_threshold": None}
+
 
 def f64(values):
     return torch.tensor(values, dtype=torch.float64)
+
+
+def ppo(logp, old_logp, advantages, mask, **options):
+    """policy_loss with PPO's settings, `options` overriding them."""
+    return policy_loss(logp, old_logp, advantages, mask, **(PPO | options))
+
+
+def bypass(logp, rollout_logp, advantages, mask, **options):
+    """bypass_policy_loss with PPO's settings and no correction, `options` overriding them."""
+    return bypass_policy_loss(logp, rollout_logp, advantages, mask, **(PPO | NO_CORRECTION | options))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -30,8 +47,8 @@ MASK = f64([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # the last row is fully masked
     ],
 )
 def test_aggregate_modes(mode, expected):
-    assert aggregate(LOSS_MAT, MASK, mode).item() == pytest.approx(expected, rel=1e-12)
-    assert aggregate(LOSS_MAT, MASK.bool(), mode).item() == pytest.approx(expected, rel=1e-12)
+    assert aggregate(LOSS_MAT, MASK, mode, norm_constant=None).item() == pytest.approx(expected, rel=1e-12)
+    assert aggregate(LOSS_MAT, MASK.bool(), mode, norm_constant=None).item() == pytest.approx(expected, rel=1e-12)
 
 
 def test_aggregate_norm_constant():
@@ -50,17 +67,17 @@ def test_aggregate_norm_constant():
     ],
 )
 def test_aggregate_global_denominators(mode, expected):
-    loss = aggregate(LOSS_MAT, MASK, mode, global_num_tokens=10, global_num_seqs=5)
+    loss = aggregate(LOSS_MAT, MASK, mode, norm_constant=None, global_num_tokens=10, global_num_seqs=5)
     assert loss.item() == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_aggregate_micro_batches_add_up(mode):
     loss_mat = LOSS_MAT.clone().requires_grad_()
-    whole = aggregate(loss_mat, MASK, mode)
+    whole = aggregate(loss_mat, MASK, mode, norm_constant=None)
     (whole_grad,) = torch.autograd.grad(whole, loss_mat)
     parts = sum(
-        aggregate(loss_mat[rows], MASK[rows], mode, global_num_tokens=3, global_num_seqs=2)
+        aggregate(loss_mat[rows], MASK[rows], mode, norm_constant=None, global_num_tokens=3, global_num_seqs=2)
         for rows in (slice(0, 1), slice(1, 3))
     )
     (parts_grad,) = torch.autograd.grad(parts, loss_mat)
@@ -71,7 +88,7 @@ def test_aggregate_micro_batches_add_up(mode):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_aggregate_fully_masked_batch_is_zero_with_zero_gradient(mode):
     loss_mat = LOSS_MAT.clone().requires_grad_()
-    loss = aggregate(loss_mat, torch.zeros(3, 3), mode)
+    loss = aggregate(loss_mat, torch.zeros(3, 3), mode, norm_constant=None)
     loss.backward()
     assert loss.item() == 0.0
     assert loss_mat.grad.abs().sum().item() == 0.0
@@ -79,7 +96,7 @@ def test_aggregate_fully_masked_batch_is_zero_with_zero_gradient(mode):
 
 def test_aggregate_ignores_infinite_padding():
     loss_mat = f64([[1.0, math.inf], [2.0, -math.inf]])
-    assert aggregate(loss_mat, f64([[1, 0], [1, 0]]), "token-mean").item() == 1.5
+    assert aggregate(loss_mat, f64([[1, 0], [1, 0]]), "token-mean", norm_constant=None).item() == 1.5
 
 
 @pytest.mark.parametrize(
@@ -100,7 +117,7 @@ def test_aggregate_ignores_infinite_padding():
     ],
 )
 def test_aggregate_invalid_arguments(kwargs, argument):
-    arguments = {"loss_mat": LOSS_MAT, "mask": MASK} | kwargs
+    arguments = {"loss_mat": LOSS_MAT, "mask": MASK, "norm_constant": None} | kwargs
     with pytest.raises(ValueError, match=argument):
         aggregate(**arguments)
 
@@ -128,7 +145,7 @@ def regime_inputs():
 
 def test_ppo_clip_hand_computed():
     logp, old_logp = regime_inputs()
-    loss, metrics = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_low=0.2, clip_high=0.28, clip_c=3.0)
+    loss, metrics = ppo(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_low=0.2, clip_high=0.28, clip_c=3.0)
     assert loss.item() == pytest.approx(sum(PER_TOKEN_LOSS) / 5, rel=1e-12)
     assert metrics["pg"] == pytest.approx(0.844, rel=1e-12)
     assert metrics["clipfrac"] == pytest.approx(2 / 5)
@@ -139,16 +156,16 @@ def test_ppo_clip_hand_computed():
 
 def test_ppo_clip_gradient_only_through_unclipped_tokens():
     logp, old_logp = regime_inputs()
-    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_low=0.2, clip_high=0.28, clip_c=3.0)
+    loss, _ = ppo(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_low=0.2, clip_high=0.28, clip_c=3.0)
     loss.backward()
     # d(-A r)/d logp = -A r on the unclipped tokens 1 and 4, divided by the 5 real tokens.
     expected = [0.0, -0.5 / 5, 0.0, 0.0, 2.2 / 5, 0.0]
     assert logp.grad[0].tolist() == pytest.approx(expected, abs=1e-12)
 
 
-def test_ppo_clip_symmetric_default_clip_range():
+def test_ppo_clip_symmetric_clip_range():
     logp, old_logp = regime_inputs()
-    loss, metrics = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK)
+    loss, metrics = ppo(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_low=0.2, clip_high=0.2)
     # clip_high 0.2: token 0 becomes -1.2; the dual-clipped token keeps 3.
     assert loss.item() == pytest.approx((-1.2 - 0.5 + 0.8 + 3.0 + 2.2) / 5, rel=1e-12)
     assert metrics["clipfrac"] == pytest.approx(2 / 5)
@@ -156,7 +173,7 @@ def test_ppo_clip_symmetric_default_clip_range():
 
 def test_ppo_clip_dual_clip_constant():
     logp, old_logp = regime_inputs()
-    loss, metrics = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_high=0.28, clip_c=10.0)
+    loss, metrics = ppo(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_high=0.28, clip_c=10.0)
     # r = 5 < c = 10: the dual clip no longer binds.
     assert loss.item() == pytest.approx((-1.28 - 0.5 + 0.8 + 5.0 + 2.2) / 5, rel=1e-12)
     assert metrics["clipfrac_lower"] == 0.0
@@ -166,7 +183,7 @@ def test_ppo_clip_log_ratio_beyond_twenty_is_clamped():
     old_logp = f64([[0.0, 0.0, 0.0, 0.0]])
     logp = f64([[30.0, 1000.0, -30.0, 25.0]]).requires_grad_()
     advantages = f64([[1.0, -1.0, 1.0, -1.0]])
-    loss, metrics = policy_loss(logp, old_logp, advantages, torch.ones(1, 4, dtype=torch.float64))
+    loss, metrics = ppo(logp, old_logp, advantages, torch.ones(1, 4, dtype=torch.float64))
     # token 0: clipped to -1.2; tokens 1 and 3: exp(20) dual-clipped to 3; token 2: -exp(-20).
     expected = (-1.2 + 3.0 - math.exp(-20) + 3.0) / 4
     assert loss.item() == pytest.approx(expected, rel=1e-12)
@@ -179,7 +196,7 @@ def test_ppo_clip_log_ratio_beyond_twenty_is_clamped():
 def test_ppo_clip_is_weights_multiply_after_clipping_and_get_no_gradient():
     logp, old_logp = regime_inputs()
     weights = f64([[2.0, 1.0, 0.5, 1.0, 0.0, 7.0]]).requires_grad_()
-    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_high=0.28, clip_c=3.0, is_weights=weights)
+    loss, _ = ppo(logp, old_logp, ADVANTAGES, REGIME_MASK, clip_high=0.28, clip_c=3.0, is_weights=weights)
     assert loss.item() == pytest.approx((-1.28 * 2 - 0.5 + 0.8 * 0.5 + 3.0) / 5, rel=1e-12)
     loss.backward()
     assert weights.grad is None
@@ -190,7 +207,7 @@ def test_old_logp_and_advantages_get_no_gradient():
     logp, old_logp = regime_inputs()
     old_logp.requires_grad_()
     advantages = ADVANTAGES.clone().requires_grad_()
-    loss, _ = policy_loss(logp, old_logp, advantages, REGIME_MASK)
+    loss, _ = ppo(logp, old_logp, advantages, REGIME_MASK)
     loss.backward()
     assert old_logp.grad is None and advantages.grad is None
 
@@ -200,7 +217,7 @@ def test_reinforce_hand_computed():
     old_logp = f64([[-1.5, -2.0, 0.0]])
     advantages = f64([[1.0, -1.0, 4.0]])
     mask = f64([[1, 1, 0]])
-    loss, metrics = policy_loss(logp, old_logp, advantages, mask, loss_type="reinforce")
+    loss, metrics = ppo(logp, old_logp, advantages, mask, loss_type="reinforce")
     assert loss.item() == pytest.approx((1.0 - 2.0) / 2)  # -A * logp = [1, -2]
     assert metrics["clipfrac"] == 0.0 and metrics["clipfrac_lower"] == 0.0
     assert metrics["approx_kl"] == pytest.approx(-0.25)  # mean(old - new) = (-0.5 + 0) / 2
@@ -211,9 +228,7 @@ def test_reinforce_hand_computed():
 def test_reinforce_with_is_weights():
     logp = f64([[-1.0, -2.0]]).requires_grad_()
     weights = f64([[2.0, 0.5]])
-    loss, _ = policy_loss(
-        logp, logp.detach(), f64([[1.0, -1.0]]), torch.ones(1, 2), loss_type="reinforce", is_weights=weights
-    )
+    loss, _ = ppo(logp, logp.detach(), f64([[1.0, -1.0]]), torch.ones(1, 2), loss_type="reinforce", is_weights=weights)
     assert loss.item() == pytest.approx((2.0 - 1.0) / 2)
     loss.backward()
     assert logp.grad.tolist() == [[-1.0, 0.25]]
@@ -232,14 +247,14 @@ def test_policy_loss_aggregation_modes(agg, expected):
     # reinforce with A = 1 makes the per-token loss -logp = [[1, 2], [4, 9]].
     logp = f64([[-1.0, -2.0], [-4.0, -9.0], [-3.0, -3.0]])
     mask = f64([[1, 1], [1, 0], [0, 0]])
-    loss, _ = policy_loss(logp, logp, torch.ones(3, 2, dtype=torch.float64), mask, loss_type="reinforce", agg=agg)
+    loss, _ = ppo(logp, logp, torch.ones(3, 2, dtype=torch.float64), mask, loss_type="reinforce", agg=agg)
     assert loss.item() == pytest.approx(expected, rel=1e-12)
 
 
 def test_policy_loss_fully_masked_rows_are_ignored():
     logp, old_logp = regime_inputs()
     logp2 = torch.cat([logp, logp + 3.0])
-    loss, metrics = policy_loss(
+    loss, metrics = ppo(
         logp2,
         torch.cat([old_logp, old_logp]),
         torch.cat([ADVANTAGES, -ADVANTAGES]),
@@ -278,7 +293,7 @@ def test_policy_loss_fully_masked_rows_are_ignored():
 )
 def test_policy_loss_invalid_arguments(kwargs, argument):
     logp, old_logp = regime_inputs()
-    arguments = {"logp": logp, "old_logp": old_logp, "advantages": ADVANTAGES, "mask": REGIME_MASK} | kwargs
+    arguments = {"logp": logp, "old_logp": old_logp, "advantages": ADVANTAGES, "mask": REGIME_MASK} | PPO | kwargs
     with pytest.raises(ValueError, match=argument):
         policy_loss(**arguments)
 
@@ -296,7 +311,7 @@ def bypass_inputs():
 
 def test_bypass_ppo_clip_uses_rollout_logp_as_old_and_does_not_apply_weights():
     logp, rollout_logp, advantages, mask = bypass_inputs()
-    loss, metrics = bypass_policy_loss(logp, rollout_logp, advantages, mask, is_level="token", is_threshold=2.0)
+    loss, metrics = bypass(logp, rollout_logp, advantages, mask, is_level="token", is_threshold=2.0)
     # ratios [3, 2/3] with A = +1: [-1.2 (clipped), -2/3]; no IS weight on top.
     assert loss.item() == pytest.approx((-1.2 - 2 / 3) / 2, rel=1e-12)
     assert metrics["loss/pg"] == pytest.approx(loss.item())
@@ -307,9 +322,7 @@ def test_bypass_ppo_clip_uses_rollout_logp_as_old_and_does_not_apply_weights():
 
 def test_bypass_reinforce_applies_truncated_weights():
     logp, rollout_logp, advantages, mask = bypass_inputs()
-    loss, metrics = bypass_policy_loss(
-        logp, rollout_logp, advantages, mask, loss_type="reinforce", is_level="token", is_threshold=2.0
-    )
+    loss, metrics = bypass(logp, rollout_logp, advantages, mask, loss_type="reinforce", is_level="token", is_threshold=2.0)
     # -A * logp * w with w = [min(3, 2), 2/3] = [2 * 1 * 2, 2 * 2/3] / 2
     assert loss.item() == pytest.approx((2.0 + 4 / 3) / 2, rel=1e-12)
     loss.backward()
@@ -319,7 +332,7 @@ def test_bypass_reinforce_applies_truncated_weights():
 
 def test_bypass_reinforce_without_is_level_is_plain_reinforce():
     logp, rollout_logp, advantages, mask = bypass_inputs()
-    loss, metrics = bypass_policy_loss(logp, rollout_logp, advantages, mask, loss_type="reinforce")
+    loss, metrics = bypass(logp, rollout_logp, advantages, mask, loss_type="reinforce")
     assert loss.item() == pytest.approx(1.5)
     assert not any(key.startswith("is/") for key in metrics)
 
@@ -327,7 +340,7 @@ def test_bypass_reinforce_without_is_level_is_plain_reinforce():
 @pytest.mark.parametrize(("loss_type", "expected"), [("ppo_clip", -(2 / 3) / 2), ("reinforce", 2 * (2 / 3) / 2)])
 def test_bypass_rejection_applies_to_both_loss_types(loss_type, expected):
     logp, rollout_logp, advantages, mask = bypass_inputs()
-    loss, metrics = bypass_policy_loss(
+    loss, metrics = bypass(
         logp,
         rollout_logp,
         advantages,
@@ -346,15 +359,13 @@ def test_bypass_rejection_applies_to_both_loss_types(loss_type, expected):
 
 def test_bypass_global_denominators():
     logp, rollout_logp, advantages, mask = bypass_inputs()
-    loss, _ = bypass_policy_loss(logp, rollout_logp, advantages, mask, loss_type="reinforce", global_num_tokens=6)
+    loss, _ = bypass(logp, rollout_logp, advantages, mask, loss_type="reinforce", global_num_tokens=6)
     assert loss.item() == pytest.approx(3.0 / 6)
 
 
 def test_bypass_metric_keys():
     logp, rollout_logp, advantages, mask = bypass_inputs()
-    _, metrics = bypass_policy_loss(
-        logp, rollout_logp, advantages, mask, is_level="sequence", rs="seq_mean_k3", rs_threshold=5.0
-    )
+    _, metrics = bypass(logp, rollout_logp, advantages, mask, is_level="sequence", rs="seq_mean_k3", rs_threshold=5.0)
     expected_prefixed = {"loss/pg", "loss/clipfrac", "loss/clipfrac_lower", "loss/approx_kl"}
     assert expected_prefixed <= metrics.keys()
     assert {"is/mean", "is/ess", "is/rs_masked_token_frac", "mismatch/kl", "mismatch/chi2_seq"} <= metrics.keys()
@@ -377,6 +388,17 @@ def test_bypass_metric_keys():
 )
 def test_bypass_invalid_arguments(kwargs, argument):
     logp, rollout_logp, advantages, mask = bypass_inputs()
-    arguments = {"logp": logp, "rollout_logp": rollout_logp, "advantages": advantages, "mask": mask} | kwargs
+    arguments = {"logp": logp, "rollout_logp": rollout_logp, "advantages": advantages, "mask": mask} | PPO | NO_CORRECTION
     with pytest.raises(ValueError, match=argument):
-        bypass_policy_loss(**arguments)
+        bypass_policy_loss(**(arguments | kwargs))
+
+
+@pytest.mark.parametrize("function", [policy_loss, bypass_policy_loss])
+@pytest.mark.parametrize("key", ["loss_type", "clip_low", "clip_high", "clip_c", "agg", "norm_constant"])
+def test_config_keys_have_no_default(function, key):
+    """A missing config key is an error, not a silent default that may differ from config's."""
+    logp, old_logp = regime_inputs()
+    arguments = PPO | (NO_CORRECTION if function is bypass_policy_loss else {})
+    del arguments[key]
+    with pytest.raises(TypeError, match=key):
+        function(logp, old_logp, ADVANTAGES, REGIME_MASK, **arguments)

@@ -1,5 +1,6 @@
 """Property tests (hypothesis) for asyncgrpo.algo."""
 
+import dataclasses
 import itertools
 import math
 
@@ -18,6 +19,13 @@ from asyncgrpo.algo import (
     policy_loss,
     rollout_correction,
 )
+from asyncgrpo.schema import AlgoConfig, CorrectionConfig
+
+# The functions take their config keys without defaults; these tests use config's, overriding
+# what they vary.
+_ALGO = AlgoConfig()
+PPO = {key: getattr(_ALGO, key) for key in ("loss_type", "clip_low", "clip_high", "clip_c", "agg", "norm_constant")}
+CORRECTION = dataclasses.asdict(CorrectionConfig())
 
 # Derandomized so CI is reproducible; no example database is written to the work tree.
 property_test = settings(max_examples=40, deadline=None, derandomize=True, database=None)
@@ -90,7 +98,7 @@ log_probs = st.lists(st.floats(-60, 0), min_size=1, max_size=12)
 @given(logp=log_probs, ref_logp=log_probs)
 def test_k3_is_non_negative(logp, ref_logp):
     size = min(len(logp), len(ref_logp))
-    values = kl_penalty(torch.tensor(logp[:size]), torch.tensor(ref_logp[:size]), "k3")
+    values = kl_penalty(torch.tensor(logp[:size]), torch.tensor(ref_logp[:size]), kind="k3")
     assert bool((values >= 0).all())
 
 
@@ -104,10 +112,10 @@ def test_plus_kinds_have_the_gradient_of_k2(logp, ref_logp, kind):
     size = min(len(logp), len(ref_logp))
     logp_tensor = torch.tensor(logp[:size], dtype=torch.float64, requires_grad=True)
     ref_tensor = torch.tensor(ref_logp[:size], dtype=torch.float64)
-    values = kl_penalty(logp_tensor, ref_tensor, kind)
+    values = kl_penalty(logp_tensor, ref_tensor, kind=kind)
     (gradient,) = torch.autograd.grad(values.sum(), logp_tensor)
     torch.testing.assert_close(gradient, logp_tensor.detach() - ref_tensor)
-    torch.testing.assert_close(values.detach(), kl_penalty(logp_tensor.detach(), ref_tensor, kind[:-1]))
+    torch.testing.assert_close(values.detach(), kl_penalty(logp_tensor.detach(), ref_tensor, kind=kind[:-1]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,7 +127,7 @@ def test_plus_kinds_have_the_gradient_of_k2(logp, ref_logp, kind):
 @given(batch=token_batches())
 def test_sequence_weight_is_product_of_token_ratios_before_truncation(batch):
     logp_train, logp_rollout, _, mask = batch
-    weights, _, _ = rollout_correction(logp_train, logp_rollout, mask, is_level="sequence", is_threshold=1e12)
+    weights, _, _ = rollout_correction(logp_train, logp_rollout, mask, **(CORRECTION | {"is_level": "sequence", "is_threshold": 1e12}))
     ratios = torch.where(mask.bool(), (logp_train - logp_rollout).exp(), 1.0)
     product = ratios.prod(-1, keepdim=True).expand_as(mask) * mask
     torch.testing.assert_close(weights, product, rtol=1e-9, atol=0.0)
@@ -131,7 +139,8 @@ def test_truncated_weights_are_bounded_and_detached(batch, threshold):
     logp_train, logp_rollout, _, mask = batch
     logp_train.requires_grad_()
     for level in ("token", "sequence"):
-        weights, _, _ = rollout_correction(logp_train, logp_rollout, mask, is_level=level, is_threshold=threshold)
+        weights, _, _ = rollout_correction(
+            logp_train, logp_rollout, mask, **(CORRECTION | {"is_level": level, "is_threshold": threshold}))
         assert not weights.requires_grad
         assert bool((weights <= threshold).all()) and bool((weights >= 0).all())
         assert bool((weights[mask == 0] == 0).all())
@@ -142,11 +151,10 @@ def test_truncated_weights_are_bounded_and_detached(batch, threshold):
 def test_weights_path_carries_no_gradient(batch, level):
     logp, rollout_logp, advantages, mask = batch
     logp.requires_grad_()
-    loss, _ = bypass_policy_loss(
-        logp, rollout_logp, advantages, mask, loss_type="reinforce", is_level=level, is_threshold=1e6
-    )
+    options = PPO | CORRECTION | {"loss_type": "reinforce", "is_level": level, "is_threshold": 1e6}
+    loss, _ = bypass_policy_loss(logp, rollout_logp, advantages, mask, **options)
     (gradient,) = torch.autograd.grad(loss, logp)
-    weights, _, _ = rollout_correction(logp.detach(), rollout_logp, mask, is_level=level, is_threshold=1e6)
+    weights, _, _ = rollout_correction(logp.detach(), rollout_logp, mask, **(CORRECTION | {"is_level": level, "is_threshold": 1e6}))
     # d/dlogp of -A * logp * w / N with w held constant; a gradient through w would add A*logp*w/N terms.
     expected = -advantages * weights * mask / max(mask.sum().item(), 1.0)
     torch.testing.assert_close(gradient, expected)
@@ -166,10 +174,10 @@ def global_counts(mask):
 def test_aggregate_over_micro_batches_equals_unsplit(data, batch, mode):
     loss_mat, _, _, mask = batch
     loss_mat.requires_grad_()
-    whole = aggregate(loss_mat, mask, mode)
+    whole = aggregate(loss_mat, mask, mode, norm_constant=None)
     (whole_grad,) = torch.autograd.grad(whole, loss_mat)
     splits = data.draw(row_splits(len(mask)))
-    parts = sum(aggregate(loss_mat[rows], mask[rows], mode, **global_counts(mask)) for rows in splits)
+    parts = sum(aggregate(loss_mat[rows], mask[rows], mode, norm_constant=None, **global_counts(mask)) for rows in splits)
     (parts_grad,) = torch.autograd.grad(parts, loss_mat)
     assert parts.item() == pytest.approx(whole.item(), rel=1e-9, abs=1e-12)
     torch.testing.assert_close(parts_grad, whole_grad)
@@ -185,7 +193,8 @@ def test_aggregate_over_micro_batches_equals_unsplit(data, batch, mode):
 def test_policy_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, agg):
     logp, old_logp, advantages, mask = batch
     logp.requires_grad_()
-    whole, _ = policy_loss(logp, old_logp, advantages, mask, loss_type=loss_type, agg=agg)
+    options = PPO | {"loss_type": loss_type, "agg": agg}
+    whole, _ = policy_loss(logp, old_logp, advantages, mask, **options)
     (whole_grad,) = torch.autograd.grad(whole, logp)
     parts = 0.0
     for rows in data.draw(row_splits(len(mask))):
@@ -194,8 +203,7 @@ def test_policy_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, a
             old_logp[rows],
             advantages[rows],
             mask[rows],
-            loss_type=loss_type,
-            agg=agg,
+            **options,
             **global_counts(mask),
         )
         parts = parts + part
@@ -216,7 +224,7 @@ def test_policy_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, a
 def test_bypass_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, agg, is_level, rs):
     logp, rollout_logp, advantages, mask = batch
     logp.requires_grad_()
-    options = {"loss_type": loss_type, "agg": agg, "is_level": is_level, "rs": rs, "rs_threshold": "1.5"}
+    options = PPO | CORRECTION | {"loss_type": loss_type, "agg": agg, "is_level": is_level, "rs": rs, "rs_threshold": "1.5"}
     whole, _ = bypass_policy_loss(logp, rollout_logp, advantages, mask, **options)
     (whole_grad,) = torch.autograd.grad(whole, logp)
     parts = 0.0
@@ -235,9 +243,8 @@ def test_bypass_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, a
 def test_extreme_log_ratios_stay_finite(batch):
     logp, old_logp, advantages, mask = batch
     logp.requires_grad_()
-    loss, metrics = bypass_policy_loss(
-        logp, old_logp, advantages, mask, is_level="sequence", rs="seq_sum_k1", rs_threshold=1e3
-    )
+    options = PPO | CORRECTION | {"is_level": "sequence", "rs": "seq_sum_k1", "rs_threshold": 1e3}
+    loss, metrics = bypass_policy_loss(logp, old_logp, advantages, mask, **options)
     (gradient,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and bool(torch.isfinite(gradient).all())
     assert all(math.isfinite(value) for value in metrics.values())

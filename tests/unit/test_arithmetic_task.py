@@ -6,14 +6,14 @@ from asyncgrpo.tasks import ArithmeticTask, Problem
 
 
 def test_prompt_and_answer_format() -> None:
-    task = ArithmeticTask()
+    task = ArithmeticTask(num_digits=2, eval_size=500)
     problem = task.problem(task.problem_id(37, 48))
     assert problem.prompt == "37+48="
     assert problem.answer == "85"
 
 
 def test_problem_ids_cover_two_digit_operands_once() -> None:
-    task = ArithmeticTask()
+    task = ArithmeticTask(num_digits=2, eval_size=500)
     prompts = {task.problem(i).prompt for i in range(task.num_problems)}
     assert task.num_problems == 90 * 90
     assert len(prompts) == task.num_problems
@@ -21,16 +21,16 @@ def test_problem_ids_cover_two_digit_operands_once() -> None:
 
 
 def test_eval_split_is_fixed_and_sized() -> None:
-    first = ArithmeticTask().eval_problems()
-    again = ArithmeticTask().eval_problems()
+    first = ArithmeticTask(num_digits=2, eval_size=500).eval_problems()
+    again = ArithmeticTask(num_digits=2, eval_size=500).eval_problems()
     assert len(first) == 500
     assert first == again
     assert len({p.id for p in first}) == 500
-    assert ArithmeticTask(split_seed=1).eval_problems() != first
+    assert ArithmeticTask(num_digits=2, eval_size=500, split_seed=1).eval_problems() != first
 
 
 def test_train_stream_excludes_eval_and_is_deterministic_by_seed() -> None:
-    task = ArithmeticTask()
+    task = ArithmeticTask(num_digits=2, eval_size=500)
     eval_ids = {p.id for p in task.eval_problems()}
     train_pass = list(itertools.islice(task.train_problems(seed=0), task.num_problems - 500))
     assert {p.id for p in train_pass}.isdisjoint(eval_ids)
@@ -72,7 +72,7 @@ def test_one_digit_operands_include_zero() -> None:
 def test_score_is_exact_match_ignoring_trailing_eos_and_whitespace(
     completion: str, expected: float
 ) -> None:
-    task = ArithmeticTask()
+    task = ArithmeticTask(num_digits=2, eval_size=500)
     problem = Problem(id=0, prompt="37+48=", answer="85")
     assert task.score(completion, problem) == expected
 

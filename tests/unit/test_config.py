@@ -67,3 +67,58 @@ def test_step_quota_is_shared_exactly(groups, generators):
                 f"queue.capacity_groups={4 * groups}"])
     quotas = groups_per_generator(cfg)
     assert sum(quotas) == groups and len(quotas) == generators and max(quotas) - min(quotas) <= 1
+
+
+def test_no_signature_default_shadows_config():
+    """Parameters that carry a config key have no default of their own: config's is the only one."""
+    import inspect
+
+    from asyncgrpo import algo
+    from asyncgrpo.data.prompts import FieldMap, PromptFormat, epoch_stream, load_problems
+    from asyncgrpo.data.records import DataReport
+    from asyncgrpo.learner.batch import micro_batch_plan
+    from asyncgrpo.metrics.sinks import WandbSink
+    from asyncgrpo.models.tiny import TinyModelSpec
+    from asyncgrpo.models.warmstart import ensure_warm_model
+    from asyncgrpo.resources import pin_to_cores, plan_cores
+    from asyncgrpo.rewards import verifiers
+    from asyncgrpo.rewards.judge import parse_score
+    from asyncgrpo.rollout.engine import VLLMEngine
+    from asyncgrpo.tasks import ArithmeticTask, CountdownTask
+    from asyncgrpo.tasks.files import FileTask
+
+    policy = ["loss_type", "clip_low", "clip_high", "clip_c", "agg", "norm_constant"]
+    correction = ["is_level", "is_threshold", "is_batch_normalize", "rs", "rs_threshold"]
+    config_parameters = {
+        algo.group_advantages: ["mode"],
+        algo.aggregate: ["norm_constant"],
+        algo.policy_loss: policy,
+        algo.bypass_policy_loss: policy + correction,
+        algo.rollout_correction: correction,
+        algo.kl_penalty: ["kind"],
+        verifiers.numeric_match: ["tolerance"],
+        verifiers.math_equivalent: ["tolerance"],
+        verifiers.math_reward: ["tolerance"],
+        parse_score: ["parser", "max_score"],
+        ArithmeticTask: ["num_digits", "eval_size"],
+        CountdownTask: ["num_numbers", "max_number", "eval_size"],
+        FileTask: ["eval_size"],
+        FieldMap: ["prompt", "answer"],
+        PromptFormat: ["template", "chat_template", "system_prompt"],
+        DataReport: ["strict"],
+        load_problems: ["max_prompt_tokens"],
+        epoch_stream: ["epochs", "shuffle"],
+        TinyModelSpec: ["hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_positions"],
+        ensure_warm_model: ["target_accuracy", "max_seconds"],
+        VLLMEngine: ["dtype", "kv_cache_gib", "gpu_memory_utilization"],
+        VLLMEngine.sequence_logprobs: ["temperature"],
+        WandbSink: ["project", "mode"],
+        plan_cores: ["generator_spec", "learner_spec"],
+        pin_to_cores: ["torch_threads"],
+        micro_batch_plan: ["bucket_by_length"],
+    }
+    shadowing = [f"{getattr(target, '__qualname__', target)}({name}=...)"
+                 for target, names in config_parameters.items()
+                 for name in names
+                 if inspect.signature(target).parameters[name].default is not inspect.Parameter.empty]
+    assert not shadowing

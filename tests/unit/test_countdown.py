@@ -14,7 +14,7 @@ from asyncgrpo.tasks.countdown import countdown_reward
 @settings(max_examples=200, deadline=None)
 @given(problem_id=st.integers(0, 2**31 - 1), num_numbers=st.integers(2, 6))
 def test_every_problem_is_solved_by_its_reference_equation(problem_id, num_numbers):
-    task = CountdownTask(num_numbers=num_numbers, eval_size=10)
+    task = CountdownTask(num_numbers=num_numbers, max_number=100, eval_size=10)
     problem = task.problem(problem_id)
     numbers, target = problem.extra["numbers"], problem.extra["target"]
     assert len(numbers) == num_numbers and all(1 <= n <= 100 for n in numbers)
@@ -25,9 +25,9 @@ def test_every_problem_is_solved_by_its_reference_equation(problem_id, num_numbe
 
 
 def test_eval_split_is_fixed_and_training_never_repeats_it():
-    task = CountdownTask(eval_size=50)
+    task = CountdownTask(num_numbers=4, max_number=100, eval_size=50)
     held = task.eval_problems()
-    assert held == CountdownTask(eval_size=50).eval_problems() and len(held) == 50
+    assert held == CountdownTask(num_numbers=4, max_number=100, eval_size=50).eval_problems() and len(held) == 50
     keys = {(tuple(sorted(p.extra["numbers"])), p.extra["target"]) for p in held}
     train = list(itertools.islice(task.train_problems(seed=0), 300))
     assert not keys & {(tuple(sorted(p.extra["numbers"])), p.extra["target"]) for p in train}

@@ -30,13 +30,13 @@ def arithmetic_file(tmp_path: Path, count: int = 40, name: str = "train.jsonl") 
 def test_chat_template_wraps_the_templated_prompt():
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
-    fmt = PromptFormat("{prompt} answer:", chat_template=True, system_prompt="be brief")
+    fmt = PromptFormat(template="{prompt} answer:", chat_template=True, system_prompt="be brief")
     assert fmt.render("1+1=", tokenizer) == "<system>be brief\n<user>1+1= answer:\n<assistant>"
 
 
 def test_chat_template_without_one_in_the_tokenizer_fails_clearly():
     with pytest.raises(DataError, match="data.chat_template"):
-        PromptFormat(chat_template=True).render("x", build_char_tokenizer())
+        PromptFormat(template="{prompt}", chat_template=True, system_prompt="").render("x", build_char_tokenizer())
 
 
 @settings(max_examples=60, deadline=None)
@@ -44,23 +44,23 @@ def test_chat_template_without_one_in_the_tokenizer_fails_clearly():
 def test_shards_of_an_epoch_are_disjoint_and_cover_every_item(size, num_shards, seed, epochs):
     if size < num_shards:
         with pytest.raises(DataError, match="rollout.num_generators"):
-            next(epoch_stream(list(range(size)), seed=seed, num_shards=num_shards))
+            next(epoch_stream(list(range(size)), seed=seed, epochs=0, shuffle=True, num_shards=num_shards))
         return
     items = list(range(size))
-    shards = [list(epoch_stream(items, seed=seed, epochs=epochs, shard=s, num_shards=num_shards))
+    shards = [list(epoch_stream(items, seed=seed, epochs=epochs, shuffle=True, shard=s, num_shards=num_shards))
               for s in range(num_shards)]
     assert Counter(itertools.chain(*shards)) == Counter({i: epochs for i in items})
-    again = list(epoch_stream(items, seed=seed, epochs=epochs, shard=0, num_shards=num_shards))
+    again = list(epoch_stream(items, seed=seed, epochs=epochs, shuffle=True, shard=0, num_shards=num_shards))
     assert again == shards[0]
 
 
 def test_order_depends_on_seed_and_changes_per_epoch():
     items = list(range(50))
-    two_epochs = list(epoch_stream(items, seed=1, epochs=2))
+    two_epochs = list(epoch_stream(items, seed=1, epochs=2, shuffle=True))
     assert two_epochs[:50] != two_epochs[50:] and sorted(two_epochs[:50]) == items
-    assert list(epoch_stream(items, seed=2, epochs=1)) != two_epochs[:50]
+    assert list(epoch_stream(items, seed=2, epochs=1, shuffle=True)) != two_epochs[:50]
     assert list(epoch_stream(items, seed=1, epochs=1, shuffle=False)) == items
-    endless = epoch_stream(items, seed=1, epochs=0)
+    endless = epoch_stream(items, seed=1, epochs=0, shuffle=True)
     assert len(list(itertools.islice(endless, 1000))) == 1000
 
 

@@ -10,6 +10,9 @@ from asyncgrpo.data import DataError, DataReport, FieldMap, PromptFormat, iter_r
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
+# The prompt as it is in the file: no template around it, no chat template.
+PLAIN = PromptFormat(template="{prompt}", chat_template=False, system_prompt="")
+QUESTION_ANSWER = FieldMap(prompt="question", answer="answer")
 
 
 def write_lines(path: Path, lines: list[bytes]) -> Path:
@@ -33,10 +36,11 @@ def bad_file(tmp_path: Path) -> Path:
     ])
 
 
-def load(path: Path, strict: bool = False, **kwargs) -> tuple[list, DataReport]:
+def load(path: Path, strict: bool = False, max_prompt_tokens: int = 0, **kwargs) -> tuple[list, DataReport]:
     report = DataReport("data.train_files", strict=strict)
-    problems = load_problems([str(path)], report=report, fields=FieldMap(), prompt_format=PromptFormat(),
-                             tokenizer=build_char_tokenizer(), context_tokens=27, **kwargs)
+    problems = load_problems([str(path)], report=report, fields=QUESTION_ANSWER, prompt_format=PLAIN,
+                             max_prompt_tokens=max_prompt_tokens, tokenizer=build_char_tokenizer(), context_tokens=27,
+                             **kwargs)
     return problems, report
 
 
@@ -87,16 +91,18 @@ def test_strict_does_not_stop_on_a_chosen_length_filter(tmp_path):
 
 def test_field_names_are_configurable_and_other_fields_reach_extra(tmp_path):
     path = write_lines(tmp_path / "data.jsonl", [json.dumps({"problem": "2+3=", "solution": 5, "level": 2}).encode()])
-    report = DataReport("t")
+    report = DataReport("t", strict=False)
     [problem] = load_problems([str(path)], report=report, fields=FieldMap(prompt="problem", answer="solution"),
-                              prompt_format=PromptFormat("Q: {prompt}"))
+                              prompt_format=PromptFormat(template="Q: {prompt}", chat_template=False, system_prompt=""),
+                              max_prompt_tokens=0)
     assert problem.prompt == "Q: 2+3=" and problem.answer == "5"
     assert problem.extra == {"level": 2, "raw_prompt": "2+3=", "raw_answer": 5}
 
 
 def test_no_answer_field_means_no_reference_answer(tmp_path):
     path = write_lines(tmp_path / "data.jsonl", [json.dumps({"question": "write a poem"}).encode()])
-    [problem] = load_problems([str(path)], report=DataReport("t"), fields=FieldMap(answer=""), prompt_format=PromptFormat())
+    [problem] = load_problems([str(path)], report=DataReport("t", strict=False), fields=FieldMap(prompt="question", answer=""),
+                              prompt_format=PLAIN, max_prompt_tokens=0)
     assert problem.answer == ""
 
 

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from asyncgrpo.schema import LearnerConfig
-from asyncgrpo.learner.learner import lr_multiplier
+from asyncgrpo.learner.schedule import lr_multiplier
 
 
 def test_linear_warmup_then_constant():

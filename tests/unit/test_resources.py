@@ -9,12 +9,12 @@ def test_parse_cores():
 
 
 def test_auto_gives_each_process_its_own_core():
-    generators, learners = plan_cores(1, 1, available=[0, 1])
+    generators, learners = plan_cores(1, 1, "auto", "auto", available=[0, 1])
     assert generators == [[0]] and learners == [[1]]
 
 
 def test_auto_pins_nothing_when_cores_are_short():
-    generators, learners = plan_cores(2, 1, available=[0, 1])
+    generators, learners = plan_cores(2, 1, "auto", "auto", available=[0, 1])
     assert generators == [[], []] and learners == [[]]
 
 

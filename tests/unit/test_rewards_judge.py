@@ -19,7 +19,7 @@ from asyncgrpo.rewards.judge import JudgeParseError, fill_template, parse_score
     ("<score>4</score>", "regex:<score>(\\d+)</score>", 0.4),
 ])
 def test_replies_parse_to_scores(reply, parser, score):
-    assert parse_score(reply, parser, max_score=10) == pytest.approx(score)
+    assert parse_score(reply, parser=parser, max_score=10) == pytest.approx(score)
 
 
 @pytest.mark.parametrize(("reply", "parser"), [
@@ -32,7 +32,13 @@ def test_replies_parse_to_scores(reply, parser, score):
 ])
 def test_unparseable_replies_raise(reply, parser):
     with pytest.raises(JudgeParseError):
-        parse_score(reply, parser, max_score=10)
+        parse_score(reply, parser=parser, max_score=10)
+
+
+
+def test_unknown_parser_is_refused():
+    with pytest.raises(ValueError, match="reward.judge.parser"):
+        parse_score("7", parser="numbr", max_score=10)
 
 
 def test_template_fills_fields_and_leaves_other_braces_alone():

@@ -17,6 +17,8 @@ from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rewards.user_fn import RewardFnError, load_reward_fn
 from asyncgrpo.tasks import ArithmeticTask, CountdownTask, Problem
 
+ARITHMETIC = ArithmeticTask(num_digits=2, eval_size=500)
+
 USER_REWARDS = '''
 import asyncio, math, threading, time
 
@@ -84,7 +86,7 @@ def reward_cfg(*terms: dict, **kwargs) -> RewardConfig:
 @settings(max_examples=100, deadline=None)
 @given(texts=st.lists(st.sampled_from(["85", "85<eos>", " 85 ", "86", "8", "", "85 5", "x"]), min_size=1, max_size=8))
 def test_default_scorer_is_the_tasks_exact_match(texts):
-    task = ArithmeticTask()
+    task = ARITHMETIC
     scorer = Scorer(task, RewardConfig())
     [score] = scorer.submit([problem()], [texts]).result(timeout=0)  # already done: scored inline
     assert score.rewards.dtype == np.float32
@@ -94,7 +96,7 @@ def test_default_scorer_is_the_tasks_exact_match(texts):
 
 
 def test_default_scoring_stays_cheap():
-    scorer = Scorer(ArithmeticTask(), RewardConfig())
+    scorer = Scorer(ARITHMETIC, RewardConfig())
     problems = [problem()] * 125
     texts = [["85", "86", "8", "85", "1", "2", "85", "9"]] * 125
     scorer.score(problems, texts)
@@ -106,7 +108,7 @@ def test_default_scoring_stays_cheap():
 
 
 def test_weighted_terms_sum_and_are_reported_per_term():
-    scorer = Scorer(ArithmeticTask(), reward_cfg({"name": "exact", "weight": 1.0},
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "exact", "weight": 1.0},
                                                   {"name": "format", "weight": 0.25, "pattern": r"^\s*\d+\s*$"}))
     [score] = scorer.score([problem()], [["85", "86", "eighty"]])
     assert score.rewards.tolist() == [1.25, 0.25, 0.0]
@@ -116,7 +118,7 @@ def test_weighted_terms_sum_and_are_reported_per_term():
 
 
 def test_math_and_numeric_terms_run_off_the_callers_thread():
-    scorer = Scorer(ArithmeticTask(), reward_cfg({"name": "math"}, {"name": "numeric", "tolerance": 0.01}))
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "math"}, {"name": "numeric", "tolerance": 0.01}))
     try:
         [score] = scorer.score([problem("0.5")], [["#### 1/2", "\\boxed{0.501}", "#### 2"]])
         assert score.terms["math"].tolist() == [1, 0, 0]
@@ -127,7 +129,7 @@ def test_math_and_numeric_terms_run_off_the_callers_thread():
 
 
 def test_user_fn_by_dotted_path_gets_prompt_completion_answer_and_extra(user_rewards):
-    task = CountdownTask(eval_size=3)
+    task = CountdownTask(num_numbers=4, max_number=100, eval_size=3)
     target = task.eval_problems()[0]
     scorer = Scorer(task, RewardConfig(fn="my_rewards:length_bonus"))
     try:
@@ -142,7 +144,7 @@ def test_user_fn_by_dotted_path_gets_prompt_completion_answer_and_extra(user_rew
 
 
 def test_raw_prompt_and_no_answer_reach_the_user_fn(user_rewards):
-    scorer = Scorer(ArithmeticTask(), RewardConfig(fn="my_rewards.length_bonus"))
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards.length_bonus"))
     templated = Problem(id=2, prompt="<user>write<assistant>", answer="", extra={"raw_prompt": "write", "level": 3})
     try:
         scorer.score([templated], [["x"]])
@@ -152,7 +154,7 @@ def test_raw_prompt_and_no_answer_reach_the_user_fn(user_rewards):
 
 
 def test_async_user_fn_and_mixed_terms(user_rewards):
-    scorer = Scorer(ArithmeticTask(), reward_cfg({"name": "fn", "fn": "my_rewards:async_match", "weight": 2.0},
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": "my_rewards:async_match", "weight": 2.0},
                                                   {"name": "task", "weight": 1.0}))
     try:
         scores = scorer.score([problem(), problem("1")], [["85", "0"], ["1", "1"]])
@@ -167,7 +169,7 @@ def test_async_user_fn_and_mixed_terms(user_rewards):
     ("not_a_number", ["a", "b", "c"], [True, True, True]),
 ])
 def test_a_failing_reward_scores_zero_and_is_counted(user_rewards, fn, texts, failed):
-    scorer = Scorer(ArithmeticTask(), reward_cfg({"name": "fn", "fn": f"my_rewards:{fn}"}, {"name": "task", "weight": 0.0}))
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": f"my_rewards:{fn}"}, {"name": "task", "weight": 0.0}))
     try:
         [score] = scorer.score([problem()], [texts])
         assert np.isnan(score.terms["fn"]).tolist() == failed
@@ -180,7 +182,7 @@ def test_a_failing_reward_scores_zero_and_is_counted(user_rewards, fn, texts, fa
 
 
 def test_drop_group_policy_drops_only_groups_with_errors(user_rewards):
-    scorer = Scorer(ArithmeticTask(), RewardConfig(fn="my_rewards:raises", on_error="drop_group"))
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:raises", on_error="drop_group"))
     try:
         good, bad = scorer.score([problem(), problem()], [["a", "b"], ["a", "boom"]])
         assert not good.dropped and bad.dropped and bad.errors == 1
@@ -190,7 +192,7 @@ def test_drop_group_policy_drops_only_groups_with_errors(user_rewards):
 
 
 def test_bool_results_count_as_numbers(user_rewards):
-    scorer = Scorer(ArithmeticTask(), RewardConfig(fn="my_rewards:as_bool"))
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:as_bool"))
     try:
         assert scorer.score([problem()], [["85", "84"]])[0].rewards.tolist() == [1.0, 0.0]
     finally:
@@ -199,7 +201,7 @@ def test_bool_results_count_as_numbers(user_rewards):
 
 @pytest.mark.parametrize("fn", ["slow_async", "slow_sync"])
 def test_a_reward_past_its_timeout_is_an_error_not_a_hang(user_rewards, fn):
-    scorer = Scorer(ArithmeticTask(), RewardConfig(fn=f"my_rewards:{fn}", timeout_s=0.3))
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn=f"my_rewards:{fn}", timeout_s=0.3))
     try:
         start = time.monotonic()
         [score] = scorer.score([problem()], [["fast", "slow"]])
@@ -211,7 +213,7 @@ def test_a_reward_past_its_timeout_is_an_error_not_a_hang(user_rewards, fn):
 
 
 def test_submit_returns_before_rewards_finish(user_rewards):
-    scorer = Scorer(ArithmeticTask(), RewardConfig(fn="my_rewards:gated"))
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:gated"))
     try:
         future = scorer.submit([problem()] * 4, [["a", "b"]] * 4)
         with pytest.raises(concurrent.futures.TimeoutError):
@@ -224,7 +226,7 @@ def test_submit_returns_before_rewards_finish(user_rewards):
 
 
 def test_submit_from_several_threads(user_rewards):
-    scorer = Scorer(ArithmeticTask(), RewardConfig(fn="my_rewards:async_match"))
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:async_match"))
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda i: scorer.score([problem(str(i))], [[str(i), "no"]])[0].rewards.tolist(),
@@ -261,7 +263,7 @@ def test_reward_term_metrics_average_terms_and_sum_errors():
 def test_group_meta_survives_the_wire_codec():
     from asyncgrpo.wire import ScoredGroup, decode_group, encode_group
 
-    scorer = Scorer(ArithmeticTask(), reward_cfg({"name": "exact"}, {"name": "format", "weight": 0.1}))
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "exact"}, {"name": "format", "weight": 0.1}))
     [score] = scorer.score([problem()], [["85", "x"]])
     group = ScoredGroup(generator_id=0, seq=0, prompt_id=1, prompt_tokens=np.zeros(3, np.int32),
                         tokens=np.zeros(4, np.int32), logprobs=np.zeros(4, np.float32),
@@ -291,6 +293,6 @@ def test_bad_reward_config_names_the_key(overrides, key):
 def test_the_default_config_scores_exactly_as_before():
     cfg = load([])
     assert cfg.task.name == "arithmetic" and cfg.reward.terms == [] and cfg.reward.fn == ""
-    scorer = Scorer(ArithmeticTask(), cfg.reward)
+    scorer = Scorer(ARITHMETIC, cfg.reward)
     assert scorer.all_cheap and not scorer.report_terms and [t.name for t in scorer.terms] == ["task"]
     assert math.isclose(scorer.score([problem()], [["85"]])[0].rewards[0], 1.0)

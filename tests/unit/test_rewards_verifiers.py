@@ -8,6 +8,9 @@ from hypothesis import strategies as st
 
 from asyncgrpo.rewards import verifiers as v
 
+# The verifiers take reward.terms[].tolerance without a default; these tests use config's.
+TOLERANCE = 1e-6
+
 
 @pytest.mark.parametrize(("completion", "answer", "expected"), [
     ("85", "85", 1.0), (" 85\n", "85", 1.0), ("85<eos>", "85", 1.0), ("85<|im_end|>", "85", 1.0),
@@ -28,7 +31,7 @@ def test_exact_match(completion, answer, expected):
     ("#### 3", "three", 1e-6, 0.0),
 ])
 def test_numeric_match_with_tolerance(completion, answer, tolerance, expected):
-    assert v.numeric_match(completion, answer, tolerance) == expected
+    assert v.numeric_match(completion, answer, tolerance=tolerance) == expected
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -62,7 +65,7 @@ def test_extract_answer(text, expected):
     ("", "0", False),
 ])
 def test_math_equivalence(candidate, reference, equal):
-    assert v.math_equivalent(candidate, reference) is equal
+    assert v.math_equivalent(candidate, reference, tolerance=TOLERANCE) is equal
 
 
 @pytest.mark.parametrize("hostile", [
@@ -70,9 +73,9 @@ def test_math_equivalence(candidate, reference, equal):
     "lambda: 1", "exec(1)", "(" * 500 + "1" + ")" * 500, "x" * 10000,
 ])
 def test_hostile_answers_are_refused_quickly(hostile):
-    v.math_equivalent("1", "1")  # import sympy outside the timed part
+    v.math_equivalent("1", "1", tolerance=TOLERANCE)  # import sympy outside the timed part
     start = time.monotonic()
-    assert v.math_equivalent(hostile, "1") is False
+    assert v.math_equivalent(hostile, "1", tolerance=TOLERANCE) is False
     assert time.monotonic() - start < 2.0
 
 
@@ -80,8 +83,8 @@ def test_hostile_answers_are_refused_quickly(hostile):
 @given(numerator=st.integers(-1000, 1000), denominator=st.integers(1, 1000))
 def test_a_fraction_equals_its_decimal(numerator, denominator):
     decimal = f"{numerator / denominator:.12f}"
-    assert v.math_equivalent(f"\\frac{{{numerator}}}{{{denominator}}}", decimal)
-    assert v.math_reward(f"#### {numerator}/{denominator}", decimal) == 1.0
+    assert v.math_equivalent(f"\\frac{{{numerator}}}{{{denominator}}}", decimal, tolerance=TOLERANCE)
+    assert v.math_reward(f"#### {numerator}/{denominator}", decimal, tolerance=TOLERANCE) == 1.0
 
 
 def test_format_reward():

@@ -1,11 +1,11 @@
 """The periodic sample log: the learner's recent groups -> samples.jsonl and a compact table."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 
-from asyncgrpo.metrics import SampleLogger, format_samples_table
+from asyncgrpo.metrics import JsonlSink, SampleLogger, format_samples_table
+from asyncgrpo.metrics.samples import sample_records
 from asyncgrpo.wire import ScoredGroup
 
 
@@ -29,15 +29,12 @@ def group(prompt: str, completions: list[str], rewards: list[float], version: in
     )
 
 
-def test_learner_recent_samples_returns_the_last_steps_groups_as_token_ids():
-    from asyncgrpo.learner.learner import Learner
-
+def test_sample_records_are_the_first_groups_as_token_ids():
     groups = [group("37+48=", ["85", "84"], [1.0, 0.0], version=3, prompt_id=7),
               group("1+2=", ["3", "12\n"], [1.0, 0.0], version=4, prompt_id=8),
               group("9+9=", ["18", "18"], [1.0, 1.0], version=5, prompt_id=9)]
-    # The learner records (its version when it took the groups, the groups) right after the take.
-    learner = SimpleNamespace(_last_taken=(5, groups))
-    samples = Learner.recent_samples(learner, 2)
+    # Staleness counts from the learner's version when it took the groups.
+    samples = sample_records(groups, learner_version=5, num_groups=2)
     assert len(samples) == 2
     assert samples[0]["prompt_tokens"] == encode("37+48=")
     assert samples[0]["completions"] == [encode("85"), encode("84")]
@@ -45,17 +42,22 @@ def test_learner_recent_samples_returns_the_last_steps_groups_as_token_ids():
     assert samples[0]["versions"] == [3, 3] and samples[0]["staleness"] == 2
     assert samples[1]["staleness"] == 1 and samples[1]["prompt_id"] == 8
     json.dumps(samples)  # plain Python values: cheap to ship over Ray, easy to log
-    assert Learner.recent_samples(SimpleNamespace(), 4) == []  # before the first step
+    assert sample_records([], learner_version=0, num_groups=4) == []  # before the first step
+
+
+def test_sample_records_keep_the_oldest_version_of_a_completion_sampled_across_a_push():
+    g = group("1+1=", ["22", "2"], [0.0, 1.0], version=4, prompt_id=1)
+    g.versions[1] = 5  # a push landed mid-sequence: the first completion's second token came from version 5
+    g.versions[2] = 6  # the second completion was sampled at version 6
+    assert sample_records([g], learner_version=6, num_groups=1)[0]["versions"] == [4, 6]
 
 
 def test_sample_logger_appends_one_line_per_completion_and_prints_one_row_per_prompt(tmp_path):
-    from asyncgrpo.learner.learner import Learner
-
     groups = [group("37+48=", ["85", "84"], [1.0, 0.0], version=3, prompt_id=7),
               group("1+2=", ["3", "12\n"], [1.0, 0.0], version=4, prompt_id=8)]
     logger = SampleLogger(tmp_path, decode)
-    table = logger.log(100, Learner.recent_samples(SimpleNamespace(_last_taken=(5, groups)), 2), width=100)
-    logger.log(200, Learner.recent_samples(SimpleNamespace(_last_taken=(6, groups[:1])), 2), width=100)
+    table = logger.log(100, sample_records(groups, 5, 2), width=100)
+    logger.log(200, sample_records(groups[:1], 6, 2), width=100)
 
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [100] * 4 + [200] * 2
@@ -79,20 +81,13 @@ def test_table_clips_long_completions_to_the_width():
     assert lines[-1].endswith("…")
 
 
-class _Remote:
-    def __init__(self, fn):
-        self.remote = fn
-
-
-class _FakeLearner:
-    """Stands in for the learner actor: train_steps(k) returns k step records."""
+class FakeLearner:
+    """The loop's view of the learner ranks, in process: train_steps(k) returns k step records."""
 
     def __init__(self):
         self.version = 0
-        self.train_steps = _Remote(self._train_steps)
-        self.recent_samples = _Remote(self._recent_samples)
 
-    def _train_steps(self, k):
+    def train_steps(self, k):
         records = []
         for _ in range(k):
             self.version += 1
@@ -100,33 +95,25 @@ class _FakeLearner:
                             "staleness/max": 1, "queue/dropped_stale": 0})
         return records
 
-    def _recent_samples(self, k):
-        from asyncgrpo.learner.learner import Learner
-
+    def recent_samples(self, k):
         groups = [group("1+1=", ["2", "3"], [1.0, 0.0], version=self.version - 1, prompt_id=i) for i in range(5)]
-        return Learner.recent_samples(SimpleNamespace(_last_taken=(self.version, groups)), k)
+        return sample_records(groups, self.version, k)
 
 
-def test_driver_logs_samples_at_the_first_chunk_boundary_past_each_multiple(tmp_path, monkeypatch):
-    import ray
-
+def test_loop_logs_samples_at_the_first_chunk_boundary_past_each_multiple(tmp_path):
     from asyncgrpo.config import load
-    from asyncgrpo.metrics import JsonlSink
-    from asyncgrpo.train import _Job
+    from asyncgrpo.driver.loop import run_loop
 
     cfg = load([f"run_dir={tmp_path}", "progress=false", "train.max_steps=23", "train.steps_per_call=4",
                 "log.samples_every_steps=5", "log.samples_per_log=3"])
-    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
-    job = _Job(cfg, "unused", JsonlSink(tmp_path), {})
-    job.learner = _FakeLearner()
-    job.learners = [job.learner]  # one rank: the driver calls train_steps on every rank
-    job.sample_logger = SampleLogger(tmp_path, decode)
-    monkeypatch.setattr(job, "_wait", lambda pending, runs, timeout_s: pending[0])
-    job._learn(runs=[])
-    job.metrics.close()
+    summary = {}
+    metrics = JsonlSink(tmp_path)
+    run_loop(cfg, FakeLearner(), metrics, SampleLogger(tmp_path, decode), summary)
+    metrics.close()
 
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     # Chunks end at 4, 8, 12, 16, 20, 23; multiples of 5 are first reached at 8, 12, 16, 20.
     assert sorted({r["step"] for r in rows}) == [8, 12, 16, 20]
     assert len(rows) == 4 * 3 * 2  # 3 prompts x 2 completions per log
-    assert job.summary["steps"] == 23
+    assert rows[0]["prompt"] == "1+1=" and rows[0]["staleness"] == 1
+    assert summary["steps"] == 23

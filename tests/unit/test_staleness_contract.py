@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,10 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.config import load
-from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.learner import wait_for_generators
+from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.replay import ReplayQueue
 from asyncgrpo.rollout.engine import Completion
-from asyncgrpo.rollout.generator import Generator, GeneratorStats
+from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.rewards.scorer import Scorer
+from asyncgrpo.rollout.generator import Generator
+from asyncgrpo.tasks import make_task
 from asyncgrpo.wire import Heartbeat, VersionAck, example_group
 
 EOS = 2
@@ -84,18 +87,26 @@ class PushEverySegment:
 BASE_CONFIG = load([])
 
 
+class ListSink(list):
+    """The generator's sink: what it sent, in order."""
+
+    def try_send(self, message, timeout_s: float) -> bool:
+        self.append(message)
+        return True
+
+    def close(self) -> None:
+        pass
+
+
 def generator_for(engine, **rollout) -> Generator:
-    generator = Generator.__new__(Generator)  # no vLLM, no sockets: only the sampling logic
-    generator.cfg = copy.deepcopy(BASE_CONFIG)
+    """A generator on the scripted engine (no vLLM, no sockets); these tests use only its sampling."""
+    cfg = copy.deepcopy(BASE_CONFIG)
     for key, value in rollout.items():
-        setattr(generator.cfg.rollout, key, value)
-    generator.engine = engine
-    generator.weights = PushEverySegment()
-    generator.sender = SimpleNamespace(try_send=lambda message, timeout_s: True)
-    generator.generator_id = 0
-    generator.version = 0
-    generator.stats = GeneratorStats()
-    return generator
+        setattr(cfg.rollout, key, value)
+    task = make_task(cfg)
+    return Generator(cfg=cfg, generator_id=0, engine=engine, tokenizer=build_char_tokenizer(), task=task,
+                     problems=task.train_problems(seed=0), scorer=Scorer(task, cfg.reward), sink=ListSink(),
+                     weights=PushEverySegment(), quota_per_step=cfg.train.groups_per_step)
 
 
 @settings(max_examples=40, deadline=None)
@@ -139,12 +150,26 @@ def test_without_inflight_updates_one_call_and_one_version():
 # ------------------------------------------------------------------------- learner waits for acks
 
 
+class AckWait:
+    """The learner's acknowledgement wait over a real registry and queue, fed in-process."""
+
+    def __init__(self, version: int, max_staleness: int, num_generators: int = 2, timeout_s: float = 5.0) -> None:
+        self.cfg = copy.deepcopy(BASE_CONFIG)
+        self.version, self.max_staleness, self.num_generators, self.timeout_s = (
+            version, max_staleness, num_generators, timeout_s)
+        self.queue = ReplayQueue(None, capacity_groups=64, max_staleness=max_staleness)
+        self.ack_waits = 0
+
+    def __call__(self) -> None:
+        if wait_for_generators(self.queue.registry, self.queue, range(self.num_generators),
+                               self.version - self.max_staleness, self.cfg.train.groups_per_step, self.timeout_s,
+                               self.max_staleness):
+            self.ack_waits += 1
+
+
 def learner_stub(version: int, max_staleness: int, num_generators: int = 2, timeout_s: float = 5.0):
-    cfg = copy.deepcopy(BASE_CONFIG)
-    cfg.train.max_staleness, cfg.rollout.num_generators, cfg.wire.timeout_s = max_staleness, num_generators, timeout_s
-    queue = ReplayQueue(None, capacity_groups=64, max_staleness=max_staleness)
-    stub = SimpleNamespace(cfg=cfg, version=version, queue=queue, ack_waits=0)
-    return stub, lambda: Learner._wait_for_generator_versions(stub)
+    wait = AckWait(version, max_staleness, num_generators, timeout_s)
+    return wait, wait
 
 
 def test_no_wait_while_generators_are_within_the_bound():
@@ -215,20 +240,21 @@ def test_early_steps_need_no_acknowledgement():
 # --------------------------------------------------------------------- generator idle attribution
 
 
-def test_generator_counters_are_attributed_once_per_step():
-    stub = SimpleNamespace(_generator_counters={})
-    delta = lambda groups: Learner._generator_deltas(stub, groups)  # noqa: E731
+def test_generator_reports_are_attributed_once_per_step():
+    registry = GeneratorRegistry()
 
-    def group(generator_id: int, idle: float, errors: int = 0, dropped: int = 0):
-        g = example_group(2, 4)
-        g.generator_id = generator_id
-        g.meta = {"gen_idle_s": idle, "gen_reward_errors": errors, "gen_reward_groups_dropped": dropped}
-        return g
+    def beat(generator_id: int, idle: float, errors: int = 0, dropped: int = 0) -> None:
+        registry.on_heartbeat(Heartbeat(generator_id, next_seq=0, version=0, idle_s=idle, reward_errors=errors,
+                                        groups_dropped=dropped))
 
-    first = delta([group(0, 1.0), group(0, 1.5, errors=2), group(1, 0.25)])
-    assert first == pytest.approx({"time/gen_idle_s": 1.75, "reward/errors": 2, "reward/groups_dropped": 0})
-    # Older groups (sent before the newest seen) add nothing; new counts add only the difference,
-    # including errors of groups the reward policy dropped (they never reach the learner).
-    second = delta([group(0, 1.2), group(0, 2.0, errors=5, dropped=1), group(1, 0.25)])
-    assert second == pytest.approx({"time/gen_idle_s": 0.5, "reward/errors": 3, "reward/groups_dropped": 1})
-    assert delta([group(1, 0.25)]) == {"time/gen_idle_s": 0.0, "reward/errors": 0.0, "reward/groups_dropped": 0.0}
+    beat(0, 1.0), beat(0, 1.5, errors=2), beat(1, 0.25)
+    assert registry.report_increments() == pytest.approx(
+        {"time/gen_idle_s": 1.75, "reward/errors": 2, "reward/groups_dropped": 0})
+    # A report older than the newest seen (reordered) adds nothing; new counts add only the
+    # difference, including errors of groups the reward policy dropped (they never reach the learner).
+    beat(0, 1.2), beat(0, 2.0, errors=5, dropped=1), beat(1, 0.25)
+    assert registry.report_increments() == pytest.approx(
+        {"time/gen_idle_s": 0.5, "reward/errors": 3, "reward/groups_dropped": 1})
+    beat(1, 0.25)
+    assert registry.report_increments() == {"time/gen_idle_s": 0.0, "reward/errors": 0.0,
+                                            "reward/groups_dropped": 0.0}

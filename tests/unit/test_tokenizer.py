@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from asyncgrpo.models.tokenizer import (
     SPECIAL_TOKENS,
     build_char_tokenizer,
 )
+from asyncgrpo.schema import ModelConfig
 
 SAMPLE_TEXT = "37+48=85\n(9*7) - 2 = ab?"
 
@@ -60,7 +62,8 @@ def test_rejects_non_ascii_characters() -> None:
 def test_auto_tokenizer_in_model_dir_matches(tokenizer, tmp_path: Path) -> None:
     # Next to a qwen2 config.json, transformers rebuilds the tokenizer as Qwen2Tokenizer;
     # ids and decoded text must not change.
-    model = build_model(TinyModelSpec(num_layers=1, intermediate_size=32), tokenizer, seed=0)
+    spec = dataclasses.replace(TinyModelSpec.from_config(ModelConfig()), num_layers=1, intermediate_size=32)
+    model = build_model(spec, tokenizer, seed=0)
     save_model(model, tokenizer, tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     ids = tokenizer(SAMPLE_TEXT).input_ids

@@ -1,0 +1,196 @@
+"""The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous, stop.
+
+Both actor classes are plain Python classes; they become Ray actors here, with `ray.remote`.
+Every wait on an actor has a deadline and fails the run with what it waited for (`get`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from asyncgrpo.config import groups_per_generator, learner_wait_timeout_s, use_curve
+from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.registry import GeneratorRegistry
+from asyncgrpo.resources import plan_cores
+from asyncgrpo.schema import Config
+from asyncgrpo.wire.network import free_port
+from asyncgrpo.wire.security import WireKeys
+
+
+def get(refs: Any, timeout_s: float, what: str) -> Any:
+    """`ray.get(refs)` within `timeout_s`; past it the run fails, naming `what` it waited for."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except GetTimeoutError:
+        raise TrainingFailed(f"no answer from {what} within {timeout_s:.0f} s") from None
+
+
+def gpus_per_actor(cfg: Config, gpus_in_cluster: float) -> float:
+    """A whole GPU per actor when there are enough, else an equal share (vLLM + learner on one GPU)."""
+    if cfg.device != "cuda":
+        return 0.0
+    actors = cfg.rollout.num_generators + cfg.learner.world_size
+    if gpus_in_cluster <= 0:
+        raise TrainingFailed("device=cuda but the Ray cluster has no GPU")
+    return min(1.0, gpus_in_cluster / actors)
+
+
+def check_gpu_share(cfg: Config, gpus: float) -> None:
+    """NCCL cannot join two processes on one GPU: learner ranks > 1 and the nccl weight backend
+    need a whole GPU per actor."""
+    if cfg.device != "cuda" or gpus >= 1:
+        return
+    world_size = cfg.learner.world_size
+    if world_size > 1:
+        raise TrainingFailed(f"learner.world_size={world_size} needs a whole GPU per learner rank (NCCL cannot put "
+                             f"two ranks on one GPU); each actor got {gpus:.2f} GPU here")
+    if cfg.weights.backend == "nccl":
+        raise TrainingFailed(
+            f"weights.backend=nccl needs a GPU per actor (NCCL cannot join two processes on one GPU); each "
+            f"actor got {gpus:.2f} GPU here: use weights.backend=zmq")
+
+
+def master_address(pg: Any) -> str:
+    """Where rank 0's rendezvous listens: loopback when every rank is on the driver's node."""
+    import ray
+    from ray.util import placement_group_table
+
+    bundle_nodes = placement_group_table(pg)["bundles_to_node_id"]
+    if set(bundle_nodes.values()) == {ray.get_runtime_context().get_node_id()}:
+        return "127.0.0.1"
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    return addresses[bundle_nodes[0]]
+
+
+class Actors:
+    """The Ray actors of one run. `start` fills them in as they come up, so `stop` also ends a half-started run."""
+
+    def __init__(self, cfg: Config, model_dir: str) -> None:
+        self.cfg, self.model_dir = cfg, model_dir
+        self.placement_group: Any = None
+        self.learners: list[Any] = []  # every rank; collectives (steps, pushes, probes) call them all
+        self.generators: list[Any] = []
+
+    @property
+    def learner(self) -> Any:
+        """Rank 0: the queue, the weight publisher, the metrics the driver logs."""
+        return self.learners[0]
+
+    def start(self, resume: dict[str, Any] | None) -> None:
+        """Learner ranks, then (from their endpoints and the resume point) the generators, then the
+        weight rendezvous; writes run_dir/actors.json."""
+        import ray
+
+        cfg = self.cfg
+        generator_cores, learner_cores = plan_cores(
+            cfg.rollout.num_generators, cfg.learner.world_size, cfg.rollout.cpu_cores, cfg.learner.cpu_cores
+        )
+        gpus = gpus_per_actor(cfg, ray.cluster_resources().get("GPU", 0.0))
+        check_gpu_share(cfg, gpus)
+        keys = WireKeys.generate(cfg.rollout.num_generators) if use_curve(cfg) else None
+        self._start_learners(gpus, learner_cores, keys.server() if keys else None)
+        endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
+        generator_dir, initial_version, skips = self._resume_learners(resume)
+        self._start_generators(gpus, generator_cores, endpoints, keys, generator_dir, initial_version, skips)
+        ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,
+                    "the generators starting (ready)")
+        self._join_weights()
+        learner_pids = self.on_all_ranks("pid", timeout_s=learner_wait_timeout_s(cfg), all_results=True)
+        actors = {"learner_pids": learner_pids, "generator_pids": [r["pid"] for r in ready],
+                  "generator_cores": generator_cores, "learner_cores": learner_cores}
+        (Path(cfg.run_dir) / "actors.json").write_text(json.dumps(actors, indent=2) + "\n")
+
+    def _start_learners(self, gpus: float, cores: list[list[int]], curve: Any) -> None:
+        """`learner.world_size` ranks, one placement-group bundle each, packed onto as few nodes as
+        possible; they form their own torch.distributed group through rank 0's address."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from asyncgrpo.learner.actor import LearnerActor
+
+        cfg = self.cfg
+        world_size = cfg.learner.world_size
+        bundle = {"CPU": cfg.learner.num_cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        self.placement_group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+        get(self.placement_group.ready(), cfg.wire.startup_timeout_s,
+            f"Ray placing {world_size} learner rank(s) of {bundle} (placement group)")
+        master_addr, master_port = master_address(self.placement_group), free_port()
+        # Actors get absolute paths (checkpoints): their working directory need not be the driver's.
+        actor_cfg = copy.deepcopy(cfg)
+        actor_cfg.run_dir = str(Path(cfg.run_dir).resolve())
+        self.learners = [
+            ray.remote(LearnerActor).options(
+                num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=gpus, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
+                                                                     placement_group_bundle_index=rank),
+            ).remote(actor_cfg, self.model_dir, rank, world_size, master_addr, master_port, cores[rank],
+                     curve if rank == 0 else None)
+            for rank in range(world_size)
+        ]
+
+    def _resume_learners(self, resume: dict[str, Any] | None) -> tuple[str, int, list[int]]:
+        """Load the checkpoint into every rank; the generators then start from its weights, written in
+        Hugging Face format, at its version, past the prompts already used."""
+        cfg = self.cfg
+        if resume is None:
+            return self.model_dir, 0, [0] * cfg.rollout.num_generators
+        self.on_all_ranks("load_checkpoint", resume["path"], timeout_s=cfg.wire.startup_timeout_s)
+        weights_dir = Path(cfg.run_dir).resolve() / f"resume_step_{resume['version']}"
+        self.on_all_ranks("export_hf", str(weights_dir), timeout_s=cfg.wire.startup_timeout_s)
+        positions = GeneratorRegistry()
+        positions.load_state_dict(resume["states"].get("registry", {}))
+        skips = [positions.groups_received(i) for i in range(cfg.rollout.num_generators)]
+        print(f"[resume] {resume['path']} at version {resume['version']}", flush=True)
+        return str(weights_dir), int(resume["version"]), skips
+
+    def _start_generators(self, gpus: float, cores: list[list[int]], endpoints: dict[str, str], keys: Any,
+                          model_dir: str, initial_version: int, skips: list[int]) -> None:
+        import ray
+
+        from asyncgrpo.rollout.generator import GeneratorActor
+
+        cfg = self.cfg
+        quotas = groups_per_generator(cfg)
+        self.generators = [
+            ray.remote(GeneratorActor).options(
+                num_cpus=cfg.rollout.num_cpus_per_generator, num_gpus=gpus, max_restarts=0,
+            ).remote(cfg, i, model_dir, endpoints["groups"], endpoints["weights"], quotas[i], cores[i],
+                     keys.client(i) if keys else None, initial_version=initial_version, skip_problems=skips[i])
+            for i in range(cfg.rollout.num_generators)
+        ]
+
+    def _join_weights(self) -> None:
+        """The weight backend's rendezvous, if it has one (an empty address: none): learner rank 0 and
+        every generator join one group, together."""
+        timeout_s = self.cfg.wire.startup_timeout_s
+        address = get(self.learner.weight_join_address.remote(), timeout_s, "learner rank 0's weight join address")
+        if not address:
+            return
+        joins = [self.learner.wait_for_weight_joins.remote(),
+                 *[g.join_weight_group.remote(address) for g in self.generators]]
+        get(joins, timeout_s, f"the weight rendezvous at {address} (learner rank 0 and every generator)")
+
+    def on_all_ranks(self, method: str, *args: Any, timeout_s: float, all_results: bool = False) -> Any:
+        """Call `method` on every learner rank (a collective); rank 0's result, or every rank's."""
+        results = get([getattr(learner, method).remote(*args) for learner in self.learners], timeout_s,
+                      f"the learner ranks ({method})")
+        return results if all_results else results[0]
+
+    def stop(self) -> None:
+        """Kill every actor started so far and free the learners' placement group."""
+        import ray
+
+        for actor in [*self.generators, *self.learners]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)

@@ -1,0 +1,68 @@
+"""Held-out accuracy (at the start and the end of a run) and the probes: log-probs of fixed
+sequences under vLLM (generator 0) at the start and the end, and under the learner at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.driver.actors import Actors, get
+from asyncgrpo.metrics import MetricsSink
+from asyncgrpo.tasks import Problem
+
+
+def evaluate(actors: Actors, problems: list[Problem], when: str, step: int, metrics: MetricsSink) -> dict[str, float]:
+    """Generator 0's accuracy on `problems`, sampled (temperature 1) and greedy; written to `metrics`,
+    printed, and returned as summary entries."""
+    generator, timeout_s = actors.generators[0], actors.cfg.wire.timeout_s
+    sampled = get(generator.evaluate.remote(problems, 1.0), timeout_s, f"generator 0 (evaluate, {when})")
+    greedy = get(generator.evaluate.remote(problems, 0.0), timeout_s, f"generator 0 (greedy evaluate, {when})")
+    metrics.write({"step": step, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy, "eval/when": when})
+    print(f"[eval {when}] sampled accuracy {sampled:.3f}, greedy {greedy:.3f}", flush=True)
+    return {f"eval_accuracy_{when}": sampled, f"eval_greedy_accuracy_{when}": greedy}
+
+
+def probe_sequences(problems: list[Problem], tokenizer_dir: str, count: int = 4) -> list[list[int]]:
+    """Fixed prompt+answer sequences on which generator and learner log-probs are compared."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return [tokenizer(p.prompt + p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            for p in problems[:count]]
+
+
+class Probes:
+    """The probe sequences and generator 0's log-probs of them at the start of the run."""
+
+    def __init__(self, sequences: list[list[int]], start_logp: list[Any]) -> None:
+        self.sequences, self.start_logp = sequences, start_logp
+
+    @classmethod
+    def at_start(cls, actors: Actors, problems: list[Problem], tokenizer_dir: str) -> Probes:
+        sequences = probe_sequences(problems, tokenizer_dir)
+        start_logp = get(actors.generators[0].sequence_logprobs.remote(sequences), actors.cfg.wire.timeout_s,
+                         "generator 0 (sequence_logprobs, start)")
+        return cls(sequences, start_logp)
+
+    def compare(self, actors: Actors, learner_version: int) -> dict[str, Any]:
+        """Generator (vLLM) and learner log-probs of the sequences at the final version."""
+        generator, timeout_s = actors.generators[0], actors.cfg.wire.timeout_s
+        generator_logp = get(generator.sequence_logprobs.remote(self.sequences), timeout_s,
+                             "generator 0 (sequence_logprobs, end)")
+        learner_logp = actors.on_all_ranks("sequence_logprobs", self.sequences,
+                                           timeout_s=learner_wait_timeout_s(actors.cfg))
+        generator_version = get(generator.loaded_version.remote(), timeout_s, "generator 0 (loaded_version)")
+        return probe_report(generator_logp, learner_logp, self.start_logp, generator_version, learner_version)
+
+
+def probe_report(generator_logp: list[Any], learner_logp: list[Any], start_logp: list[Any],
+                 generator_version: int, learner_version: int) -> dict[str, Any]:
+    """The largest per-token log-prob gaps: generator vs learner now, generator now vs at the start."""
+    import numpy as np
+
+    return {
+        "generator_version": generator_version,
+        "learner_version": learner_version,
+        "max_abs_diff_vs_learner": max(float(np.abs(g - l).max()) for g, l in zip(generator_logp, learner_logp)),
+        "max_abs_change_since_start": max(float(np.abs(g - s).max()) for g, s in zip(generator_logp, start_logp)),
+    }

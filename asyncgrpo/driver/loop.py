@@ -1,0 +1,172 @@
+"""The training loop: ask the learner for steps in chunks, write their metrics, show progress and
+samples; meanwhile watch the generators, so that a dead one fails the run at once.
+
+The loop sees the learner through `LearnerRanks` (blocking calls); `RemoteLearner` is that view of
+the Ray actors, a fake one in tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.driver.actors import get
+from asyncgrpo.metrics import MetricsSink, SampleLogger
+from asyncgrpo.schema import Config
+
+
+class LearnerRanks(Protocol):
+    def train_steps(self, num_steps: int) -> list[dict[str, float]]:
+        """`num_steps` steps on every rank; rank 0's metrics, one record per step."""
+
+    def recent_samples(self, num_groups: int) -> list[dict[str, Any]]:
+        """The first `num_groups` groups of the last step, as token ids (`metrics.samples.sample_records`)."""
+
+
+@dataclass
+class Progress:
+    """What the loop has seen: step and sample counts (from the resume point on), the reward trend,
+    the worst staleness, the last step's record."""
+
+    start_steps: int = 0
+    start_samples: int = 0
+    started: float = field(default_factory=time.monotonic)
+    steps: int = field(init=False)
+    samples: int = field(init=False)
+    staleness_max: int = 0
+    recent_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    last: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        self.steps, self.samples = self.start_steps, self.start_samples
+
+    @classmethod
+    def from_resume(cls, resume: dict[str, Any] | None) -> Progress:
+        """A resumed run goes on from the checkpoint's step up to train.max_steps in all."""
+        if resume is None:
+            return cls()
+        return cls(start_steps=int(resume["version"]), start_samples=int(resume["states"]["learner"]["samples"]))
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def add(self, records: list[dict[str, float]]) -> list[dict[str, float]]:
+        """Take in one chunk of step records; returns them stamped with time/wall_s."""
+        for record in records:
+            record["time/wall_s"] = self.elapsed()
+            self.recent_rewards.append(record["reward/mean"])
+            self.staleness_max = max(self.staleness_max, int(record["staleness/max"]))
+        if records:
+            self.last = records[-1]
+            self.steps, self.samples = int(self.last["step"]), int(self.last["samples"])
+        return records
+
+    def postfix(self) -> dict[str, Any]:
+        """The progress bar's figures: mean reward of the last 20 steps, samples/s, worst staleness."""
+        return {"reward": f"{sum(self.recent_rewards) / len(self.recent_rewards):.3f}",
+                "samples_s": f"{(self.samples - self.start_samples) / self.elapsed():.0f}",
+                "stale": self.staleness_max}
+
+    def summary(self, resume: dict[str, Any] | None) -> dict[str, Any]:
+        train_s = self.elapsed()
+        summary: dict[str, Any] = {
+            "steps": self.steps,
+            "samples": self.samples,
+            "train_s": train_s,
+            "samples_per_s": (self.samples - self.start_samples) / train_s if train_s > 0 else 0.0,
+            "staleness_max": self.staleness_max,
+        }
+        if self.start_steps and resume is not None:
+            summary["resumed_at_step"] = self.start_steps
+            # The queue of this run counts from the resume (its identity holds per run); the
+            # checkpointed run's counters are kept beside them.
+            summary["queue_at_resume"] = resume["states"].get("queue", {}).get("counters", {})
+        if self.last is not None:
+            summary["groups_dropped_stale"] = int(self.last["queue/dropped_stale"])
+            summary["queue"] = {k: v for k, v in self.last.items() if k.startswith(("queue/", "wire/"))}
+        return summary
+
+
+class SampleSchedule:
+    """Sample logs every `every` steps (0: never). Steps arrive in chunks of train.steps_per_call:
+    a log is due at the first chunk boundary past each multiple."""
+
+    def __init__(self, every: int, steps: int = 0) -> None:
+        self.every = every
+        self.next_step = self._after(steps)
+
+    def _after(self, steps: int) -> int:
+        return (steps // self.every + 1) * self.every if self.every else 0
+
+    def due(self, steps: int) -> bool:
+        if not self.every or steps < self.next_step:
+            return False
+        self.next_step = self._after(steps)
+        return True
+
+
+def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_logger: SampleLogger,
+             summary: dict[str, Any], resume: dict[str, Any] | None = None) -> None:
+    """Train up to train.max_steps (or train.max_train_minutes); the loop's figures go into `summary`,
+    also when it fails."""
+    from tqdm import tqdm
+
+    budget_s = cfg.train.max_train_minutes * 60 or float("inf")
+    progress = Progress.from_resume(resume)
+    samples = SampleSchedule(cfg.log.samples_every_steps, progress.steps)
+    bar = tqdm(total=cfg.train.max_steps, initial=progress.steps, disable=not cfg.progress, unit="step",
+               dynamic_ncols=True)
+    try:
+        while progress.steps < cfg.train.max_steps and progress.elapsed() < budget_s:
+            chunk = min(cfg.train.steps_per_call, cfg.train.max_steps - progress.steps)
+            records = progress.add(learner.train_steps(chunk))
+            for record in records:
+                metrics.write(record)
+            bar.update(len(records))
+            bar.set_postfix(**progress.postfix(), refresh=False)
+            if samples.due(progress.steps):
+                # tqdm.write keeps the progress bar intact below the table.
+                tqdm.write(sample_logger.log(progress.steps, learner.recent_samples(cfg.log.samples_per_log)))
+    finally:
+        bar.close()
+        summary.update(progress.summary(resume))
+
+
+class RemoteLearner:
+    """`LearnerRanks` over the learner actors; a step's wait fails the run as soon as a generator
+    (one of `runs`, their `run()` calls) ends or a rank fails."""
+
+    def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any]) -> None:
+        self.ranks, self.runs = ranks, runs
+        self.timeout_s = learner_wait_timeout_s(cfg)
+
+    def train_steps(self, num_steps: int) -> list[dict[str, float]]:
+        pending = [rank.train_steps.remote(num_steps) for rank in self.ranks]
+        return wait_for_ranks(pending, self.runs, self.timeout_s)
+
+    def recent_samples(self, num_groups: int) -> list[dict[str, Any]]:
+        return get(self.ranks[0].recent_samples.remote(num_groups), self.timeout_s, "learner rank 0 (recent_samples)")
+
+
+def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float) -> Any:
+    """Rank 0's result once every rank is done, failing loudly if a generator or a rank dies first."""
+    import ray
+
+    waiting = list(pending)
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        ready, _ = ray.wait([*waiting, *runs], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TrainingFailed(f"no learner progress for {timeout_s:.0f} s")
+        for run in runs:
+            if run in ready:
+                ray.get(run)  # re-raises the generator's own error
+                raise TrainingFailed("a generator stopped before the learner asked it to")
+        for ref in ready:
+            ray.get(ref)  # re-raises a rank's own error
+            waiting.remove(ref)
+    return ray.get(pending[0])

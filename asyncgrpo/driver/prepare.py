@@ -1,0 +1,160 @@
+"""Before any actor starts: the device, the model, the resume point, the data, Ray itself."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from asyncgrpo.config import groups_per_generator
+from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.schema import Config
+from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
+
+# Quiet, in-process vLLM inside the actors; the driver never imports vLLM.
+ACTOR_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def prepare_model(cfg: Config, log=print) -> str:
+    """The model's directory: model.path, else the embedded model, warm-started once and cached."""
+    if cfg.model.path:
+        return str(Path(cfg.model.path).expanduser())
+    from asyncgrpo.models.warmstart import ensure_warm_model
+
+    model_kwargs = {
+        "hidden_size": cfg.model.hidden_size,
+        "num_layers": cfg.model.num_layers,
+        "num_heads": cfg.model.num_heads,
+        "num_kv_heads": cfg.model.num_kv_heads,
+        "intermediate_size": cfg.model.intermediate_size,
+        "max_positions": cfg.model.max_positions,
+    }
+    return str(ensure_warm_model(
+        Path(cfg.model.cache_dir).expanduser(),
+        model_kwargs=model_kwargs,
+        task=load_task(cfg, endless=True),
+        seed=cfg.seed,
+        target_accuracy=cfg.model.warmstart_target_accuracy,
+        max_seconds=cfg.model.warmstart_max_seconds,
+        log=log,
+    ))
+
+
+def resume_point(cfg: Config) -> dict[str, Any] | None:
+    """The checkpoint `resume` names (its meta, with `path`), or None for a fresh run."""
+    if not cfg.resume:
+        return None
+    from asyncgrpo.learner.checkpoint import latest, read_meta
+
+    path = latest(cfg.resume)  # raises with a clear message if no complete checkpoint is there
+    return {**read_meta(path), "path": str(path)}
+
+
+def starting_model(cfg: Config, resume: dict[str, Any] | None, summary: dict[str, Any]) -> str:
+    """The run's starting weights (the KL reference and the architecture), noted in `summary`."""
+    model_dir = prepare_model(cfg)
+    if resume is not None:
+        summary["resumed_from"] = resume["path"]
+        # The KL reference and the architecture are the run's starting weights, not the checkpoint's.
+        if Path(resume["model_dir"]).is_dir():
+            model_dir = resume["model_dir"]
+    summary["model_dir"] = model_dir
+    return model_dir
+
+
+def load_task(cfg: Config, tokenizer_dir: str | None = None, endless: bool = False) -> Any:
+    """The configured task. File tasks count prompt tokens with the model's tokenizer (before the
+    embedded model exists, with its character tokenizer); `endless` ignores data.epochs (warm start)."""
+    if cfg.task.name not in FILE_TASKS:
+        return make_task(cfg)
+    if tokenizer_dir:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    else:
+        from asyncgrpo.models.tokenizer import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+    if endless:
+        cfg = copy.deepcopy(cfg)
+        cfg.data.epochs = 0
+    return make_task(cfg, tokenizer)
+
+
+def load_data(cfg: Config, model_dir: str, summary: dict[str, Any]) -> list[Problem]:
+    """Load the task, which checks the data files: bad data fails (or is counted) before actors start.
+    Makes the data paths absolute and fits train.max_steps to finite data (both in `cfg`); the eval problems."""
+    from asyncgrpo.data import absolute_paths
+
+    cfg.data.train_files = absolute_paths(cfg.data.train_files)
+    cfg.data.eval_files = absolute_paths(cfg.data.eval_files)
+    task = load_task(cfg, model_dir)
+    if hasattr(task, "describe"):
+        print(f"[data] {task.describe()}", flush=True)
+        summary["data"] = task.report()
+        fit_steps_to_data(cfg, task.num_train_problems)
+    return task.eval_problems()
+
+
+def steps_in_data(cfg: Config, num_train_problems: int) -> int | None:
+    """Full steps that data.epochs over the training prompts fill; None for endless data (epochs = 0).
+
+    Each generator streams its own shard, so a shard's remainder smaller than its quota is lost."""
+    if cfg.data.epochs <= 0:
+        return None
+    per_generator = num_train_problems // cfg.rollout.num_generators * cfg.data.epochs
+    return min(per_generator // quota for quota in groups_per_generator(cfg))
+
+
+def fit_steps_to_data(cfg: Config, num_train_problems: int) -> None:
+    """With data.epochs > 0 the prompts run out: stop at the last full step instead of waiting forever."""
+    available = steps_in_data(cfg, num_train_problems)
+    if available is None:
+        return
+    if available < 1:
+        raise TrainingFailed(f"data.epochs={cfg.data.epochs} over {num_train_problems} training prompts is less "
+                             f"than one step of train.groups_per_step={cfg.train.groups_per_step} groups")
+    if cfg.train.max_steps > available:
+        print(f"[data] {cfg.data.epochs} epoch(s) of {num_train_problems} prompts fill {available} steps: "
+              f"train.max_steps {cfg.train.max_steps} -> {available}", flush=True)
+        cfg.train.max_steps = available
+
+
+def start_ray(cfg: Config) -> bool:
+    """Connect to ray.address, or start a local cluster; True if this call started Ray (then the
+    driver shuts it down), False if it was already running."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address=cfg.ray.address or None,
+        num_cpus=local_cpus(cfg) if not cfg.ray.address else None,
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": ACTOR_ENV},
+    )
+    return True
+
+
+def local_cpus(cfg: Config) -> int:
+    """Logical CPUs of a local Ray cluster: all cores, but at least what the actors ask for (Ray's
+    CPU counts only admit actors; pinning to physical cores is resources.plan_cores' job)."""
+    wanted = math.ceil(cfg.rollout.num_generators * cfg.rollout.num_cpus_per_generator
+                       + cfg.learner.world_size * cfg.learner.num_cpus_per_rank)
+    return max(cfg.ray.num_cpus or os.cpu_count() or 1, wanted)

@@ -1,0 +1,95 @@
+"""The learner's step metrics, defined in one place.
+
+    loss/*, optim/*, is/*, ...   update(): per micro-batch, merged over micro-batches and ranks
+    step, samples, perf/*, reward/mean|std, staleness/*, response/*   batch_metrics()
+    reward/<term>                 reward_term_metrics(): the groups' reward terms
+    time/*, learner/ack_waits     the step's phases (PhaseTimer)
+    time/gen_idle_s, reward/errors, reward/groups_dropped   the generators' reports (registry)
+    queue/*, wire/*               the group source's counters
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from asyncgrpo.learner.batch import Batch
+
+
+def combine_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Merge per-micro-batch metrics: max of maxima, min of minima, token-weighted mean otherwise."""
+    if len(parts) == 1:
+        return dict(parts[0][1])
+    total = sum(weight for weight, _ in parts) or 1.0
+    merged: dict[str, float] = {}
+    for key in parts[0][1]:
+        values = [(weight, metrics[key]) for weight, metrics in parts if key in metrics]
+        if key.endswith("/max"):
+            merged[key] = max(v for _, v in values)
+        elif key.endswith("/min"):
+            merged[key] = min(v for _, v in values)
+        else:
+            merged[key] = sum(w * v for w, v in values) / total
+    return merged
+
+
+def reduce_metrics(parts: list[tuple[float, dict[str, float]]], sums: dict[str, float], world_size: int,
+                   device: torch.device) -> dict[str, float]:
+    """`combine_metrics` over every rank's micro-batches, plus `sums` added up over ranks.
+
+    Every rank must call it (collectives) with the same keys; a rank whose micro-batches were all
+    padding passes weight-0 parts.
+    """
+    if world_size == 1:
+        return {**combine_metrics(parts), **sums}
+    keys = sorted(parts[0][1])
+    maxima = [k for k in keys if k.endswith("/max")]
+    minima = [k for k in keys if k.endswith("/min")]
+    means = [k for k in keys if k not in maxima and k not in minima]
+    real = [(w, m) for w, m in parts if w > 0]
+    total = [sum(w for w, _ in real)] + [sum(w * m[k] for w, m in real) for k in means] + [sums[k] for k in sorted(sums)]
+    counts = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    if counts[0] != len(keys) or -counts[1] != len(keys):
+        raise RuntimeError(f"learner ranks logged different metrics (this rank: {len(keys)} keys)")
+    summed = torch.tensor(total, dtype=torch.float64, device=device)
+    high = torch.tensor([max((m[k] for _, m in real), default=-math.inf) for k in maxima] or [0.0],
+                        dtype=torch.float64, device=device)
+    low = torch.tensor([min((m[k] for _, m in real), default=math.inf) for k in minima] or [0.0],
+                       dtype=torch.float64, device=device)
+    dist.all_reduce(summed)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    values = summed.tolist()
+    weight = values[0] or 1.0
+    merged = {k: v / weight for k, v in zip(means, values[1:1 + len(means)])}
+    merged.update(zip(maxima, high.tolist()))
+    merged.update(zip(minima, low.tolist()))
+    merged.update(zip(sorted(sums), values[1 + len(means):]))
+    return merged
+
+
+def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_consumed: int) -> dict[str, float]:
+    """What a step trained on. `staleness` [G]: learner version minus each group's oldest token version."""
+    return {
+        "step": version,
+        "samples": samples_consumed,
+        "perf/samples": batch.num_samples,
+        "perf/tokens": batch.num_tokens,
+        "reward/mean": batch.rewards.mean().item(),
+        "reward/std": batch.rewards.std().item(),
+        "staleness/min": staleness.min().item(),
+        "staleness/mean": staleness.float().mean().item(),
+        "staleness/max": staleness.max().item(),
+        "response/length_mean": batch.mask.sum(1).mean().item(),
+    }
+
+
+def rate_metrics(metrics: dict[str, float], step_s: float) -> dict[str, float]:
+    return {
+        "time/step_s": step_s,
+        "perf/samples_per_s": metrics["perf/samples"] / step_s,
+        "perf/tokens_per_s": metrics["perf/tokens"] / step_s,
+    }

@@ -1,0 +1,83 @@
+"""Build a learner rank's parts from config: the process group, the policy, and on rank 0 the
+replay queue with its generator registry and the weight sender (with their sockets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.learner.policy import Policy
+from asyncgrpo.registry import GeneratorRegistry
+from asyncgrpo.replay import DROPPING_STALE_POLICIES, ReplayQueue
+from asyncgrpo.resources import pin_to_cores
+from asyncgrpo.schema import Config
+from asyncgrpo.weights import make_sender
+from asyncgrpo.wire import Publisher, Receiver
+from asyncgrpo.wire.network import advertised, free_port
+from asyncgrpo.wire.security import CurveServerKeys
+
+
+@dataclass
+class LearnerParts:
+    arguments: dict[str, Any]  # Learner's constructor arguments
+    endpoints: dict[str, str]  # rank 0: where generators connect ({} on other ranks)
+
+
+def learner_device(cfg: Config) -> torch.device:
+    if cfg.device == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def join_process_group(cfg: Config, device: torch.device, rank: int, world_size: int, master_addr: str,
+                       master_port: int | None) -> bool:
+    """The learner ranks' default group; True if this call created it (a test running several
+    learners in one process sets it up itself, and it is left to it)."""
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{master_addr}:{master_port or free_port(master_addr)}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=learner_wait_timeout_s(cfg)),
+        )
+    if dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise RuntimeError(f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
+                           f"expected {rank} of {world_size}")
+    return created
+
+
+def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, master_addr: str = "127.0.0.1",
+                  master_port: int | None = None, cores: list[int] | None = None,
+                  curve: CurveServerKeys | None = None) -> LearnerParts:
+    from transformers import AutoTokenizer
+
+    pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads)
+    device = learner_device(cfg)
+    owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port)
+    policy = Policy.from_config(cfg, model_dir, device, rank, world_size)
+    arguments: dict[str, Any] = {
+        "cfg": cfg, "policy": policy, "model_dir": model_dir, "rank": rank, "world_size": world_size,
+        "pad_id": AutoTokenizer.from_pretrained(model_dir).pad_token_id, "owns_process_group": owns_group,
+        "source": None, "registry": None, "weights": None,
+    }
+    if rank != 0:
+        return LearnerParts(arguments, {})
+    wire = cfg.wire
+    registry = GeneratorRegistry()
+    receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
+                        transport=wire.transport)
+    queue = ReplayQueue(receiver, capacity_groups=cfg.queue.capacity_groups, max_staleness=cfg.train.max_staleness,
+                        drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES, full_policy=cfg.queue.full_policy,
+                        registry=registry).start()
+    publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=wire.transport)
+    weights = make_sender(cfg, publisher, model_dir, device)
+    arguments.update(source=queue, registry=registry, weights=weights)
+    # A wildcard bind is advertised under this node's address.
+    return LearnerParts(arguments, {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint)})

@@ -1,0 +1,155 @@
+"""The policy being trained: the model under FSDP2, its optimizer and LR schedule, and the frozen
+KL reference. Every method that touches sharded weights is a collective: every rank calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from asyncgrpo.learner.batch import Batch, completion_logprobs
+from asyncgrpo.learner.schedule import lr_multiplier
+from asyncgrpo.schema import Config
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Matrices decay; biases and norm scales do not (decaying a norm scale towards 0 only hurts)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def shard(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool, offload: bool) -> None:
+    """FSDP2: each decoder layer is one unit (gathered just for its forward and backward), the root
+    holds the rest (embeddings, final norm, LM head)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    options = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16 else MixedPrecisionPolicy(),
+        "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+    }
+    for layer in model.model.layers:
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # Each rank's loss is its share of the global loss (global denominators), so the
+            # gradients must be summed over ranks, not averaged.
+            module.set_gradient_divide_factor(1.0)
+            # A plain SUM (gloo has no pre-multiplied sum, and with factor 1 there is nothing to scale).
+            module.set_force_sum_reduction_for_comms(True)
+
+
+class Policy:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, reference: torch.nn.Module | None,
+                 reference_device: torch.device, device: torch.device, rank: int, temperature: float) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.reference, self.reference_device = reference, reference_device
+        self.device, self.rank, self.temperature = device, rank, temperature
+
+    @classmethod
+    def from_config(cls, cfg: Config, model_dir: str, device: torch.device, rank: int, world_size: int) -> Policy:
+        """Needs the default process group (every rank builds its shard of the same model)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers import AutoModelForCausalLM
+
+        learner = cfg.learner
+        bf16 = learner.mixed_precision == "bf16"
+        if bf16 and device.type != "cuda":
+            raise ValueError("learner.mixed_precision=bf16 needs a GPU; this learner runs on CPU")
+        torch.manual_seed(cfg.seed)
+        mesh = init_device_mesh(device.type, (world_size,))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+        if learner.activation_checkpointing:
+            # Non-reentrant checkpointing composes with FSDP2's hooks (the reentrant one re-runs them).
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        shard(model, mesh, bf16, offload=learner.offload_optimizer and device.type == "cuda")
+        optimizer = torch.optim.AdamW(_param_groups(model, learner.weight_decay), lr=learner.lr,
+                                      betas=tuple(learner.betas), weight_decay=learner.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, learner, cfg.train.max_steps))
+        # Frozen starting weights for the KL penalty; forward only, no optimizer state.
+        reference, reference_device = None, device
+        if cfg.algo.kl.enabled:
+            reference = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch.bfloat16 if bf16 else torch.float32).eval()
+            reference.requires_grad_(False)
+            if cfg.algo.kl.reference_on == "cpu":
+                # A full copy on each rank in CPU memory: no GPU memory, no collectives, slower forward.
+                reference_device = torch.device("cpu")
+            else:
+                shard(reference.to(device), mesh, bf16, offload=False)
+        return cls(model, optimizer, scheduler, reference, reference_device, device, rank, cfg.rollout.temperature)
+
+    # ------------------------------------------------------------------------------ forward
+
+    def logprobs(self, micro: Batch) -> torch.Tensor:
+        """[B, T] log-probs of the completion tokens under the current weights, with gradient."""
+        logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
+        return completion_logprobs(logits, micro.logit_index, micro.targets, self.temperature)
+
+    @torch.no_grad()
+    def reference_logprobs(self, micro: Batch) -> torch.Tensor:
+        """[B, T] log-probs under the frozen starting weights, on the policy's device."""
+        assert self.reference is not None, "algo.kl.enabled=false: no reference"
+        on = self.reference_device
+        logits = self.reference(input_ids=micro.input_ids.to(on), attention_mask=micro.attention_mask.to(on),
+                                use_cache=False).logits
+        return completion_logprobs(logits, micro.logit_index.to(on), micro.targets.to(on),
+                                   self.temperature).to(self.device)
+
+    @torch.no_grad()
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        """Log-prob of tokens 1..L-1 of each sequence given its prefix (all ranks return the same)."""
+        self.model.eval()
+        result = []
+        for sequence in sequences:
+            ids = torch.tensor([sequence], dtype=torch.int64, device=self.device)
+            positions = torch.arange(len(sequence) - 1, device=self.device).unsqueeze(0)
+            logp = completion_logprobs(self.model(input_ids=ids, use_cache=False).logits, positions, ids[:, 1:],
+                                       self.temperature)
+            result.append(logp[0].cpu().numpy().astype(np.float32))
+        return result
+
+    # ------------------------------------------------------------------------------ weights
+
+    def full_state_dict(self) -> list[tuple[str, torch.Tensor]]:
+        """Unsharded parameters under their Hugging Face names, on rank 0; [] on the other ranks.
+
+        Tensors are gathered one at a time, so a rank other than 0 never holds more than one full tensor.
+        """
+        named = []
+        for name, tensor in self.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):
+                if tensor.device != self.device:  # sharded weights offloaded to CPU memory
+                    tensor = tensor.to(self.device)
+                tensor = tensor.full_tensor()
+            if self.rank == 0:
+                named.append((name, tensor.detach()))
+        return named
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards of the weights and optimizer state, for torch.distributed.checkpoint
+        (which reshards them for any world size). The LR schedule is in `schedule_state_dict`."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def schedule_state_dict(self) -> dict[str, Any]:
+        """The LR schedule's position: plain numbers, kept as JSON beside the sharded state."""
+        return self.scheduler.state_dict()
+
+    def load_schedule_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)

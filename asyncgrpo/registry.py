@@ -1,0 +1,145 @@
+"""What the learner knows of each generator: sequence numbers, loaded weights, reported counters.
+
+The replay queue's receiving thread feeds it (`admit` for each group, `on_ack`, `on_heartbeat`);
+the learner reads it (acknowledged versions, per-step increases of the generators' counters).
+Sequence numbers are per generator and ordered: an old one is a duplicate, a gap is loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncgrpo.wire import Heartbeat, VersionAck
+
+log = logging.getLogger(__name__)
+
+# Heartbeat field (cumulative per generator) -> the per-step metric of its increase.
+REPORTED_COUNTERS = {
+    "idle_s": "time/gen_idle_s",
+    "reward_errors": "reward/errors",
+    "groups_dropped": "reward/groups_dropped",
+}
+
+
+@dataclass
+class GeneratorState:
+    next_seq: int = 0
+    acked_version: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    reported_loss: bool = False
+    # The newest cumulative counters reported, and those already turned into per-step increases.
+    reported: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REPORTED_COUNTERS, 0.0))
+    logged: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REPORTED_COUNTERS, 0.0))
+
+
+class GeneratorRegistry:
+    """Thread-safe: written by the queue's receiving thread, read by the learner."""
+
+    def __init__(self) -> None:
+        self.generators: dict[int, GeneratorState] = {}
+        self.lost = self.duplicates = 0
+        # Groups each generator sent in the runs before a resume: its sequence numbers restart at 0.
+        self._received_before: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------- receiving thread
+
+    def admit(self, generator_id: int, seq: int) -> bool:
+        """Account for a group's sequence number; False for a duplicate (the group must not enter)."""
+        with self._lock:
+            state = self._seen(generator_id)
+            if seq < state.next_seq:
+                self.duplicates += 1
+                return False
+            self._skip_to(generator_id, state, seq)
+            state.next_seq = seq + 1
+            return True
+
+    def on_ack(self, ack: VersionAck) -> None:
+        with self._lock:
+            state = self._seen(ack.generator_id)
+            state.acked_version = max(state.acked_version, ack.version)
+
+    def on_heartbeat(self, beat: Heartbeat) -> None:
+        with self._lock:
+            state = self._seen(beat.generator_id)
+            # A heartbeat announces how many groups were sent: a gap at the tail is loss too.
+            self._skip_to(beat.generator_id, state, beat.next_seq)
+            # It also names the loaded version: an acknowledgement that found the socket full (and
+            # was dropped) is made good by the next heartbeat.
+            state.acked_version = max(state.acked_version, beat.version)
+            for name in REPORTED_COUNTERS:
+                state.reported[name] = max(state.reported[name], float(getattr(beat, name)))
+
+    def _seen(self, generator_id: int) -> GeneratorState:
+        state = self.generators.setdefault(generator_id, GeneratorState())
+        state.last_seen = time.monotonic()
+        return state
+
+    def _skip_to(self, generator_id: int, state: GeneratorState, next_seq: int) -> None:
+        missing = next_seq - state.next_seq
+        if missing <= 0:
+            return
+        self.lost += missing
+        if not state.reported_loss:
+            state.reported_loss = True
+            log.warning("generator %d: %d group(s) lost in transit before sequence number %d; "
+                        "later losses are only counted under queue/lost", generator_id, missing, next_seq)
+        state.next_seq = next_seq
+
+    # ---------------------------------------------------------------------------------- learner
+
+    def acked_versions(self, generator_ids: Sequence[int]) -> dict[int, int]:
+        """The newest weight version each generator acknowledged (-1: none yet)."""
+        with self._lock:
+            return {g: self.generators[g].acked_version if g in self.generators else -1 for g in generator_ids}
+
+    def min_acked_version(self) -> int:
+        with self._lock:
+            return min((s.acked_version for s in self.generators.values()), default=-1)
+
+    def report_increments(self) -> dict[str, float]:
+        """What the generators reported since the previous call, summed over generators: idle
+        seconds, reward errors and groups dropped by the reward policy (which never reach the queue)."""
+        increments = dict.fromkeys(REPORTED_COUNTERS.values(), 0.0)
+        with self._lock:
+            for state in self.generators.values():
+                for name, metric in REPORTED_COUNTERS.items():
+                    increments[metric] += state.reported[name] - state.logged[name]
+                    state.logged[name] = state.reported[name]
+        return increments
+
+    def last_seen(self) -> str:
+        """For timeout messages: how long ago each generator was heard from."""
+        with self._lock:
+            if not self.generators:
+                return "none ever connected"
+            now = time.monotonic()
+            return ", ".join(f"gen {g}: {now - s.last_seen:.1f} s ago" for g, s in sorted(self.generators.items()))
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return {"queue/lost": self.lost, "queue/duplicates": self.duplicates}
+
+    # ------------------------------------------------------------------------------- checkpoint
+
+    def groups_received(self, generator_id: int) -> int:
+        """The groups `generator_id` has sent as far as the learner knows (consumed, dropped or still
+        queued), across resumes: a resumed generator skips that many prompts."""
+        with self._lock:
+            state = self.generators.get(generator_id)
+            return self._received_before.get(generator_id, 0) + (state.next_seq if state else 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        ids = set(self.generators) | set(self._received_before)
+        return {"generators": {str(g): {"groups_received": self.groups_received(g)} for g in sorted(ids)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Only the prompt positions carry over; sequence numbers and acknowledgements are per run."""
+        with self._lock:
+            self._received_before = {int(g): int(s["groups_received"]) for g, s in state.get("generators", {}).items()}

@@ -1,0 +1,69 @@
+"""The driver's pure parts: GPU shares, fitting steps to finite data, local CPUs, the probe report."""
+
+import numpy as np
+import pytest
+
+from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.driver.actors import check_gpu_share, gpus_per_actor
+from asyncgrpo.driver.evaluation import probe_report
+from asyncgrpo.driver.prepare import fit_steps_to_data, local_cpus, steps_in_data
+
+
+def config(*overrides, device="cpu"):
+    from asyncgrpo.config import load
+
+    cfg = load(list(overrides))
+    cfg.device = device
+    return cfg
+
+
+def test_gpus_per_actor_is_a_whole_gpu_when_there_are_enough_else_an_equal_share():
+    assert gpus_per_actor(config("rollout.num_generators=1"), 0.0) == 0.0  # cpu: no GPU asked for
+    assert gpus_per_actor(config("rollout.num_generators=1", device="cuda"), 4.0) == 1.0
+    assert gpus_per_actor(config("rollout.num_generators=3", device="cuda"), 2.0) == pytest.approx(0.5)
+    with pytest.raises(TrainingFailed, match="no GPU"):
+        gpus_per_actor(config(device="cuda"), 0.0)
+
+
+def test_nccl_needs_a_whole_gpu_per_actor():
+    check_gpu_share(config("weights.backend=nccl", device="cuda"), 1.0)
+    check_gpu_share(config("weights.backend=zmq", device="cuda"), 0.5)
+    with pytest.raises(TrainingFailed, match="weights.backend=nccl needs a GPU per actor"):
+        check_gpu_share(config("weights.backend=nccl", device="cuda"), 0.5)
+    with pytest.raises(TrainingFailed, match="learner.world_size=2 needs a whole GPU"):
+        check_gpu_share(config("learner.world_size=2", device="cuda"), 0.5)
+
+
+def test_finite_data_fits_max_steps_to_the_full_steps_it_fills(capsys):
+    cfg = config("rollout.num_generators=2", "train.groups_per_step=5", "train.max_steps=100", "data.epochs=2")
+    # 2 generators share 101 prompts: 50 each, x 2 epochs = 100 per generator; quotas 3 and 2 -> 33 steps.
+    assert steps_in_data(cfg, 101) == 33
+    fit_steps_to_data(cfg, 101)
+    assert cfg.train.max_steps == 33 and "train.max_steps 100 -> 33" in capsys.readouterr().out
+    fit_steps_to_data(cfg, 1000)  # more data than steps: max_steps stays
+    assert cfg.train.max_steps == 33
+    with pytest.raises(TrainingFailed, match="less than one step"):
+        fit_steps_to_data(cfg, 2)  # 1 prompt per generator, 2 epochs: less than a quota of 3
+
+
+def test_endless_data_leaves_max_steps_alone():
+    cfg = config("data.epochs=0", "train.max_steps=7")
+    assert steps_in_data(cfg, 3) is None
+    fit_steps_to_data(cfg, 3)
+    assert cfg.train.max_steps == 7
+
+
+def test_a_local_ray_cluster_has_at_least_the_cpus_the_actors_ask_for():
+    cfg = config("rollout.num_generators=3", "rollout.num_cpus_per_generator=2", "learner.num_cpus_per_rank=1.5",
+                 "ray.num_cpus=1")
+    assert local_cpus(cfg) == 8  # ceil(3 * 2 + 1 * 1.5)
+
+
+def test_probe_report_is_the_largest_per_token_gap():
+    start = [np.array([-1.0, -2.0]), np.array([-0.5])]
+    generator = [np.array([-1.1, -2.0]), np.array([-0.2])]
+    learner = [np.array([-1.1, -2.05]), np.array([-0.2])]
+    report = probe_report(generator, learner, start, generator_version=4, learner_version=4)
+    assert report["generator_version"] == report["learner_version"] == 4
+    assert report["max_abs_diff_vs_learner"] == pytest.approx(0.05)
+    assert report["max_abs_change_since_start"] == pytest.approx(0.3)

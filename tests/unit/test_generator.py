@@ -1,0 +1,431 @@
+"""The generator, in-process: its pure parts (segments, groups) and its run loop on fakes (a scripted
+engine, a list as the sink, a weight receiver whose learner pushes whenever the generator waits).
+No vLLM, no sockets, no Ray."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncgrpo.config import load
+from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.rewards.scorer import GroupScore, Scorer
+from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.rollout.generator import Generator, groups_per_call, score_timeout_s, throttle_limit
+from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.segments import InFlight, tag_versions
+from asyncgrpo.schema import Config
+from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
+from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck, WireTimeout
+
+BASE_CONFIG = load([])
+TOKENIZER = build_char_tokenizer()
+TASK = make_task(BASE_CONFIG)  # arithmetic
+
+
+def completion(tokens: list[int], finished: bool = True, logprob: float = -0.5,
+               versions: list[int] | None = None) -> Completion:
+    return Completion(np.asarray(tokens, np.int32), np.full(len(tokens), logprob, np.float32), finished,
+                      None if versions is None else np.asarray(versions, np.int32))
+
+
+# ------------------------------------------------------------------------------------ segments
+
+
+def test_inflight_resumes_each_unfinished_sequence_from_its_own_tokens():
+    first = [[completion([5, 6], finished=True), completion([7, 8], finished=False)]]
+    inflight = InFlight([[1, 2]], first, version=0, max_new_tokens=5)
+    call = inflight.next_call(segment_tokens=2)
+    assert call is not None and call.prompts == [[1, 2, 7, 8]] and call.max_tokens == [2]
+    inflight.extend([[completion([9, 10], finished=False)]], version=1)
+    call = inflight.next_call(segment_tokens=2)
+    assert call is not None and call.prompts == [[1, 2, 7, 8, 9, 10]] and call.max_tokens == [1]  # 5 - 4 left
+    inflight.extend([[completion([11], finished=False)]], version=3)
+    assert inflight.next_call(segment_tokens=2) is None  # max_new_tokens reached
+    done, cut = inflight.completions()[0]
+    assert done.token_ids.tolist() == [5, 6] and done.versions.tolist() == [0, 0] and done.finished
+    assert cut.token_ids.tolist() == [7, 8, 9, 10, 11] and cut.versions.tolist() == [0, 0, 1, 1, 3]
+    assert not cut.finished and cut.logprobs.dtype == np.float32 and cut.logprobs.size == 5
+
+
+def test_inflight_rejects_outputs_that_do_not_match_the_call():
+    inflight = InFlight([[1]], [[completion([5], finished=False)]], version=0, max_new_tokens=4)
+    assert inflight.next_call(segment_tokens=1) is not None
+    with pytest.raises(ValueError, match="2 outputs for 1"):
+        inflight.extend([[completion([6])], [completion([7])]], version=1)
+
+
+def test_one_call_tags_every_token_with_one_version():
+    groups = tag_versions([[completion([1, 2, 3]), completion([])]], version=4)
+    assert [c.versions.tolist() for c in groups[0]] == [[4, 4, 4], []]
+    assert groups[0][0].versions.dtype == np.int32
+
+
+# -------------------------------------------------------------------------------------- groups
+
+
+def score(rewards: list[float], dropped: bool = False) -> GroupScore:
+    return GroupScore(rewards=np.asarray(rewards, np.float32), terms={}, dropped=dropped, report_terms=False)
+
+
+def test_a_group_packs_its_completions_end_to_end():
+    completions = [completion([3, 4, 5], versions=[1, 1, 2]), completion([6], logprob=-1.0)]
+    group = scored_group(7, 42, [1, 2], completions, score([1.0, 0.0]), version=2)
+    assert isinstance(group, ScoredGroup)
+    assert (group.generator_id, group.seq, group.prompt_id) == (7, -1, 42)
+    assert group.prompt_tokens.tolist() == [1, 2] and group.prompt_tokens.dtype == np.int32
+    assert group.tokens.tolist() == [3, 4, 5, 6] and group.lengths.tolist() == [3, 1]
+    # A completion without per-token versions was sampled by the loaded version.
+    assert group.versions.tolist() == [1, 1, 2, 2] and group.versions.dtype == np.int32
+    assert group.logprobs.tolist() == [-0.5, -0.5, -0.5, -1.0] and group.logprobs.dtype == np.float32
+    assert group.rewards.tolist() == [1.0, 0.0]
+    assert group.meta == {"version": 2}
+
+
+def test_a_dropped_group_is_not_built():
+    assert scored_group(0, 1, [1], [completion([2])], score([0.0], dropped=True), version=0) is None
+
+
+def test_rewards_see_the_text_without_special_tokens():
+    ids = TOKENIZER("85", add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
+    assert decode_completions(TOKENIZER, [completion(ids)]) == ["85"]
+
+
+# ------------------------------------------------------------------------------- fakes for a run
+
+
+class ListSink(list):
+    """Every message the generator sent, in order. `refuse`: how many sends to turn down (a full queue)."""
+
+    def __init__(self, on_send: Callable[[Any], None] | None = None) -> None:
+        super().__init__()
+        self.refuse = 0
+        self.closed = False
+        self.on_send = on_send
+
+    def try_send(self, message: Any, timeout_s: float) -> bool:
+        if self.refuse > 0:
+            self.refuse -= 1
+            return False
+        self.append(message)
+        if self.on_send is not None:
+            self.on_send(message)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def of(self, kind: type) -> list[Any]:
+        return [m for m in self if isinstance(m, kind)]
+
+
+class AddingEngine:
+    """Answers `a+b=`: sample i of a prompt says a + b + i, then EOS (so sample 0 alone is right)."""
+
+    weight_load_path = "scripted"
+
+    def __init__(self, before_call: Callable[[], None] | None = None) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.loads = 0
+        self.before_call = before_call
+
+    def generate(self, prompts, *, n, max_tokens, temperature, seed=None, max_tokens_per_prompt=None):
+        if self.before_call is not None:
+            self.before_call()
+        self.calls.append({"prompts": [list(p) for p in prompts], "n": n, "max_tokens": max_tokens,
+                           "temperature": temperature})
+        out = []
+        for prompt in prompts:
+            left, right = TOKENIZER.decode(list(prompt)).rstrip("=").split("+")
+            texts = [str(int(left) + int(right) + i) for i in range(n)]
+            out.append([completion(TOKENIZER(t, add_special_tokens=False)["input_ids"][:max_tokens - 1]
+                                   + [TOKENIZER.eos_token_id]) for t in texts])
+        return out
+
+    def sequence_logprobs(self, sequences, *, temperature):
+        self.calls.append({"sequences": sequences, "temperature": temperature})
+        return [np.zeros(len(s) - 1, np.float32) for s in sequences]
+
+    def load_weights(self, named_tensors) -> None:
+        self.loads += 1
+
+
+class PushesWhileWaiting:
+    """A weight receiver whose learner pushes the next version whenever the generator waits for one
+    (polls with a timeout), `versions` times; at the wait after that, it asks the generator to stop."""
+
+    def __init__(self, versions: int, first_version: int = 0) -> None:
+        self.remaining = versions
+        self.newest_version = first_version
+        self.arrived: int | None = None
+        self.shutdown_reason: str | None = None
+        self.joined: list[dict[str, Any]] = []
+        self.closed = False
+
+    def join(self, address: dict[str, Any]) -> None:
+        self.joined.append(address)
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        if timeout_s <= 0:
+            return False
+        if self.remaining == 0:
+            self.shutdown_reason = "training finished"
+        else:
+            self.remaining -= 1
+            self.newest_version += 1
+            self.arrived = self.newest_version
+        return True
+
+    def apply_newest(self, target) -> int | None:
+        version, self.arrived = self.arrived, None
+        if version is not None:
+            target.load_weights([])
+        return version
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FlakyTask(ArithmeticTask):
+    """Its check fails on every third problem id: reward errors."""
+
+    def score(self, completion_text: str, problem: Problem) -> float:
+        if problem.id % 3 == 0:
+            raise RuntimeError("the verifier is down")
+        return super().score(completion_text, problem)
+
+
+class DeferredScorer:
+    """A Scorer whose results arrive when the engine's next call starts, or when waited for (a slow reward)."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+        self.waiting: list[tuple[concurrent.futures.Future, list[Problem], list[list[str]]]] = []
+
+    def submit(self, problems, texts) -> concurrent.futures.Future:
+        scorer = self
+
+        class Pending(concurrent.futures.Future):
+            def result(self, timeout=None):
+                scorer.release()
+                return super().result(timeout)
+
+        future = Pending()
+        self.waiting.append((future, problems, texts))
+        return future
+
+    def release(self) -> None:
+        for future, problems, texts in self.waiting:
+            future.set_result(self.scorer.score(problems, texts))
+        self.waiting = []
+
+    def stats_snapshot(self) -> dict[str, int]:
+        return self.scorer.stats_snapshot()
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+def config(**sections: dict[str, Any]) -> Config:
+    cfg = copy.deepcopy(BASE_CONFIG)
+    cfg.rollout.samples_per_prompt = 2
+    for section, values in sections.items():
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    return cfg
+
+
+def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: ArithmeticTask = TASK,
+                   problems: Iterator[Problem] | None = None, engine: AddingEngine | None = None,
+                   scorer: Any = None, sink: ListSink | None = None, generator_id: int = 0,
+                   initial_version: int = 0) -> Generator:
+    return Generator(
+        cfg=cfg, generator_id=generator_id, engine=engine or AddingEngine(), tokenizer=TOKENIZER, task=task,
+        problems=problems if problems is not None else task.train_problems(seed=generator_id),
+        scorer=scorer or Scorer(task, cfg.reward), sink=sink if sink is not None else ListSink(),
+        weights=PushesWhileWaiting(versions, initial_version), quota_per_step=quota, initial_version=initial_version,
+    )
+
+
+def recording(stream: Iterator[Problem], taken: list[Problem]) -> Iterator[Problem]:
+    for problem in stream:
+        taken.append(problem)
+        yield problem
+
+
+# ------------------------------------------------------------------------------------ the run
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2])
+def test_the_throttle_allows_max_staleness_plus_one_steps_per_loaded_version(max_staleness):
+    cfg = config(train={"max_staleness": max_staleness})
+    generator = make_generator(cfg, versions=3, quota=2)
+    stats = generator.run()
+    sink = generator.sink
+    groups = sink.of(ScoredGroup)
+    assert len(groups) == throttle_limit(max_staleness, 3, 2) == stats["gen/groups_sent"]
+    assert [g.seq for g in groups] == list(range(len(groups)))
+    assert stats["gen/throttled_waits"] == 4  # once per version, the last one ended by the stop
+    assert stats["gen/weight_loads"] == 3 and stats["gen/version"] == 3 and generator.loaded_version() == 3
+    # The loaded version is acknowledged first (the generator is up), then every load.
+    assert [(a.generator_id, a.version) for a in sink.of(VersionAck)] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    # Every group was sampled within max_staleness of the version that will train on it.
+    for k, group in enumerate(groups):
+        assert k // 2 - group.version_min <= max_staleness
+    assert stats["gen/tokens_generated"] == sum(g.tokens.size for g in groups)
+    assert stats["gen/weight_load_path"] == "scripted"
+    for key in ("gen_time/weights_s", "gen_time/generate_s", "gen_time/score_s", "gen_time/send_s",
+                "gen_time/throttle_s", "gen/wall_s", "gen/idle_s", "gen/idle_frac", "reward/errors",
+                "reward/groups_dropped", "gen/inflight_switches", "gen/send_blocked_s"):
+        assert key in stats
+
+
+def test_without_the_throttle_generation_runs_on_until_stopped():
+    cfg = config(train={"stale_policy": "drop", "max_staleness": 0})
+    generator = make_generator(cfg)
+
+    def stop_after_the_fifth_group(message: Any) -> None:  # nothing throttles: the learner says stop
+        if isinstance(message, ScoredGroup) and message.seq == 4:
+            generator.weights.shutdown_reason = "enough"
+
+    generator.sink.on_send = stop_after_the_fifth_group
+    stats = generator.run()
+    assert stats["gen/groups_sent"] == 6  # the stop is heard at the next call's weight check
+    assert stats["gen/throttled_waits"] == 0 and len(generator.engine.calls) == 3
+
+
+def test_a_heartbeat_follows_each_batch_with_the_cumulative_report():
+    cfg = config(train={"max_staleness": 1})
+    generator = make_generator(cfg, versions=1, task=FlakyTask(num_digits=TASK.num_digits, eval_size=TASK.eval_size))
+    generator.run()
+    sent = 0
+    for message in generator.sink:
+        if isinstance(message, ScoredGroup):
+            sent += 1
+            assert set(message.meta) == {"version"}  # counters travel on heartbeats only
+        elif isinstance(message, Heartbeat):
+            assert message.next_seq == sent
+    beats = generator.sink.of(Heartbeat)
+    calls = len(generator.engine.calls)
+    assert len(beats) == calls  # one per call's batch (no wait here lasted long enough for a periodic one)
+    last = beats[-1]
+    rewards = generator.scorer.stats_snapshot()
+    assert rewards["reward/errors"] > 0, "the stream should hold a problem the flaky check fails on"
+    assert (last.reward_errors, last.groups_dropped) == (rewards["reward/errors"], 0)
+    assert last.version == generator.version and last.idle_s >= 0.0
+    assert [b.idle_s for b in beats] == sorted(b.idle_s for b in beats)  # cumulative
+
+
+def test_dropped_groups_give_their_quota_back_and_are_reported():
+    cfg = config(reward={"on_error": "drop_group"}, train={"max_staleness": 1})
+    taken: list[Problem] = []
+    task = FlakyTask(num_digits=TASK.num_digits, eval_size=TASK.eval_size)
+    generator = make_generator(cfg, versions=1, task=task, problems=recording(task.train_problems(seed=0), taken))
+    stats = generator.run()
+    groups = generator.sink.of(ScoredGroup)
+    dropped = [p for p in taken if p.id % 3 == 0]
+    assert dropped, "the stream should hold a problem the flaky check fails on"
+    # Replacements were started: the throttle still let through its full allowance.
+    assert len(groups) == throttle_limit(1, 1, 2) == len(taken) - len(dropped)
+    assert all(g.prompt_id % 3 != 0 for g in groups)
+    assert [g.seq for g in groups] == list(range(len(groups)))  # a dropped group leaves no gap
+    last = generator.sink.of(Heartbeat)[-1]
+    assert last.groups_dropped == len(dropped) == stats["reward/groups_dropped"]
+    assert last.reward_errors == len(dropped) * cfg.rollout.samples_per_prompt == stats["reward/errors"]
+
+
+def test_slow_rewards_are_sent_once_the_next_vllm_call_returns():
+    cfg = config(rollout={"groups_per_call": 1}, train={"max_staleness": 0})
+    scorer = DeferredScorer(Scorer(TASK, cfg.reward))
+    engine = AddingEngine(before_call=scorer.release)
+    sink = ListSink(on_send=lambda message: isinstance(message, ScoredGroup) and sent_after.append(len(engine.calls)))
+    sent_after: list[int] = []
+    generator = make_generator(cfg, quota=2, engine=engine, scorer=scorer, sink=sink)
+    generator.run()
+    # Group 0's rewards were computed during call 2, and it went out after that call; group 1 had
+    # nothing to overlap with (the throttle was reached) and went out before the wait.
+    assert sent_after == [2, 2]
+    assert [g.rewards.tolist() for g in sink.of(ScoredGroup)] == [[1.0, 0.0], [1.0, 0.0]]
+
+
+def test_exhausted_data_keeps_loading_weights_until_told_to_stop():
+    cfg = config(train={"stale_policy": "drop"})
+    problems = iter([TASK.problem(i) for i in range(3)])
+    generator = make_generator(cfg, versions=2, problems=problems, quota=2)
+    stats = generator.run()
+    assert [g.prompt_id for g in generator.sink.of(ScoredGroup)] == [0, 1, 2]
+    assert generator.stats.exhausted and stats["gen/version"] == 2 and stats["gen/weight_loads"] == 2
+    assert stats["gen/idle_s"] >= stats["gen_time/exhausted_s"] > 0
+
+
+def test_a_full_queue_is_waited_on_and_counted_as_idle():
+    generator = make_generator(config(train={"max_staleness": 0}), quota=1)
+    generator.sink.on_send = lambda message: setattr(generator.sink, "refuse", 3)  # full after each send
+    stats = generator.run()
+    assert [g.seq for g in generator.sink.of(ScoredGroup)] == [0]
+    assert stats["gen/groups_sent"] == 1 and stats["gen/send_blocked_s"] > 0
+    assert stats["gen/idle_s"] >= stats["gen/send_blocked_s"]
+
+
+def test_a_queue_that_never_takes_fails_loudly():
+    cfg = config(wire={"timeout_s": 0.05})
+    generator = make_generator(cfg)
+    generator.sink.on_send = lambda message: setattr(generator.sink, "refuse", 10**9)
+    with pytest.raises(WireTimeout, match="took no group"):
+        generator.run()
+
+
+def test_a_resumed_generator_starts_at_its_version():
+    cfg = config(train={"max_staleness": 0})
+    generator = make_generator(cfg, quota=2, initial_version=5)
+    stats = generator.run()
+    assert generator.sink[0] == VersionAck(0, 5)
+    assert stats["gen/groups_sent"] == 2  # one step's worth ahead of version 5, not six
+    assert generator.ready()["version"] == 5
+
+
+def test_join_weight_group_joins_as_rank_generator_id_plus_one():
+    generator = make_generator(config(), generator_id=2)
+    generator.join_weight_group({"host": "10.0.0.1", "port": 29500, "world_size": 4})
+    assert generator.weights.joined == [{"host": "10.0.0.1", "port": 29500, "world_size": 4, "rank": 3}]
+
+
+def test_evaluate_and_sequence_logprobs_use_the_engine():
+    cfg = config(rollout={"temperature": 0.7})
+    generator = make_generator(cfg)
+    problems = TASK.eval_problems()[:4]
+    assert generator.evaluate(problems, temperature=0.0) == 1.0  # sample 0 is always right
+    assert generator.engine.calls[-1]["n"] == 1 and generator.engine.calls[-1]["temperature"] == 0.0
+    [logprobs] = generator.sequence_logprobs([[1, 2, 3]])
+    assert logprobs.shape == (2,) and generator.engine.calls[-1]["temperature"] == 0.7
+
+
+def test_close_releases_the_parts():
+    generator = make_generator(config())
+    generator.close()
+    assert generator.sink.closed and generator.weights.closed
+
+
+def test_problems_are_taken_one_call_at_a_time():
+    cfg = config(rollout={"groups_per_call": 3}, train={"max_staleness": 0})
+    generator = make_generator(cfg, quota=4)
+    generator.run()
+    # 4 allowed: a call of 3, then a call of the 1 left.
+    assert [len(c["prompts"]) for c in generator.engine.calls] == [3, 1]
+    assert list(itertools.islice(generator.problems, 1))  # the stream was not drained
+
+
+def test_waits_for_rewards_outlast_the_rewards_own_timeouts():
+    cfg = config()
+    one = score_timeout_s(cfg, 1)
+    assert one >= cfg.wire.timeout_s + cfg.reward.judge.timeout_s * (cfg.reward.judge.retries + 1)
+    assert score_timeout_s(cfg, 1000) > one  # more calls than the judge runs at once: more waves
+    assert groups_per_call(cfg, 5) == 5
+    cfg.rollout.groups_per_call = 3
+    assert groups_per_call(cfg, 5) == 3
