@@ -99,7 +99,7 @@ def config_help() -> str:
     groups = [(f.name, type(getattr(defaults, f.name))) for f in dataclasses.fields(Config)
               if dataclasses.is_dataclass(getattr(defaults, f.name))]
     width = max(len(name) for name, _ in groups) + 3
-    lines = ["config groups (`asyncgrpo train --cfg` prints every key; defaults live in asyncgrpo/config.py):"]
+    lines = ["config groups (`asyncgrpo train --cfg` prints every key; defaults live in asyncgrpo/schema.py):"]
     lines += [f"  {name + '.*':<{width}} {GROUP_HELP.get(name) or _group_description(cls)}".rstrip()
               for name, cls in groups]
     lines.append("most-used keys, with their defaults:")

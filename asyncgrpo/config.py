@@ -67,7 +67,13 @@ def validate(cfg: Config) -> None:
     """
     # Imported here, not at the top: these modules import torch, and `import asyncgrpo.config`
     # (the CLI's help, the schema's users) should not pay for it.
-    from asyncgrpo.algo import ADVANTAGE_MODES, AGG_MODES, IS_LEVELS, KL_KINDS, LOSS_TYPES
+    from asyncgrpo.algo import (
+        ADVANTAGE_MODES,
+        AGG_MODES,
+        IS_LEVELS,
+        KL_KINDS,
+        LOSS_TYPES,
+    )
     from asyncgrpo.weights.base import BACKENDS
 
     def require(ok: bool, key: str, why: str, value: Any) -> None:

@@ -64,8 +64,8 @@ class StalenessEviction:
     `drop_stale`), and when full either block the producers or drop the oldest group."""
 
     max_staleness: int
-    drop_stale: bool = True
-    full_policy: str = "block"
+    drop_stale: bool
+    full_policy: str
 
     def __post_init__(self) -> None:
         if self.full_policy not in FULL_POLICIES:
@@ -122,32 +122,22 @@ class ListSource:
 
 
 class ReplayQueue:
-    """Give either `max_staleness` (with `drop_stale` and `full_policy`) or a custom `policy`.
-
-    `receiver` may be None for a queue fed in-process through `put`; `registry` None makes a new one.
-    """
+    """`receiver` may be None for a queue fed in-process through `put`; `registry` None makes a new one."""
 
     def __init__(
         self,
         receiver: Receiver | None,
         capacity_groups: int,
-        max_staleness: int | None = None,
-        drop_stale: bool = True,
-        full_policy: str = "block",
-        poll_interval_s: float = 0.05,
+        policy: EvictionPolicy,
         *,
-        policy: EvictionPolicy | None = None,
         registry: GeneratorRegistry | None = None,
+        poll_interval_s: float = 0.05,
     ) -> None:
-        if (max_staleness is None) == (policy is None):
-            raise TypeError("give exactly one of max_staleness and policy")
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
         self.receiver = receiver
         self.capacity_groups = capacity_groups
-        self.policy: EvictionPolicy = (
-            policy if policy is not None else StalenessEviction(max_staleness, drop_stale, full_policy)
-        )
+        self.policy = policy
         self.poll_interval_s = poll_interval_s
         self.registry = registry if registry is not None else GeneratorRegistry()
         self.counters_at_resume: dict[str, float] = {}

@@ -30,7 +30,12 @@ from asyncgrpo.driver.prepare import (
     start_ray,
     starting_model,
 )
-from asyncgrpo.metrics import MetricsSink, SampleLogger, open_sinks, require_sink_packages
+from asyncgrpo.metrics import (
+    MetricsSink,
+    SampleLogger,
+    open_sinks,
+    require_sink_packages,
+)
 from asyncgrpo.schema import Config, to_yaml
 
 # Importable from here, as before the driver became a package (cli, tools, tests).

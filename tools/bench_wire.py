@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from asyncgrpo.replay import ReplayQueue
+from asyncgrpo.replay import ReplayQueue, StalenessEviction
 from asyncgrpo.wire import Receiver, ScoredGroup, Sender, encode_group, example_group
 
 SAMPLES_PER_GROUP = 8
@@ -100,7 +100,7 @@ class ZmqConsumer:
     def __init__(self, transport: str, count: int, bare: bool) -> None:
         self.count, self.bare = count, bare
         self.receiver = Receiver(transport=transport)
-        self.queue = None if bare else ReplayQueue(self.receiver, capacity_groups=64, max_staleness=1 << 30).start()
+        self.queue = None if bare else ReplayQueue(self.receiver, 64, StalenessEviction(1 << 30, drop_stale=True, full_policy="block")).start()
 
     def endpoint(self) -> tuple[str, str]:
         return self.receiver.endpoint, self.receiver.transport

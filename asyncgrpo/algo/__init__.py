@@ -18,7 +18,13 @@ formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.m
 from asyncgrpo.algo.advantages import ADVANTAGE_MODES, group_advantages
 from asyncgrpo.algo.correction import IS_LEVELS, RS_OPTIONS, rollout_correction
 from asyncgrpo.algo.kl import KL_KINDS, kl_penalty
-from asyncgrpo.algo.losses import AGG_MODES, LOSS_TYPES, aggregate, bypass_policy_loss, policy_loss
+from asyncgrpo.algo.losses import (
+    AGG_MODES,
+    LOSS_TYPES,
+    aggregate,
+    bypass_policy_loss,
+    policy_loss,
+)
 
 __all__ = [
     "ADVANTAGE_MODES",

@@ -66,7 +66,14 @@ from asyncgrpo.algo._checks import (
     check_same_shape,
     check_token_tensor,
 )
-from asyncgrpo.algo._masked import masked_max, masked_mean, masked_min, masked_row_mean, masked_sum, to_floats
+from asyncgrpo.algo._masked import (
+    masked_max,
+    masked_mean,
+    masked_min,
+    masked_row_mean,
+    masked_sum,
+    to_floats,
+)
 
 IS_LEVELS = ("token", "sequence")
 RS_OPTIONS = (

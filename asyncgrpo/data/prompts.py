@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from asyncgrpo.data.records import DataError, DataReport, iter_records
-from asyncgrpo.tasks.arithmetic import Problem
+from asyncgrpo.tasks.problem import Problem
 
 T = TypeVar("T")
 # Answer parsers return None for a reference answer they cannot use (counted as bad_answer).

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import DROPPING_STALE_POLICIES, ReplayQueue
+from asyncgrpo.replay import DROPPING_STALE_POLICIES, ReplayQueue, StalenessEviction
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.schema import Config
 from asyncgrpo.weights import make_sender
@@ -73,9 +73,9 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     registry = GeneratorRegistry()
     receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
                         transport=wire.transport)
-    queue = ReplayQueue(receiver, capacity_groups=cfg.queue.capacity_groups, max_staleness=cfg.train.max_staleness,
-                        drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES, full_policy=cfg.queue.full_policy,
-                        registry=registry).start()
+    eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES,
+                                 full_policy=cfg.queue.full_policy)
+    queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, registry=registry).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=wire.transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     arguments.update(source=queue, registry=registry, weights=weights)

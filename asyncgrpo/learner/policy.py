@@ -25,7 +25,13 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def shard(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool, offload: bool) -> None:
     """FSDP2: each decoder layer is one unit (gathered just for its forward and backward), the root
     holds the rest (embeddings, final norm, LM head)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     options = {
         "mesh": mesh,

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from asyncgrpo.schema import Config, ConfigError, LogConfig
 
-
 # log.wandb_mode: offline needs no network or account (`wandb sync` uploads later); online.
 WANDB_MODES = ("offline", "online")
 

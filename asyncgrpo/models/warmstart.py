@@ -26,7 +26,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.tasks.arithmetic import ArithmeticTask, Problem
+from asyncgrpo.tasks.arithmetic import ArithmeticTask
+from asyncgrpo.tasks.problem import Problem
 
 # Bump whenever a change here would produce a different model for the same inputs, so
 # stale cache entries are not reused.

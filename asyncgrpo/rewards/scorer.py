@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.rewards import verifiers
 from asyncgrpo.rewards.user_fn import is_async_fn, load_reward_fn
-from asyncgrpo.tasks.arithmetic import Problem
+from asyncgrpo.schema import RewardConfig, RewardTermConfig
+from asyncgrpo.tasks.problem import Problem, Task
 
 # reward.terms[].kind (an empty kind is the term's name): each is built by `_build_term`.
 REWARD_KINDS = ("task", "exact", "numeric", "math", "format", "fn", "judge")
@@ -119,7 +119,7 @@ def _user_arguments(problem: Problem) -> tuple[str, str | None, dict[str, Any]]:
     return prompt, answer, extra
 
 
-def build_terms(task: Any, cfg: RewardConfig) -> list[RewardTerm]:
+def build_terms(task: Task, cfg: RewardConfig) -> list[RewardTerm]:
     """The configured terms; with none configured, the task's own check (or reward.fn alone)."""
     configs = list(cfg.terms)
     if not configs:
@@ -127,7 +127,7 @@ def build_terms(task: Any, cfg: RewardConfig) -> list[RewardTerm]:
     return [_build_term(task, cfg, term, index) for index, term in enumerate(configs)]
 
 
-def _build_term(task: Any, cfg: RewardConfig, term: RewardTermConfig, index: int) -> RewardTerm:
+def _build_term(task: Task, cfg: RewardConfig, term: RewardTermConfig, index: int) -> RewardTerm:
     kind = term.kind or term.name
     name, weight = term.name, float(term.weight)
     if kind == "task":
@@ -174,7 +174,7 @@ def _build_term(task: Any, cfg: RewardConfig, term: RewardTermConfig, index: int
 class Scorer:
     """Rewards for groups of completions; see the module docstring for the threading and error contract."""
 
-    def __init__(self, task: Any, cfg: RewardConfig) -> None:
+    def __init__(self, task: Task, cfg: RewardConfig) -> None:
         if cfg.on_error not in ON_ERROR_POLICIES:
             raise ValueError(f"reward.on_error must be one of {', '.join(ON_ERROR_POLICIES)}, got {cfg.on_error!r}")
         self.cfg = cfg

@@ -158,8 +158,11 @@ MAX_EXPONENT = 100
 def _sympy_value(text: str):  # noqa: ANN202 - a sympy expression
     """Parse unevaluated, refuse powers that could explode (9**9**9), then evaluate."""
     import sympy
-    from sympy.parsing.sympy_parser import (implicit_multiplication_application, parse_expr,
-                                            standard_transformations)
+    from sympy.parsing.sympy_parser import (
+        implicit_multiplication_application,
+        parse_expr,
+        standard_transformations,
+    )
 
     transformations = standard_transformations + (implicit_multiplication_application,)
     tree = parse_expr(text, transformations=transformations, evaluate=False)

@@ -13,10 +13,9 @@ within max_staleness versions of the learner that consumes it.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,10 +30,18 @@ from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.rollout.sink import GroupSink
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import Problem, make_task, train_stream
+from asyncgrpo.tasks import Problem, Task, make_task, train_stream
+from asyncgrpo.tasks.stream import PromptStream
 from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights import WeightReceiver, make_receiver
-from asyncgrpo.wire import Heartbeat, ScoredGroup, Sender, Subscriber, VersionAck, WireTimeout
+from asyncgrpo.wire import (
+    Heartbeat,
+    ScoredGroup,
+    Sender,
+    Subscriber,
+    VersionAck,
+    WireTimeout,
+)
 from asyncgrpo.wire.security import CurveClientKeys
 
 # While waiting (throttle, new weights, exhausted data) the learner still hears from us this often.
@@ -128,8 +135,8 @@ class Generator:
         generator_id: int,
         engine: SamplingEngine,
         tokenizer: Any,
-        task: Any,
-        problems: Iterator[Problem],
+        task: Task,
+        problems: PromptStream,
         scorer: Scorer,
         sink: GroupSink,
         weights: WeightReceiver,
@@ -230,7 +237,7 @@ class Generator:
 
     def _take_problems(self, room: float) -> list[Problem]:
         """The next vLLM call's prompts, at most `room`; empty when throttled or out of data."""
-        problems = list(itertools.islice(self.problems, min(self.groups_per_call, room))) if room > 0 else []
+        problems = self.problems.take(min(self.groups_per_call, room)) if room > 0 else []
         self.groups_started += len(problems)
         return problems
 
@@ -400,11 +407,14 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
                        initial_version: int, skip_problems: int) -> dict[str, Any]:
     """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`)."""
     pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
-    from transformers import AutoTokenizer  # slow to import; only where a real generator is built
+    from transformers import (
+        AutoTokenizer,  # slow to import; only where a real generator is built
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     task = make_task(cfg, tokenizer)
-    problems = itertools.islice(train_stream(task, cfg, generator_id), skip_problems, None)
+    problems = PromptStream(train_stream(task, cfg, generator_id))
+    problems.load_state_dict({"position": skip_problems})
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
     engine = VLLMEngine(

@@ -1,8 +1,7 @@
 """Verifiable tasks: problems with a prompt, a reference answer and the task's own check.
 
-A task has `train_problems(seed) -> Iterator[Problem]`, `eval_problems() -> list[Problem]` and
-`score(completion, problem) -> float` (the held-out accuracy check). `make_task(cfg)` builds the
-configured one; `train_stream` gives a generator its share of the training problems.
+The interface is `Task` and `Problem` (asyncgrpo/tasks/problem.py). `make_task(cfg)` builds the
+configured task; `train_stream` gives a generator its share of the training problems.
 """
 
 from __future__ import annotations
@@ -10,20 +9,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from asyncgrpo.tasks.arithmetic import ArithmeticTask, Problem
+from asyncgrpo.tasks.arithmetic import ArithmeticTask
 from asyncgrpo.tasks.countdown import CountdownTask
+from asyncgrpo.tasks.problem import Problem, Task
 
 if TYPE_CHECKING:
     from asyncgrpo.schema import Config
 
-__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "Problem", "make_task", "train_stream"]
+__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "Problem", "Task", "make_task",
+           "train_stream"]
 
 # task.name: each is built by `make_task`; the file tasks read their problems from data.* files.
 TASK_NAMES = ("arithmetic", "countdown", "gsm8k", "files")
 FILE_TASKS = ("gsm8k", "files")
 
 
-def make_task(cfg: Config, tokenizer: Any | None = None) -> Any:
+def make_task(cfg: Config, tokenizer: Any | None = None) -> Task:
     """The task of `cfg.task.name`. File tasks load (and check) their files now; `tokenizer`, if
     given, counts prompt tokens for the length filter and applies data.chat_template."""
     name = cfg.task.name
@@ -42,7 +43,7 @@ def make_task(cfg: Config, tokenizer: Any | None = None) -> Any:
     raise ValueError(f"task.name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
 
 
-def train_stream(task: Any, cfg: Config, generator_id: int) -> Iterator[Problem]:
+def train_stream(task: Task, cfg: Config, generator_id: int) -> Iterator[Problem]:
     """Generator `generator_id`'s training problems.
 
     Built-in tasks: an independent endless stream per generator (seeded by seed and generator id,

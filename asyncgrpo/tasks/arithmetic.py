@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from asyncgrpo.tasks.problem import Problem
 
 # Trailing markers a decoder may leave on a completion (vLLM skips special tokens by
 # default, but a caller decoding with skip_special_tokens=False would see the eos text).
 EOS_TEXT = "<eos>"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One prompt; `prompt` is the text the model sees (after any template), `answer` the reference.
-
-    `extra` carries task data for rewards (countdown's numbers, a file record's other fields,
-    the raw prompt before templating); it takes no part in equality or hashing.
-    """
-
-    id: int
-    prompt: str
-    answer: str
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)

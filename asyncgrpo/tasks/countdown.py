@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
-from asyncgrpo.tasks.arithmetic import Problem
+from asyncgrpo.tasks.problem import Problem
 
 ANSWER_FORMAT = r"<answer>.*?</answer>"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)

@@ -11,10 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.schema import DataConfig
-from asyncgrpo.data import DataError, DataReport, FieldMap, PromptFormat, epoch_stream, load_problems, split_holdout
+from asyncgrpo.data import (
+    DataError,
+    DataReport,
+    FieldMap,
+    PromptFormat,
+    epoch_stream,
+    load_problems,
+    split_holdout,
+)
 from asyncgrpo.rewards import verifiers
-from asyncgrpo.tasks.arithmetic import Problem
+from asyncgrpo.schema import DataConfig
+from asyncgrpo.tasks.problem import Problem
 
 # Without data.eval_files, at most this share of the training records is held out for evaluation.
 MAX_HOLDOUT_SHARE = 0.2

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 from asyncgrpo.rewards import verifiers
-from asyncgrpo.tasks.arithmetic import Problem
 from asyncgrpo.tasks.files import FileTask
+from asyncgrpo.tasks.problem import Problem
 
 ANSWER_FORMAT = r"####\s*\S|\\boxed\{"
 # The task's own check (held-out accuracy, and the reward when no reward.terms are set): numbers

@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import torch
 
-
 BACKENDS = ("zmq", "nccl")
 
 

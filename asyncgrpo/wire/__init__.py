@@ -21,8 +21,20 @@ from asyncgrpo.wire.messages import (
     WeightsChunk,
 )
 from asyncgrpo.wire.network import is_loopback
-from asyncgrpo.wire.security import CurveClientKeys, CurveKeypair, CurveServerKeys, WireKeys
-from asyncgrpo.wire.sockets import Publisher, Receiver, Rejections, Sender, Subscriber, WireTimeout
+from asyncgrpo.wire.security import (
+    CurveClientKeys,
+    CurveKeypair,
+    CurveServerKeys,
+    WireKeys,
+)
+from asyncgrpo.wire.sockets import (
+    Publisher,
+    Receiver,
+    Rejections,
+    Sender,
+    Subscriber,
+    WireTimeout,
+)
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",

@@ -18,7 +18,6 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 
-
 @dataclass(frozen=True)
 class CurveKeypair:
     public: bytes

@@ -27,8 +27,21 @@ from collections import Counter
 
 import zmq
 
-from asyncgrpo.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Frame, WireError, decode, encode
-from asyncgrpo.wire.messages import Heartbeat, Message, ScoredGroup, Shutdown, VersionAck, WeightsChunk
+from asyncgrpo.wire.codec import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Frame,
+    WireError,
+    decode,
+    encode,
+)
+from asyncgrpo.wire.messages import (
+    Heartbeat,
+    Message,
+    ScoredGroup,
+    Shutdown,
+    VersionAck,
+    WeightsChunk,
+)
 from asyncgrpo.wire.network import TRANSPORTS, is_loopback
 from asyncgrpo.wire.security import (
     CurveClientKeys,

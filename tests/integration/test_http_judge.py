@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from asyncgrpo.schema import JudgeConfig, RewardConfig, RewardTermConfig
 from asyncgrpo.rewards.scorer import Scorer
+from asyncgrpo.schema import JudgeConfig, RewardConfig, RewardTermConfig
 from asyncgrpo.tasks import ArithmeticTask, Problem
 
 TEMPLATE = "QUESTION={prompt}|RESPONSE={completion}|REFERENCE={answer}"

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from asyncgrpo.schema import ModelConfig
 from asyncgrpo.config import load
 from asyncgrpo.learner.batch import collate
 from asyncgrpo.learner.learner import Learner
 from asyncgrpo.learner.update import update
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.schema import ModelConfig
 from asyncgrpo.wire import ScoredGroup
 
 pytestmark = pytest.mark.slow

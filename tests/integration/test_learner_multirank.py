@@ -9,7 +9,14 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from learner_fixtures import full_grads, full_params, make_model_dir, max_abs_diff, rank_main, step_groups
+from learner_fixtures import (
+    full_grads,
+    full_params,
+    make_model_dir,
+    max_abs_diff,
+    rank_main,
+    step_groups,
+)
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.batch import collate, micro_batch_plan, rank_shares

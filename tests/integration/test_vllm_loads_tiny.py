@@ -8,9 +8,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncgrpo.schema import ModelConfig
-from asyncgrpo.models.tiny import VLLM_CPU_ENGINE_KWARGS, TinyModelSpec, build_model, save_model
+from asyncgrpo.models.tiny import (
+    VLLM_CPU_ENGINE_KWARGS,
+    TinyModelSpec,
+    build_model,
+    save_model,
+)
 from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.schema import ModelConfig
 
 # Engine in this process: starts faster than a separate engine-core process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

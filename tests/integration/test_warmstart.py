@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncgrpo.schema import ModelConfig
 from asyncgrpo.models.tiny import TinyModelSpec
 from asyncgrpo.models.warmstart import (
     ensure_warm_model,
@@ -14,6 +13,7 @@ from asyncgrpo.models.warmstart import (
     measure_accuracy,
     warm_model_cache_key,
 )
+from asyncgrpo.schema import ModelConfig
 from asyncgrpo.tasks import ArithmeticTask
 
 # The embedded model's sizes, as the config gives them to the warm start.

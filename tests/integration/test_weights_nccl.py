@@ -11,10 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from asyncgrpo.schema import ModelConfig
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.weights.nccl import NcclWeightReceiver, NcclWeightSender, buckets, model_spec
+from asyncgrpo.schema import ModelConfig
+from asyncgrpo.weights.nccl import (
+    NcclWeightReceiver,
+    NcclWeightSender,
+    buckets,
+    model_spec,
+)
 from asyncgrpo.wire import Publisher, Subscriber
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zmq
 
-from asyncgrpo.replay import ReplayQueue
+from asyncgrpo.replay import ReplayQueue, StalenessEviction
 from asyncgrpo.wire import (
     Heartbeat,
     Receiver,
@@ -245,7 +245,7 @@ def send_valid_groups_and_check_they_are_served(queue: ReplayQueue, count: int =
 def live_queue() -> Iterator[ReplayQueue]:
     # drop_oldest: fuzzed groups that happen to be valid must not block the stream.
     receiver = Receiver(max_message_bytes=MAX_MESSAGE_BYTES, high_water_mark=64)
-    queue = ReplayQueue(receiver, capacity_groups=64, max_staleness=1 << 40, full_policy="drop_oldest",
+    queue = ReplayQueue(receiver, 64, StalenessEviction(1 << 40, drop_stale=True, full_policy="drop_oldest"),
                         poll_interval_s=0.01).start()
     yield queue
     queue.close()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
-from asyncgrpo.replay import QueueTimeout, ReplayQueue
+from asyncgrpo.replay import QueueTimeout, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import Heartbeat, Receiver, Sender, example_group
 
 PRODUCERS = 4
@@ -54,8 +54,9 @@ def too_stale(seq: int) -> bool:
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
 @pytest.mark.parametrize("full_policy", ["block", "drop_oldest"])
 def test_accounting_is_exact_under_four_producers_and_a_slow_consumer(full_policy: str, transport: str) -> None:
-    queue = ReplayQueue(Receiver(high_water_mark=4, transport=transport), capacity_groups=CAPACITY,
-                        max_staleness=MAX_STALENESS, full_policy=full_policy, poll_interval_s=0.01).start()
+    queue = ReplayQueue(Receiver(high_water_mark=4, transport=transport), CAPACITY,
+                        StalenessEviction(MAX_STALENESS, drop_stale=True, full_policy=full_policy),
+                        poll_interval_s=0.01).start()
     spawn = mp.get_context("spawn")
     done = spawn.Event() if transport == "ipc" else None
     producers = [spawn.Process(target=produce, args=(queue.receiver.endpoint, g, GROUPS_PER_PRODUCER, done))

@@ -1,6 +1,13 @@
 import pytest
 
-from asyncgrpo.config import Config, ConfigError, groups_per_generator, load, to_yaml, use_curve
+from asyncgrpo.config import (
+    Config,
+    ConfigError,
+    groups_per_generator,
+    load,
+    to_yaml,
+    use_curve,
+)
 
 
 def test_defaults_compose_and_resolve():
@@ -74,7 +81,12 @@ def test_no_signature_default_shadows_config():
     import inspect
 
     from asyncgrpo import algo
-    from asyncgrpo.data.prompts import FieldMap, PromptFormat, epoch_stream, load_problems
+    from asyncgrpo.data.prompts import (
+        FieldMap,
+        PromptFormat,
+        epoch_stream,
+        load_problems,
+    )
     from asyncgrpo.data.records import DataReport
     from asyncgrpo.learner.batch import micro_batch_plan
     from asyncgrpo.metrics.sinks import WandbSink

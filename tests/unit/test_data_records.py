@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.data import DataError, DataReport, FieldMap, PromptFormat, iter_records, load_problems
+from asyncgrpo.data import (
+    DataError,
+    DataReport,
+    FieldMap,
+    PromptFormat,
+    iter_records,
+    load_problems,
+)
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"

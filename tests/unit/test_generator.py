@@ -17,11 +17,17 @@ from asyncgrpo.config import load
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
-from asyncgrpo.rollout.generator import Generator, groups_per_call, score_timeout_s, throttle_limit
+from asyncgrpo.rollout.generator import (
+    Generator,
+    groups_per_call,
+    score_timeout_s,
+    throttle_limit,
+)
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
+from asyncgrpo.tasks.stream import PromptStream
 from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck, WireTimeout
 
 BASE_CONFIG = load([])
@@ -247,7 +253,7 @@ def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: Arit
                    initial_version: int = 0) -> Generator:
     return Generator(
         cfg=cfg, generator_id=generator_id, engine=engine or AddingEngine(), tokenizer=TOKENIZER, task=task,
-        problems=problems if problems is not None else task.train_problems(seed=generator_id),
+        problems=PromptStream(problems if problems is not None else task.train_problems(seed=generator_id)),
         scorer=scorer or Scorer(task, cfg.reward), sink=sink if sink is not None else ListSink(),
         weights=PushesWhileWaiting(versions, initial_version), quota_per_step=quota, initial_version=initial_version,
     )

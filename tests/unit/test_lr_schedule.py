@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from asyncgrpo.schema import LearnerConfig
 from asyncgrpo.learner.schedule import lr_multiplier
+from asyncgrpo.schema import LearnerConfig
 
 
 def test_linear_warmup_then_constant():

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from asyncgrpo.config import ConfigError, load
-from asyncgrpo.schema import LogConfig
 from asyncgrpo.metrics import (
     JsonlSink,
     MultiSink,
@@ -17,6 +16,7 @@ from asyncgrpo.metrics import (
     require_sink_packages,
 )
 from asyncgrpo.metrics import sinks as sinks_module
+from asyncgrpo.schema import LogConfig
 
 STEP_RECORDS = [
     {"step": s, "samples": 128 * s, "reward/mean": 0.1 * s, "staleness/max": np.int64(s % 3),

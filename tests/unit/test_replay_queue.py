@@ -12,7 +12,15 @@ import pytest
 import zmq
 
 from asyncgrpo.replay import QueueFull, QueueTimeout, ReplayQueue, StalenessEviction
-from asyncgrpo.wire import Heartbeat, Receiver, ScoredGroup, Sender, VersionAck, encode, example_group
+from asyncgrpo.wire import (
+    Heartbeat,
+    Receiver,
+    ScoredGroup,
+    Sender,
+    VersionAck,
+    encode,
+    example_group,
+)
 
 ACCOUNTING_KEYS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_full", "queue/depth")
 
@@ -32,8 +40,13 @@ def assert_accounted(queue: ReplayQueue) -> dict[str, float]:
     return stats
 
 
-def in_process_queue(capacity: int = 4, max_staleness: int = 2, **kwargs: object) -> ReplayQueue:
-    return ReplayQueue(None, capacity_groups=capacity, max_staleness=max_staleness, **kwargs)
+def eviction(max_staleness: int, full_policy: str = "block", drop_stale: bool = True) -> StalenessEviction:
+    return StalenessEviction(max_staleness, drop_stale=drop_stale, full_policy=full_policy)
+
+
+def in_process_queue(capacity: int = 4, max_staleness: int = 2, full_policy: str = "block",
+                     drop_stale: bool = True) -> ReplayQueue:
+    return ReplayQueue(None, capacity, eviction(max_staleness, full_policy, drop_stale))
 
 
 def test_stats_keep_the_keys_the_learner_logs() -> None:
@@ -195,7 +208,7 @@ class EvictLowestReward:
 
 
 def test_a_custom_policy_plugs_in_and_its_evictions_are_counted() -> None:
-    queue = ReplayQueue(None, capacity_groups=2, policy=EvictLowestReward())
+    queue = ReplayQueue(None, 2, EvictLowestReward())
     for seq, reward in enumerate([0.5, 0.1, 0.9]):
         queue.put(group(seq=seq, reward=reward))
     stats = assert_accounted(queue)
@@ -203,21 +216,19 @@ def test_a_custom_policy_plugs_in_and_its_evictions_are_counted() -> None:
     assert [g.seq for g in queue.take(2, learner_version=100, timeout_s=1)] == [0, 2]
 
 
-def test_policy_arguments_are_exclusive_and_checked() -> None:
-    with pytest.raises(TypeError):
-        ReplayQueue(None, capacity_groups=2)
-    with pytest.raises(TypeError):
-        ReplayQueue(None, capacity_groups=2, max_staleness=1, policy=EvictLowestReward())
+def test_policy_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="capacity_groups"):
+        ReplayQueue(None, 0, eviction(1))
     with pytest.raises(ValueError, match="full_policy"):
         in_process_queue(full_policy="drop_newest")
     with pytest.raises(ValueError, match="max_staleness"):
-        StalenessEviction(max_staleness=-1)
+        eviction(-1)
 
 
 def test_a_live_queue_rejects_malformed_messages_logs_each_kind_once_and_keeps_serving(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    queue = ReplayQueue(Receiver(), capacity_groups=4, max_staleness=1000, poll_interval_s=0.01).start()
+    queue = ReplayQueue(Receiver(), 4, eviction(1000), poll_interval_s=0.01).start()
     raw = zmq.Context.instance().socket(zmq.PUSH)
     sender = Sender(queue.receiver.endpoint)
     try:
@@ -246,8 +257,7 @@ def test_a_live_queue_rejects_malformed_messages_logs_each_kind_once_and_keeps_s
 
 
 def test_a_live_queue_stops_reading_when_full_under_the_block_policy() -> None:
-    queue = ReplayQueue(Receiver(high_water_mark=1), capacity_groups=2, max_staleness=1000,
-                        poll_interval_s=0.01).start()
+    queue = ReplayQueue(Receiver(high_water_mark=1), 2, eviction(1000), poll_interval_s=0.01).start()
     sender = Sender(queue.receiver.endpoint, high_water_mark=1)
     # Big groups, so that the kernel's socket buffers between the two high-water marks hold few.
     big = example_group(num_samples=2, tokens_per_sample=1 << 16)

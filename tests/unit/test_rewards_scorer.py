@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.config import ConfigError, load
-from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.rewards import reward_term_metrics
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rewards.user_fn import RewardFnError, load_reward_fn
+from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.tasks import ArithmeticTask, CountdownTask, Problem
 
 ARITHMETIC = ArithmeticTask(num_digits=2, eval_size=500)

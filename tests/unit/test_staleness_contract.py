@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import wait_for_generators
-from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import ReplayQueue
-from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.registry import GeneratorRegistry
+from asyncgrpo.replay import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import Scorer
+from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import Generator
 from asyncgrpo.tasks import make_task
+from asyncgrpo.tasks.stream import PromptStream
 from asyncgrpo.wire import Heartbeat, VersionAck, example_group
 
 EOS = 2
@@ -105,7 +106,7 @@ def generator_for(engine, **rollout) -> Generator:
         setattr(cfg.rollout, key, value)
     task = make_task(cfg)
     return Generator(cfg=cfg, generator_id=0, engine=engine, tokenizer=build_char_tokenizer(), task=task,
-                     problems=task.train_problems(seed=0), scorer=Scorer(task, cfg.reward), sink=ListSink(),
+                     problems=PromptStream(task.train_problems(seed=0)), scorer=Scorer(task, cfg.reward), sink=ListSink(),
                      weights=PushEverySegment(), quota_per_step=cfg.train.groups_per_step)
 
 
@@ -157,7 +158,7 @@ class AckWait:
         self.cfg = copy.deepcopy(BASE_CONFIG)
         self.version, self.max_staleness, self.num_generators, self.timeout_s = (
             version, max_staleness, num_generators, timeout_s)
-        self.queue = ReplayQueue(None, capacity_groups=64, max_staleness=max_staleness)
+        self.queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True, full_policy="block"))
         self.ack_waits = 0
 
     def __call__(self) -> None:

@@ -1,0 +1,42 @@
+"""What a task is: problems with a prompt and a reference answer, and the task's own check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt; `prompt` is the text the model sees (after any template), `answer` the reference.
+
+    `extra` carries task data for rewards (countdown's numbers, a file record's other fields,
+    the raw prompt before templating); it takes no part in equality or hashing.
+    """
+
+    id: int
+    prompt: str
+    answer: str
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+class Task(Protocol):
+    """A verifiable task. `make_task(cfg)` builds the configured one; `train_stream` gives each
+    generator its share of `train_problems` (file tasks also take `shard` and `num_shards`)."""
+
+    def train_problems(self, seed: int) -> Iterator[Problem]:
+        """Training problems in a seeded order (endless for the built-in tasks)."""
+
+    def eval_problems(self) -> list[Problem]:
+        """The held-out problems, the same for every seed."""
+
+    def score(self, completion_text: str, problem: Problem) -> float:
+        """The task's own check of a completion (held-out accuracy, and the default reward)."""
+
+    @property
+    def max_answer_chars(self) -> int:
+        """The longest reference answer, in characters (sizes the warm start's completions)."""
+
+    def settings(self) -> dict[str, Any]:
+        """What identifies the task's problems (part of the warm-start cache key)."""
