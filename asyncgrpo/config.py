@@ -75,6 +75,8 @@ def validate(cfg: Config) -> None:
         LOSS_TYPES,
     )
     from asyncgrpo.weights.base import BACKENDS
+    from asyncgrpo.weights.zmq import WIRE_DTYPES
+    from asyncgrpo.wire import MAX_HEADER_BYTES
 
     def require(ok: bool, key: str, why: str, value: Any) -> None:
         if not ok:
@@ -119,6 +121,13 @@ def validate(cfg: Config) -> None:
     # throttle and the acknowledgement bound would wait for a version that is never pushed.
     require(cfg.weights.push_every_steps <= cfg.train.max_staleness + 1, "weights.push_every_steps",
             f"must be <= train.max_staleness + 1 = {cfg.train.max_staleness + 1}", cfg.weights.push_every_steps)
+    require(cfg.weights.wire_dtype in WIRE_DTYPES, "weights.wire_dtype", _one_of(WIRE_DTYPES), cfg.weights.wire_dtype)
+    require(cfg.weights.chunk_bytes >= 1024, "weights.chunk_bytes", "must be >= 1024", cfg.weights.chunk_bytes)
+    # Any tensor is split into chunks, so a push of any size fits once one chunk and its header do.
+    require(cfg.weights.chunk_bytes + MAX_HEADER_BYTES <= cfg.wire.max_message_bytes, "weights.chunk_bytes",
+            f"plus a message header ({MAX_HEADER_BYTES} bytes) must fit wire.max_message_bytes="
+            f"{cfg.wire.max_message_bytes}: lower weights.chunk_bytes or raise wire.max_message_bytes",
+            cfg.weights.chunk_bytes)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
     require(cfg.wire.curve in CURVE_MODES, "wire.curve", _one_of(CURVE_MODES), cfg.wire.curve)
     require(cfg.wire.transport in TRANSPORTS, "wire.transport", _one_of(TRANSPORTS), cfg.wire.transport)

@@ -26,6 +26,10 @@ REPORTED_COUNTERS = {
 }
 
 
+class WeightsRejected(RuntimeError):
+    """A generator reported weight messages it could not use."""
+
+
 @dataclass
 class GeneratorState:
     next_seq: int = 0
@@ -35,6 +39,8 @@ class GeneratorState:
     # The newest cumulative counters reported, and those already turned into per-step increases.
     reported: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REPORTED_COUNTERS, 0.0))
     logged: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REPORTED_COUNTERS, 0.0))
+    weights_rejected: int = 0
+    rejection: str = ""
 
 
 class GeneratorRegistry:
@@ -75,6 +81,8 @@ class GeneratorRegistry:
             state.acked_version = max(state.acked_version, beat.version)
             for name in REPORTED_COUNTERS:
                 state.reported[name] = max(state.reported[name], float(getattr(beat, name)))
+            if beat.weights_rejected > state.weights_rejected:
+                state.weights_rejected, state.rejection = beat.weights_rejected, beat.rejection
 
     def _seen(self, generator_id: int) -> GeneratorState:
         state = self.generators.setdefault(generator_id, GeneratorState())
@@ -113,6 +121,17 @@ class GeneratorRegistry:
                     increments[metric] += state.reported[name] - state.logged[name]
                     state.logged[name] = state.reported[name]
         return increments
+
+    def check_weights_accepted(self) -> None:
+        """Raise `WeightsRejected` if a generator reported weight messages it could not use: it
+        would never load another version, so the run must end now, with the reason."""
+        with self._lock:
+            rejected = {g: (s.weights_rejected, s.rejection) for g, s in self.generators.items() if s.weights_rejected}
+        if rejected:
+            details = "; ".join(f"generator {g}: {count} rejected, first: {reason}"
+                                for g, (count, reason) in sorted(rejected.items()))
+            raise WeightsRejected(f"a generator could not accept weight pushes ({details}); check "
+                                  "wire.max_message_bytes and weights.chunk_bytes")
 
     def last_seen(self) -> str:
         """For timeout messages: how long ago each generator was heard from."""

@@ -245,6 +245,11 @@ class WeightsConfig:
     # group stands in, for tests). See asyncgrpo/weights/__init__.py.
     backend: str = "zmq"
     push_every_steps: int = 1
+    # zmq: payload bytes per message; a larger tensor is split over several. With its header it
+    # must fit wire.max_message_bytes (checked at start).
+    chunk_bytes: int = 64 << 20
+    # zmq: the dtype tensors travel in. auto = rollout.dtype (a bf16 engine receives half the bytes).
+    wire_dtype: str = "auto"  # auto | float32 | bfloat16 | float16
 
 
 @dataclass

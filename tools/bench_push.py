@@ -6,10 +6,11 @@
 For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format):
 - a generator process (core 0) runs a vLLM engine and a `ZmqWeightReceiver`; it loads every push
   into the engine and acknowledges the version with a `VersionAck`, as in a run;
-- this process (core 1) is the learner: an FSDP2-wrapped model (world size 1), `full_state_dict()`
-  then `ZmqWeightSender.push`.
-Latency = from the start of the gather to the arrival of the generator's acknowledgement, so it
-covers gather, encode, send, receive, assemble and the engine load. Correctness: after the last push
+- this process (core 1) is the learner: an FSDP2-wrapped model (world size 1); `Learner.push_weights`
+  gathers each tensor as `ZmqWeightSender.push` needs it, copies it and publishes each chunk when full.
+Latency = from the start of the push to the arrival of the generator's acknowledgement, so it
+covers gather, copy, send, receive, assemble and the engine load. Blocked = how long the learner
+is inside the push (gather and copy; the sending itself is ZeroMQ's I/O thread). Correctness: after the last push
 the engine's log-probs of fixed sequences are compared with the learner's forward.
 
 Prints a table, then one JSON line.
@@ -105,21 +106,18 @@ def bench_size(size: str, pushes: int) -> dict[str, float]:
 
         wait_ack(0, 600)  # engine start
         time.sleep(0.5)  # the subscription must be live before the first publish
-        latencies, gather_s, send_s = [], [], []
+        latencies, blocked_s = [], []
         payload = 0
         for version in range(1, pushes + 1):
             with torch.no_grad():  # a different model each push, so every load really changes weights
                 for p in learner.policy.model.parameters():
                     p.add_(1e-4)
             start = time.perf_counter()
-            named = learner.policy.full_state_dict()
-            gathered = time.perf_counter()
-            payload = learner.weights.push(version, named)
-            sent = time.perf_counter()
+            learner.version = version
+            payload = learner.push_weights()
+            blocked_s.append(time.perf_counter() - start)
             wait_ack(version, 120)
             latencies.append(time.perf_counter() - start)
-            gather_s.append(gathered - start)
-            send_s.append(sent - gathered)
         generator = results.get(timeout=120)
         process.join(timeout=60)
         learner_logp = learner.sequence_logprobs(probes)
@@ -133,8 +131,7 @@ def bench_size(size: str, pushes: int) -> dict[str, float]:
         "bytes_per_push": payload,
         "latency_ms_median": 1e3 * statistics.median(latencies),
         "latency_ms_max": 1e3 * max(latencies),
-        "gather_ms_median": 1e3 * statistics.median(gather_s),
-        "encode_send_ms_median": 1e3 * statistics.median(send_s),
+        "learner_blocked_ms_median": 1e3 * statistics.median(blocked_s),
         "engine_load_ms_median": 1e3 * statistics.median(generator["load_s"]),
         "mb_per_s": payload / 1e6 / statistics.median(latencies),
         "probe_max_abs_diff": diff,
@@ -149,13 +146,13 @@ def main() -> int:
     args = parser.parse_args()
     rows = [bench_size(size, args.pushes) for size in args.sizes.split(",")]
     print()
-    header = (f"{'model':<6} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'gather ms':>9} "
-              f"{'send ms':>7} {'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
+    header = (f"{'model':<6} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
+              f"{'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['size']:<6} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.1f} {r['latency_ms_median']:>10.1f} "
-              f"{r['latency_ms_max']:>7.1f} {r['gather_ms_median']:>9.1f} {r['encode_send_ms_median']:>7.1f} "
+              f"{r['latency_ms_max']:>7.1f} {r['learner_blocked_ms_median']:>10.1f} "
               f"{r['engine_load_ms_median']:>7.1f} {r['mb_per_s']:>6.0f} {r['probe_max_abs_diff']:>10.2e}")
     print()
     print(json.dumps({"pushes": rows}))

@@ -25,7 +25,7 @@ from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.update import update
 from asyncgrpo.metrics.samples import sample_records
 from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import GroupSource
+from asyncgrpo.replay import GroupSource, QueueTimeout
 from asyncgrpo.rewards.metrics import reward_term_metrics
 from asyncgrpo.schema import Config
 from asyncgrpo.timing import PhaseTimer
@@ -45,6 +45,7 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
     deadline = time.monotonic() + timeout_s
     waited = False
     while True:
+        registry.check_weights_accepted()
         lagging = {g: v for g, v in registry.acked_versions(generator_ids).items() if v < floor}
         # A full step already queued means this step waits on nobody; and a generator blocked on a
         # full queue cannot deliver its acknowledgement until the learner takes (they share the
@@ -107,7 +108,7 @@ class Learner:
             with timer("ack_wait"):
                 self._wait_for_generators()
             with timer("gen_wait"):
-                groups = self.source.take(self.cfg.train.groups_per_step, self.version, self.cfg.wire.timeout_s)
+                groups = self._take()
             self._last_taken = (self.version, groups)
         metrics = self.train_on(groups, timer)
         self.idle_s += timer.seconds["ack_wait"] + timer.seconds["gen_wait"]
@@ -115,9 +116,20 @@ class Learner:
         metrics.update(rate_metrics(metrics, self._busy_until - start))
         metrics.update({"learner/ack_waits": self.ack_waits, **timer.metrics()})
         if self.rank == 0:
-            metrics.update(self.registry.report_increments() if self.registry else {})
+            metrics.update(self._generator_metrics())
             metrics.update(self.source.stats())
         return metrics
+
+    def _generator_metrics(self) -> dict[str, float]:
+        """What the generators reported; a generator that rejected weights ends the run, since it
+        would never load another version."""
+        if self.registry is None:
+            return {}
+        self.registry.check_weights_accepted()
+        acked = self.registry.acked_versions(range(self.cfg.rollout.num_generators))
+        return {**self.registry.report_increments(), "weights/rejected": 0.0,
+                # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait).
+                "weights/backlog": float(self.version - min(acked.values(), default=self.version))}
 
     def train_on(self, groups: list[ScoredGroup] | None, timer: PhaseTimer | None = None) -> dict[str, float]:
         """Prepare, update and push on `groups` (rank 0's; the other ranks pass None and receive them)."""
@@ -148,6 +160,22 @@ class Learner:
                                t.max_staleness):
             self.ack_waits += 1
 
+    def _take(self) -> list[ScoredGroup]:
+        """A step's groups; while waiting, a generator's report of rejected weights ends the wait."""
+        n, timeout_s = self.cfg.train.groups_per_step, self.cfg.wire.timeout_s
+        if self.registry is None:
+            return self.source.take(n, self.version, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.registry.check_weights_accepted()
+            remaining = deadline - time.monotonic()
+            try:
+                # Slices of a second at most, so a rejection is heard within one.
+                return self.source.take(n, self.version, min(1.0, max(0.0, remaining)))
+            except QueueTimeout as err:
+                if remaining <= 1.0:
+                    raise QueueTimeout(f"no full step within wire.timeout_s={timeout_s:.0f} s; last {err}") from None
+
     def _prepare(self, groups: list[ScoredGroup] | None) -> Batch:
         batch = collate(groups, self.pad_id) if self.rank == 0 else None
         if self.world_size > 1:
@@ -158,8 +186,12 @@ class Learner:
 
     def push_weights(self) -> int:
         """Every rank calls it (the gather is a collective); rank 0 sends. Returns the bytes sent."""
-        named = self.policy.full_state_dict()
-        return self.weights.push(self.version, named) if self.weights is not None else 0
+        named = self.policy.full_state_dict()  # gathered lazily, as the sender takes each tensor
+        if self.weights is None:
+            for _ in named:  # every rank takes part in every gather
+                pass
+            return 0
+        return self.weights.push(self.version, named)
 
     def finish(self, reason: str = "training finished") -> dict[str, Any]:
         """Make sure the generators hold the final weights, then tell them to stop (every rank calls it)."""
@@ -228,7 +260,7 @@ class Learner:
         """The current policy in Hugging Face format (every rank calls it; rank 0 writes)."""
         from asyncgrpo.export import write_hf
 
-        named = self.policy.full_state_dict()
+        named = list(self.policy.full_state_dict())
         if self.rank == 0:
             write_hf(named, self.model_dir, Path(outdir))
         return str(outdir)

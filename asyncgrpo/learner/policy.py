@@ -4,6 +4,7 @@ KL reference. Every method that touches sharded weights is a collective: every r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -125,20 +126,17 @@ class Policy:
 
     # ------------------------------------------------------------------------------ weights
 
-    def full_state_dict(self) -> list[tuple[str, torch.Tensor]]:
-        """Unsharded parameters under their Hugging Face names, on rank 0; [] on the other ranks.
-
-        Tensors are gathered one at a time, so a rank other than 0 never holds more than one full tensor.
-        """
-        named = []
+    def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Unsharded parameters under their Hugging Face names, gathered one at a time as the
+        caller asks for them (so sending one overlaps gathering the next); rank 0 gets them, the
+        other ranks get nothing but must still exhaust the iterator (each gather is a collective)."""
         for name, tensor in self.model.state_dict().items():
             if hasattr(tensor, "full_tensor"):
                 if tensor.device != self.device:  # sharded weights offloaded to CPU memory
                     tensor = tensor.to(self.device)
                 tensor = tensor.full_tensor()
             if self.rank == 0:
-                named.append((name, tensor.detach()))
-        return named
+                yield name, tensor.detach()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's shards of the weights and optimizer state, for torch.distributed.checkpoint

@@ -158,6 +158,7 @@ class Generator:
         self.groups_started = initial_version * quota_per_step
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
+        self._reported_rejections = 0
 
     @classmethod
     def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
@@ -334,9 +335,12 @@ class Generator:
             return
         self._last_heartbeat = now
         rewards = self.scorer.stats_snapshot()
+        rejected, reason = self.weights.rejections()
+        self._reported_rejections = rejected
         self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.idle_s,
                                      reward_errors=rewards["reward/errors"],
-                                     groups_dropped=rewards["reward/groups_dropped"]), timeout_s=0.0)
+                                     groups_dropped=rewards["reward/groups_dropped"],
+                                     weights_rejected=rejected, rejection=reason), timeout_s=0.0)
 
     def _apply_latest_weights(self) -> bool:
         version = self.weights.apply_newest(self.engine)
@@ -350,6 +354,8 @@ class Generator:
     def _load_newest_weights(self, wait_s: float) -> bool:
         """Apply the newest complete push, if any (a safe point: no request is in flight)."""
         self.weights.poll(wait_s)
+        if self.weights.rejections()[0] > self._reported_rejections:
+            self._heartbeat(periodic=False)  # the learner fails the run with the reason, at once
         loaded = self._apply_latest_weights()
         if self.weights.shutdown_reason is not None:
             raise GeneratorStopped(self.weights.shutdown_reason)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from asyncgrpo.schema import Config
-from asyncgrpo.weights.base import BACKENDS, WeightReceiver, WeightSender, WeightTarget
+from asyncgrpo.weights.base import BACKENDS, WeightReceiver, WeightSender, WeightTarget, model_spec
 from asyncgrpo.weights.nccl import NcclWeightReceiver, NcclWeightSender
-from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender
+from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype_for
 from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
 
@@ -21,7 +21,8 @@ def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch
     if cfg.weights.backend == "nccl":
         return NcclWeightSender(publisher, model_dir, cfg.rollout.num_generators, device,
                                 host=advertised_host(cfg.wire.host), timeout_s=cfg.wire.startup_timeout_s)
-    return ZmqWeightSender(publisher)
+    return ZmqWeightSender(publisher, model_spec(model_dir), cfg.weights.chunk_bytes,
+                           wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype))
 
 
 def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: torch.device) -> WeightReceiver:

@@ -17,12 +17,29 @@ Tensors always travel under their Hugging Face names and shapes; the engine maps
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
 
 BACKENDS = ("zmq", "nccl")
+# A tensor of the policy's state dict: Hugging Face name, shape, dtype.
+TensorSpec = tuple[str, tuple[int, ...], torch.dtype]
+
+
+def model_spec(model_dir: str) -> list[TensorSpec]:
+    """Names, shapes and dtypes of the model's state dict, in order, without allocating weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return [(name, tuple(t.shape), t.dtype) for name, t in model.state_dict().items()]
+
+
+def largest_tensor(spec: list[TensorSpec]) -> TensorSpec:
+    return max(spec, key=lambda entry: math.prod(entry[1]) * entry[2].itemsize)
 
 
 class WeightSender(Protocol):
@@ -57,6 +74,9 @@ class WeightReceiver(Protocol):
 
     shutdown_reason: str | None
     newest_version: int
+
+    def rejections(self) -> tuple[int, str]:
+        """Weight messages that could not be used, and the first reason (reported to the learner)."""
 
     def join(self, address: dict[str, Any]) -> None:
         """Join the sender's transport at `address` (from `WeightSender.join_address`); blocks until all joined."""

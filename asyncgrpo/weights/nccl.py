@@ -31,12 +31,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import WeightTarget
+from asyncgrpo.weights.base import TensorSpec, WeightTarget, model_spec
 from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
 from asyncgrpo.wire.network import free_port
 
 SPEC_NAME = "__spec__"
-TensorSpec = tuple[str, tuple[int, ...], torch.dtype]
 
 
 class Broadcaster(Protocol):
@@ -79,16 +78,6 @@ def connect(host: str, port: int, rank: int, world_size: int, device: torch.devi
     if device.type == "cuda":
         return _NcclBroadcaster(host, port, rank, world_size, timeout_s, device)
     return _GlooBroadcaster(host, port, rank, world_size, timeout_s)
-
-
-def model_spec(model_dir: str) -> list[TensorSpec]:
-    """Names, shapes and dtypes of the model's state dict, in order, without allocating weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return [(name, tuple(t.shape), t.dtype) for name, t in model.state_dict().items()]
 
 
 def fingerprint(spec: Iterable[TensorSpec]) -> np.ndarray:
@@ -140,8 +129,10 @@ class NcclWeightSender:
             raise ValueError(f"weights.backend=nccl: the learner's state dict does not match {len(want)} tensors "
                              f"of the model directory (first difference: "
                              f"{next((g, w) for g, w in zip(got + [None] * len(want), want) if g != w)})")
+        announcement = fingerprint(self.spec)
         self.publisher.publish(WeightsChunk(version=version, chunk_index=0, num_chunks=1, names=[SPEC_NAME],
-                                            tensors=[fingerprint(self.spec)], dtypes=["int64"]))
+                                            tensors=[announcement], dtypes=["int64"], shapes=[[announcement.size]],
+                                            offsets=[0]))
         total = 0
         for bucket in self.buckets:
             flat = torch.cat([named[i][1].detach().to(self.device, torch.float32).reshape(-1) for i in bucket])
@@ -177,6 +168,10 @@ class NcclWeightReceiver:
         self.buckets = buckets(self.spec, self.bucket_bytes)
         self.group = connect(address["host"], address["port"], address["rank"], address["world_size"],
                              self.device, self.timeout_s)
+
+    def rejections(self) -> tuple[int, str]:
+        rejected = self.subscriber.rejected
+        return sum(rejected.counts().values()), rejected.first_error
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         changed = False

@@ -1,20 +1,29 @@
 """Weight sync over ZeroMQ (works on any device): the learner publishes, generators assemble.
 
-A push of version v is a sequence of `WeightsChunk` messages of at most `chunk_bytes` each, in
-Hugging Face parameter names and shapes. A generator keeps only the newest complete version: a
-generator that falls behind skips straight to the latest weights.
+A push of version v is a fixed sequence of `WeightsChunk` messages, planned once from the model's
+tensor list (`chunk_plan`): each chunk carries at most `chunk_bytes` of payload, and a tensor larger
+than that is split into pieces over several chunks, so no message exceeds `wire.max_message_bytes`
+whatever the model. Tensors travel in `weights.wire_dtype` (auto: the generators' dtype, so a bf16
+engine receives half the bytes) under their Hugging Face names and shapes.
+
+The sender converts (and copies) one tensor at a time and publishes each chunk as soon as it is
+full: ZeroMQ's I/O thread sends chunk k while the learner gathers and copies what chunk k+1 needs.
+A generator assembles at most one version (the newest it has seen) and keeps at most one complete
+version waiting to be loaded: one that falls behind skips straight to the latest weights.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import WeightTarget
+from asyncgrpo.weights.base import TensorSpec, WeightTarget
 from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
 
 _TORCH_TO_WIRE = {
@@ -28,11 +37,16 @@ _WIRE_TO_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16"
                   "int32": torch.int32, "int64": torch.int64}
 
 
-def tensor_to_wire(tensor: torch.Tensor) -> tuple[np.ndarray, str]:
+# weights.wire_dtype: auto = the generators' engine dtype (rollout.dtype).
+WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def tensor_to_wire(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[np.ndarray, str]:
+    """A flat private copy of `tensor` on the CPU, in `dtype` (None: its own), as a wire array."""
     # Always a private copy: the frames are sent without copying, by ZeroMQ's I/O thread, after
     # push() returns, while the optimizer updates the parameters (which a full_tensor() on one rank
     # aliases) in place. Without the copy a generator could load a torn mix of two versions.
-    tensor = tensor.detach().to("cpu", copy=True).contiguous()
+    tensor = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True).contiguous().reshape(-1)
     if tensor.dtype not in _TORCH_TO_WIRE:
         raise TypeError(f"cannot send dtype {tensor.dtype}")
     name, _ = _TORCH_TO_WIRE[tensor.dtype]
@@ -49,14 +63,57 @@ def wire_to_tensor(array: np.ndarray, wire_dtype: str) -> torch.Tensor:
     return tensor.view(torch.bfloat16) if wire_dtype == "bfloat16" else tensor
 
 
-class ZmqWeightSender:
-    """Learner side (rank 0)."""
+@dataclass(frozen=True)
+class Piece:
+    """Elements [start, stop) of tensor `index` (in the spec's order), flattened."""
 
-    def __init__(self, publisher: Publisher, chunk_bytes: int = 64 << 20) -> None:
+    index: int
+    start: int
+    stop: int
+
+
+def chunk_plan(numels: Sequence[int], itemsize: int, chunk_bytes: int) -> list[list[Piece]]:
+    """Tensors (by element count, in order) packed into chunks of at most `chunk_bytes` payload;
+    a tensor that does not fit in what is left of a chunk continues in the next ones."""
+    per_chunk = max(1, chunk_bytes // itemsize)
+    chunks: list[list[Piece]] = [[]]
+    room = per_chunk
+    for index, numel in enumerate(numels):
+        start = 0
+        while True:
+            if room == 0 and start < numel:
+                chunks.append([])
+                room = per_chunk
+            stop = min(numel, start + room)
+            chunks[-1].append(Piece(index, start, stop))
+            room -= stop - start
+            start = stop
+            if start >= numel:
+                break
+    return chunks
+
+
+def wire_dtype_for(setting: str, engine_dtype: str) -> torch.dtype:
+    """`weights.wire_dtype` as a torch dtype; auto follows the engine (`rollout.dtype`)."""
+    name = engine_dtype if setting == "auto" else setting
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class ZmqWeightSender:
+    """Learner side (rank 0). `spec`: the names, shapes and dtypes of every push, in order."""
+
+    def __init__(self, publisher: Publisher, spec: Sequence[TensorSpec], chunk_bytes: int,
+                 wire_dtype: torch.dtype) -> None:
         self.publisher = publisher
         self.endpoint = publisher.endpoint
-        self.chunk_bytes = chunk_bytes
+        self.spec = list(spec)
+        self.wire_dtype = wire_dtype
+        self.plan = chunk_plan([math.prod(shape) for _, shape, _ in self.spec], wire_dtype.itemsize, chunk_bytes)
         self.bytes_pushed = 0
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(math.prod(shape) for _, shape, _ in self.spec) * self.wire_dtype.itemsize
 
     def join_address(self) -> dict[str, Any]:
         return {}  # subscribers connect to `endpoint`; nothing else to join
@@ -65,25 +122,39 @@ class ZmqWeightSender:
         pass
 
     def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Publish all tensors as version `version`; returns the bytes sent."""
-        chunks: list[list[tuple[str, np.ndarray, str]]] = [[]]
-        size = 0
-        for name, tensor in named_tensors:
-            array, wire_dtype = tensor_to_wire(tensor)
-            if chunks[-1] and size + array.nbytes > self.chunk_bytes:
-                chunks.append([])
-                size = 0
-            chunks[-1].append((name, array, wire_dtype))
-            size += array.nbytes
+        """Publish every tensor as version `version`, consuming `named_tensors` (which may be a
+        generator that gathers lazily) tensor by tensor; returns the payload bytes sent."""
+        tensors = iter(named_tensors)
+        arrays: dict[int, tuple[np.ndarray, str]] = {}
         total = 0
-        for index, chunk in enumerate(chunks):
-            self.publisher.publish(WeightsChunk(
-                version=version, chunk_index=index, num_chunks=len(chunks),
-                names=[c[0] for c in chunk], tensors=[c[1] for c in chunk], dtypes=[c[2] for c in chunk],
-            ))
-            total += sum(c[1].nbytes for c in chunk)
+        for chunk_index, pieces in enumerate(self.plan):
+            names, parts, dtypes, shapes, offsets = [], [], [], [], []
+            for piece in pieces:
+                if piece.index not in arrays:
+                    arrays[piece.index] = self._next_array(tensors, piece.index)
+                array, wire_dtype = arrays[piece.index]
+                name, shape, _ = self.spec[piece.index]
+                names.append(name)
+                parts.append(array[piece.start:piece.stop])
+                dtypes.append(wire_dtype)
+                shapes.append(list(shape))
+                offsets.append(piece.start)
+                if piece.stop == array.size:
+                    del arrays[piece.index]  # the frames keep what is still being sent alive
+            self.publisher.publish(WeightsChunk(version=version, chunk_index=chunk_index, num_chunks=len(self.plan),
+                                                names=names, tensors=parts, dtypes=dtypes, shapes=shapes,
+                                                offsets=offsets))
+            total += sum(part.nbytes for part in parts)
         self.bytes_pushed += total
         return total
+
+    def _next_array(self, tensors: Iterable[tuple[str, torch.Tensor]], index: int) -> tuple[np.ndarray, str]:
+        name, tensor = next(tensors)  # type: ignore[call-overload]
+        want_name, want_shape, _ = self.spec[index]
+        if name != want_name or tuple(tensor.shape) != tuple(want_shape):
+            raise ValueError(f"weight push: got {name} {tuple(tensor.shape)} where the model has "
+                             f"{want_name} {tuple(want_shape)}")
+        return tensor_to_wire(tensor, self.wire_dtype if tensor.is_floating_point() else None)
 
     def shutdown(self, reason: str) -> None:
         self.publisher.publish(Shutdown(reason=reason))
@@ -92,18 +163,61 @@ class ZmqWeightSender:
         self.publisher.close()
 
 
+@dataclass
+class _Assembly:
+    """One version being received: each tensor's pieces copied into a flat buffer (or kept as the
+    frame itself when one piece is the whole tensor)."""
+
+    version: int
+    num_chunks: int
+    chunks_seen: set[int] = field(default_factory=set)
+    tensors: dict[str, tuple[np.ndarray, str, list[int]]] = field(default_factory=dict)  # name -> flat, dtype, shape
+    filled: dict[str, int] = field(default_factory=dict)  # name -> elements received
+
+    def add(self, chunk: WeightsChunk) -> None:
+        for name, part, dtype, shape, offset in zip(chunk.names, chunk.tensors, chunk.dtypes, chunk.shapes,
+                                                    chunk.offsets):
+            numel = math.prod(shape)
+            if name not in self.tensors:
+                whole = offset == 0 and part.size == numel
+                self.tensors[name] = (part if whole else np.empty(numel, dtype=part.dtype), dtype, shape)
+            flat, known_dtype, known_shape = self.tensors[name]
+            if known_dtype != dtype or list(known_shape) != list(shape):
+                raise ValueError(f"weights version {self.version}: {name} changed shape or dtype between chunks")
+            if flat is not part:
+                flat[offset:offset + part.size] = part
+            self.filled[name] = self.filled.get(name, 0) + part.size
+        self.chunks_seen.add(chunk.chunk_index)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.chunks_seen) == self.num_chunks
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        missing = [name for name, (flat, _, _) in self.tensors.items() if self.filled[name] != flat.size]
+        if missing:
+            raise ValueError(f"weights version {self.version}: pieces of {missing[:3]} are missing or overlap")
+        return [(name, wire_to_tensor(flat, dtype).view(*shape)) for name, (flat, dtype, shape) in self.tensors.items()]
+
+
 class ZmqWeightReceiver:
-    """Generator side: drains the subscription, keeps the newest complete version."""
+    """Generator side: drains the subscription, assembles the newest version, keeps the newest
+    complete one. A chunk it cannot use is counted under `rejections` (reported to the learner)."""
 
     def __init__(self, subscriber: Subscriber) -> None:
         self.subscriber = subscriber
-        self._partial: dict[int, list[WeightsChunk | None]] = {}
+        self._assembly: _Assembly | None = None
         self.latest: tuple[int, list[tuple[str, torch.Tensor]]] | None = None
         self.newest_version = -1
         self.shutdown_reason: str | None = None
 
     def join(self, address: dict[str, Any]) -> None:
         pass  # the subscription is the whole transport
+
+    def rejections(self) -> tuple[int, str]:
+        """Weight messages that could not be used (malformed, too large, inconsistent), and the first reason."""
+        rejected = self.subscriber.rejected
+        return sum(rejected.counts().values()), rejected.first_error
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Read what has arrived (waiting up to `timeout_s` for the first message).
@@ -118,23 +232,29 @@ class ZmqWeightReceiver:
                 self.shutdown_reason = message.reason
                 changed = True
             elif isinstance(message, WeightsChunk):
-                changed |= self._add(message)
+                try:
+                    changed |= self._add(message)
+                except ValueError as err:
+                    self._assembly = None
+                    self.subscriber.rejected.record_error("inconsistent_weights", str(err))
         return changed
 
     def _add(self, chunk: WeightsChunk) -> bool:
-        if chunk.version <= self.newest_version:
+        assembly = self._assembly
+        if chunk.version <= self.newest_version or (assembly is not None and chunk.version < assembly.version):
+            return False  # older than what we have: skipped
+        if assembly is None or chunk.version > assembly.version:
+            assembly = self._assembly = _Assembly(chunk.version, chunk.num_chunks)  # a newer push replaces a partial one
+        if chunk.num_chunks != assembly.num_chunks:
+            raise ValueError(f"weights version {chunk.version}: chunk counts {chunk.num_chunks} and {assembly.num_chunks}")
+        if chunk.chunk_index in assembly.chunks_seen:
             return False
-        slots = self._partial.setdefault(chunk.version, [None] * chunk.num_chunks)
-        if len(slots) != chunk.num_chunks:
-            raise ValueError(f"weights version {chunk.version}: inconsistent chunk count")
-        slots[chunk.chunk_index] = chunk
-        if any(slot is None for slot in slots):
+        assembly.add(chunk)
+        if not assembly.complete:
             return False
-        named = [(name, wire_to_tensor(array, dtype))
-                 for slot in slots for name, array, dtype in zip(slot.names, slot.tensors, slot.dtypes)]
-        self.latest = (chunk.version, named)
+        self.latest = (chunk.version, assembly.named_tensors())
         self.newest_version = chunk.version
-        self._partial = {v: s for v, s in self._partial.items() if v > chunk.version}
+        self._assembly = None
         return True
 
     def take_latest(self) -> tuple[int, list[tuple[str, torch.Tensor]]] | None:

@@ -9,6 +9,7 @@ header is parsed by msgpack with size limits and no extension types, so no input
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ MAX_ARRAYS = 1 << 16
 MAX_NDIM = 8
 # Larger integers are nonsense for every field and would overflow int64 arithmetic downstream.
 _MAX_INT = 1 << 62
+# A heartbeat's rejection reason is for a person to read, not a payload.
+MAX_REJECTION_CHARS = 300
 _MAX_DIM = (1 << 31) - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -83,6 +86,8 @@ def encode(message: Message) -> list[Frame]:
             "chunk": int(message.chunk_index),
             "chunks": int(message.num_chunks),
             "names": list(message.names),
+            "shapes": [[int(d) for d in shape] for shape in message.shapes],
+            "offsets": [int(o) for o in message.offsets],
         }
         return _pack(header, list(zip(message.tensors, message.dtypes, strict=True)))
     if isinstance(message, VersionAck):
@@ -96,6 +101,8 @@ def encode(message: Message) -> list[Frame]:
             "idle_s": float(message.idle_s),
             "reward_errors": int(message.reward_errors),
             "groups_dropped": int(message.groups_dropped),
+            "weights_rejected": int(message.weights_rejected),
+            "rejection": str(message.rejection)[:MAX_REJECTION_CHARS],
         }
         return _pack(header, [])
     if isinstance(message, Shutdown):
@@ -305,6 +312,14 @@ def _decode_weights(header: dict[str, Any], arrays: list[np.ndarray]) -> Weights
     chunk_index = _int_field(header, "chunk")
     if chunk_index >= num_chunks:
         raise WireError("bad_field", f"chunk {chunk_index} of {num_chunks}")
+    shapes, offsets = _field(header, "shapes", list), _field(header, "offsets", list)
+    if len(shapes) != len(arrays) or len(offsets) != len(arrays):
+        raise WireError("bad_field", "one shape and one offset per weight array")
+    for shape, offset, array in zip(shapes, offsets, arrays):
+        if type(shape) is not list or not all(type(d) is int and 0 <= d < _MAX_INT for d in shape):
+            raise WireError("bad_field", "a weight shape is a list of sizes")
+        if type(offset) is not int or array.ndim != 1 or not 0 <= offset <= offset + array.size <= math.prod(shape):
+            raise WireError("bad_field", f"a weight piece of {array.size} elements at {offset} does not fit {shape}")
     return WeightsChunk(
         version=_int_field(header, "version"),
         chunk_index=chunk_index,
@@ -312,6 +327,8 @@ def _decode_weights(header: dict[str, Any], arrays: list[np.ndarray]) -> Weights
         names=names,
         tensors=arrays,
         dtypes=[d[0] for d in header["a"]],
+        shapes=shapes,
+        offsets=offsets,
     )
 
 
@@ -329,6 +346,8 @@ def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heart
         idle_s=_seconds_field(header, "idle_s"),
         reward_errors=_int_field(header, "reward_errors"),
         groups_dropped=_int_field(header, "groups_dropped"),
+        weights_rejected=_int_field(header, "weights_rejected"),
+        rejection=_field(header, "rejection", str)[:MAX_REJECTION_CHARS],
     )
 
 

@@ -15,7 +15,9 @@ import numpy as np
 
 # 2: lengths and rewards moved from array frames into the header.
 # 3: heartbeats carry the generator's cumulative report (idle seconds, reward errors, dropped groups).
-SCHEMA_VERSION = 3
+# 4: a weights chunk carries pieces of tensors (full shape and element offset), so a tensor larger
+#    than a message travels in several chunks; heartbeats report rejected weight messages.
+SCHEMA_VERSION = 4
 
 
 class MsgType(IntEnum):
@@ -75,14 +77,20 @@ class ScoredGroup:
 
 @dataclass
 class WeightsChunk:
-    """A slice of the policy's state dict at `version`; a push is `num_chunks` of these."""
+    """Pieces of the policy's state dict at `version`; a push is `num_chunks` of these.
+
+    Piece i is elements [offsets[i], offsets[i] + tensors[i].size) of tensor `names[i]` flattened,
+    whose full shape is `shapes[i]`: a tensor larger than a chunk is split over several chunks.
+    """
 
     version: int
     chunk_index: int
     num_chunks: int
     names: list[str]
-    tensors: list[np.ndarray]  # bfloat16 travels as uint16 with dtype name "bfloat16"
+    tensors: list[np.ndarray]  # 1-D; bfloat16 travels as uint16 with dtype name "bfloat16"
     dtypes: list[str]
+    shapes: list[list[int]]
+    offsets: list[int]
 
 
 @dataclass
@@ -102,6 +110,8 @@ class Heartbeat:
     idle_s: float = 0.0  # waiting on the throttle, on rewards, on new weights or on a full queue
     reward_errors: int = 0  # reward terms that failed (reward/errors)
     groups_dropped: int = 0  # groups not sent because a reward failed under reward.on_error=drop_group
+    weights_rejected: int = 0  # weight messages this generator could not accept
+    rejection: str = ""  # the first reason, for the learner's error message
 
 
 @dataclass

@@ -95,6 +95,7 @@ class Rejections:
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
+        self.first_error = ""  # the first rejection's text, for a report to whoever must act on it
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()  # the receiving thread records while the learner reads
 
@@ -102,6 +103,7 @@ class Rejections:
         with self._lock:
             first = err.reason not in self._counts
             self._counts[err.reason] += 1
+            self.first_error = self.first_error or str(err)
         if first:
             log.warning("rejected a malformed message on %s (%s); later ones of this kind are only counted "
                         "under wire/rejected", self.endpoint, err)
@@ -109,6 +111,10 @@ class Rejections:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def record_error(self, reason: str, detail: str) -> None:
+        """A message that decoded but could not be used (e.g. an inconsistent weight chunk)."""
+        self.record(WireError(reason, detail))
 
 
 def _context() -> zmq.Context:

@@ -54,7 +54,7 @@ def seed_messages(rng: np.random.Generator) -> list[Frames]:
         Heartbeat(generator_id=2, next_seq=5, version=1),
         Shutdown(reason="done"),
         WeightsChunk(version=1, chunk_index=0, num_chunks=1, names=["w"],
-                     tensors=[np.ones((2, 3), dtype=np.float32)], dtypes=["float32"]),
+                     tensors=[np.ones(6, dtype=np.float32)], dtypes=["float32"], shapes=[[2, 3]], offsets=[0]),
     ]
     return [[bytes(f) for f in encode(message)] for message in groups + controls]
 

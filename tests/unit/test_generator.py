@@ -173,9 +173,13 @@ class PushesWhileWaiting:
         self.shutdown_reason: str | None = None
         self.joined: list[dict[str, Any]] = []
         self.closed = False
+        self.rejected, self.rejection = 0, ""
 
     def join(self, address: dict[str, Any]) -> None:
         self.joined.append(address)
+
+    def rejections(self) -> tuple[int, str]:
+        return self.rejected, self.rejection
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         if timeout_s <= 0:

@@ -79,6 +79,9 @@ class PushEverySegment:
     def poll(self, timeout_s: float = 0.0) -> bool:
         return True
 
+    def rejections(self) -> tuple[int, str]:
+        return 0, ""
+
     def apply_newest(self, target) -> int:
         self.newest_version += 1
         target.load_weights([])

@@ -140,20 +140,38 @@ def test_control_messages_round_trip(message: Any) -> None:
     assert decode(encode(message)) == message
 
 
-def test_weights_chunk_round_trips_bfloat16_and_shapes() -> None:
+def test_weights_chunk_round_trips_bfloat16_and_pieces() -> None:
     weight = torch.randn(3, 5, dtype=torch.bfloat16)
     chunk = WeightsChunk(
         version=4, chunk_index=1, num_chunks=2, names=["a.weight", "b.bias"],
-        tensors=[weight.view(torch.int16).numpy().view(np.uint16), np.arange(5, dtype=np.float32)],
-        dtypes=["bfloat16", "float32"],
+        tensors=[weight.view(torch.int16).numpy().view(np.uint16).reshape(-1), np.arange(2, dtype=np.float32)],
+        dtypes=["bfloat16", "float32"], shapes=[[3, 5], [7]], offsets=[0, 5],
     )
     decoded = decode(encode(chunk))
     assert isinstance(decoded, WeightsChunk)
-    assert (decoded.version, decoded.chunk_index, decoded.num_chunks, decoded.names, decoded.dtypes) == (
-        4, 1, 2, ["a.weight", "b.bias"], ["bfloat16", "float32"])
-    restored = torch.from_numpy(decoded.tensors[0].view(np.int16)).view(torch.bfloat16)
+    assert (decoded.version, decoded.chunk_index, decoded.num_chunks, decoded.names, decoded.dtypes,
+            decoded.shapes, decoded.offsets) == (4, 1, 2, ["a.weight", "b.bias"], ["bfloat16", "float32"],
+                                                 [[3, 5], [7]], [0, 5])
+    restored = torch.from_numpy(decoded.tensors[0].view(np.int16)).view(torch.bfloat16).view(3, 5)
     assert torch.equal(restored, weight)
-    np.testing.assert_array_equal(decoded.tensors[1], np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(decoded.tensors[1], np.arange(2, dtype=np.float32))
+
+
+@pytest.mark.parametrize(("shapes", "offsets", "why"), [
+    ([[4]], [3], "does not fit"),  # 2 elements at offset 3 of a 4-element tensor
+    ([[1]], [0], "does not fit"),
+    ([[4]], [-1], "does not fit"),
+    ([[4], [4]], [0], "one shape and one offset"),
+    ([["4"]], [0], "list of sizes"),
+])
+def test_a_weight_piece_that_does_not_fit_its_tensor_is_rejected(shapes, offsets, why) -> None:
+    chunk = WeightsChunk(version=1, chunk_index=0, num_chunks=1, names=["w"], tensors=[np.ones(2, np.float32)],
+                         dtypes=["float32"], shapes=[[4]], offsets=[0])
+    frames = encode(chunk)
+    header = msgpack.unpackb(frames[0])
+    header["shapes"], header["offsets"] = shapes, offsets
+    with pytest.raises(WireError, match=why):
+        decode([msgpack.packb(header), *frames[1:]])
 
 
 # ------------------------------------------------------------------------------- malformed input
