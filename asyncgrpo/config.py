@@ -129,6 +129,7 @@ def validate(cfg: Config) -> None:
             f"{cfg.wire.max_message_bytes}: lower weights.chunk_bytes or raise wire.max_message_bytes",
             cfg.weights.chunk_bytes)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
+    require(t.probe_tolerance > 0, "train.probe_tolerance", "must be > 0", t.probe_tolerance)
     require(cfg.wire.curve in CURVE_MODES, "wire.curve", _one_of(CURVE_MODES), cfg.wire.curve)
     require(cfg.wire.transport in TRANSPORTS, "wire.transport", _one_of(TRANSPORTS), cfg.wire.transport)
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",

@@ -19,7 +19,7 @@ from typing import Any
 from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, get, gpus_per_actor
-from asyncgrpo.driver.evaluation import Probes, evaluate, probe_sequences
+from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
 from asyncgrpo.driver.loop import RemoteLearner, run_loop
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
@@ -100,5 +100,6 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             export_dir = Path(cfg.run_dir).resolve() / "export"
             actors.on_all_ranks("export_hf", str(export_dir), timeout_s=cfg.wire.startup_timeout_s)
             summary["export"] = str(export_dir)
+        check_probe(summary["probe"], cfg.train.probe_tolerance)
     finally:
         actors.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, get
 from asyncgrpo.metrics import MetricsSink
 from asyncgrpo.tasks import Problem
@@ -53,6 +54,16 @@ class Probes:
                                            timeout_s=learner_wait_timeout_s(actors.cfg))
         generator_version = get(generator.loaded_version.remote(), timeout_s, "generator 0 (loaded_version)")
         return probe_report(generator_logp, learner_logp, self.start_logp, generator_version, learner_version)
+
+
+def check_probe(report: dict[str, Any], tolerance: float) -> None:
+    """Fail the run when vLLM's log-probs are not the learner's: pushed weights went astray."""
+    gap = report["max_abs_diff_vs_learner"]
+    if not gap <= tolerance:  # NaN fails too
+        raise TrainingFailed(
+            f"the generators' log-probs differ from the learner's by up to {gap:.3g} per token at version "
+            f"{report['learner_version']} (train.probe_tolerance={tolerance:g}): the weights vLLM samples with "
+            f"are not the learner's (generator at version {report['generator_version']})")
 
 
 def probe_report(generator_logp: list[Any], learner_logp: list[Any], start_logp: list[Any],

@@ -23,6 +23,7 @@ from asyncgrpo.learner.metrics import batch_metrics, rate_metrics
 from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.update import update
+from asyncgrpo.memory import peak_memory
 from asyncgrpo.metrics.samples import sample_records
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.replay import GroupSource, QueueTimeout
@@ -211,6 +212,7 @@ class Learner:
             "ack_waits": self.ack_waits,
             "bytes_pushed": self.weights.bytes_pushed if self.weights else 0,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
+            **peak_memory(),
             **(self.source.stats() if self.source else {}),
         }
 

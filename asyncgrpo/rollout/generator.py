@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from asyncgrpo.replay import THROTTLING_STALE_POLICIES
+from asyncgrpo.memory import peak_memory
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, VLLMEngine
@@ -228,7 +229,8 @@ class Generator:
     def _summary(self, wall_s: float) -> dict[str, Any]:
         return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), "gen/version": self.version,
                 "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
-                "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0}
+                "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
+                **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
     def _room(self) -> float:
         """How many more groups the throttle lets this generator start now (inf without it)."""

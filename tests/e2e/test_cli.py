@@ -96,6 +96,9 @@ def test_train_runs_end_to_end(tmp_path):
     assert 0.0 <= summary["learner"]["idle_frac"] <= 1.0
     (generator,) = summary["generators"]
     assert 0.0 <= generator["gen/idle_frac"] <= 1.0
+    # Peak memory of each actor: a tiny model, but a whole vLLM engine and torch runtime behind it.
+    assert 100 < summary["learner"]["peak_rss_mib"] < 24 * 1024
+    assert 100 < generator["gen/peak_rss_mib"] < 24 * 1024
 
     # The generator loaded the pushed weights: its vLLM log-probs moved away from the start and
     # equal the learner's forward at the final version.
