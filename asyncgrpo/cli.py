@@ -1,5 +1,5 @@
-"""`asyncgrpo train [key=value ...]`, `asyncgrpo plot RUN_DIR ...`, `asyncgrpo export CHECKPOINT OUTDIR`:
-the command-line entry point."""
+"""`asyncgrpo train [key=value ...]`, `asyncgrpo plot RUN_DIR ...`, `asyncgrpo export CHECKPOINT OUTDIR`,
+`asyncgrpo make-model SHAPE OUT_DIR`: the command-line entry point."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ USAGE_EXAMPLES = """examples:
   asyncgrpo train train.save_every_steps=100         # sharded checkpoints in run_dir/checkpoints
   asyncgrpo train resume=runs/a                      # continue from its newest complete checkpoint
   asyncgrpo export runs/a/checkpoints/step_100 hf    # a checkpoint in Hugging Face format
+  asyncgrpo make-model qwen2.5-0.5b models/q05b      # a random Qwen2.5-0.5B-shaped model (docs/MODELS.md)
 """
+
+# asyncgrpo.models.shapes.SHAPES, named here so `--help` does not import torch (test_model_shapes
+# checks the two agree).
+MODEL_SHAPES = ("qwen2.5-0.5b", "qwen2.5-0.5b-2l", "tiny-fullvocab")
 
 # One line per config group; a group added to Config without an entry here still gets listed.
 GROUP_HELP = {
@@ -153,11 +158,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     export_parser.add_argument("checkpoint", metavar="CHECKPOINT")
     export_parser.add_argument("outdir", metavar="OUTDIR")
+    make_model_parser = commands.add_parser(
+        "make-model", help="write a randomly initialised Hugging Face model of a named shape",
+        description="A Qwen2 model of a real architecture's shape with random float32 weights and a byte-level BPE "
+                    "tokenizer trained locally (chat template, eos/pad ids); transformers and vLLM load it as it is. "
+                    "For exercising the machinery at real sizes, not for learning (docs/MODELS.md).",
+    )
+    make_model_parser.add_argument("shape", metavar="SHAPE", help=f"one of: {', '.join(MODEL_SHAPES)}")
+    make_model_parser.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty directory")
+    make_model_parser.add_argument("--seed", type=int, default=0, help="weights and tokenizer corpus (default: 0)")
+    make_model_parser.add_argument("--vocab-train-size", type=int, default=None, metavar="N",
+                                   help="tokens in the trained tokenizer, special tokens included (default: "
+                                        "asyncgrpo.models.bpe.DEFAULT_VOCAB_SIZE = 4096)")
     args = parser.parse_args(argv)
     if args.command == "plot":
         return _plot(args.run_dirs, args.out)
     if args.command == "export":
         return _export(args.checkpoint, args.outdir)
+    if args.command == "make-model":
+        return _make_model(args.shape, args.out_dir, args.seed, args.vocab_train_size)
 
     try:
         cfg = load(args.overrides, config_name=args.config_name, config_dir=args.config_dir)
@@ -219,6 +238,26 @@ def _export(checkpoint: str, outdir: str) -> int:
         print(f"asyncgrpo: export: {err}", file=sys.stderr)
         return 2
     print(path)
+    return 0
+
+
+def _make_model(shape: str, out_dir: str, seed: int, vocab_train_size: int | None) -> int:
+    if shape not in MODEL_SHAPES:  # before importing torch: a typo gets its answer at once
+        print(f"asyncgrpo: make-model: unknown shape {shape!r}; known: {', '.join(MODEL_SHAPES)}", file=sys.stderr)
+        return 2
+    import time
+
+    from asyncgrpo.models.shapes import make_model
+
+    start = time.monotonic()
+    try:
+        made = make_model(shape, out_dir, seed=seed,
+                          **({} if vocab_train_size is None else {"vocab_train_size": vocab_train_size}))
+    except (FileExistsError, ValueError) as err:
+        print(f"asyncgrpo: make-model: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({"path": str(made.path), "shape": made.shape, "parameters": made.num_parameters,
+                      "tokenizer_size": made.tokenizer_size, "wall_s": round(time.monotonic() - start, 1)}))
     return 0
 
 

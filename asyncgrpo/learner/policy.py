@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from asyncgrpo.learner.batch import Batch, completion_logprobs
 from asyncgrpo.learner.schedule import lr_multiplier
 from asyncgrpo.schema import Config
+from asyncgrpo.weights.base import distinct_state
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -130,7 +131,7 @@ class Policy:
         """Unsharded parameters under their Hugging Face names, gathered one at a time as the
         caller asks for them (so sending one overlaps gathering the next); rank 0 gets them, the
         other ranks get nothing but must still exhaust the iterator (each gather is a collective)."""
-        for name, tensor in self.model.state_dict().items():
+        for name, tensor in distinct_state(self.model):
             if hasattr(tensor, "full_tensor"):
                 if tensor.device != self.device:  # sharded weights offloaded to CPU memory
                     tensor = tensor.to(self.device)

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.memory import peak_memory
+from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, VLLMEngine

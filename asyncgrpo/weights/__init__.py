@@ -8,7 +8,13 @@ from __future__ import annotations
 import torch
 
 from asyncgrpo.schema import Config
-from asyncgrpo.weights.base import BACKENDS, WeightReceiver, WeightSender, WeightTarget, model_spec
+from asyncgrpo.weights.base import (
+    BACKENDS,
+    WeightReceiver,
+    WeightSender,
+    WeightTarget,
+    model_spec,
+)
 from asyncgrpo.weights.nccl import NcclWeightReceiver, NcclWeightSender
 from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype_for
 from asyncgrpo.wire import Publisher, Subscriber

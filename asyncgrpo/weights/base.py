@@ -18,7 +18,7 @@ Tensors always travel under their Hugging Face names and shapes; the engine maps
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -28,14 +28,22 @@ BACKENDS = ("zmq", "nccl")
 TensorSpec = tuple[str, tuple[int, ...], torch.dtype]
 
 
+def distinct_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state dict without the second name of a tied tensor (a tied LM head is the embedding:
+    pushing it twice would double the largest tensor's bytes, and vLLM skips it anyway)."""
+    distinct = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    return ((name, tensor) for name, tensor in model.state_dict().items() if name in distinct)
+
+
 def model_spec(model_dir: str) -> list[TensorSpec]:
-    """Names, shapes and dtypes of the model's state dict, in order, without allocating weights."""
+    """Names, shapes and dtypes of what a push carries (`distinct_state`), in order, without
+    allocating weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return [(name, tuple(t.shape), t.dtype) for name, t in model.state_dict().items()]
+    return [(name, tuple(t.shape), t.dtype) for name, t in distinct_state(model)]
 
 
 def largest_tensor(spec: list[TensorSpec]) -> TensorSpec:

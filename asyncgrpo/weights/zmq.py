@@ -14,8 +14,8 @@ version waiting to be loaded: one that falls behind skips straight to the latest
 
 from __future__ import annotations
 
-import warnings
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any

@@ -12,7 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, chunk_plan, wire_dtype_for
+from asyncgrpo.weights.zmq import (
+    ZmqWeightReceiver,
+    ZmqWeightSender,
+    chunk_plan,
+    wire_dtype_for,
+)
 from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk, decode, encode
 from asyncgrpo.wire.sockets import Rejections
 
