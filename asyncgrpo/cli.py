@@ -125,6 +125,29 @@ def config_help() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check(cfg: Config) -> int:
+    """check=true: the preflight report (asyncgrpo/preflight.py), or the one-line reason it fails."""
+    from asyncgrpo.models.check import ModelDirError
+    from asyncgrpo.preflight import (
+        PreflightError,
+        format_report,
+        model_dir_for_check,
+        preflight,
+    )
+    from asyncgrpo.train import resolve_device
+
+    cfg.device = resolve_device(cfg.device)
+    try:
+        with model_dir_for_check(cfg) as model_dir:
+            report = preflight(cfg, model_dir)
+    except (ModelDirError, PreflightError) as err:
+        print(f"asyncgrpo: check failed: {err}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    print(json.dumps(report, default=str))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # A process started in the background by a non-interactive shell inherits "ignore SIGINT";
     # Ctrl-C (or a supervisor's SIGINT) must always reach the driver so it can shut down cleanly.
@@ -192,14 +215,21 @@ def main(argv: list[str] | None = None) -> int:
 
         print(to_yaml(cfg))
         return 0
+    if cfg.check:
+        return _check(cfg)
 
     from asyncgrpo.data.records import DataError
+    from asyncgrpo.models.check import ModelDirError
+    from asyncgrpo.preflight import PreflightError
     from asyncgrpo.train import train
 
     try:
         summary = train(cfg)
     except DataError as err:  # bad or missing data: the message names the file and line
         print(f"asyncgrpo: data error: {err}", file=sys.stderr)
+        return 2
+    except (ModelDirError, PreflightError) as err:  # the model or the settings cannot work: one line
+        print(f"asyncgrpo: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"asyncgrpo: interrupted; metrics and summary are in {cfg.run_dir}", file=sys.stderr)

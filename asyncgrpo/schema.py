@@ -293,6 +293,9 @@ class Config:
     # through Ray's GPU resources, with NCCL between learner ranks), else cpu.
     device: str = "auto"
     progress: bool = True
+    # Check the config against the model and this machine (asyncgrpo/preflight.py: model directory,
+    # weight-push plan, KV cache, memory estimate), print the report and exit; nothing heavy starts.
+    check: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -36,6 +36,7 @@ from asyncgrpo.metrics import (
     open_sinks,
     require_sink_packages,
 )
+from asyncgrpo.preflight import preflight
 from asyncgrpo.schema import Config, to_yaml
 
 # Importable from here, as before the driver became a package (cli, tools, tests).
@@ -57,6 +58,7 @@ def train(cfg: Config) -> dict[str, Any]:
     try:
         resume = resume_point(cfg)
         model_dir = starting_model(cfg, resume, summary)
+        summary["preflight"] = preflight(cfg, model_dir)  # bad settings fail here, in one line, before Ray
         started_ray = start_ray(cfg)
         _run_actors(cfg, model_dir, metrics, summary, resume)
         summary["status"] = "finished"

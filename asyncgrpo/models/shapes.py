@@ -56,6 +56,10 @@ SHAPES: dict[str, ModelShape] = {
                    num_layers=24, **_QWEN25_05B),
         ModelShape(name="qwen2.5-0.5b-2l", description="Qwen2.5-0.5B's widths and vocabulary with 2 layers",
                    num_layers=2, **_QWEN25_05B),
+        ModelShape(name="qwen2.5-7b", description="Qwen2.5-7B: 28 layers, untied embeddings, 7.6B parameters "
+                                                  "(for config checks; 30 GB to write)",
+                   vocab_size=152_064, hidden_size=3_584, num_layers=28, num_heads=28, num_kv_heads=4,
+                   intermediate_size=18_944, max_positions=32_768, tie_word_embeddings=False),
         # vLLM's CPU attention needs head_dim >= 32; 64 here.
         ModelShape(name="tiny-fullvocab", description="Qwen2.5's 151,936-token vocabulary, small widths, for tests",
                    vocab_size=151_936, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2,

@@ -1,0 +1,166 @@
+"""Before anything heavy starts: does this config fit this model and this machine?
+
+`preflight(cfg, model_dir)` checks the model directory (asyncgrpo/models/check.py), plans a weight
+push (chunks, bytes on the wire, the largest tensor), sizes vLLM's KV cache against one call's
+sequences and estimates each actor's peak memory. `asyncgrpo train ... check=true` prints the
+report and starts nothing; every run calls it before Ray starts, so bad settings fail in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from asyncgrpo.schema import Config
+
+GIB = float(1 << 30)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Measured here: a CPU vLLM engine with the tiny model holds about 1 GiB; a learner process with
+# torch and transformers imported about 0.5 GiB (summary.json's peak_rss_mib of a default run).
+VLLM_RUNTIME_GIB = 1.2
+EMBEDDED_ARCHITECTURES = frozenset({"Qwen2ForCausalLM"})
+LEARNER_RUNTIME_GIB = 0.6
+
+
+class PreflightError(ValueError):
+    """Settings that cannot work with this model; one line naming the key to change."""
+
+
+def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int,
+                  quota_per_step: int) -> dict[str, Any]:
+    """Tokens rollout.kv_cache_gib holds, and what one vLLM call's sequences need at most."""
+    from asyncgrpo.rollout.generator import groups_per_call
+
+    bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * _DTYPE_BYTES[cfg.rollout.dtype]
+    holds = int(cfg.rollout.kv_cache_gib * GIB) // bytes_per_token
+    sequences = groups_per_call(cfg, quota_per_step) * cfg.rollout.samples_per_prompt
+    # A sequence is at most the context (prompt + completion); in-flight segments resume from it too.
+    needed = sequences * cfg.model.max_positions
+    if holds < needed:
+        raise PreflightError(
+            f"rollout.kv_cache_gib={cfg.rollout.kv_cache_gib:g} holds {holds:,} tokens "
+            f"({bytes_per_token:,} bytes each), but one vLLM call's {sequences} sequences of up to "
+            f"model.max_positions={cfg.model.max_positions} need {needed:,} "
+            f"({needed * bytes_per_token / GIB:.2f} GiB): raise rollout.kv_cache_gib or lower "
+            f"rollout.groups_per_call or model.max_positions")
+    return {"bytes_per_token": bytes_per_token, "tokens_held": holds, "tokens_needed_per_call": needed}
+
+
+def push_plan(cfg: Config, spec: list[tuple[str, tuple[int, ...], Any]]) -> dict[str, Any]:
+    """What one weight push carries over the zmq backend."""
+    from asyncgrpo.weights.zmq import chunk_plan, wire_dtype_for
+
+    dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+    numels = [math.prod(shape) for _, shape, _ in spec]
+    largest = max(range(len(spec)), key=lambda i: numels[i])
+    return {
+        "tensors": len(spec),
+        "wire_dtype": str(dtype).removeprefix("torch."),
+        "bytes_per_push": sum(numels) * dtype.itemsize,
+        "chunks_per_push": len(chunk_plan(numels, dtype.itemsize, cfg.weights.chunk_bytes)),
+        "largest_tensor": spec[largest][0],
+        "largest_tensor_bytes": numels[largest] * dtype.itemsize,
+    }
+
+
+def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_bytes: int) -> dict[str, float]:
+    """Peak GiB per actor (an estimate: weights, optimizer state, the largest activations, buffers)."""
+    learner, rollout = cfg.learner, cfg.rollout
+    per_rank = num_parameters * (4 + 4 + 8) / learner.world_size  # fp32 weights, gradients, AdamW moments
+    if cfg.algo.kl.enabled:
+        bytes_per = 2 if learner.mixed_precision == "bf16" else 4
+        per_rank += num_parameters * bytes_per / (1 if cfg.algo.kl.reference_on == "cpu" else learner.world_size)
+    # One forward: the logits of a micro-batch dominate at large vocabularies (logits, their
+    # log-softmax and its gradient, in fp32).
+    tokens = learner.micro_batch_tokens or (
+        cfg.train.groups_per_step * rollout.samples_per_prompt * cfg.model.max_positions // learner.world_size)
+    per_rank += 3 * tokens * vocab_size * 4
+    per_rank += push_bytes  # rank 0: the copies of one push until ZeroMQ has sent them
+    generator = (num_parameters * _DTYPE_BYTES[rollout.dtype] + rollout.kv_cache_gib * GIB
+                 + 2 * push_bytes)  # one push being assembled and one waiting to be loaded
+    estimate = {
+        "learner_rank_gib": per_rank / GIB + LEARNER_RUNTIME_GIB,
+        "generator_gib": generator / GIB + VLLM_RUNTIME_GIB,
+    }
+    estimate["total_gib"] = (estimate["learner_rank_gib"] * learner.world_size
+                             + estimate["generator_gib"] * rollout.num_generators)
+    return estimate
+
+
+def machine_memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
+    """The report; raises ModelDirError or PreflightError (one line) when the settings cannot work."""
+    from asyncgrpo.config import groups_per_generator
+    from asyncgrpo.models.check import check_model_dir
+    from asyncgrpo.weights.base import model_spec
+
+    # A user's model is checked against vLLM's registry (importing it takes seconds); the embedded
+    # model is our own Qwen2.
+    architectures = None if cfg.model.path else EMBEDDED_ARCHITECTURES
+    info = check_model_dir(model_dir, cfg.model.max_positions, supported_architectures=architectures)
+    spec = model_spec(model_dir)
+    push = push_plan(cfg, spec)
+    config = _text_config(model_dir)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim,
+                       max(groups_per_generator(cfg)))
+    memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"])
+    report = {"model": info.to_dict(), "push": push, "kv_cache": kv, "memory_gib": memory}
+    if cfg.device == "cpu":
+        available = machine_memory_gib()
+        report["memory_gib"]["machine"] = available
+        if memory["total_gib"] > available:
+            raise PreflightError(
+                f"the actors need about {memory['total_gib']:.1f} GiB (learner {memory['learner_rank_gib']:.1f} x "
+                f"{cfg.learner.world_size}, generator {memory['generator_gib']:.1f} x {cfg.rollout.num_generators}) "
+                f"but this machine has {available:.1f} GiB: lower learner.micro_batch_tokens, rollout.kv_cache_gib "
+                "or the number of actors, or turn algo.kl off")
+    return report
+
+
+@contextmanager
+def model_dir_for_check(cfg: Config) -> Iterator[str]:
+    """model.path, or for the embedded model an untrained copy of its shape in a temporary
+    directory (the check reads shapes and the tokenizer, never weights; the warm start is not run)."""
+    if cfg.model.path:
+        yield str(Path(cfg.model.path).expanduser())
+        return
+    from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
+    from asyncgrpo.models.tokenizer import build_char_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="asyncgrpo-check-") as directory:
+        tokenizer = build_char_tokenizer()
+        save_model(build_model(TinyModelSpec.from_config(cfg.model), tokenizer, seed=cfg.seed), tokenizer,
+                   Path(directory))
+        yield directory
+
+
+def format_report(report: dict[str, Any]) -> str:
+    model, push, kv, memory = report["model"], report["push"], report["kv_cache"], report["memory_gib"]
+    lines = [
+        f"model      {model['path']}: {model['architecture']}, {model['num_parameters']:,} parameters, "
+        f"vocab {model['vocab_size']:,} (tokenizer {model['tokenizer_size']:,}), {model['num_layers']} layers, "
+        f"context {model['max_positions']:,}",
+        f"push       {push['bytes_per_push'] / 1e6:,.1f} MB in {push['wire_dtype']}, {push['chunks_per_push']} chunk(s), "
+        f"largest tensor {push['largest_tensor']} {push['largest_tensor_bytes'] / 1e6:,.1f} MB",
+        f"kv cache   {kv['tokens_held']:,} tokens held, one call needs at most {kv['tokens_needed_per_call']:,} "
+        f"({kv['bytes_per_token']:,} bytes per token)",
+        f"memory     learner rank ~{memory['learner_rank_gib']:.1f} GiB, generator ~{memory['generator_gib']:.1f} GiB, "
+        f"all actors ~{memory['total_gib']:.1f} GiB"
+        + (f" of {memory['machine']:.1f} GiB here" if "machine" in memory else ""),
+    ]
+    return "\n".join(lines)
+
+
+def _text_config(model_dir: str) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir).get_text_config()

@@ -1,0 +1,114 @@
+"""`asyncgrpo train ... check=true` on every preset, with model.path pointed at a local directory of
+the preset's model shape (config and tokenizer only: the check never reads weights), and the
+one-line refusals of settings that cannot work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncgrpo.cli import main
+from asyncgrpo.config import CONFIG_DIR, load
+from asyncgrpo.models.bpe import train_tokenizer
+from asyncgrpo.models.shapes import SHAPES, qwen2_config
+from asyncgrpo.preflight import PreflightError, kv_cache_plan, memory_estimate
+
+# The model each preset is written for (None: the embedded tiny model). A new preset must be added.
+PRESET_SHAPES = {"default": None, "gsm8k_qwen05b_1gpu": "qwen2.5-0.5b", "qwen7b_8gpu_judge": "qwen2.5-7b"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(300, seed=0)
+
+
+def shape_dir(directory: Path, shape: str, tokenizer) -> Path:
+    config = qwen2_config(SHAPES[shape], eos_token_id=tokenizer.eos_token_id)
+    config.architectures = ["Qwen2ForCausalLM"]  # what saving the model would record
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def run_check(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["train", *args, "check=true"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_preset_has_a_model_shape():
+    assert {p.stem for p in CONFIG_DIR.glob("*.yaml")} == set(PRESET_SHAPES)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_SHAPES))
+def test_every_preset_passes_the_check_with_a_model_of_its_shape(preset, tmp_path, tokenizer, capsys):
+    shape = PRESET_SHAPES[preset]
+    overrides = [f"model.path={shape_dir(tmp_path, shape, tokenizer)}"] if shape else []
+    code, out, err = run_check(capsys, "--config-name", preset, *overrides, f"run_dir={tmp_path}/run")
+    assert code == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    cfg = load(overrides, config_name=preset)
+    assert report["push"]["chunks_per_push"] >= 1
+    assert report["push"]["largest_tensor_bytes"] <= report["push"]["bytes_per_push"]
+    assert report["kv_cache"]["tokens_held"] >= report["kv_cache"]["tokens_needed_per_call"]
+    if shape:
+        assert report["model"]["vocab_size"] == SHAPES[shape].vocab_size
+        # The largest tensor of a real vocabulary is larger than a message; it is split.
+        assert report["push"]["largest_tensor_bytes"] > cfg.weights.chunk_bytes
+        assert report["push"]["chunks_per_push"] > report["push"]["bytes_per_push"] // cfg.wire.max_message_bytes
+
+
+def test_the_05b_shape_fits_this_machine_with_the_kl_reference_off(tmp_path, tokenizer, capsys):
+    model = shape_dir(tmp_path, "qwen2.5-0.5b", tokenizer)
+    code, out, err = run_check(capsys, f"model.path={model}", "device=cpu", "model.max_positions=512",
+                               "rollout.max_new_tokens=256", "rollout.kv_cache_gib=1", "rollout.groups_per_call=2",
+                               "learner.micro_batch_tokens=2048", "task.name=gsm8k", "data.train_files=[x.jsonl]",
+                               f"run_dir={tmp_path}/run")
+    assert code == 0, err
+    memory = json.loads(out.strip().splitlines()[-1])["memory_gib"]
+    assert memory["total_gib"] < 24
+
+
+def test_a_model_directory_without_a_tokenizer_is_one_line(tmp_path, capsys):
+    config = qwen2_config(SHAPES["tiny-fullvocab"])
+    config.architectures = ["Qwen2ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    code, _, err = run_check(capsys, f"model.path={tmp_path}", f"run_dir={tmp_path}/run")
+    assert code == 2
+    assert err.count("\n") == 1 and "no tokenizer" in err
+
+
+def test_a_context_longer_than_the_model_is_one_line(tmp_path, tokenizer, capsys):
+    model = shape_dir(tmp_path, "tiny-fullvocab", tokenizer)
+    code, _, err = run_check(capsys, f"model.path={model}", "model.max_positions=4096", f"run_dir={tmp_path}/run")
+    assert code == 2 and err.count("\n") == 1 and "2048 positions" in err
+
+
+def test_a_kv_cache_too_small_for_one_call_names_the_key(tmp_path, tokenizer, capsys):
+    model = shape_dir(tmp_path, "tiny-fullvocab", tokenizer)
+    code, _, err = run_check(capsys, f"model.path={model}", "model.max_positions=2048", "rollout.kv_cache_gib=0.01",
+                             f"run_dir={tmp_path}/run")
+    assert code == 2 and err.count("\n") == 1 and "rollout.kv_cache_gib=0.01" in err
+
+
+def test_kv_cache_arithmetic():
+    cfg = load(["model.max_positions=100", "rollout.samples_per_prompt=4", "rollout.groups_per_call=2",
+                "rollout.dtype=bfloat16", "rollout.kv_cache_gib=0.0001"])
+    with pytest.raises(PreflightError, match="need 800 "):
+        kv_cache_plan(cfg, num_layers=2, num_kv_heads=2, head_dim=64, quota_per_step=16)
+    cfg.rollout.kv_cache_gib = 1.0
+    plan = kv_cache_plan(cfg, num_layers=2, num_kv_heads=2, head_dim=64, quota_per_step=16)
+    assert plan["bytes_per_token"] == 2 * 2 * 2 * 64 * 2
+    assert plan["tokens_held"] == (1 << 30) // plan["bytes_per_token"]
+
+
+def test_memory_grows_with_the_kl_reference_and_shrinks_with_ranks():
+    base = load(["learner.micro_batch_tokens=1024"])
+    plain = memory_estimate(base, 10**8, 1000, 4 * 10**8)
+    with_kl = memory_estimate(load(["learner.micro_batch_tokens=1024", "algo.kl.enabled=true"]), 10**8, 1000,
+                              4 * 10**8)
+    two_ranks = memory_estimate(load(["learner.micro_batch_tokens=1024", "learner.world_size=2"]), 10**8, 1000,
+                                4 * 10**8)
+    assert with_kl["learner_rank_gib"] > plain["learner_rank_gib"] > two_ranks["learner_rank_gib"]
