@@ -87,6 +87,8 @@ def validate(cfg: Config) -> None:
     require(1 <= r.num_generators <= t.groups_per_step, "rollout.num_generators",
             f"must be between 1 and train.groups_per_step={t.groups_per_step}", r.num_generators)
     require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", r.max_new_tokens)
+    require(cfg.model.max_positions > r.max_new_tokens, "model.max_positions",
+            f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)
     require(r.temperature > 0, "rollout.temperature", "must be > 0 (log-probs of greedy sampling are not a distribution)", r.temperature)
     require(r.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", r.groups_per_call)
     require(t.max_staleness >= 0, "train.max_staleness", "must be >= 0", t.max_staleness)

@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/bench_push.py                 # tiny default model and a ~100M-parameter one
     .venv/bin/python tools/bench_push.py --sizes tiny --pushes 20
+    .venv/bin/python tools/bench_push.py --sizes qwen2.5-0.5b --pushes 5   # any `asyncgrpo make-model` shape
 
 For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format):
 - a generator process (core 0) runs a vLLM engine and a `ZmqWeightReceiver`; it loads every push
@@ -36,8 +37,13 @@ SIZES = {
 
 
 def build(size: str, directory: Path) -> int:
+    """A model directory of `size`: a SIZES entry, or a shape of `asyncgrpo make-model` (real vocabulary)."""
+    from asyncgrpo.models.shapes import SHAPES, make_model
     from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
     from asyncgrpo.models.tokenizer import build_char_tokenizer
+
+    if size in SHAPES:
+        return make_model(size, directory).num_parameters
 
     hidden, layers, heads, kv_heads, intermediate = SIZES[size]
     spec = TinyModelSpec(hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,

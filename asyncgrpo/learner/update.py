@@ -9,6 +9,8 @@ sums the gradients over ranks.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from asyncgrpo import algo
@@ -48,13 +50,15 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
         loss_total += float(loss.detach())
         pg_total += metrics["loss/pg"]  # with global denominators the shares add up
         parts.append((float(micro.mask.sum()), metrics))
+    metrics = reduce_metrics(parts, {"loss/total": loss_total, "loss/pg": pg_total}, world_size, policy.device)
+    metrics["optim/lr"] = policy.optimizer.param_groups[0]["lr"]
+    optimizer_start = time.perf_counter()
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), learner.grad_clip_norm)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
-    metrics = reduce_metrics(parts, {"loss/total": loss_total, "loss/pg": pg_total}, world_size, policy.device)
-    metrics["optim/lr"] = policy.optimizer.param_groups[0]["lr"]
     policy.optimizer.step()
     policy.scheduler.step()
+    metrics["time/optimizer_s"] = time.perf_counter() - optimizer_start  # part of time/train_s
     metrics["optim/grad_norm"] = float(grad_norm)
     metrics["perf/micro_batches"] = num_micro
     return metrics

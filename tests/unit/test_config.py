@@ -134,3 +134,8 @@ def test_no_signature_default_shadows_config():
                  for name in names
                  if inspect.signature(target).parameters[name].default is not inspect.Parameter.empty]
     assert not shadowing
+
+
+def test_a_context_without_room_for_a_prompt_is_refused():
+    with pytest.raises(ConfigError, match="model.max_positions must leave room for a prompt"):
+        load(["model.max_positions=16", "rollout.max_new_tokens=16"])
