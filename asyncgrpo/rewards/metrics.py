@@ -11,22 +11,15 @@ RESERVED_TERM_NAMES = ("mean", "std", "errors")
 
 
 def reward_term_metrics(groups: Iterable[Any]) -> dict[str, float]:
-    """reward/<term>: mean over the groups that report it; reward/errors: sum. Other meta keys are ignored."""
+    """reward/<term>: mean over the groups that report it. Other meta keys are ignored, reward/errors
+    included: the step's count comes from the generators' reports (asyncgrpo/registry.py), which
+    also hold the errors of groups that were dropped and never reached the learner."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    errors = 0
-    seen_errors = False
     for group in groups:
         for key, value in group.meta.items():
-            if not key.startswith("reward/") or isinstance(value, str):
+            if not key.startswith("reward/") or key == "reward/errors" or isinstance(value, str):
                 continue
-            if key == "reward/errors":
-                errors += int(value)
-                seen_errors = True
-            else:
-                sums[key] = sums.get(key, 0.0) + float(value)
-                counts[key] = counts.get(key, 0) + 1
-    metrics = {key: sums[key] / counts[key] for key in sums}
-    if seen_errors:
-        metrics["reward/errors"] = float(errors)
-    return metrics
+            sums[key] = sums.get(key, 0.0) + float(value)
+            counts[key] = counts.get(key, 0) + 1
+    return {key: sums[key] / counts[key] for key in sums}
