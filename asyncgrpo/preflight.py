@@ -72,6 +72,9 @@ def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_byte
     """Peak GiB per actor (an estimate: weights, optimizer state, the largest activations, buffers)."""
     learner, rollout = cfg.learner, cfg.rollout
     per_rank = num_parameters * (4 + 4 + 8) / learner.world_size  # fp32 weights, gradients, AdamW moments
+    # Each rank reads the whole fp32 model before FSDP2 shards it (tools/bench_real.py on the 0.5B
+    # shape: 13.2 GiB peak, 11.5 estimated without this term).
+    per_rank += num_parameters * 4
     if cfg.algo.kl.enabled:
         bytes_per = 2 if learner.mixed_precision == "bf16" else 4
         per_rank += num_parameters * bytes_per / (1 if cfg.algo.kl.reference_on == "cpu" else learner.world_size)

@@ -11,7 +11,7 @@ so that a step's phases follow one another and add up:
     generation    the generator's vLLM calls (gen_time/generate_s)
     scoring       rewards, and waiting for them (gen_time/score_s + score_wait_s)
     transfer      the weight push: the learner's gather, copy and publish (time/push_s) and the
-                  generator's receive and load (gen_time/weights_s)
+                  generator's assembly and load into vLLM (gen/weight_load_s)
     learner f/b   forward and backward over the step's micro-batches (time/train_s - time/optimizer_s)
     optimizer     gradient clipping, AdamW and the schedule (time/optimizer_s)
     idle          the learner waiting for groups (time/gen_wait_s + time/ack_wait_s), which in a
@@ -76,7 +76,7 @@ def run(shape: str, model_dir: Path, out: Path, args: argparse.Namespace) -> dic
         # Generator totals over the run, per step (its first call included: a slight overestimate).
         "generation": gen["gen_time/generate_s"] / num_steps,
         "scoring": (gen.get("gen_time/score_s", 0.0) + gen.get("gen_time/score_wait_s", 0.0)) / num_steps,
-        "transfer": per_step("time/push_s") + gen.get("gen_time/weights_s", 0.0) / num_steps,
+        "transfer": per_step("time/push_s") + gen.get("gen/weight_load_s", 0.0) / num_steps,
         "learner f/b": per_step("time/train_s") - per_step("time/optimizer_s"),
         "optimizer": per_step("time/optimizer_s"),
         "idle": per_step("time/gen_wait_s") + per_step("time/ack_wait_s"),

@@ -1,19 +1,4 @@
-"""Tiny Qwen2 models with a character-level tokenizer, and their supervised warm start."""
-
-from asyncgrpo.models.tiny import (
-    VLLM_CPU_ENGINE_KWARGS,
-    TinyModelSpec,
-    build_model,
-    save_model,
-)
-from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.models.warmstart import ensure_warm_model
-
-__all__ = [
-    "VLLM_CPU_ENGINE_KWARGS",
-    "TinyModelSpec",
-    "build_char_tokenizer",
-    "build_model",
-    "ensure_warm_model",
-    "save_model",
-]
+"""Models built locally: the tiny Qwen2 with its character tokenizer and supervised warm start
+(tiny.py, tokenizer.py, warmstart.py), random-weight models of real shapes with a trained BPE
+tokenizer (shapes.py, bpe.py), and the checks of a model directory (check.py). Import the module
+you need: this package imports nothing, so naming a shape does not load torch."""

@@ -85,6 +85,9 @@ class GeneratorStats:
     throttled_waits: int = 0
     inflight_switches: int = 0
     send_blocked_s: float = 0.0
+    # Assembling and loading pushes into the engine, wherever it happens (top of the loop, while
+    # throttled, between in-flight segments): the generator's side of a weight transfer.
+    weight_load_s: float = 0.0
     exhausted: bool = False
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
@@ -96,6 +99,7 @@ class GeneratorStats:
             "gen/throttled_waits": self.throttled_waits,
             "gen/inflight_switches": self.inflight_switches,
             "gen/send_blocked_s": self.send_blocked_s,
+            "gen/weight_load_s": self.weight_load_s,
             **self.timer.metrics("gen_time/"),
         }
 
@@ -345,9 +349,11 @@ class Generator:
                                      weights_rejected=rejected, rejection=reason), timeout_s=0.0)
 
     def _apply_latest_weights(self) -> bool:
+        start = time.perf_counter()
         version = self.weights.apply_newest(self.engine)
         if version is None:
             return False
+        self.stats.weight_load_s += time.perf_counter() - start
         self.version = version
         self.stats.weight_loads += 1
         self.sink.try_send(VersionAck(self.generator_id, version), timeout_s=1.0)

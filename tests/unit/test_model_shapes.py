@@ -165,8 +165,11 @@ def test_vocabulary_below_the_byte_alphabet_is_refused():
 
 # ---- make-model's bad input (the real run is tests/integration/test_make_model.py) ------------
 
-def test_cli_shape_names_are_the_table():
-    assert tuple(SHAPES) == cli.MODEL_SHAPES
+def test_an_unknown_shape_is_one_line_listing_the_table(tmp_path, capsys):
+    assert cli.main(["make-model", "qwen9", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(name in err for name in SHAPES)
+    assert not (tmp_path / "m").exists()
 
 
 def test_cli_default_vocabulary_is_documented_with_its_value(capsys):
