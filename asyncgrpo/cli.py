@@ -261,7 +261,7 @@ def _export(checkpoint: str, outdir: str) -> int:
 
     try:
         path = export_checkpoint(checkpoint, outdir)
-    except (CheckpointError, FileNotFoundError) as err:
+    except (CheckpointError, FileNotFoundError, FileExistsError) as err:
         print(f"asyncgrpo: export: {err}", file=sys.stderr)
         return 2
     print(path)

@@ -19,16 +19,20 @@ from asyncgrpo.learner.checkpoint import copy_model_files, latest, read_meta
 
 # Hugging Face's own default shard size: keeps every file small enough for any filesystem.
 MAX_SHARD_BYTES = 5 * 10**9
+# Written into every export: only a directory holding it may be replaced by a later export.
+EXPORT_MARKER = "asyncgrpo_export.json"
 
 
 def write_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], model_files: str | Path, outdir: str | Path,
              max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write weights as `model.safetensors` (or numbered shards with an index) plus the config and
     tokenizer files found in `model_files`. Written beside `outdir` and renamed into place, so a
-    crash never leaves a half-written export under the final name."""
+    crash never leaves a half-written export under the final name. `outdir` must be missing, empty
+    or an earlier export (marked by EXPORT_MARKER): anything else is refused, never deleted."""
     from safetensors.torch import save_file
 
     outdir = Path(outdir).expanduser().resolve()
+    check_export_target(outdir)
     tmp = outdir.with_name(outdir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     copy_model_files(Path(model_files), tmp)
@@ -57,10 +61,23 @@ def write_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], model_files: str
         (tmp / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     _set_config_dtype(tmp, shards)
+    (tmp / EXPORT_MARKER).write_text(json.dumps({"tensors": sum(len(s) for s in shards), "bytes": total}) + "\n")
     if outdir.exists():
+        check_export_target(outdir)  # again: it may have been filled while the weights were written
         shutil.rmtree(outdir)
     os.replace(tmp, outdir)
     return outdir
+
+
+def check_export_target(outdir: Path) -> None:
+    """Raise FileExistsError unless `outdir` is missing, an empty directory, or an earlier export."""
+    if not outdir.exists():
+        return
+    if not outdir.is_dir():
+        raise FileExistsError(f"{outdir} exists and is not a directory: refusing to replace it")
+    if any(outdir.iterdir()) and not (outdir / EXPORT_MARKER).is_file():
+        raise FileExistsError(f"{outdir} is not empty and not an earlier export (no {EXPORT_MARKER}): refusing to "
+                              "replace it; name a new or empty directory")
 
 
 def _set_config_dtype(directory: Path, shards: list[dict[str, torch.Tensor]]) -> None:
@@ -99,6 +116,7 @@ def checkpoint_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
 
 def export_checkpoint(checkpoint: str | Path, outdir: str | Path) -> Path:
     """`asyncgrpo export`: a checkpoint (or the newest complete one in a run directory) -> Hugging Face format."""
+    check_export_target(Path(outdir).expanduser().resolve())  # before reading any weights
     path = latest(checkpoint)
     meta = read_meta(path)
     model_files = path / "model_files"

@@ -18,6 +18,7 @@ from asyncgrpo.resources import plan_cores
 from asyncgrpo.schema import Config
 from asyncgrpo.wire.network import free_port
 from asyncgrpo.wire.security import WireKeys
+from asyncgrpo.wire.sockets import remove_ipc_endpoint
 
 
 def get(refs: Any, timeout_s: float, what: str) -> Any:
@@ -76,6 +77,7 @@ class Actors:
         self.placement_group: Any = None
         self.learners: list[Any] = []  # every rank; collectives (steps, pushes, probes) call them all
         self.generators: list[Any] = []
+        self.endpoints: dict[str, str] = {}  # learner rank 0's bound sockets
 
     @property
     def learner(self) -> Any:
@@ -96,6 +98,7 @@ class Actors:
         keys = WireKeys.generate(cfg.rollout.num_generators) if use_curve(cfg) else None
         self._start_learners(gpus, learner_cores, keys.server() if keys else None)
         endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
+        self.endpoints = endpoints
         generator_dir, initial_version, skips = self._resume_learners(resume)
         self._start_generators(gpus, generator_cores, endpoints, keys, generator_dir, initial_version, skips)
         ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,
@@ -190,6 +193,8 @@ class Actors:
         for actor in [*self.generators, *self.learners]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
+        for endpoint in self.endpoints.values():  # a killed learner leaves its Unix-socket directories
+            remove_ipc_endpoint(endpoint)
         if self.placement_group is not None:
             from ray.util.placement_group import remove_placement_group
 

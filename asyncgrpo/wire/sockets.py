@@ -75,11 +75,23 @@ def resolve_transport(transport: str, host: str) -> str:
     return transport
 
 
+IPC_DIR_PREFIX = "asyncgrpo-wire-"
+
+
+def remove_ipc_endpoint(endpoint: str) -> None:
+    """Remove the private directory of a bound ipc:// endpoint, for a process that outlived the one
+    that bound it (a killed actor runs no finaliser). Anything else is left alone."""
+    scheme, _, path = endpoint.partition("://")
+    directory = os.path.dirname(path)
+    if scheme == "ipc" and os.path.basename(directory).startswith(IPC_DIR_PREFIX):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _private_ipc_dir() -> str:
     """A fresh directory for one socket file. mkdtemp makes it mode 0700, so only this user (and
     root) can connect: stricter than TCP loopback, which any local user can reach."""
     for parent in (None, "/tmp"):
-        directory = tempfile.mkdtemp(prefix="asyncgrpo-wire-", dir=parent)
+        directory = tempfile.mkdtemp(prefix=IPC_DIR_PREFIX, dir=parent)
         if len(directory) + 2 <= _MAX_IPC_PATH:
             return directory
         os.rmdir(directory)

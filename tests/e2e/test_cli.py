@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,10 +73,13 @@ def test_train_runs_end_to_end(tmp_path):
     steps = 6
     # Every sink on, and a sample table every 3 steps (logged at chunk ends 4 and 6: steps_per_call=2).
     log = ["log.tensorboard=true", "log.wandb=true", "log.samples_every_steps=3", "log.samples_per_log=2"]
+    socket_dirs_before = set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*"))
     result = subprocess.run(cli(tmp_path, f"train.max_steps={steps}", *log), capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "run"
+    # The learner's Unix-socket directories are gone with the run (its process is killed, not closed).
+    assert set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*")) <= socket_dirs_before
 
     assert f"max_steps: {steps}" in (run_dir / "config.yaml").read_text()
     records = step_records(run_dir)

@@ -291,3 +291,18 @@ def test_wire_package_has_no_code_path_that_executes_data() -> None:
     package = Path(asyncgrpo.wire.__file__).parent
     for source in package.glob("*.py"):
         assert not executes_data.search(source.read_text()), source.name
+
+
+def test_a_killed_binders_ipc_directory_is_removed_and_nothing_else(tmp_path) -> None:
+    from asyncgrpo.wire.sockets import IPC_DIR_PREFIX, remove_ipc_endpoint
+
+    mine = tmp_path / f"{IPC_DIR_PREFIX}abc"
+    mine.mkdir()
+    (mine / "s").write_text("")
+    other = tmp_path / "data"
+    other.mkdir()
+    (other / "s").write_text("")
+    remove_ipc_endpoint(f"ipc://{other}/s")
+    remove_ipc_endpoint("tcp://127.0.0.1:5555")
+    remove_ipc_endpoint(f"ipc://{mine}/s")
+    assert not mine.exists() and (other / "s").exists()
