@@ -12,6 +12,7 @@ import traceback
 from typing import Any
 
 from asyncgrpo.config import CONFIG_DIR, Config, ConfigError, load
+from asyncgrpo.driver.prepare import interrupt_on_sigterm
 from asyncgrpo.models.shapes import SHAPES
 
 USAGE_EXAMPLES = """examples:
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     # A process started in the background by a non-interactive shell inherits "ignore SIGINT";
     # Ctrl-C (or a supervisor's SIGINT) must always reach the driver so it can shut down cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt_on_sigterm()  # SIGTERM (a scheduler's preemption notice) is handled as Ctrl-C
     parser = argparse.ArgumentParser(
         prog="asyncgrpo", description="Asynchronous off-policy GRPO.", epilog=USAGE_EXAMPLES + "\n" + config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -211,6 +211,9 @@ class TrainConfig:
     keep_checkpoints: int = 0  # newest complete checkpoints kept; 0 = all
     # Write the final policy in Hugging Face format to run_dir/export.
     export_at_end: bool = True
+    # On Ctrl-C or SIGTERM (a scheduler's notice of preemption), save a checkpoint of the current
+    # step into run_dir/checkpoints before stopping; `resume=RUN_DIR` continues from it.
+    checkpoint_on_interrupt: bool = True
     # The end-of-run probe: vLLM's and the learner's log-probs of fixed sequences at the final
     # version may differ by at most this much per token, else the run fails (the generators would
     # not be sampling with the learner's weights).

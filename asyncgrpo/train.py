@@ -80,6 +80,19 @@ def train(cfg: Config) -> dict[str, Any]:
     return summary
 
 
+def save_on_interrupt(actors: Actors) -> str | None:
+    """The interrupted run's checkpoint, or None if it could not be saved (the reason is printed;
+    a second Ctrl-C gives up on it)."""
+    print("[interrupt] saving a checkpoint of the current step (Ctrl-C again to skip)", flush=True)
+    try:
+        path = actors.save_checkpoint()
+    except (KeyboardInterrupt, TrainingFailed) as err:
+        print(f"[interrupt] no checkpoint: {type(err).__name__}: {err}", flush=True)
+        return None
+    print(f"[interrupt] checkpoint {path}; continue with resume={Path(path).parent.parent}", flush=True)
+    return path
+
+
 def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict[str, Any],
                 resume: dict[str, Any] | None) -> None:
     """From the data to the export: the phases that need the actors, which stop whatever happens."""
@@ -91,8 +104,13 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
         if cfg.eval.at_start:
             summary.update(evaluate(actors, eval_problems, "start", step=0, metrics=metrics))
         runs = [generator.run.remote() for generator in actors.generators]
-        run_loop(cfg, RemoteLearner(cfg, actors.learners, runs), metrics,
-                 SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume)
+        try:
+            run_loop(cfg, RemoteLearner(cfg, actors.learners, runs), metrics,
+                     SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned
+            if cfg.train.checkpoint_on_interrupt:
+                summary["interrupt_checkpoint"] = save_on_interrupt(actors)
+            raise
         summary["learner"] = actors.on_all_ranks("finish", "training finished", timeout_s=learner_wait_timeout_s(cfg))
         summary["generators"] = get(runs, cfg.wire.timeout_s, "the generators (run, after the learner's Shutdown)")
         if cfg.eval.at_end:

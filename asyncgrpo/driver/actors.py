@@ -186,6 +186,12 @@ class Actors:
                       f"the learner ranks ({method})")
         return results if all_results else results[0]
 
+    def save_checkpoint(self) -> str:
+        """A checkpoint of the learner's current step in run_dir/checkpoints (after the step in
+        progress: an actor runs one call at a time); its path."""
+        directory = str(Path(self.cfg.run_dir).resolve() / "checkpoints")
+        return self.on_all_ranks("save_checkpoint", directory, timeout_s=learner_wait_timeout_s(self.cfg))
+
     def stop(self) -> None:
         """Kill every actor started so far and free the learners' placement group."""
         import ray

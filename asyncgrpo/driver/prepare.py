@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import math
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +151,19 @@ def start_ray(cfg: Config) -> bool:
         log_to_driver=True,
         runtime_env={"env_vars": ACTOR_ENV},
     )
+    interrupt_on_sigterm()  # ray.init installs its own SIGTERM handler, which exits at once
     return True
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (a scheduler's notice of preemption) raises KeyboardInterrupt, as Ctrl-C does: the
+    run checkpoints, writes its summary and stops its actors. Only the main thread can do this."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def local_cpus(cfg: Config) -> int:

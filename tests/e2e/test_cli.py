@@ -220,24 +220,37 @@ def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
     return proc, json.loads((run_dir / "actors.json").read_text())
 
 
-def test_ctrl_c_stops_everything_and_leaves_readable_files(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_an_interrupt_checkpoints_stops_everything_and_leaves_readable_files(tmp_path, signum):
     start = time.time()
     run_dir = tmp_path / "run"
     proc, actors = start_long_run(tmp_path)
     try:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)  # the requirement: everything stops within 30 s
+        proc.send_signal(signum)
+        proc.wait(timeout=60)  # the requirement: everything stops within 60 s, the checkpoint included
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"
-    assert len(step_records(run_dir)) >= 2
+    trained = len(step_records(run_dir))
+    assert trained >= 2
+    # The step in progress finished, then a checkpoint of it was saved: at least what was logged.
+    checkpoint = Path(summary["interrupt_checkpoint"])
+    assert (checkpoint / "COMPLETE").is_file() and int(checkpoint.name.split("_")[1]) >= trained
     wait_for(lambda: not any(psutil.pid_exists(p) for p in actors["generator_pids"] + actors["learner_pids"]),
              10, "actor processes to exit")
     wait_for(lambda: not ray_processes_started_after(start), 10, "Ray processes to exit",
              lambda: ray_processes_started_after(start))
+    if signum == signal.SIGTERM:  # preempted, then continued where it stopped
+        version = int(checkpoint.name.split("_")[1])
+        resumed = subprocess.run(cli(tmp_path, f"resume={run_dir}", f"run_dir={tmp_path / 'resumed'}",
+                                     f"train.max_steps={version + 2}", "eval.at_start=false"),
+                                 capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+        assert summary["resumed_at_step"] == version and summary["steps"] == version + 2
 
 
 def test_dead_generator_fails_the_run_loudly(tmp_path):
