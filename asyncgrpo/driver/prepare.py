@@ -140,16 +140,22 @@ def fit_steps_to_data(cfg: Config, num_train_problems: int) -> None:
 def start_ray(cfg: Config) -> bool:
     """Connect to ray.address, or start a local cluster; True if this call started Ray (then the
     driver shuts it down), False if it was already running."""
+    local = not cfg.ray.address
+    if local:
+        # A local cluster otherwise takes the machine's network address and listens on every
+        # interface (seen with Ray 2.60); with this, read when Ray is imported, it binds 127.0.0.1.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():
         return False
     ray.init(
         address=cfg.ray.address or None,
-        num_cpus=local_cpus(cfg) if not cfg.ray.address else None,
+        num_cpus=local_cpus(cfg) if local else None,
         include_dashboard=False,
         log_to_driver=True,
         runtime_env={"env_vars": ACTOR_ENV},
+        **({"_node_ip_address": "127.0.0.1"} if local else {}),
     )
     interrupt_on_sigterm()  # ray.init installs its own SIGTERM handler, which exits at once
     return True

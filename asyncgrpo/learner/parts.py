@@ -3,6 +3,8 @@ replay queue with its generator registry and the weight sender (with their socke
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -18,7 +20,7 @@ from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.schema import Config
 from asyncgrpo.weights import make_sender
 from asyncgrpo.wire import Publisher, Receiver
-from asyncgrpo.wire.network import advertised, free_port
+from asyncgrpo.wire.network import advertised, free_port, is_loopback
 from asyncgrpo.wire.security import CurveServerKeys
 
 
@@ -34,19 +36,32 @@ def learner_device(cfg: Config) -> torch.device:
     return torch.device("cpu")
 
 
+def loopback_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
+    """The rendezvous store of ranks that all run on this node, listening on loopback only (a
+    TCPStore binds every interface unless handed a socket), with gloo's sockets on loopback too."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.bind((host, port))
+    listener.listen(128)
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
+
+
 def join_process_group(cfg: Config, device: torch.device, rank: int, world_size: int, master_addr: str,
                        master_port: int | None) -> bool:
     """The learner ranks' default group; True if this call created it (a test running several
     learners in one process sets it up itself, and it is left to it)."""
     created = not dist.is_initialized()
     if created:
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://{master_addr}:{master_port or free_port(master_addr)}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=learner_wait_timeout_s(cfg)),
-        )
+        backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=learner_wait_timeout_s(cfg))
+        port = master_port or free_port(master_addr)
+        if is_loopback(master_addr):
+            dist.init_process_group(backend, store=loopback_store(master_addr, port, rank, world_size, timeout),
+                                    rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{port}", rank=rank,
+                                    world_size=world_size, timeout=timeout)
     if dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise RuntimeError(f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
                            f"expected {rank} of {world_size}")

@@ -1,5 +1,6 @@
 """The real CLI end to end: vLLM, Ray, ZeroMQ and torch.distributed, tiny budgets."""
 
+import ipaddress
 import json
 import os
 import signal
@@ -59,6 +60,26 @@ def ray_processes_started_after(start: float) -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def listening_sockets_started_after(start: float) -> list[tuple[int, str, str, int]]:
+    """(pid, name, ip, port) of every listening TCP socket of the processes started since `start`."""
+    found = []
+    for proc in psutil.process_iter(["name", "create_time"]):
+        try:
+            if proc.info["create_time"] < start:
+                continue
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.append((proc.pid, proc.info["name"], conn.laddr.ip, conn.laddr.port))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 too
 
 
 def wait_for(predicate, timeout_s: float, what: str, detail=lambda: "") -> None:
@@ -225,6 +246,9 @@ def test_an_interrupt_checkpoints_stops_everything_and_leaves_readable_files(tmp
     start = time.time()
     run_dir = tmp_path / "run"
     proc, actors = start_long_run(tmp_path)
+    # A run on one machine listens on loopback only: Ray, torch.distributed's store, gloo, ZeroMQ.
+    listening = listening_sockets_started_after(start)
+    assert listening and all(loopback(ip) for _, _, ip, _ in listening), listening
     try:
         proc.send_signal(signum)
         proc.wait(timeout=60)  # the requirement: everything stops within 60 s, the checkpoint included
