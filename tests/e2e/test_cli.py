@@ -229,6 +229,16 @@ def test_prompts_from_a_file_with_weighted_rewards_stop_when_the_data_runs_out(t
         assert record["reward/mean"] == pytest.approx(record["reward/task"] + 0.1 * record["reward/fmt"], abs=1e-5)
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """A run a failed test leaves behind is interrupted (so it stops its actors and Ray), then killed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
     """A run that would go on for hours, once its learner has taken two steps; and its actors."""
     # Output goes to a file: an unread pipe would fill up and block the run.
@@ -246,15 +256,14 @@ def test_an_interrupt_checkpoints_stops_everything_and_leaves_readable_files(tmp
     start = time.time()
     run_dir = tmp_path / "run"
     proc, actors = start_long_run(tmp_path)
-    # A run on one machine listens on loopback only: Ray, torch.distributed's store, gloo, ZeroMQ.
-    listening = listening_sockets_started_after(start)
-    assert listening and all(loopback(ip) for _, _, ip, _ in listening), listening
     try:
+        # A run on one machine listens on loopback only: Ray, torch.distributed's store, gloo, ZeroMQ.
+        listening = listening_sockets_started_after(start)
+        assert listening and all(loopback(ip) for _, _, ip, _ in listening), listening
         proc.send_signal(signum)
         proc.wait(timeout=60)  # the requirement: everything stops within 60 s, the checkpoint included
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc)
     assert proc.returncode != 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"
@@ -284,8 +293,7 @@ def test_dead_generator_fails_the_run_loudly(tmp_path):
         os.kill(actors["generator_pids"][0], signal.SIGKILL)
         proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc)
     output = (tmp_path / "output.log").read_text()
     assert proc.returncode == 1
     assert "training failed" in output and "Generator" in output
