@@ -2,8 +2,9 @@
 
 Two ways in: a running learner (`Learner.export_hf`, used at the end of a run and to start
 generators from a checkpoint) and a checkpoint on disk (`asyncgrpo export CHECKPOINT OUTDIR`,
-which needs no GPU, no process group and no model code: shapes come from the checkpoint).
-"""
+which needs no GPU, no process group and no model code: shapes come from the checkpoint). A checkpoint
+is checked against its SHA-256 manifest before anything in it is read; a tampered one is a
+CheckpointError (one line from the CLI)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from asyncgrpo.learner.checkpoint import copy_model_files, latest, read_meta
+from asyncgrpo.learner.checkpoint import copy_model_files, latest, read_meta, verify
 
 # Hugging Face's own default shard size: keeps every file small enough for any filesystem.
 MAX_SHARD_BYTES = 5 * 10**9
@@ -95,7 +96,14 @@ def _set_config_dtype(directory: Path, shards: list[dict[str, torch.Tensor]]) ->
 
 
 def checkpoint_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
-    """The policy's full (unsharded) weights from a checkpoint, in one process, without the model."""
+    """The policy's full (unsharded) weights from a checkpoint, in one process, without the model.
+    The checkpoint is checked against its manifest first (DCP's metadata is a pickle)."""
+    verify(Path(checkpoint))
+    return _read_weights(Path(checkpoint))
+
+
+def _read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """`checkpoint_weights` for a checkpoint that has just been verified."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -118,8 +126,9 @@ def export_checkpoint(checkpoint: str | Path, outdir: str | Path) -> Path:
     """`asyncgrpo export`: a checkpoint (or the newest complete one in a run directory) -> Hugging Face format."""
     check_export_target(Path(outdir).expanduser().resolve())  # before reading any weights
     path = latest(checkpoint)
+    verify(path)  # before meta.json is trusted or DCP unpickles anything
     meta = read_meta(path)
     model_files = path / "model_files"
     if not model_files.is_dir():
         model_files = Path(meta["model_dir"])
-    return write_hf(checkpoint_weights(path).items(), model_files, outdir)
+    return write_hf(_read_weights(path).items(), model_files, outdir)

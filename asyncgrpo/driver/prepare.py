@@ -61,9 +61,10 @@ def resume_point(cfg: Config) -> dict[str, Any] | None:
     """The checkpoint `resume` names (its meta, with `path`), or None for a fresh run."""
     if not cfg.resume:
         return None
-    from asyncgrpo.learner.checkpoint import latest, read_meta
+    from asyncgrpo.learner.checkpoint import latest, read_meta, verify
 
     path = latest(cfg.resume)  # raises with a clear message if no complete checkpoint is there
+    verify(path)  # here, in one line before Ray starts, rather than wrapped in every rank's error
     return {**read_meta(path), "path": str(path)}
 
 

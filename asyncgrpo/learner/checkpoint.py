@@ -8,18 +8,32 @@ Layout of `<run_dir>/checkpoints/step_<N>/` (N = the policy version after step N
                   (learner counters, LR schedule, generator registry: prompt positions, queue counters)
     rng/rank_<r>.json   each rank's RNG states
     model_files/  the model's config and tokenizer files (what `asyncgrpo export` needs besides weights)
+    MANIFEST.json every other file's relative path, size and SHA-256 (not itself, not COMPLETE)
     COMPLETE      written last
 
-Everything is written into `step_<N>.tmp`; only after every file is on disk (fsync) does rank 0
-write COMPLETE and rename the directory to `step_<N>`. A run killed mid-save leaves a `.tmp`
-directory, which `latest` never returns; a directory without COMPLETE is ignored too.
-All ranks must see one filesystem (one node, or a shared filesystem across nodes).
+Everything is written into `step_<N>.tmp`; once every rank's files are written, rank 0 hashes them
+into MANIFEST.json, and only after every file is on disk (fsync) does it write COMPLETE and rename
+the directory to `step_<N>`. A run killed mid-save leaves a `.tmp` directory, which `latest` never
+returns; a directory without COMPLETE is ignored too. All ranks must see one filesystem (one node,
+or a shared filesystem across nodes).
+
+DCP's `.metadata` is a pickle, and unpickling runs code, so every reader (`load`, and
+`asyncgrpo export` through `verify`) checks the whole directory against MANIFEST.json before it
+reads anything but JSON: a file whose size or hash differs, a listed file that is missing, an
+unlisted file or a symlink anywhere in the directory, or no manifest at all, is a CheckpointError
+naming that file. Each rank checks for itself (hashing runs at disk speed, seconds for a few GB).
+The manifest is not a signature: it catches corruption, a partial copy and a swapped or added file,
+but whoever can rewrite MANIFEST.json can make any directory pass, so load checkpoints only from
+where you trust the writers. Checkpoints of format 2 and older (before manifests) cannot be
+checked and are refused, like any other format this code does not write.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -34,8 +48,14 @@ import torch.distributed as dist
 
 MARKER = "COMPLETE"
 META = "meta.json"
-# 2: the parts' states under meta["states"] (1 had fixed fields for the learner's counters).
-FORMAT = 2
+MANIFEST = "MANIFEST.json"
+# 3: MANIFEST.json, checked before loading. 2: the parts' states under meta["states"] (1 had fixed
+# fields for the learner's counters).
+FORMAT = 3
+# Files are hashed a buffer at a time: a checkpoint's shards can be many GB.
+_HASH_CHUNK_BYTES = 4 * 2**20
+
+log = logging.getLogger(__name__)
 
 
 class ShardedState(Protocol):
@@ -85,6 +105,110 @@ def latest(path: str | Path) -> Path:
 
 def read_meta(checkpoint: str | Path) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / META).read_text())
+
+
+# ----------------------------------------------------------------------------------- manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    buffer = bytearray(_HASH_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                break
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def _files(checkpoint: Path) -> dict[str, Path]:
+    """Every file in `checkpoint` by its relative POSIX path, except MANIFEST and MARKER. A symlink
+    or any other non-regular entry raises: nothing outside the directory may be read as part of it."""
+    found: dict[str, Path] = {}
+    for root, dirs, names in os.walk(checkpoint, followlinks=False):
+        base = Path(root)
+        for name in sorted(dirs + names):
+            path = base / name
+            relative = path.relative_to(checkpoint).as_posix()
+            if not relative.isprintable():  # the name goes into a one-line error message
+                relative = ascii(relative)
+            if path.is_symlink():
+                raise CheckpointError(f"{checkpoint}: {relative} is a symlink; a checkpoint holds only regular files")
+            if name in dirs:
+                continue
+            if not path.is_file():
+                raise CheckpointError(f"{checkpoint}: {relative} is not a regular file")
+            if base == checkpoint and name in (MANIFEST, MARKER):
+                continue
+            found[relative] = path
+    return found
+
+
+def write_manifest(checkpoint: Path) -> Path:
+    """Hash every file of `checkpoint` into its MANIFEST (called by `save` once all of them are written)."""
+    start = time.monotonic()
+    files = {relative: {"size": path.stat().st_size, "sha256": _sha256(path)}
+             for relative, path in sorted(_files(checkpoint).items())}
+    target = checkpoint / MANIFEST
+    _write_json(target, {"algorithm": "sha256", "files": files})
+    log.info("checkpoint manifest %s: %d files, %.2f GB hashed in %.1f s", target, len(files),
+             sum(f["size"] for f in files.values()) / 1e9, time.monotonic() - start)
+    return target
+
+
+def _read_manifest(checkpoint: Path) -> dict[str, dict[str, Any]]:
+    path = checkpoint / MANIFEST
+    if not path.is_file():
+        try:
+            written = read_meta(checkpoint).get("format")
+        except (OSError, ValueError, AttributeError):
+            written = None
+        if isinstance(written, int) and written < FORMAT:
+            raise CheckpointError(f"{checkpoint}: checkpoint format {written} has no {MANIFEST} (written before "
+                                  f"checkpoints were hashed; this code reads format {FORMAT}), so it cannot be "
+                                  "verified and is not loaded")
+        raise CheckpointError(f"{checkpoint}: no {MANIFEST}: the checkpoint cannot be verified and is not loaded")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{checkpoint}: {MANIFEST} is unreadable ({err})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    well_formed = (isinstance(manifest, dict) and manifest.get("algorithm") == "sha256" and isinstance(files, dict)
+                   and all(isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                           and isinstance(entry.get("sha256"), str) for entry in files.values()))
+    if not well_formed:
+        raise CheckpointError(f"{checkpoint}: {MANIFEST} is unreadable (not a sha256 manifest of sizes and hashes)")
+    return files
+
+
+def verify(checkpoint: Path) -> None:
+    """Raise CheckpointError unless every file of `checkpoint` is exactly what its MANIFEST lists:
+    call it before anything in the directory is unpickled. Paths come from walking the directory,
+    never from the manifest, so a crafted manifest cannot point the check outside it."""
+    start = time.monotonic()
+    checkpoint = Path(checkpoint)
+    listed = _read_manifest(checkpoint)
+    present = _files(checkpoint)
+    why = "the checkpoint changed after it was saved; it is not loaded"
+    for relative in sorted(listed):
+        if relative not in present:
+            raise CheckpointError(f"{checkpoint}: {relative} is listed in {MANIFEST} but missing; {why}")
+    for relative in sorted(present):
+        if relative not in listed:
+            raise CheckpointError(f"{checkpoint}: {relative} is not listed in {MANIFEST}; {why}")
+    # Sizes first: a truncated or grown file is found without reading anything.
+    for relative, path in sorted(present.items()):
+        size = path.stat().st_size
+        if size != listed[relative]["size"]:
+            raise CheckpointError(f"{checkpoint}: {relative} has {size} bytes, {MANIFEST} lists "
+                                  f"{listed[relative]['size']}; {why}")
+    for relative, path in sorted(present.items()):
+        if _sha256(path) != listed[relative]["sha256"].lower():
+            raise CheckpointError(f"{checkpoint}: {relative} does not match its SHA-256 in {MANIFEST}; {why}")
+    log.info("checkpoint %s verified: %d files, %.2f GB in %.1f s", checkpoint, len(present),
+             sum(entry["size"] for entry in listed.values()) / 1e9, time.monotonic() - start)
 
 
 # ------------------------------------------------------------------------------------- saving
@@ -183,6 +307,8 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
         _write_json(tmp / META, {"format": FORMAT, "version": version, "world_size": world_size,
                                  "model_dir": str(model_dir), "torch": torch.__version__, "time": time.time(),
                                  "states": states})
+        # Every rank's files are written (the barrier above follows their dcp.save and RNG files).
+        write_manifest(tmp)
         _fsync_tree(tmp)
         _before_marker(tmp)
         _write_json(tmp / MARKER, {"version": version, "time": time.time()})
@@ -221,6 +347,7 @@ def load(path: Path, sharded: ShardedState, rank: int) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     checkpoint = latest(path)
+    verify(checkpoint)  # before DCP unpickles .metadata
     meta = read_meta(checkpoint)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{checkpoint}: checkpoint format {meta.get('format')}, this code reads {FORMAT}")

@@ -52,7 +52,7 @@ def test_resume_matches_an_uninterrupted_run(model_dir, tmp_path):
         saved = Path(first.save_checkpoint(tmp_path / "checkpoints"))
     finally:
         first.close()
-    assert saved.name == "step_3" and (saved / checkpoint.MARKER).is_file()
+    assert saved.name == "step_3" and (saved / checkpoint.MARKER).is_file() and (saved / checkpoint.MANIFEST).is_file()
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
     resumed = Learner.from_config(load(OVERRIDES), model_dir)
