@@ -3,16 +3,19 @@
     .venv/bin/python tools/bench_push.py                 # tiny default model and a ~100M-parameter one
     .venv/bin/python tools/bench_push.py --sizes tiny --pushes 20
     .venv/bin/python tools/bench_push.py --sizes qwen2.5-0.5b --pushes 5   # any `asyncgrpo make-model` shape
+    .venv/bin/python tools/bench_push.py --backends zmq,shm              # side by side (the default)
 
-For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format):
-- a generator process (core 0) runs a vLLM engine and a `ZmqWeightReceiver`; it loads every push
-  into the engine and acknowledges the version with a `VersionAck`, as in a run;
+For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format) and
+each weight backend (`weights.backend`: zmq chunks over a ZeroMQ socket, shm shared-memory slots):
+- a generator process (core 0) runs a vLLM engine and the backend's receiver, built from config as
+  in a run; it loads every push into the engine and acknowledges the version with a `VersionAck`;
 - this process (core 1) is the learner: an FSDP2-wrapped model (world size 1); `Learner.push_weights`
-  gathers each tensor as `ZmqWeightSender.push` needs it, copies it and publishes each chunk when full.
+  gathers each tensor as the sender needs it and copies it (into a chunk, or into the slot).
 Latency = from the start of the push to the arrival of the generator's acknowledgement, so it
 covers gather, copy, send, receive, assemble and the engine load. Blocked = how long the learner
-is inside the push (gather and copy; the sending itself is ZeroMQ's I/O thread). Correctness: after the last push
-the engine's log-probs of fixed sequences are compared with the learner's forward.
+is inside the push (gather and copy; zmq's sending itself is ZeroMQ's I/O thread). MB/s = payload
+bytes / median latency. Correctness: after the last push the engine's log-probs of fixed sequences
+are compared with the learner's forward.
 
 Prints a table, then one JSON line.
 """
@@ -54,17 +57,21 @@ def build(size: str, directory: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def generator_process(model_dir: str, weights_endpoint: str, acks_endpoint: str, pushes: int,
-                      probes: list[list[int]], results: mp.Queue) -> None:
+def generator_process(overrides: list[str], model_dir: str, weights_endpoint: str, join_address: dict,
+                      acks_endpoint: str, pushes: int, probes: list[list[int]], results: mp.Queue) -> None:
     os.sched_setaffinity(0, [0])
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import torch
+
+    from asyncgrpo.config import load
     from asyncgrpo.rollout.engine import VLLMEngine
-    from asyncgrpo.weights.zmq import ZmqWeightReceiver
+    from asyncgrpo.weights import make_receiver
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
     engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3)
-    receiver = ZmqWeightReceiver(Subscriber(weights_endpoint))
+    receiver = make_receiver(load(overrides), Subscriber(weights_endpoint), model_dir, torch.device("cpu"))
+    receiver.join({**join_address, "rank": 1})
     acks = Sender(acks_endpoint)
     acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready
     load_s: list[float] = []
@@ -79,7 +86,7 @@ def generator_process(model_dir: str, weights_endpoint: str, acks_endpoint: str,
     results.put({"load_s": load_s, "probe_logp": [x.tolist() for x in engine.sequence_logprobs(probes, temperature=1.0)]})
 
 
-def bench_size(size: str, pushes: int) -> dict[str, float]:
+def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
     import numpy as np
     import torch
 
@@ -90,14 +97,17 @@ def bench_size(size: str, pushes: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / size
         params = build(size, model_dir)
-        cfg = load(["learner.warmup_steps=0", f"model.path={model_dir}", f"run_dir={tmp}/run"])
+        overrides = ["learner.warmup_steps=0", f"model.path={model_dir}", f"run_dir={tmp}/run",
+                     f"weights.backend={backend}"]
+        cfg = load(overrides)
         learner = Learner.from_config(cfg, str(model_dir), cores=[1])
         acks = Receiver()
         probes = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24]]
         results: mp.Queue = mp.get_context("spawn").Queue()
         process = mp.get_context("spawn").Process(
             target=generator_process,
-            args=(str(model_dir), learner.weights.endpoint, acks.endpoint, pushes, probes, results))
+            args=(overrides, str(model_dir), learner.weights.endpoint, learner.weights.join_address(), acks.endpoint,
+                  pushes, probes, results))
         process.start()
 
         def wait_ack(version: int, timeout_s: float) -> None:
@@ -133,6 +143,7 @@ def bench_size(size: str, pushes: int) -> dict[str, float]:
         acks.close()
     return {
         "size": size,
+        "backend": backend,
         "params": params,
         "bytes_per_push": payload,
         "latency_ms_median": 1e3 * statistics.median(latencies),
@@ -149,15 +160,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="tiny,100M")
     parser.add_argument("--pushes", type=int, default=10)
+    parser.add_argument("--backends", default="zmq,shm")
     args = parser.parse_args()
-    rows = [bench_size(size, args.pushes) for size in args.sizes.split(",")]
+    rows = [bench_size(size, backend, args.pushes) for size in args.sizes.split(",")
+            for backend in args.backends.split(",")]
     print()
-    header = (f"{'model':<6} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
+    header = (f"{'model':<13} {'backend':<7} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
               f"{'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['size']:<6} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.1f} {r['latency_ms_median']:>10.1f} "
+        print(f"{r['size']:<13} {r['backend']:<7} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.1f} {r['latency_ms_median']:>10.1f} "
               f"{r['latency_ms_max']:>7.1f} {r['learner_blocked_ms_median']:>10.1f} "
               f"{r['engine_load_ms_median']:>7.1f} {r['mb_per_s']:>6.0f} {r['probe_max_abs_diff']:>10.2e}")
     print()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.resources import plan_cores
 from asyncgrpo.schema import Config
+from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.wire.network import free_port
 from asyncgrpo.wire.security import WireKeys
 from asyncgrpo.wire.sockets import remove_ipc_endpoint
@@ -78,6 +80,7 @@ class Actors:
         self.learners: list[Any] = []  # every rank; collectives (steps, pushes, probes) call them all
         self.generators: list[Any] = []
         self.endpoints: dict[str, str] = {}  # learner rank 0's bound sockets
+        self.weight_address: dict[str, Any] = {}  # learner rank 0's weight transport (WeightSender.join_address)
 
     @property
     def learner(self) -> Any:
@@ -174,6 +177,7 @@ class Actors:
         every generator join one group, together."""
         timeout_s = self.cfg.wire.startup_timeout_s
         address = get(self.learner.weight_join_address.remote(), timeout_s, "learner rank 0's weight join address")
+        self.weight_address = address
         if not address:
             return
         joins = [self.learner.wait_for_weight_joins.remote(),
@@ -201,6 +205,8 @@ class Actors:
                 ray.kill(actor, no_restart=True)
         for endpoint in self.endpoints.values():  # a killed learner leaves its Unix-socket directories
             remove_ipc_endpoint(endpoint)
+        for path in self.weight_address.get("shm_paths", [])[:1]:  # and its shared-memory weight slots
+            remove_shm_directory(os.path.dirname(path))
         if self.placement_group is not None:
             from ray.util.placement_group import remove_placement_group
 

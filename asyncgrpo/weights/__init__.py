@@ -16,22 +16,40 @@ from asyncgrpo.weights.base import (
     model_spec,
 )
 from asyncgrpo.weights.nccl import NcclWeightReceiver, NcclWeightSender
+from asyncgrpo.weights.shm import ShmWeightReceiver, ShmWeightSender, default_directory
 from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype_for
 from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
+from asyncgrpo.wire.sockets import resolve_transport
 
-__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender"]
+__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
+           "resolve_backend"]
+
+
+def resolve_backend(cfg: Config) -> str:
+    """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc)."""
+    if cfg.weights.backend != "auto":
+        return cfg.weights.backend
+    return "shm" if resolve_transport(cfg.wire.transport, cfg.wire.host) == "ipc" else "zmq"
 
 
 def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch.device) -> WeightSender:
-    if cfg.weights.backend == "nccl":
+    backend = resolve_backend(cfg)
+    wire_dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+    if backend == "nccl":
         return NcclWeightSender(publisher, model_dir, cfg.rollout.num_generators, device,
                                 host=advertised_host(cfg.wire.host), timeout_s=cfg.wire.startup_timeout_s)
+    if backend == "shm":
+        return ShmWeightSender(publisher, model_spec(model_dir), wire_dtype, cfg.weights.shm_dir or default_directory())
     return ZmqWeightSender(publisher, model_spec(model_dir), cfg.weights.chunk_bytes,
-                           wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype))
+                           wire_dtype)
 
 
 def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: torch.device) -> WeightReceiver:
-    if cfg.weights.backend == "nccl":
+    backend = resolve_backend(cfg)
+    if backend == "nccl":
         return NcclWeightReceiver(subscriber, model_dir, device, timeout_s=cfg.wire.startup_timeout_s)
+    if backend == "shm":
+        return ShmWeightReceiver(subscriber, model_spec(model_dir),
+                                 wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype), cfg.wire.timeout_s)
     return ZmqWeightReceiver(subscriber)

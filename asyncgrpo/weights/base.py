@@ -6,7 +6,9 @@
       push(version, named_tensors)  ------------------->        poll() / apply_newest(engine)
       shutdown(reason)  -------------------------------->       shutdown_reason
 
-Backends (`weights.backend`):
+Backends (`weights.backend`; auto = shm when every generator shares learner rank 0's node, else zmq):
+- `shm` (one host): each version copied once into one of two shared-memory slots; generators load
+  their running vLLM engine straight from it (asyncgrpo/weights/shm.py).
 - `zmq` (any device): the full state dict in chunks over a ZeroMQ PUB socket; each generator keeps
   only the newest complete version and loads it into its running vLLM engine.
 - `nccl` (GPU): names, shapes and dtypes are announced over the same PUB socket, the tensors are
@@ -17,13 +19,15 @@ Tensors always travel under their Hugging Face names and shapes; the engine maps
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
-BACKENDS = ("zmq", "nccl")
+BACKENDS = ("auto", "shm", "zmq", "nccl")
 # A tensor of the policy's state dict: Hugging Face name, shape, dtype.
 TensorSpec = tuple[str, tuple[int, ...], torch.dtype]
 
@@ -44,6 +48,13 @@ def model_spec(model_dir: str) -> list[TensorSpec]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return [(name, tuple(t.shape), t.dtype) for name, t in distinct_state(model)]
+
+
+def fingerprint(spec: Iterable[TensorSpec]) -> np.ndarray:
+    """A digest of names, shapes and dtypes (four int64): sender and receiver compare it in the
+    announcement, so two different tensor lists fail loudly instead of scrambling weights."""
+    text = ";".join(f"{name}:{list(shape)}:{dtype}" for name, shape, dtype in spec)
+    return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.int64).copy()
 
 
 def largest_tensor(spec: list[TensorSpec]) -> TensorSpec:

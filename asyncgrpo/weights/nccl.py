@@ -23,7 +23,6 @@ mismatch fails loudly instead of scrambling weights. Tensors are packed into buc
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import TensorSpec, WeightTarget, model_spec
+from asyncgrpo.weights.base import TensorSpec, WeightTarget, fingerprint, model_spec
 from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
 from asyncgrpo.wire.network import free_port
 
@@ -78,11 +77,6 @@ def connect(host: str, port: int, rank: int, world_size: int, device: torch.devi
     if device.type == "cuda":
         return _NcclBroadcaster(host, port, rank, world_size, timeout_s, device)
     return _GlooBroadcaster(host, port, rank, world_size, timeout_s)
-
-
-def fingerprint(spec: Iterable[TensorSpec]) -> np.ndarray:
-    text = ";".join(f"{name}:{list(shape)}:{dtype}" for name, shape, dtype in spec)
-    return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.int64).copy()
 
 
 def buckets(spec: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
