@@ -128,6 +128,7 @@ def _check(cfg: Config) -> int:
     from asyncgrpo.models.check import ModelDirError
     from asyncgrpo.preflight import (
         PreflightError,
+        check_rewards,
         format_report,
         model_dir_for_check,
         preflight,
@@ -136,8 +137,9 @@ def _check(cfg: Config) -> int:
 
     cfg.device = resolve_device(cfg.device)
     try:
+        rewards = check_rewards(cfg)
         with model_dir_for_check(cfg) as model_dir:
-            report = preflight(cfg, model_dir)
+            report = {**preflight(cfg, model_dir), "reward": rewards}
     except (ModelDirError, PreflightError) as err:
         print(f"asyncgrpo: check failed: {err}", file=sys.stderr)
         return 2
@@ -218,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return _check(cfg)
 
     from asyncgrpo.data.records import DataError
+    from asyncgrpo.learner.checkpoint import CheckpointError
     from asyncgrpo.models.check import ModelDirError
     from asyncgrpo.preflight import PreflightError
     from asyncgrpo.train import train
@@ -226,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(cfg)
     except DataError as err:  # bad or missing data: the message names the file and line
         print(f"asyncgrpo: data error: {err}", file=sys.stderr)
+        return 2
+    except CheckpointError as err:  # resume= names no usable checkpoint, or a tampered one
+        print(f"asyncgrpo: resume: {err}", file=sys.stderr)
         return 2
     except (ModelDirError, PreflightError) as err:  # the model or the settings cannot work: one line
         print(f"asyncgrpo: {err}", file=sys.stderr)

@@ -177,6 +177,9 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
     require(data.epochs >= 0, "data.epochs", "must be >= 0 (0 = endless)", data.epochs)
     require(reward.on_error in ON_ERROR_POLICIES, "reward.on_error", _one_of(ON_ERROR_POLICIES), reward.on_error)
     require(reward.timeout_s > 0, "reward.timeout_s", "must be > 0", reward.timeout_s)
+    require(0 <= reward.max_error_rate <= 1, "reward.max_error_rate", "must be in [0, 1] (1 = never stop)",
+            reward.max_error_rate)
+    require(reward.error_window_steps >= 1, "reward.error_window_steps", "must be >= 1", reward.error_window_steps)
     require(reward.concurrency >= 1, "reward.concurrency", "must be >= 1", reward.concurrency)
     require(reward.threads >= 1, "reward.threads", "must be >= 1", reward.threads)
     names = [term.name for term in reward.terms]

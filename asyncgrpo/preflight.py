@@ -2,14 +2,17 @@
 
 `preflight(cfg, model_dir)` checks the model directory (asyncgrpo/models/check.py), plans a weight
 push (chunks, bytes on the wire, the largest tensor), sizes vLLM's KV cache against one call's
-sequences and estimates each actor's peak memory. `asyncgrpo train ... check=true` prints the
-report and starts nothing; every run calls it before Ray starts, so bad settings fail in one line.
+sequences and estimates each actor's peak memory. `check_rewards(cfg)` imports every user reward
+function and probes the judge endpoint. `asyncgrpo train ... check=true` prints the report and
+starts nothing; every run calls both before Ray starts (the reward check first, before the model is
+prepared), so bad settings fail in one line (the CLI exits 2).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,13 +55,15 @@ def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int
 
 
 def push_plan(cfg: Config, spec: list[tuple[str, tuple[int, ...], Any]]) -> dict[str, Any]:
-    """What one weight push carries over the zmq backend."""
+    """What one weight push carries (zmq: in chunks; shm: one announcement, the tensors in a slot)."""
+    from asyncgrpo.weights import resolve_backend
     from asyncgrpo.weights.zmq import chunk_plan, wire_dtype_for
 
     dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
     numels = [math.prod(shape) for _, shape, _ in spec]
     largest = max(range(len(spec)), key=lambda i: numels[i])
     return {
+        "backend": resolve_backend(cfg),
         "tensors": len(spec),
         "wire_dtype": str(dtype).removeprefix("torch."),
         "bytes_per_push": sum(numels) * dtype.itemsize,
@@ -68,7 +73,8 @@ def push_plan(cfg: Config, spec: list[tuple[str, tuple[int, ...], Any]]) -> dict
     }
 
 
-def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_bytes: int) -> dict[str, float]:
+def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_bytes: int,
+                    backend: str) -> dict[str, float]:
     """Peak GiB per actor (an estimate: weights, optimizer state, the largest activations, buffers)."""
     learner, rollout = cfg.learner, cfg.rollout
     per_rank = num_parameters * (4 + 4 + 8) / learner.world_size  # fp32 weights, gradients, AdamW moments
@@ -83,20 +89,49 @@ def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_byte
     tokens = learner.micro_batch_tokens or (
         cfg.train.groups_per_step * rollout.samples_per_prompt * cfg.model.max_positions // learner.world_size)
     per_rank += 3 * tokens * vocab_size * 4
-    per_rank += push_bytes  # rank 0: the copies of one push until ZeroMQ has sent them
-    generator = (num_parameters * _DTYPE_BYTES[rollout.dtype] + rollout.kv_cache_gib * GIB
-                 + 2 * push_bytes)  # one push being assembled and one waiting to be loaded
+    generator = num_parameters * _DTYPE_BYTES[rollout.dtype] + rollout.kv_cache_gib * GIB
+    shared = 0
+    if backend == "shm":
+        shared = 2 * push_bytes  # the two version slots, shared by the learner and every generator
+    elif backend == "zmq":
+        per_rank += push_bytes  # rank 0: the copies of one push until ZeroMQ has sent them
+        generator += 2 * push_bytes  # one push being assembled and one waiting to be loaded
     estimate = {
         "learner_rank_gib": per_rank / GIB + LEARNER_RUNTIME_GIB,
         "generator_gib": generator / GIB + VLLM_RUNTIME_GIB,
+        "shared_memory_gib": shared / GIB,
     }
     estimate["total_gib"] = (estimate["learner_rank_gib"] * learner.world_size
-                             + estimate["generator_gib"] * rollout.num_generators)
+                             + estimate["generator_gib"] * rollout.num_generators + estimate["shared_memory_gib"])
     return estimate
 
 
 def machine_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def check_rewards(cfg: Config) -> dict[str, Any]:
+    """Import reward.fn and each fn term's function, and probe the judge when a term asks it; raises
+    PreflightError (one line) on a typo or an unreachable judge, which would otherwise surface only
+    once the actors are up (an import error in every generator, or a run training on zeros)."""
+    from asyncgrpo.rewards.errors import one_line
+    from asyncgrpo.rewards.judge import JudgeError, probe_judge
+    from asyncgrpo.rewards.scorer import fn_paths, term_configs
+    from asyncgrpo.rewards.user_fn import RewardFnError, load_reward_fn
+
+    report: dict[str, Any] = {"functions": []}
+    for key, path in fn_paths(cfg.reward):
+        try:
+            load_reward_fn(path, key=key)
+        except RewardFnError as err:
+            raise PreflightError(one_line(str(err), limit=1000)) from None
+        report["functions"].append(path)
+    if any((term.kind or term.name) == "judge" for term in term_configs(cfg.reward)):
+        try:
+            report["judge"] = probe_judge(cfg.reward.judge)
+        except JudgeError as err:
+            raise PreflightError(one_line(str(err), limit=1000)) from None
+    return report
 
 
 def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
@@ -115,8 +150,10 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim,
                        max(groups_per_generator(cfg)))
-    memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"])
+    memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"], push["backend"])
     report = {"model": info.to_dict(), "push": push, "kv_cache": kv, "memory_gib": memory}
+    if push["backend"] == "shm":
+        check_shared_memory(cfg, 2 * push["bytes_per_push"])
     if cfg.device == "cpu":
         available = machine_memory_gib()
         report["memory_gib"]["machine"] = available
@@ -127,6 +164,19 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
                 f"but this machine has {available:.1f} GiB: lower learner.micro_batch_tokens, rollout.kv_cache_gib "
                 "or the number of actors, or turn algo.kl off")
     return report
+
+
+def check_shared_memory(cfg: Config, needed: int) -> None:
+    """weights.backend=shm: room for the two version slots where they will live."""
+    from asyncgrpo.weights.shm import default_directory
+
+    directory = cfg.weights.shm_dir or default_directory()
+    if not os.path.isdir(directory):
+        raise PreflightError(f"weights.shm_dir={directory} is not a directory")
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise PreflightError(f"weights.backend=shm needs {needed / GIB:.2f} GiB free in {directory} for two weight "
+                             f"slots, it has {free / GIB:.2f} GiB: set weights.shm_dir or weights.backend=zmq")
 
 
 @contextmanager
@@ -148,18 +198,26 @@ def model_dir_for_check(cfg: Config) -> Iterator[str]:
 
 def format_report(report: dict[str, Any]) -> str:
     model, push, kv, memory = report["model"], report["push"], report["kv_cache"], report["memory_gib"]
+    rewards = report.get("reward", {})
     lines = [
         f"model      {model['path']}: {model['architecture']}, {model['num_parameters']:,} parameters, "
         f"vocab {model['vocab_size']:,} (tokenizer {model['tokenizer_size']:,}), {model['num_layers']} layers, "
         f"context {model['max_positions']:,}",
-        f"push       {push['bytes_per_push'] / 1e6:,.1f} MB in {push['wire_dtype']}, {push['chunks_per_push']} chunk(s), "
+        f"push       {push['bytes_per_push'] / 1e6:,.1f} MB in {push['wire_dtype']} over {push['backend']}"
+        + (f", {push['chunks_per_push']} chunk(s)" if push["backend"] == "zmq" else "") + ", "
         f"largest tensor {push['largest_tensor']} {push['largest_tensor_bytes'] / 1e6:,.1f} MB",
         f"kv cache   {kv['tokens_held']:,} tokens held, one call needs at most {kv['tokens_needed_per_call']:,} "
         f"({kv['bytes_per_token']:,} bytes per token)",
         f"memory     learner rank ~{memory['learner_rank_gib']:.1f} GiB, generator ~{memory['generator_gib']:.1f} GiB, "
-        f"all actors ~{memory['total_gib']:.1f} GiB"
+        + (f"shared weight slots {memory['shared_memory_gib']:.1f} GiB, " if memory["shared_memory_gib"] else "")
+        + f"all actors ~{memory['total_gib']:.1f} GiB"
         + (f" of {memory['machine']:.1f} GiB here" if "machine" in memory else ""),
     ]
+    if rewards.get("functions") or "judge" in rewards:
+        lines.append("reward     " + ", ".join(
+            [f"{path} imports" for path in rewards.get("functions", [])]
+            + ([f"judge {rewards['judge']['url']} answered HTTP {rewards['judge']['status']}"] if "judge" in rewards
+               else [])))
     return "\n".join(lines)
 
 

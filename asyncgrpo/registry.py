@@ -1,7 +1,8 @@
 """What the learner knows of each generator: sequence numbers, loaded weights, reported counters.
 
 The replay queue's receiving thread feeds it (`admit` for each group, `on_ack`, `on_heartbeat`);
-the learner reads it (acknowledged versions, per-step increases of the generators' counters).
+the learner reads it (acknowledged versions, per-step increases of the generators' counters) and
+asks it whether the reports end the run (`check_reports`: rejected weights, a reward outage).
 Sequence numbers are per generator and ordered: an old one is a duplicate, a gap is loss.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncgrpo.rewards.errors import RewardErrorWindow, outage_reason
 from asyncgrpo.wire import Heartbeat, VersionAck
 
 log = logging.getLogger(__name__)
@@ -23,11 +25,20 @@ REPORTED_COUNTERS = {
     "idle_s": "time/gen_idle_s",
     "reward_errors": "reward/errors",
     "groups_dropped": "reward/groups_dropped",
+    "reward_calls": "reward/calls",
 }
 
 
-class WeightsRejected(RuntimeError):
+class RunStopped(RuntimeError):
+    """What the generators reported ends the run; the message is the whole reason, on one line."""
+
+
+class WeightsRejected(RunStopped):
     """A generator reported weight messages it could not use."""
+
+
+class RewardOutage(RunStopped):
+    """Reward calls fail beyond reward.max_error_rate over reward.error_window_steps."""
 
 
 @dataclass
@@ -46,9 +57,13 @@ class GeneratorState:
 class GeneratorRegistry:
     """Thread-safe: written by the queue's receiving thread, read by the learner."""
 
-    def __init__(self) -> None:
+    def __init__(self, reward_window: RewardErrorWindow | None = None) -> None:
+        """`reward_window`: the window that decides a reward outage (None: reward errors never end the run)."""
         self.generators: dict[int, GeneratorState] = {}
         self.lost = self.duplicates = 0
+        self.reward_window = reward_window
+        # term -> the first error any generator reported for it (the first heartbeat to carry it wins).
+        self.first_reward_errors: dict[str, str] = {}
         # Groups each generator sent in the runs before a resume: its sequence numbers restart at 0.
         self._received_before: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -83,6 +98,8 @@ class GeneratorRegistry:
                 state.reported[name] = max(state.reported[name], float(getattr(beat, name)))
             if beat.weights_rejected > state.weights_rejected:
                 state.weights_rejected, state.rejection = beat.weights_rejected, beat.rejection
+            for term, text in beat.reward_first_errors.items():
+                self.first_reward_errors.setdefault(term, text)
 
     def _seen(self, generator_id: int) -> GeneratorState:
         state = self.generators.setdefault(generator_id, GeneratorState())
@@ -113,14 +130,43 @@ class GeneratorRegistry:
 
     def report_increments(self) -> dict[str, float]:
         """What the generators reported since the previous call, summed over generators: idle
-        seconds, reward errors and groups dropped by the reward policy (which never reach the queue)."""
-        increments = dict.fromkeys(REPORTED_COUNTERS.values(), 0.0)
+        seconds, reward errors, reward calls and groups dropped by the reward policy (which never
+        reach the queue). Called once per learner step: it closes that step in the reward error window."""
         with self._lock:
+            increments = self._unlogged()
             for state in self.generators.values():
-                for name, metric in REPORTED_COUNTERS.items():
-                    increments[metric] += state.reported[name] - state.logged[name]
-                    state.logged[name] = state.reported[name]
+                state.logged.update(state.reported)
+            if self.reward_window is not None:
+                self.reward_window.close_step(int(increments["reward/errors"]), int(increments["reward/calls"]))
+                increments["reward/error_rate"] = self.reward_window.current().rate  # what max_error_rate bounds
         return increments
+
+    def _unlogged(self) -> dict[str, float]:
+        increments = dict.fromkeys(REPORTED_COUNTERS.values(), 0.0)
+        for state in self.generators.values():
+            for name, metric in REPORTED_COUNTERS.items():
+                increments[metric] += state.reported[name] - state.logged[name]
+        return increments
+
+    def check_reports(self) -> None:
+        """Raise `RunStopped` if the generators' reports end the run (`check_weights_accepted`,
+        `check_reward_errors`)."""
+        self.check_weights_accepted()
+        self.check_reward_errors()
+
+    def check_reward_errors(self) -> None:
+        """Raise `RewardOutage` if reward calls fail beyond reward.max_error_rate over the window
+        (the closed steps and what was reported since): training on zeros, or on nothing while every
+        group is dropped, would only hide the outage."""
+        if self.reward_window is None:
+            return
+        with self._lock:
+            pending = self._unlogged()
+            rate = self.reward_window.current(int(pending["reward/errors"]), int(pending["reward/calls"]))
+            if not self.reward_window.exceeded(rate):
+                return
+            reason = outage_reason(rate, self.reward_window, self.first_reward_errors)
+        raise RewardOutage(reason)
 
     def check_weights_accepted(self) -> None:
         """Raise `WeightsRejected` if a generator reported weight messages it could not use: it

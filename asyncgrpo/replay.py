@@ -13,6 +13,11 @@ Acknowledgements and heartbeats go to the `GeneratorRegistry`, which also checks
 sequence number: a group whose number its generator already used (or that a heartbeat declared
 lost) does not enter and is counted under `duplicates`; gaps are `lost`.
 
+A group that decodes but that the learner's model cannot train on (`GroupLimits`: an empty prompt,
+a token id beyond the vocabulary, a sequence beyond the context, more samples than a prompt gets)
+does not enter either: it is counted under `wire/rejected/<reason>` beside the messages the codec
+rejects, and its sequence number counts as seen, not lost.
+
 The learner takes groups from a `GroupSource`: this queue, or a `ListSource` of fixed groups
 (tests, offline benchmarks).
 """
@@ -26,8 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.wire import Heartbeat, Receiver, ScoredGroup, VersionAck
+from asyncgrpo.wire import Heartbeat, Receiver, Rejections, ScoredGroup, VersionAck
 
 # queue.full_policy: block the producers, or drop the oldest group to admit a new one.
 FULL_POLICIES = ("block", "drop_oldest")
@@ -80,6 +87,47 @@ class StalenessEviction:
         return 0 if self.full_policy == "drop_oldest" else None
 
 
+@dataclass(frozen=True)
+class GroupLimits:
+    """What the learner's model can train on, beyond what the codec checks (which knows no model).
+
+    Each limit guards against a crash or an unbounded allocation in the learner: the embedding and
+    the logits gather index by token id (out of range: an index error on CPU, a device-side assert
+    that kills the CUDA context on GPU); the logits that predict the first completion token sit at
+    position prompt_len - 1, which an empty prompt does not have; and collate pads every sample of
+    a step to the longest sequence, so one oversized sequence or group sizes the whole step, which
+    the memory estimate (preflight) bounds by groups_per_step x samples_per_prompt x max_positions.
+    """
+
+    vocab_size: int  # rows of the model's embedding and LM head: token ids must be below it
+    max_positions: int  # model.max_positions: the generators' context, prompt + completion
+    max_samples: int  # rollout.samples_per_prompt: a generator sends exactly this many per group
+
+    def __post_init__(self) -> None:
+        if min(self.vocab_size, self.max_positions, self.max_samples) < 1:
+            raise ValueError(f"every limit must be >= 1, got {self}")
+
+    def untrainable(self, group: ScoredGroup) -> tuple[str, str] | None:
+        """(reason, detail) if the learner cannot train on `group`, else None.
+
+        Fewer samples than `max_samples` pass: advantages are computed per group of any size (a
+        group of one gets advantage 0, see docs/ALGORITHMS.md), and so do completions of zero
+        tokens: they add nothing to the loss, whose denominators are at least 1.
+        """
+        if group.prompt_tokens.size == 0:
+            return "empty_prompt", "the first completion token has no position to be predicted from"
+        if group.num_samples > self.max_samples:
+            return "too_many_samples", f"{group.num_samples} samples > rollout.samples_per_prompt={self.max_samples}"
+        longest = group.prompt_tokens.size + int(group.lengths.max())
+        if longest > self.max_positions:
+            return "too_long", f"prompt + completion of {longest} tokens > model.max_positions={self.max_positions}"
+        # The codec guarantees ids >= 0; only the upper end needs the model.
+        highest = max(int(np.maximum.reduce(ids)) for ids in (group.prompt_tokens, group.tokens) if ids.size)
+        if highest >= self.vocab_size:
+            return "token_out_of_vocab", f"token id {highest} >= vocabulary size {self.vocab_size}"
+        return None
+
+
 class GroupSource(Protocol):
     """Where the learner takes its groups from."""
 
@@ -122,7 +170,11 @@ class ListSource:
 
 
 class ReplayQueue:
-    """`receiver` may be None for a queue fed in-process through `put`; `registry` None makes a new one."""
+    """`receiver` may be None for a queue fed in-process through `put`; `registry` None makes a new one.
+
+    `limits` None admits every group that decodes: for tests and benchmarks whose groups are made
+    to be valid; a learner always passes its model's (no default, so none forgets to).
+    """
 
     def __init__(
         self,
@@ -130,6 +182,7 @@ class ReplayQueue:
         capacity_groups: int,
         policy: EvictionPolicy,
         *,
+        limits: GroupLimits | None,
         registry: GeneratorRegistry | None = None,
         poll_interval_s: float = 0.05,
     ) -> None:
@@ -138,6 +191,10 @@ class ReplayQueue:
         self.receiver = receiver
         self.capacity_groups = capacity_groups
         self.policy = policy
+        self.limits = limits
+        # One count of rejected messages, whether the codec or the limits rejected them, and
+        # whether they came from the socket or through put().
+        self.rejected = receiver.rejected if receiver is not None else Rejections("put()")
         self.poll_interval_s = poll_interval_s
         self.registry = registry if registry is not None else GeneratorRegistry()
         self.counters_at_resume: dict[str, float] = {}
@@ -182,13 +239,21 @@ class ReplayQueue:
         """Account for one message as if it had arrived on the socket (the receiver thread's path).
 
         Under a blocking policy, waits up to `timeout_s` for room and raises `QueueFull` if none.
+        A group outside the limits is counted under `wire/rejected/<reason>`, not raised.
         """
         if not self._put(message, deadline=time.monotonic() + timeout_s):
             raise QueueFull(f"the queue held {self.capacity_groups} groups for {timeout_s:.1f} s")
 
     def _put(self, message: object, deadline: float | None) -> bool:
+        # Outside the lock: a pass over the tokens must not hold up the learner's take.
+        problem = self.limits.untrainable(message) if self.limits and isinstance(message, ScoredGroup) else None
         with self._lock:
-            if isinstance(message, ScoredGroup):
+            if isinstance(message, ScoredGroup) and problem is not None:
+                # Its sequence number was used, so it is not lost; a replay of it is still a duplicate.
+                # It takes no room: it never waits for any.
+                if self.registry.admit(message.generator_id, message.seq):
+                    self.rejected.record_error(*problem)
+            elif isinstance(message, ScoredGroup):
                 if not self._wait_for_room(deadline):
                     return False
                 self._admit(message)
@@ -272,7 +337,7 @@ class ReplayQueue:
         return batch
 
     def _timeout_message(self, num_groups: int, learner_version: int, timeout_s: float) -> str:
-        rejected = self.receiver.rejected.counts() if self.receiver is not None else {}
+        rejected = self.rejected.counts()
         return (
             f"waited {timeout_s:.0f} s for {num_groups} groups at learner version {learner_version}, "
             f"the queue holds {len(self._buffer)} (capacity {self.capacity_groups}); "
@@ -297,7 +362,7 @@ class ReplayQueue:
                 "queue/dropped_full": self.dropped_full,
                 **self.registry.stats(),
             }
-        rejected = self.receiver.rejected.counts() if self.receiver is not None else {}
+        rejected = self.rejected.counts()
         stats["wire/rejected"] = sum(rejected.values())
         stats.update({f"wire/rejected/{reason}": count for reason, count in sorted(rejected.items())})
         return stats

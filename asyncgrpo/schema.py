@@ -110,6 +110,12 @@ class RewardConfig:
     # A reward that raises, times out or returns NaN/inf: zero = that term scores 0 for that
     # completion; drop_group = the whole group is not sent. Either way reward/errors counts it.
     on_error: str = "zero"  # zero | drop_group
+    # Beyond this share of failed reward calls (completions x terms) over the last
+    # error_window_steps learner steps (and the one in progress), the run fails with each failing
+    # term's first error: a judge that is down stops the run instead of training on zeros.
+    # 1 = never stop.
+    max_error_rate: float = 0.5
+    error_window_steps: int = 20
     timeout_s: float = 30.0  # one call of a user fn
     concurrency: int = 64  # user fn calls in flight
     threads: int = 4  # threads for sync user fns and math equivalence
@@ -247,15 +253,19 @@ class WireConfig:
 
 @dataclass
 class WeightsConfig:
-    # zmq: chunks over a ZeroMQ PUB socket (any device). nccl: versions announced over ZeroMQ, tensors
-    # broadcast from learner rank 0 into every generator over NCCL (one GPU per actor; on CPU a gloo
-    # group stands in, for tests). See asyncgrpo/weights/__init__.py.
-    backend: str = "zmq"
+    # auto: shm when every generator is on learner rank 0's node (wire.transport resolves to ipc),
+    # zmq otherwise. shm: tensors copied into shared memory, the generators load from it (one host).
+    # zmq: chunks over a ZeroMQ PUB socket (any device, any node). nccl: versions announced over
+    # ZeroMQ, tensors broadcast from learner rank 0 into every generator over NCCL (one GPU per actor;
+    # on CPU a gloo group stands in, for tests). See asyncgrpo/weights/__init__.py.
+    backend: str = "auto"
+    # shm: where the two version slots live (RAM-backed is the point); "" = /dev/shm, else the temp dir.
+    shm_dir: str = ""
     push_every_steps: int = 1
     # zmq: payload bytes per message; a larger tensor is split over several. With its header it
     # must fit wire.max_message_bytes (checked at start).
     chunk_bytes: int = 64 << 20
-    # zmq: the dtype tensors travel in. auto = rollout.dtype (a bf16 engine receives half the bytes).
+    # zmq and shm: the dtype tensors travel in. auto = rollout.dtype (a bf16 engine receives half the bytes).
     wire_dtype: str = "auto"  # auto | float32 | bfloat16 | float16
 
 

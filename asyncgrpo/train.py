@@ -1,6 +1,7 @@
 """`asyncgrpo train`: one training job, as its phases. The parts live in asyncgrpo.driver:
 
-    prepare      the device, the model (warm start), the resume point, Ray, the data
+    prepare      reward functions imported and the judge probed, the device, the model (warm start),
+                 the resume point, Ray, the data
     actors       start learner rank(s) and generators, weight rendezvous, stop
     evaluation   eval and probes at the start
     loop         learner.train_steps(k) in chunks; metrics, progress, samples; generators watched
@@ -36,7 +37,7 @@ from asyncgrpo.metrics import (
     open_sinks,
     require_sink_packages,
 )
-from asyncgrpo.preflight import preflight
+from asyncgrpo.preflight import check_rewards, preflight
 from asyncgrpo.schema import Config, to_yaml
 
 # Importable from here, as before the driver became a package (cli, tools, tests).
@@ -56,6 +57,8 @@ def train(cfg: Config) -> dict[str, Any]:
     metrics = open_sinks(cfg, run_dir)
     started_ray = False
     try:
+        # First: a reward.fn typo or a judge that is down fails in one line, not after the warm start.
+        summary["reward_check"] = check_rewards(cfg)
         resume = resume_point(cfg)
         model_dir = starting_model(cfg, resume, summary)
         summary["preflight"] = preflight(cfg, model_dir)  # bad settings fail here, in one line, before Ray

@@ -1,5 +1,7 @@
 """The training loop: ask the learner for steps in chunks, write their metrics, show progress and
-samples; meanwhile watch the generators, so that a dead one fails the run at once.
+samples; meanwhile watch the generators, so that a dead one fails the run at once, and so does
+what learner rank 0 hears from them that ends the run (rejected weights, a reward outage beyond
+reward.max_error_rate): that rank raises `registry.RunStopped`, and the run fails with its reason.
 
 The loop sees the learner through `LearnerRanks` (blocking calls); `RemoteLearner` is that view of
 the Ray actors, a fake one in tests.
@@ -16,6 +18,7 @@ from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import get
 from asyncgrpo.metrics import MetricsSink, SampleLogger
+from asyncgrpo.registry import RunStopped
 from asyncgrpo.schema import Config
 
 
@@ -167,6 +170,17 @@ def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float) -> Any
                 ray.get(run)  # re-raises the generator's own error
                 raise TrainingFailed("a generator stopped before the learner asked it to")
         for ref in ready:
-            ray.get(ref)  # re-raises a rank's own error
+            get_rank_result(ref)
             waiting.remove(ref)
     return ray.get(pending[0])
+
+
+def get_rank_result(ref: Any) -> Any:
+    """A rank's result, re-raising its own error; a run stopped by the generators' reports fails
+    with just the reason (one line for summary.json and the console, not the rank's traceback)."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except RunStopped as err:  # Ray raises a subclass of both RayTaskError and the rank's exception
+        raise TrainingFailed(str(getattr(err, "cause", err))) from None

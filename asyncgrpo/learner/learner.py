@@ -46,7 +46,7 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
     deadline = time.monotonic() + timeout_s
     waited = False
     while True:
-        registry.check_weights_accepted()
+        registry.check_reports()
         lagging = {g: v for g, v in registry.acked_versions(generator_ids).items() if v < floor}
         # A full step already queued means this step waits on nobody; and a generator blocked on a
         # full queue cannot deliver its acknowledgement until the learner takes (they share the
@@ -123,10 +123,10 @@ class Learner:
 
     def _generator_metrics(self) -> dict[str, float]:
         """What the generators reported; a generator that rejected weights ends the run, since it
-        would never load another version."""
+        would never load another version, and so do reward errors beyond reward.max_error_rate."""
         if self.registry is None:
             return {}
-        self.registry.check_weights_accepted()
+        self.registry.check_reports()
         acked = self.registry.acked_versions(range(self.cfg.rollout.num_generators))
         return {**self.registry.report_increments(), "weights/rejected": 0.0,
                 # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait).
@@ -162,16 +162,17 @@ class Learner:
             self.ack_waits += 1
 
     def _take(self) -> list[ScoredGroup]:
-        """A step's groups; while waiting, a generator's report of rejected weights ends the wait."""
+        """A step's groups; while waiting, a report that ends the run (rejected weights, a reward
+        outage) ends the wait."""
         n, timeout_s = self.cfg.train.groups_per_step, self.cfg.wire.timeout_s
         if self.registry is None:
             return self.source.take(n, self.version, timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
-            self.registry.check_weights_accepted()
+            self.registry.check_reports()
             remaining = deadline - time.monotonic()
             try:
-                # Slices of a second at most, so a rejection is heard within one.
+                # Slices of a second at most, so a report that ends the run is heard within one.
                 return self.source.take(n, self.version, min(1.0, max(0.0, remaining)))
             except QueueTimeout as err:
                 if remaining <= 1.0:

@@ -4,7 +4,8 @@
     step, samples, perf/*, reward/mean|std, staleness/*, response/*   batch_metrics()
     reward/<term>                 reward_term_metrics(): the groups' reward terms
     time/*, learner/ack_waits     the step's phases (PhaseTimer)
-    time/gen_idle_s, reward/errors, reward/groups_dropped   the generators' reports (registry)
+    time/gen_idle_s, reward/errors, reward/calls, reward/groups_dropped   the generators' reports (registry)
+    reward/error_rate             failed / all reward calls over reward.error_window_steps (registry)
     queue/*, wire/*               the group source's counters
 """
 

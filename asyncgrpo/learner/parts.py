@@ -15,8 +15,14 @@ import torch.distributed as dist
 from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import DROPPING_STALE_POLICIES, ReplayQueue, StalenessEviction
+from asyncgrpo.replay import (
+    DROPPING_STALE_POLICIES,
+    GroupLimits,
+    ReplayQueue,
+    StalenessEviction,
+)
 from asyncgrpo.resources import pin_to_cores
+from asyncgrpo.rewards.errors import RewardErrorWindow
 from asyncgrpo.schema import Config
 from asyncgrpo.weights import make_sender
 from asyncgrpo.wire import Publisher, Receiver
@@ -68,6 +74,17 @@ def join_process_group(cfg: Config, device: torch.device, rank: int, world_size:
     return created
 
 
+def group_limits(cfg: Config, model: torch.nn.Module) -> GroupLimits:
+    """What `model` (a Hugging Face causal LM, sharded or not) can train on under `cfg`."""
+    # Token ids index the input embedding and the logits (the LM head's rows): the smaller bounds both.
+    rows = [model.get_input_embeddings().num_embeddings]
+    head = model.get_output_embeddings()
+    if head is not None:
+        rows.append(head.out_features)
+    return GroupLimits(vocab_size=min(rows), max_positions=cfg.model.max_positions,
+                       max_samples=cfg.rollout.samples_per_prompt)
+
+
 def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, master_addr: str = "127.0.0.1",
                   master_port: int | None = None, cores: list[int] | None = None,
                   curve: CurveServerKeys | None = None) -> LearnerParts:
@@ -85,12 +102,13 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     if rank != 0:
         return LearnerParts(arguments, {})
     wire = cfg.wire
-    registry = GeneratorRegistry()
+    registry = GeneratorRegistry(RewardErrorWindow.from_config(cfg.reward))
     receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
                         transport=wire.transport)
     eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES,
                                  full_policy=cfg.queue.full_policy)
-    queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, registry=registry).start()
+    queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
+                        registry=registry).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=wire.transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     arguments.update(source=queue, registry=registry, weights=weights)

@@ -6,6 +6,8 @@ at most `concurrency` in flight; each has its own timeout; timeouts, connection 
 5xx are retried with exponential backoff (a Retry-After header, if longer, is honoured up to
 MAX_RETRY_AFTER_S). A 4xx, a malformed body or an unparseable reply fails at once: retrying a
 deterministic judge would get the same answer.
+
+`probe_judge` is the driver's check before any actor starts: one short GET <base_url>/models.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 from asyncgrpo.schema import JudgeConfig
 
 MAX_RETRY_AFTER_S = 30.0
+# The start-up probe waits at most this long (or reward.judge.timeout_s, if shorter): a judge that
+# cannot answer a model listing in seconds is down, and start-up should not hang on it.
+PROBE_TIMEOUT_S = 5.0
 # reward.judge.parser: number (the last number in the reply / max_score) | yes_no, or
 # regex:<pattern with one group> (group 1 of the first match / max_score).
 JUDGE_PARSERS = ("number", "yes_no")
@@ -88,6 +93,43 @@ def parse_score(reply: str, *, parser: str, max_score: float) -> float:
     return value / max_score
 
 
+def request_headers(cfg: JudgeConfig) -> dict[str, str]:
+    """The judge's request headers, with the API key from reward.judge.api_key_env; raises JudgeError if it is unset."""
+    headers = {"Content-Type": "application/json"}
+    if cfg.api_key_env:
+        key = os.environ.get(cfg.api_key_env, "")
+        if not key:
+            raise JudgeError(f"reward.judge.api_key_env names {cfg.api_key_env!r}, which is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def probe_judge(cfg: JudgeConfig) -> dict[str, Any]:
+    """One GET <base_url>/models: any HTTP answer shows the judge is up (a server without that
+    route answers 404, which is still an answer), except 401/403, a key it refuses. Raises
+    JudgeError, on one line, when the judge cannot be reached or refuses the key."""
+    import urllib.error
+    import urllib.request
+
+    url = cfg.base_url.rstrip("/") + "/models"
+    request = urllib.request.Request(url, headers=request_headers(cfg), method="GET")
+    # No proxy from the environment, as for the scoring requests (aiohttp ignores those variables).
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=min(PROBE_TIMEOUT_S, cfg.timeout_s)) as response:
+            status = int(response.status)
+    except urllib.error.HTTPError as err:
+        status = int(err.code)
+    except (urllib.error.URLError, OSError, ValueError) as err:  # refused, unknown host, timed out, bad URL
+        reason = getattr(err, "reason", err)
+        raise JudgeError(f"reward.judge.base_url={cfg.base_url!r}: the judge cannot be reached "
+                         f"(GET {url}: {type(reason).__name__}: {reason}); start it or fix the URL") from None
+    if status in (401, 403):
+        raise JudgeError(f"reward.judge.base_url={cfg.base_url!r}: the judge refused the request (GET {url}: HTTP "
+                         f"{status}); check the key in reward.judge.api_key_env={cfg.api_key_env!r}")
+    return {"url": url, "status": status}
+
+
 class JudgeClient:
     """Scores completions with the judge; use from one event loop (the Scorer's)."""
 
@@ -100,21 +142,12 @@ class JudgeClient:
         self.retries = 0
         self.failures = 0
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.cfg.api_key_env:
-            key = os.environ.get(self.cfg.api_key_env, "")
-            if not key:
-                raise JudgeError(f"reward.judge.api_key_env names {self.cfg.api_key_env!r}, which is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
-
     async def _ensure_session(self) -> Any:
         if self._session is None:
             import aiohttp
 
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.cfg.concurrency), headers=self._headers())
+                connector=aiohttp.TCPConnector(limit=self.cfg.concurrency), headers=request_headers(self.cfg))
             self._semaphore = asyncio.Semaphore(self.cfg.concurrency)
         return self._session
 

@@ -6,8 +6,9 @@ from collections.abc import Iterable
 from typing import Any
 
 # reward/<name> entries that are not terms (reward/mean, reward/std: the learner's batch statistics;
-# reward/errors: failed term calls), so no reward.terms[].name may take these names.
-RESERVED_TERM_NAMES = ("mean", "std", "errors")
+# reward/errors, reward/calls, reward/error_rate, reward/groups_dropped: the generators' reports),
+# so no reward.terms[].name may take these names.
+RESERVED_TERM_NAMES = ("mean", "std", "errors", "calls", "error_rate", "groups_dropped")
 
 
 def reward_term_metrics(groups: Iterable[Any]) -> dict[str, float]:

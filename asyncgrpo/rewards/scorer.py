@@ -22,7 +22,9 @@ Errors. A term that raises, times out, returns NaN/inf or a non-number is an err
 GroupScore.errors (logged as reward/errors) and then reward.on_error applies: `zero` scores that
 term 0 for that completion, `drop_group` marks the whole group dropped. Nothing raises out of
 the Scorer for a failing reward; only a broken config (an unimportable reward.fn) raises, at
-construction.
+construction. The first error of each term is logged (a warning, once per term) and kept
+(`first_errors()`, on one line): the generator reports it, and the learner names it when the error
+rate ends the run (asyncgrpo/rewards/errors.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -39,9 +42,12 @@ from typing import Any
 import numpy as np
 
 from asyncgrpo.rewards import verifiers
+from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rewards.user_fn import is_async_fn, load_reward_fn
 from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.tasks.problem import Problem, Task
+
+log = logging.getLogger(__name__)
 
 # reward.terms[].kind (an empty kind is the term's name): each is built by `_build_term`.
 REWARD_KINDS = ("task", "exact", "numeric", "math", "format", "fn", "judge")
@@ -119,12 +125,24 @@ def _user_arguments(problem: Problem) -> tuple[str, str | None, dict[str, Any]]:
     return prompt, answer, extra
 
 
-def build_terms(task: Task, cfg: RewardConfig) -> list[RewardTerm]:
+def term_configs(cfg: RewardConfig) -> list[RewardTermConfig]:
     """The configured terms; with none configured, the task's own check (or reward.fn alone)."""
-    configs = list(cfg.terms)
-    if not configs:
-        configs = [RewardTermConfig(name="fn", kind="fn")] if cfg.fn else [RewardTermConfig(name="task", kind="task")]
-    return [_build_term(task, cfg, term, index) for index, term in enumerate(configs)]
+    if cfg.terms:
+        return list(cfg.terms)
+    return [RewardTermConfig(name="fn", kind="fn")] if cfg.fn else [RewardTermConfig(name="task", kind="task")]
+
+
+def fn_paths(cfg: RewardConfig) -> list[tuple[str, str]]:
+    """(config key, package.module:function) of every user function the terms call."""
+    paths = []
+    for index, term in enumerate(term_configs(cfg)):
+        if (term.kind or term.name) == "fn":
+            paths.append((f"reward.terms[{index}].fn", term.fn) if term.fn else ("reward.fn", cfg.fn))
+    return paths
+
+
+def build_terms(task: Task, cfg: RewardConfig) -> list[RewardTerm]:
+    return [_build_term(task, cfg, term, index) for index, term in enumerate(term_configs(cfg))]
 
 
 def _build_term(task: Task, cfg: RewardConfig, term: RewardTermConfig, index: int) -> RewardTerm:
@@ -187,6 +205,7 @@ class Scorer:
                                  and not cfg.terms)
         self.drop_on_error = cfg.on_error == "drop_group"
         self.stats = {"reward/errors": 0, "reward/groups_dropped": 0, "reward/calls": 0}
+        self._first_errors: dict[str, str] = {}
         self._stats_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -219,6 +238,11 @@ class Scorer:
     def stats_snapshot(self) -> dict[str, int]:
         with self._stats_lock:
             return dict(self.stats)
+
+    def first_errors(self) -> dict[str, str]:
+        """term name -> its first error, on one line (terms that never failed are absent)."""
+        with self._stats_lock:
+            return dict(self._first_errors)
 
     def close(self, timeout_s: float = 10.0) -> None:
         loop, thread = self._loop, self._thread
@@ -254,6 +278,18 @@ class Scorer:
             self.stats["reward/groups_dropped"] += int(dropped)
             self.stats["reward/calls"] += calls
 
+    def _error(self, term: RewardTerm, text: str) -> str:
+        """Keep and log a term's first error (a failing judge fails thousands of calls alike);
+        returns the message for GroupScore.error_messages."""
+        with self._stats_lock:
+            first = term.name not in self._first_errors
+            if first:
+                self._first_errors[term.name] = short = one_line(text)
+        if first:
+            log.warning("reward term %r failed for the first time: %s (reward.on_error=%s; further errors are "
+                        "counted under reward/errors)", term.name, short, self.cfg.on_error)
+        return f"{term.name}: {text}"
+
     def _finish(self, values: np.ndarray, messages: list[str]) -> GroupScore:
         """values: [terms, n] with NaN for failures -> the group's GroupScore."""
         failed = ~np.isfinite(values)
@@ -274,7 +310,7 @@ class Scorer:
                     values[i, j] = _finite(term.sync_fn(problem, text))
                 except Exception as err:  # a failing reward never kills the run
                     values[i, j] = np.nan
-                    messages.append(f"{term.name}: {type(err).__name__}: {err}")
+                    messages.append(self._error(term, f"{type(err).__name__}: {err}"))
         return self._finish(values, messages)
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -328,6 +364,6 @@ class Scorer:
             pending = loop.run_in_executor(self._threads, term.sync_fn, problem, text)
             return _finite(await asyncio.wait_for(pending, term.timeout_s)), ""
         except asyncio.TimeoutError:
-            return math.nan, f"{term.name}: timed out after {term.timeout_s} s (reward.timeout_s)"
+            return math.nan, self._error(term, f"timed out after {term.timeout_s} s (reward.timeout_s)")
         except Exception as err:  # a failing reward never kills the run
-            return math.nan, f"{term.name}: {type(err).__name__}: {err}"
+            return math.nan, self._error(term, f"{type(err).__name__}: {err}")

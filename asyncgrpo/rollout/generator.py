@@ -346,7 +346,9 @@ class Generator:
         self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.idle_s,
                                      reward_errors=rewards["reward/errors"],
                                      groups_dropped=rewards["reward/groups_dropped"],
-                                     weights_rejected=rejected, rejection=reason), timeout_s=0.0)
+                                     weights_rejected=rejected, rejection=reason,
+                                     reward_calls=rewards["reward/calls"],
+                                     reward_first_errors=self.scorer.first_errors()), timeout_s=0.0)
 
     def _apply_latest_weights(self) -> bool:
         start = time.perf_counter()

@@ -103,6 +103,9 @@ def encode(message: Message) -> list[Frame]:
             "groups_dropped": int(message.groups_dropped),
             "weights_rejected": int(message.weights_rejected),
             "rejection": str(message.rejection)[:MAX_REJECTION_CHARS],
+            "reward_calls": int(message.reward_calls),
+            "reward_first_errors": {str(term): str(text)[:MAX_REJECTION_CHARS]
+                                    for term, text in message.reward_first_errors.items()},
         }
         return _pack(header, [])
     if isinstance(message, Shutdown):
@@ -288,8 +291,14 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
     meta = _field(header, "meta", dict)
     if not all(type(k) is str and type(v) in (int, float, str) for k, v in meta.items()):
         raise WireError("bad_field", "meta must map str to int, float or str")
-    if not versions.size:
-        meta.setdefault("version", vmin)  # with no tokens, version_min/max read it from meta
+    # The learner averages meta numbers into its metrics (reward/<term>): NaN or inf would poison
+    # them, and float32 range keeps a step's sum of them finite.
+    if not all(-_FLOAT32_MAX <= v <= _FLOAT32_MAX for v in meta.values() if type(v) is float):
+        raise WireError("bad_meta", "meta floats must be finite and within float32 range")
+    # With no tokens, version_min/max read meta["version"] (set to vmin if absent): it must be vmin,
+    # not a string or a float that int() cannot take.
+    if not versions.size and (meta.setdefault("version", vmin) != vmin or type(meta["version"]) is not int):
+        raise WireError("bad_versions", f"meta version {meta['version']!r} of a group without tokens != vmin={vmin}")
     return ScoredGroup(
         generator_id=_int_field(header, "gen"),
         seq=_int_field(header, "seq"),
@@ -339,6 +348,9 @@ def _decode_ack(header: dict[str, Any], arrays: list[np.ndarray]) -> VersionAck:
 
 def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heartbeat:
     _no_arrays("heartbeat", arrays)
+    first_errors = _field(header, "reward_first_errors", dict)
+    if not all(type(term) is str and type(text) is str for term, text in first_errors.items()):
+        raise WireError("bad_field", "reward_first_errors must map term names to texts")
     return Heartbeat(
         generator_id=_int_field(header, "gen"),
         next_seq=_int_field(header, "next_seq"),
@@ -348,6 +360,8 @@ def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heart
         groups_dropped=_int_field(header, "groups_dropped"),
         weights_rejected=_int_field(header, "weights_rejected"),
         rejection=_field(header, "rejection", str)[:MAX_REJECTION_CHARS],
+        reward_calls=_int_field(header, "reward_calls"),
+        reward_first_errors={term: text[:MAX_REJECTION_CHARS] for term, text in first_errors.items()},
     )
 
 

@@ -17,7 +17,8 @@ import numpy as np
 # 3: heartbeats carry the generator's cumulative report (idle seconds, reward errors, dropped groups).
 # 4: a weights chunk carries pieces of tensors (full shape and element offset), so a tensor larger
 #    than a message travels in several chunks; heartbeats report rejected weight messages.
-SCHEMA_VERSION = 4
+# 5: heartbeats carry reward calls and each term's first error (reward outages stop the run).
+SCHEMA_VERSION = 5
 
 
 class MsgType(IntEnum):
@@ -112,6 +113,9 @@ class Heartbeat:
     groups_dropped: int = 0  # groups not sent because a reward failed under reward.on_error=drop_group
     weights_rejected: int = 0  # weight messages this generator could not accept
     rejection: str = ""  # the first reason, for the learner's error message
+    reward_calls: int = 0  # reward term calls made (completions x terms): the error rate's denominator
+    # term name -> its first error, so a run that fails on the error rate says why
+    reward_first_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -19,7 +19,7 @@ REQUIRED_STEP_KEYS = {
     "step", "samples", "reward/mean", "staleness/mean", "staleness/max", "time/step_s", "perf/samples_per_s",
     "queue/depth", "queue/dropped_stale", "loss/pg", "loss/clipfrac", "mismatch/kl", "staleness/min",
     "time/ack_wait_s", "time/gen_wait_s", "time/prepare_s", "time/train_s", "time/push_s", "time/gen_idle_s",
-    "reward/errors",
+    "reward/errors", "reward/calls", "reward/error_rate",
 }
 SUMMARY_KEYS = {
     "steps", "samples", "wall_s", "samples_per_s", "eval_accuracy_start", "eval_accuracy_end",
@@ -82,6 +82,14 @@ def loopback(ip: str) -> bool:
     return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 too
 
 
+def private_dirs() -> set[Path]:
+    """The Unix-socket directories and shared-memory weight slots of runs on this machine."""
+    from asyncgrpo.weights.shm import default_directory
+
+    return (set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*"))
+            | set(Path(default_directory()).glob("asyncgrpo-weights-*")))
+
+
 def wait_for(predicate, timeout_s: float, what: str, detail=lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -94,13 +102,13 @@ def test_train_runs_end_to_end(tmp_path):
     steps = 6
     # Every sink on, and a sample table every 3 steps (logged at chunk ends 4 and 6: steps_per_call=2).
     log = ["log.tensorboard=true", "log.wandb=true", "log.samples_every_steps=3", "log.samples_per_log=2"]
-    socket_dirs_before = set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*"))
+    dirs_before = private_dirs()
     result = subprocess.run(cli(tmp_path, f"train.max_steps={steps}", *log), capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "run"
-    # The learner's Unix-socket directories are gone with the run (its process is killed, not closed).
-    assert set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*")) <= socket_dirs_before
+    # The learner's Unix-socket directories and weight slots are gone with the run.
+    assert private_dirs() <= dirs_before
 
     assert f"max_steps: {steps}" in (run_dir / "config.yaml").read_text()
     records = step_records(run_dir)
@@ -229,6 +237,23 @@ def test_prompts_from_a_file_with_weighted_rewards_stop_when_the_data_runs_out(t
         assert record["reward/mean"] == pytest.approx(record["reward/task"] + 0.1 * record["reward/fmt"], abs=1e-5)
 
 
+def test_a_reward_that_always_fails_stops_the_run_naming_its_first_error(tmp_path):
+    # json.loads(prompt, completion, answer=None) raises TypeError on every call: a reward outage,
+    # which reward.on_error=zero alone would train through on zero rewards.
+    result = subprocess.run(cli(tmp_path, "reward.fn=json:loads", "train.max_steps=50", "eval.at_start=false"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] < 50
+    error = summary["error"]
+    assert error.startswith("TrainingFailed: reward error rate 1.00 (") and "\n" not in error
+    assert "reward.error_window_steps=20" in error and "reward.max_error_rate=0.5" in error
+    assert "[fn] TypeError: loads() takes 1 positional argument but 2 were given" in error
+    # The generator logged the term's first error when it happened; the CLI's last line is the reason.
+    assert "reward term 'fn' failed for the first time" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("asyncgrpo: training failed: TrainingFailed: reward error")
+
+
 def stop(proc: subprocess.Popen) -> None:
     """A run a failed test leaves behind is interrupted (so it stops its actors and Ray), then killed."""
     if proc.poll() is None:
@@ -255,6 +280,7 @@ def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
 def test_an_interrupt_checkpoints_stops_everything_and_leaves_readable_files(tmp_path, signum):
     start = time.time()
     run_dir = tmp_path / "run"
+    dirs_before = private_dirs()
     proc, actors = start_long_run(tmp_path)
     try:
         # A run on one machine listens on loopback only: Ray, torch.distributed's store, gloo, ZeroMQ.
@@ -276,6 +302,7 @@ def test_an_interrupt_checkpoints_stops_everything_and_leaves_readable_files(tmp
              10, "actor processes to exit")
     wait_for(lambda: not ray_processes_started_after(start), 10, "Ray processes to exit",
              lambda: ray_processes_started_after(start))
+    assert private_dirs() <= dirs_before  # no socket directory or weight slot left behind
     if signum == signal.SIGTERM:  # preempted, then continued where it stopped
         version = int(checkpoint.name.split("_")[1])
         resumed = subprocess.run(cli(tmp_path, f"resume={run_dir}", f"run_dir={tmp_path / 'resumed'}",

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from asyncgrpo.rewards.judge import JudgeError, probe_judge
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.schema import JudgeConfig, RewardConfig, RewardTermConfig
 from asyncgrpo.tasks import ArithmeticTask, Problem
@@ -39,6 +40,7 @@ class JudgeServer:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -59,6 +61,9 @@ class JudgeServer:
     @staticmethod
     def reply(content: str) -> web.Response:
         return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"object": "list", "data": [{"id": "judge"}]})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -242,3 +247,11 @@ def test_an_unreachable_judge_is_an_error_not_a_hang():
         assert score.errors == 1 and "failed 2 tries" in score.error_messages[0]
     finally:
         scorer.close()
+
+
+def test_the_start_up_probe_finds_a_running_judge_and_no_dead_one(server):
+    assert probe_judge(JudgeConfig(base_url=server.base_url, model="m")) == {
+        "url": f"{server.base_url}/models", "status": 200}
+    with pytest.raises(JudgeError, match="the judge cannot be reached") as err:
+        probe_judge(JudgeConfig(base_url="http://127.0.0.1:9/v1", model="m", timeout_s=1.0))
+    assert "\n" not in str(err.value)

@@ -1,6 +1,7 @@
 """Fuzzing: mutated and random messages into `decode_group` and into a live queue socket.
 
-The only acceptable outcomes are a decoded message or `WireError`; the live queue must count every
+The only acceptable outcomes are a decoded message or `WireError`, and for a decoded group an
+answer from the learner's `GroupLimits` (trainable, or a reason); the live queue must count every
 rejection and still serve valid groups afterwards.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import zmq
 
-from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.replay import GroupLimits, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import (
     Heartbeat,
     Receiver,
@@ -34,6 +35,10 @@ from asyncgrpo.wire import (
 
 MESSAGES_PER_TARGET = 10_000
 MAX_MESSAGE_BYTES = 1 << 20
+# Loose enough for every seed group (example_group: ids < 32000, 64 prompt tokens, up to 4 x 40
+# completion tokens), so only what a mutation did can break them.
+LIMITS = GroupLimits(vocab_size=32000, max_positions=128, max_samples=4)
+LIMIT_REASONS = {"empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab"}
 
 INTERESTING = [
     None, True, False, -1, 0, 1, 7, 2**31 - 1, 2**31, 2**62, 2**63, 2**64 - 1, -(2**63), 0.5, -0.0,
@@ -191,20 +196,29 @@ def classify(frames: Frames) -> str:
     return "control" if isinstance(message, VersionAck | Heartbeat) else "rejected"  # downstream type upstream
 
 
-def test_decode_group_raises_only_wire_error_on_fuzzed_input() -> None:
-    outcomes = {"decoded": 0, "rejected": 0}
+def test_fuzzed_input_decodes_or_raises_wire_error_and_the_limits_name_a_reason() -> None:
+    outcomes = {"decoded": 0, "rejected": 0, "untrainable": 0}
     crashes = []
     for mutator, frames in fuzzed_messages(seed=1, count=MESSAGES_PER_TARGET):
         try:
-            decode_group(frames, MAX_MESSAGE_BYTES)
-            outcomes["decoded"] += 1
+            group = decode_group(frames, MAX_MESSAGE_BYTES)
         except WireError:
             outcomes["rejected"] += 1
+            continue
         except Exception as err:  # noqa: BLE001 - any other exception is the failure being hunted
             crashes.append(f"{mutator}: {type(err).__name__}: {err}")
+            continue
+        try:
+            problem = LIMITS.untrainable(group)
+        except Exception as err:  # noqa: BLE001 - the limits must answer for anything that decodes
+            crashes.append(f"{mutator}, limits: {type(err).__name__}: {err}")
+            continue
+        assert problem is None or problem[0] in LIMIT_REASONS, problem
+        outcomes["untrainable" if problem else "decoded"] += 1
     assert not crashes, f"{len(crashes)} crashes, e.g. {crashes[:5]}"
     assert sum(outcomes.values()) == MESSAGES_PER_TARGET
     assert outcomes["rejected"] > MESSAGES_PER_TARGET // 2, outcomes
+    assert outcomes["untrainable"] > 0, outcomes
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
@@ -245,8 +259,10 @@ def send_valid_groups_and_check_they_are_served(queue: ReplayQueue, count: int =
 def live_queue() -> Iterator[ReplayQueue]:
     # drop_oldest: fuzzed groups that happen to be valid must not block the stream.
     receiver = Receiver(max_message_bytes=MAX_MESSAGE_BYTES, high_water_mark=64)
+    # No limits: `classify` mirrors the codec alone (whether an untrainable group is rejected or a
+    # duplicate depends on the sequence numbers before it).
     queue = ReplayQueue(receiver, 64, StalenessEviction(1 << 40, drop_stale=True, full_policy="drop_oldest"),
-                        poll_interval_s=0.01).start()
+                        limits=None, poll_interval_s=0.01).start()
     yield queue
     queue.close()
 

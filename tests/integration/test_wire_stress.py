@@ -56,7 +56,7 @@ def too_stale(seq: int) -> bool:
 def test_accounting_is_exact_under_four_producers_and_a_slow_consumer(full_policy: str, transport: str) -> None:
     queue = ReplayQueue(Receiver(high_water_mark=4, transport=transport), CAPACITY,
                         StalenessEviction(MAX_STALENESS, drop_stale=True, full_policy=full_policy),
-                        poll_interval_s=0.01).start()
+                        limits=None, poll_interval_s=0.01).start()
     spawn = mp.get_context("spawn")
     done = spawn.Event() if transport == "ipc" else None
     producers = [spawn.Process(target=produce, args=(queue.receiver.endpoint, g, GROUPS_PER_PRODUCER, done))

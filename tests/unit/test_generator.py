@@ -238,6 +238,9 @@ class DeferredScorer:
     def stats_snapshot(self) -> dict[str, int]:
         return self.scorer.stats_snapshot()
 
+    def first_errors(self) -> dict[str, str]:
+        return self.scorer.first_errors()
+
     def close(self) -> None:
         self.scorer.close()
 
@@ -328,6 +331,9 @@ def test_a_heartbeat_follows_each_batch_with_the_cumulative_report():
     rewards = generator.scorer.stats_snapshot()
     assert rewards["reward/errors"] > 0, "the stream should hold a problem the flaky check fails on"
     assert (last.reward_errors, last.groups_dropped) == (rewards["reward/errors"], 0)
+    # The error rate's denominator, and each failing term's first error for the learner's reason.
+    assert last.reward_calls == rewards["reward/calls"] == sum(len(m.lengths) for m in generator.sink.of(ScoredGroup))
+    assert last.reward_first_errors == {"task": "RuntimeError: the verifier is down"}
     assert last.version == generator.version and last.idle_s >= 0.0
     assert [b.idle_s for b in beats] == sorted(b.idle_s for b in beats)  # cumulative
 

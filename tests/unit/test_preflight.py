@@ -43,9 +43,15 @@ def test_every_preset_has_a_model_shape():
 
 
 @pytest.mark.parametrize("preset", sorted(PRESET_SHAPES))
-def test_every_preset_passes_the_check_with_a_model_of_its_shape(preset, tmp_path, tokenizer, capsys):
+def test_every_preset_passes_the_check_with_a_model_of_its_shape(preset, tmp_path, tokenizer, capsys,
+                                                                 models_endpoint, monkeypatch):
     shape = PRESET_SHAPES[preset]
     overrides = [f"model.path={shape_dir(tmp_path, shape, tokenizer)}"] if shape else []
+    # The weight slots of a 7B model outgrow this machine's /dev/shm; the presets' machines have the room.
+    overrides.append(f"weights.shm_dir={tmp_path}")
+    if "judge" in preset:  # the check probes the judge: a local one, with the key the preset names
+        overrides.append(f"reward.judge.base_url={models_endpoint.base_url}")
+        monkeypatch.setenv("JUDGE_API_KEY", "sekrit")
     code, out, err = run_check(capsys, "--config-name", preset, *overrides, f"run_dir={tmp_path}/run")
     assert code == 0, err
     report = json.loads(out.strip().splitlines()[-1])
@@ -106,9 +112,32 @@ def test_kv_cache_arithmetic():
 
 def test_memory_grows_with_the_kl_reference_and_shrinks_with_ranks():
     base = load(["learner.micro_batch_tokens=1024"])
-    plain = memory_estimate(base, 10**8, 1000, 4 * 10**8)
+    plain = memory_estimate(base, 10**8, 1000, 4 * 10**8, "zmq")
     with_kl = memory_estimate(load(["learner.micro_batch_tokens=1024", "algo.kl.enabled=true"]), 10**8, 1000,
-                              4 * 10**8)
+                              4 * 10**8, "zmq")
     two_ranks = memory_estimate(load(["learner.micro_batch_tokens=1024", "learner.world_size=2"]), 10**8, 1000,
-                                4 * 10**8)
+                                4 * 10**8, "zmq")
     assert with_kl["learner_rank_gib"] > plain["learner_rank_gib"] > two_ranks["learner_rank_gib"]
+
+
+def test_shared_memory_slots_are_counted_once_not_per_generator():
+    cfg = load(["learner.micro_batch_tokens=1024", "rollout.num_generators=2"])
+    zmq = memory_estimate(cfg, 10**8, 1000, 4 * 10**8, "zmq")
+    shm = memory_estimate(cfg, 10**8, 1000, 4 * 10**8, "shm")
+    assert shm["shared_memory_gib"] == pytest.approx(2 * 4 * 10**8 / 2**30)
+    assert shm["generator_gib"] < zmq["generator_gib"] and shm["learner_rank_gib"] < zmq["learner_rank_gib"]
+    assert shm["total_gib"] < zmq["total_gib"]  # two slots in all against a push's buffers in every actor
+
+
+def test_too_little_shared_memory_for_the_weight_slots_fails_before_anything_starts(monkeypatch, tmp_path):
+    import shutil
+
+    from asyncgrpo.preflight import check_shared_memory
+
+    cfg = load([f"weights.shm_dir={tmp_path}"])
+    check_shared_memory(cfg, 1024)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0))
+    with pytest.raises(PreflightError, match="set weights.shm_dir or weights.backend=zmq"):
+        check_shared_memory(cfg, 1024)
+    with pytest.raises(PreflightError, match="is not a directory"):
+        check_shared_memory(load([f"weights.shm_dir={tmp_path}/missing"]), 1024)

@@ -181,6 +181,42 @@ def test_a_failing_reward_scores_zero_and_is_counted(user_rewards, fn, texts, fa
         scorer.close()
 
 
+def test_only_the_first_error_of_each_term_is_kept_and_logged_on_one_line(user_rewards, caplog):
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": "my_rewards:raises"},
+                                           {"name": "odd", "kind": "fn", "fn": "my_rewards:not_a_number"},
+                                           {"name": "task"}))
+    try:
+        with caplog.at_level("WARNING", logger="asyncgrpo.rewards.scorer"):
+            scorer.score([problem()], [["ok", "boom", "boom"]])
+            scorer.score([problem()], [["boom"]])
+        firsts = scorer.first_errors()
+        assert firsts == {"fn": "RuntimeError: reward crashed",
+                          "odd": "RewardValueError: returned str 'high', not a number"}  # task never failed
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 2 and all("\n" not in m for m in warned)
+        assert any("'fn'" in m and "reward crashed" in m for m in warned)
+        assert scorer.stats_snapshot()["reward/errors"] == 3 + 4  # fn 2 + 1, odd 3 + 1: all counted
+    finally:
+        scorer.close()
+
+
+def test_a_first_error_is_flattened_and_truncated(user_rewards):
+    from asyncgrpo.rewards.errors import MAX_ERROR_CHARS, one_line
+
+    assert one_line("a\n  b\tc ") == "a b c"
+    long = one_line("x" * 1000)
+    assert len(long) == MAX_ERROR_CHARS and long.endswith("...")
+    user_rewards.multiline = lambda prompt, completion, answer=None, **extra: (_ for _ in ()).throw(
+        ValueError("line one\nline two " + "y" * 500))
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:multiline", timeout_s=5.0))
+    try:
+        scorer.score([problem()], [["a"]])
+        [text] = scorer.first_errors().values()
+        assert text.startswith("ValueError: line one line two y") and len(text) == MAX_ERROR_CHARS
+    finally:
+        scorer.close()
+
+
 def test_drop_group_policy_drops_only_groups_with_errors(user_rewards):
     scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:raises", on_error="drop_group"))
     try:
@@ -284,6 +320,11 @@ def test_group_meta_survives_the_wire_codec():
     (["reward.terms=[{name: judge}]"], "reward.judge.base_url"),
     (["reward.terms=[{name: judge}]", "reward.judge.base_url=http://h/v1", "reward.judge.parser=vibes"], "reward.judge.parser"),
     (["reward.timeout_s=0"], "reward.timeout_s"),
+    (["reward.max_error_rate=1.5"], "reward.max_error_rate"),
+    (["reward.max_error_rate=-0.1"], "reward.max_error_rate"),
+    (["reward.max_error_rate=nan"], "reward.max_error_rate"),
+    (["reward.error_window_steps=0"], "reward.error_window_steps"),
+    (["reward.terms=[{name: calls, kind: exact}]"], "reward.terms[0].name"),
 ])
 def test_bad_reward_config_names_the_key(overrides, key):
     with pytest.raises(ConfigError) as err:

@@ -161,7 +161,8 @@ class AckWait:
         self.cfg = copy.deepcopy(BASE_CONFIG)
         self.version, self.max_staleness, self.num_generators, self.timeout_s = (
             version, max_staleness, num_generators, timeout_s)
-        self.queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True, full_policy="block"))
+        self.queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True, full_policy="block"),
+                                 limits=None)
         self.ack_waits = 0
 
     def __call__(self) -> None:
@@ -247,18 +248,18 @@ def test_early_steps_need_no_acknowledgement():
 def test_generator_reports_are_attributed_once_per_step():
     registry = GeneratorRegistry()
 
-    def beat(generator_id: int, idle: float, errors: int = 0, dropped: int = 0) -> None:
+    def beat(generator_id: int, idle: float, errors: int = 0, dropped: int = 0, calls: int = 0) -> None:
         registry.on_heartbeat(Heartbeat(generator_id, next_seq=0, version=0, idle_s=idle, reward_errors=errors,
-                                        groups_dropped=dropped))
+                                        groups_dropped=dropped, reward_calls=calls))
 
-    beat(0, 1.0), beat(0, 1.5, errors=2), beat(1, 0.25)
+    beat(0, 1.0), beat(0, 1.5, errors=2, calls=16), beat(1, 0.25, calls=8)
     assert registry.report_increments() == pytest.approx(
-        {"time/gen_idle_s": 1.75, "reward/errors": 2, "reward/groups_dropped": 0})
+        {"time/gen_idle_s": 1.75, "reward/errors": 2, "reward/groups_dropped": 0, "reward/calls": 24})
     # A report older than the newest seen (reordered) adds nothing; new counts add only the
     # difference, including errors of groups the reward policy dropped (they never reach the learner).
-    beat(0, 1.2), beat(0, 2.0, errors=5, dropped=1), beat(1, 0.25)
+    beat(0, 1.2), beat(0, 2.0, errors=5, dropped=1, calls=32), beat(1, 0.25, calls=8)
     assert registry.report_increments() == pytest.approx(
-        {"time/gen_idle_s": 0.5, "reward/errors": 3, "reward/groups_dropped": 1})
-    beat(1, 0.25)
+        {"time/gen_idle_s": 0.5, "reward/errors": 3, "reward/groups_dropped": 1, "reward/calls": 16})
+    beat(1, 0.25, calls=8)
     assert registry.report_increments() == {"time/gen_idle_s": 0.0, "reward/errors": 0.0,
-                                            "reward/groups_dropped": 0.0}
+                                            "reward/groups_dropped": 0.0, "reward/calls": 0.0}

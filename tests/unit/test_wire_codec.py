@@ -32,10 +32,11 @@ from asyncgrpo.wire import (
     encode_group,
     example_group,
 )
-from asyncgrpo.wire.codec import MAX_HEADER_BYTES
+from asyncgrpo.wire.codec import MAX_HEADER_BYTES, MAX_REJECTION_CHARS
 
 INT62 = st.integers(0, (1 << 62) - 1)
 FLOAT32 = {"width": 32, "allow_nan": False, "allow_infinity": False}
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @st.composite
@@ -48,9 +49,12 @@ def scored_groups(draw: st.DrawFn) -> ScoredGroup:
     if total:  # the header's vmin/vmax are the per-token extremes
         versions[0], versions[-1] = vmin, vmax
     meta = draw(st.dictionaries(
-        st.text(max_size=8), st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.floats(allow_nan=False), st.text()),
+        st.text(max_size=8),
+        st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.floats(-FLOAT32_MAX, FLOAT32_MAX), st.text()),
         max_size=3,
     ))
+    if not total and "version" in meta:  # without tokens, meta's version is the group's version
+        meta["version"] = vmin
     return ScoredGroup(
         generator_id=draw(INT62),
         seq=draw(INT62),
@@ -134,10 +138,27 @@ def test_example_group_is_valid_and_seeded() -> None:
 @pytest.mark.parametrize("message", [
     VersionAck(generator_id=3, version=7),
     Heartbeat(generator_id=1, next_seq=42, version=5),
+    Heartbeat(generator_id=1, next_seq=42, version=5, reward_errors=3, reward_calls=64,
+              reward_first_errors={"judge": "JudgeError: judge failed 4 tries", "fn": "KeyError: 'x'"}),
     Shutdown(reason="training finished"),
 ])
 def test_control_messages_round_trip(message: Any) -> None:
     assert decode(encode(message)) == message
+
+
+@pytest.mark.parametrize("first_errors", [{"judge": 3}, {"judge": ["text"]}, [["judge", "text"]], "judge: text"])
+def test_a_heartbeat_whose_first_errors_are_not_texts_by_term_is_refused(first_errors: Any) -> None:
+    head, *frames = encode(Heartbeat(generator_id=0, next_seq=0, version=0))
+    header = msgpack.unpackb(head)
+    header["reward_first_errors"] = first_errors
+    with pytest.raises(WireError) as raised:
+        decode([msgpack.packb(header), *frames])
+    assert raised.value.reason == "bad_field"
+
+
+def test_a_heartbeats_first_errors_are_truncated_like_its_rejection() -> None:
+    beat = decode(encode(Heartbeat(generator_id=0, next_seq=0, version=0, reward_first_errors={"judge": "x" * 5000})))
+    assert len(beat.reward_first_errors["judge"]) == MAX_REJECTION_CHARS
 
 
 def test_weights_chunk_round_trips_bfloat16_and_pieces() -> None:
@@ -203,6 +224,16 @@ def with_descriptor(index: int, descriptor: Any) -> list[Any]:
     return group_frames(a=header["a"])
 
 
+def tokenless_group_frames(**header_changes: Any) -> list[Any]:
+    """A valid group of two empty completions (version 7 in meta and vmin/vmax), header fields replaced."""
+    group = example_group(num_samples=2, tokens_per_sample=0)
+    group.meta["version"] = 7
+    frames = [bytes(frame) for frame in encode_group(group)]
+    header = msgpack.unpackb(frames[0])
+    header.update(header_changes)
+    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
+
+
 def lengths_of(frames: list[Any]) -> list[int]:
     return msgpack.unpackb(frames[0])["lengths"]
 
@@ -250,6 +281,12 @@ MALFORMED: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "boolean prompt id": (lambda: group_frames(prompt_id=True), "bad_field"),
     "huge prompt id": (lambda: group_frames(prompt_id=1 << 63), "bad_field"),
     "meta with a list value": (lambda: group_frames(meta={"x": [1]}), "bad_field"),
+    "NaN meta number": (lambda: group_frames(meta={"reward/accuracy": float("nan")}), "bad_meta"),
+    "infinite meta number": (lambda: group_frames(meta={"reward/accuracy": float("-inf")}), "bad_meta"),
+    "meta number beyond float32": (lambda: group_frames(meta={"reward/accuracy": 1e39}), "bad_meta"),
+    "no tokens, meta version a string": (lambda: tokenless_group_frames(meta={"version": "7"}), "bad_versions"),
+    "no tokens, meta version a float": (lambda: tokenless_group_frames(meta={"version": 7.0}), "bad_versions"),
+    "no tokens, meta version != vmin": (lambda: tokenless_group_frames(meta={"version": 8}), "bad_versions"),
     "control message with an array": (
         lambda: [msgpack.packb({"v": SCHEMA_VERSION, "t": int(MsgType.ACK), "gen": 0, "version": 0,
                                 "a": [["int32", [1]]]}), b"\x00" * 4], "frame_count"),
@@ -262,6 +299,19 @@ def test_malformed_group_raises_wire_error_with_reason(case: str) -> None:
     with pytest.raises(WireError) as raised:
         decode_group(make_frames())
     assert raised.value.reason == reason, raised.value
+
+
+def test_a_tokenless_group_takes_its_version_from_vmin_when_meta_has_none() -> None:
+    group = decode_group(tokenless_group_frames(meta={}))
+    assert (group.version_min, group.version_max, group.meta) == (7, 7, {"version": 7})
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats().filter(lambda x: not -FLOAT32_MAX <= x <= FLOAT32_MAX), st.text(max_size=8))
+def test_any_non_finite_or_float32_overflowing_meta_number_is_rejected_as_bad_meta(value: float, key: str) -> None:
+    with pytest.raises(WireError) as raised:
+        decode_group(group_frames(meta={"version": 0, key: value}))
+    assert raised.value.reason == "bad_meta"
 
 
 def test_message_over_the_configured_limit_is_rejected() -> None:
