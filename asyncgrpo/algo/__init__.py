@@ -12,7 +12,10 @@ formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.m
 * ``kl_penalty``: k1 / abs / k2 / k3 KL estimators, optionally with the k2 gradient (``+``).
 * ``rollout_correction``: truncated or masked (IcePop) importance weights, rejection sampling and
   rollout/trainer mismatch diagnostics.
+* ``policy_loss`` also has GSPO (sequence-level ratio) and CISPO (clipped, detached IS weight).
 * ``bypass_policy_loss``: the policy loss with the rollout log-probs as the old policy.
+* ``decoupled_policy_loss``, ``naive_policy_loss``, ``mode_policy_loss``: the recomputed proximal
+  policy as the old policy, with (decoupled) or without (naive) IS weights pi_prox / mu; ``MODES``.
 """
 
 from asyncgrpo.algo.advantages import ADVANTAGE_MODES, group_advantages
@@ -25,6 +28,12 @@ from asyncgrpo.algo.losses import (
     bypass_policy_loss,
     policy_loss,
 )
+from asyncgrpo.algo.modes import (
+    MODES,
+    decoupled_policy_loss,
+    mode_policy_loss,
+    naive_policy_loss,
+)
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -32,11 +41,15 @@ __all__ = [
     "IS_LEVELS",
     "KL_KINDS",
     "LOSS_TYPES",
+    "MODES",
     "RS_OPTIONS",
     "aggregate",
     "bypass_policy_loss",
+    "decoupled_policy_loss",
     "group_advantages",
     "kl_penalty",
+    "mode_policy_loss",
+    "naive_policy_loss",
     "policy_loss",
     "rollout_correction",
 ]

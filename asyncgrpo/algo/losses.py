@@ -19,15 +19,22 @@ API
     ``ppo_clip``: asymmetric clipped surrogate with dual clip, r = exp(clamp(logp - old_logp, ±20)),
     per-token loss max(-A r, -A clamp(r, 1-clip_low, 1+clip_high)), capped at -A*clip_c where A < 0.
     ``reinforce``: per-token loss -A * logp.
+    ``gspo``: the sequence ratio s_i = exp(mean over row i's real tokens of (logp - old_logp)), taken
+    per token as s_i,t = sg[s_i] * pi_t / sg[pi_t] (value s_i, gradient s_i * grad logp_t), log
+    clamped to ±20; per-token loss max(-A s_i,t, -A clamp(s_i,t, 1-clip_low, 1+clip_high)), no dual clip.
+    ``cispo``: per-token loss -sg[clamp(r, 1-clip_low, 1+clip_high)] * A * logp (clip_low may be 1:
+    no lower bound).
     Optional detached ``is_weights`` multiply the per-token loss (after clipping). Metrics:
     ``pg``, ``clipfrac``, ``clipfrac_lower``, ``approx_kl`` (plain floats, means over this call's
-    real tokens; the clip fractions are 0 for ``reinforce``).
+    real tokens; ``clipfrac`` is 0 for ``reinforce`` and for ``cispo`` the fraction of clipped IS
+    weights; ``clipfrac_lower``, the dual clip's, is 0 for all but ``ppo_clip``).
 
 ``bypass_policy_loss(logp, rollout_logp, advantages, mask, *, ...) -> (loss, metrics)``
     Bypass mode: the rollout log-probs stand in for the old log-probs (no recompute pass).
-    ``rollout_correction`` is run on (logp, rollout_logp); its rejection mask applies to both loss
-    types, its IS weights multiply the ``reinforce`` loss only (the ``ppo_clip`` ratio is already
-    taken against the rollout policy, so applying them would count the correction twice).
+    ``rollout_correction`` is run on (logp, rollout_logp); its rejection mask applies to every loss
+    type, its IS weights multiply the ``reinforce`` loss only (the ratio of ``ppo_clip``, ``gspo`` and
+    ``cispo`` is already taken against the rollout policy, so applying them would count the
+    correction twice).
     Denominators count the tokens / sequences of the input mask, before rejection: a rejected token
     adds zero to the loss but still counts, as in verl's data-parallel engine. Metrics: the policy
     metrics under ``loss/`` plus the ``is/`` and ``mismatch/`` metrics of ``rollout_correction``.
@@ -52,10 +59,12 @@ from asyncgrpo.algo._checks import (
     check_same_shape,
     check_token_tensor,
 )
-from asyncgrpo.algo._masked import masked_mean, masked_sum, to_floats
+from asyncgrpo.algo._masked import masked_mean, masked_row_mean, masked_sum, to_floats
 from asyncgrpo.algo.correction import rollout_correction
 
-LOSS_TYPES = ("ppo_clip", "reinforce")
+LOSS_TYPES = ("ppo_clip", "reinforce", "gspo", "cispo")
+# The losses whose ratio is taken against the old policy; `reinforce` ignores old_logp.
+_RATIO_LOSS_TYPES = ("ppo_clip", "gspo", "cispo")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 _LOG_RATIO_BOUND = 20.0
@@ -146,10 +155,11 @@ def policy_loss(
         old_logp: [B, T] log-probabilities under the behaviour policy (detached).
         advantages: [B, T] per-token advantages, usually ``group_advantages(...)[:, None] * mask``.
         mask: [B, T] 0/1 float or bool, 1 on real response tokens.
-        loss_type: ``"ppo_clip"`` or ``"reinforce"``.
-        clip_low: lower clip range, 0 < clip_low < 1 (ratio floor 1 - clip_low).
-        clip_high: upper clip range, > 0 (ratio ceiling 1 + clip_high).
-        clip_c: dual-clip bound for negative advantages, > 1.
+        loss_type: one of ``LOSS_TYPES`` (see the module docstring).
+        clip_low: lower clip range, 0 < clip_low < 1 (ratio floor 1 - clip_low); ``cispo`` also
+            takes 1 (IS-weight floor 0, i.e. none). Unused by ``reinforce``.
+        clip_high: upper clip range, > 0 (ratio ceiling 1 + clip_high). Unused by ``reinforce``.
+        clip_c: dual-clip bound for negative advantages, > 1; used by ``ppo_clip`` only.
         agg: aggregation mode, one of ``AGG_MODES``.
         is_weights: optional [B, T] weights multiplying the per-token loss (detached).
         norm_constant, global_num_tokens, global_num_seqs: as in ``aggregate``.
@@ -164,8 +174,9 @@ def policy_loss(
     check_choice("loss_type", loss_type, LOSS_TYPES)
     check_choice("agg", agg, AGG_MODES)
     clip_low = check_positive("clip_low", clip_low)
-    if clip_low >= 1:
-        raise ValueError(f"clip_low must be < 1, got {clip_low!r}")
+    # CISPO clips an IS weight, not the surrogate: a floor of 0 (clip_low = 1) is its paper's setting.
+    if clip_low > 1 or (clip_low == 1 and loss_type != "cispo"):
+        raise ValueError(f"clip_low must be < 1 (or exactly 1 with loss_type cispo), got {clip_low!r}")
     clip_high = check_positive("clip_high", clip_high)
     clip_c = check_positive("clip_c", clip_c)
     if clip_c <= 1:
@@ -196,6 +207,15 @@ def policy_loss(
         per_token = torch.where(negative, torch.minimum(pessimistic, dual_clip_bound), pessimistic)
         clipped_tokens = clipped > unclipped
         dual_clipped_tokens = (pessimistic > dual_clip_bound) & negative
+    elif loss_type == "gspo":
+        per_token, clipped_tokens = _gspo(logp, old_logp, advantages, keep, clip_low, clip_high)
+        dual_clipped_tokens = torch.zeros_like(keep)
+    elif loss_type == "cispo":
+        ratio = log_ratio.detach().exp()
+        # The weight is detached: every token keeps its gradient -A * w * grad logp, clipped or not.
+        per_token = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high) * logp
+        clipped_tokens = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
+        dual_clipped_tokens = torch.zeros_like(keep)
     else:
         per_token = -advantages * logp
         clipped_tokens = dual_clipped_tokens = torch.zeros_like(keep)
@@ -213,6 +233,30 @@ def policy_loss(
             }
         )
     return loss, metrics
+
+
+def _gspo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    keep: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO's per-token clipped surrogate and which tokens were clipped, both [B, T].
+
+    ``old_logp`` and ``advantages`` are already detached. The sequence log-ratio is the mean over
+    the row's real tokens (an empty row gets 0).
+    """
+    seq_log_ratio = masked_row_mean(logp.detach() - old_logp, keep)
+    # logp - sg[logp] is exactly 0 and is added first, so the value is the sequence log-ratio to the
+    # last bit (verl#2775); filling padding keeps an infinite padded logp from turning into NaN.
+    token_log_ratio = (logp - logp.detach()).masked_fill(~keep, 0) + seq_log_ratio[:, None]
+    # Clamped like every other log-ratio: beyond ±20 the value is bounded and the gradient is 0.
+    ratio = token_log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
 def bypass_policy_loss(
@@ -285,7 +329,7 @@ def bypass_policy_loss(
         clip_high=clip_high,
         clip_c=clip_c,
         agg=agg,
-        is_weights=weights if loss_type == "reinforce" else None,
+        is_weights=None if loss_type in _RATIO_LOSS_TYPES else weights,
         norm_constant=norm_constant,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,

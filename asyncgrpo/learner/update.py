@@ -1,5 +1,7 @@
-"""One optimizer step of bypass-mode GRPO on a batch: advantages, the loss over token-budget
-micro-batches with global denominators, gradient clipping, the optimizer and schedule steps.
+"""One optimizer step of GRPO on a batch: advantages, under algo.mode=decoupled|naive the proximal
+log-probs (one forward pass without gradient, before the gradient micro-batches), the loss over
+token-budget micro-batches with global denominators, gradient clipping, the optimizer and schedule
+steps. The loss itself, per mode, is asyncgrpo.algo's; this module only orchestrates.
 
 Every rank holds the whole batch: advantages and the loss denominators (the batch's global token
 and sequence counts) come from all of it, so the update depends neither on how the batch is split
@@ -34,15 +36,23 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     # Each forward and backward is a collective under FSDP2: every rank runs as many micro-batches
     # as the busiest one; a rank that runs out repeats a row with its loss multiplied by 0.
     num_micro = max(1, max(len(plan) for plan in plans))
+    indices = [torch.tensor(mine[i] if i < len(mine) else [0], dtype=torch.int64, device=batch.rewards.device)
+               for i in range(num_micro)]
+    prox_logps, recompute_s = None, 0.0
+    if cfg.algo.mode != "bypass":
+        # The anchor is the weights before this step's optimizer step (the only one per batch):
+        # computed once, up front, for every micro-batch.
+        recompute_start = time.perf_counter()
+        prox_logps = proximal_logprobs(policy, batch, indices)
+        recompute_s = time.perf_counter() - recompute_start
     policy.optimizer.zero_grad(set_to_none=True)
     parts: list[tuple[float, dict[str, float]]] = []
     loss_total = pg_total = 0.0
-    for i in range(num_micro):
+    for i, index in enumerate(indices):
         padding = i >= len(mine)
-        index = torch.tensor(mine[i] if not padding else [0], dtype=torch.int64, device=batch.rewards.device)
         micro = batch.select(index)
-        loss, metrics = micro_batch_loss(policy, micro, advantages.index_select(0, index), cfg,
-                                         global_tokens, global_seqs)
+        loss, metrics = micro_batch_loss(policy, micro, None if prox_logps is None else prox_logps[i],
+                                         advantages.index_select(0, index), cfg, global_tokens, global_seqs)
         (loss * 0.0 if padding else loss).backward()
         if padding:
             parts.append((0.0, metrics))
@@ -59,26 +69,41 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     policy.optimizer.step()
     policy.scheduler.step()
     metrics["time/optimizer_s"] = time.perf_counter() - optimizer_start  # part of time/train_s
+    metrics["time/recompute_s"] = recompute_s  # part of time/train_s; 0 under bypass
     metrics["optim/grad_norm"] = float(grad_norm)
     metrics["perf/micro_batches"] = num_micro
     return metrics
 
 
-def micro_batch_loss(policy: Policy, micro: Batch, advantages: torch.Tensor, cfg: Config, global_tokens: float,
-                     global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+def proximal_logprobs(policy: Policy, batch: Batch, indices: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[B_i, T_i] log-probs of each micro-batch `batch.select(indices[i])` under the weights as they
+    are now (the proximal policy), without gradient; micro-batched like the training forward, so
+    every rank runs the same number of forward passes (each is a collective under FSDP2)."""
+    with torch.no_grad():
+        prox_logps = [policy.logprobs(batch.select(index)) for index in indices]
+    if policy.device.type == "cuda":
+        torch.cuda.synchronize(policy.device)  # so time/recompute_s measures the forwards, not their launch
+    return prox_logps
+
+
+def micro_batch_loss(policy: Policy, micro: Batch, prox_logp: torch.Tensor | None, advantages: torch.Tensor,
+                     cfg: Config, global_tokens: float, global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the global loss (policy loss plus the KL penalty, if on).
 
-    advantages [B]; global_tokens / global_seqs: the whole batch's counts (the denominators).
+    prox_logp [B, T]: the proximal log-probs (None under algo.mode=bypass); advantages [B];
+    global_tokens / global_seqs: the whole batch's counts (the denominators).
     """
     a = cfg.algo
     # Dr.GRPO's constant must not depend on a micro-batch's padding.
     norm_constant = a.norm_constant or float(cfg.rollout.max_new_tokens)
     logp = policy.logprobs(micro)
-    loss, metrics = algo.bypass_policy_loss(
+    loss, metrics = algo.mode_policy_loss(
         logp,
+        prox_logp,
         micro.rollout_logp,
         advantages.unsqueeze(1) * micro.mask,
         micro.mask,
+        mode=a.mode,
         loss_type=a.loss_type,
         clip_low=a.clip_low,
         clip_high=a.clip_high,

@@ -72,3 +72,51 @@ def test_bypass_reinforce_truncation_premise():
     log_ratios = RATIOS.log() * MASK
     assert math.exp(log_ratios.sum(-1).min().item()) > 0.4
     assert RATIOS[MASK.bool()].min().item() > 0.4
+
+
+# GSPO's token form sg[s_i] * pi_t / sg[pi_t] has the exact gradient of its sequence-level objective
+# when the advantage and the IS weight are constant along each row, which is what GRPO produces:
+# finite differences then see the same gradient. Rows: s ~ 1.06 inside the range (A > 0), s ~ 1.75
+# above it with A > 0 (clipped, zero gradient), s ~ 2.45 above it with A < 0 (not clipped).
+GSPO_RATIOS = torch.tensor([[0.9, 1.2, 1.1], [1.5, 2.0, 1.8], [2.0, 3.0, 7.0]], dtype=torch.float64)
+GSPO_OLD_LOGP = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, -2.5], [-3.0, -0.9, -1.8]], dtype=torch.float64)
+GSPO_MASK = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+GSPO_ADVANTAGES = torch.tensor([[1.5], [0.5], [-2.0]], dtype=torch.float64) * GSPO_MASK
+
+
+def test_gspo_sequence_ratios_are_away_from_the_clip_boundaries():
+    seq_ratios = ((GSPO_RATIOS.log() * GSPO_MASK).sum(-1) / GSPO_MASK.sum(-1)).exp()
+    for ratio in seq_ratios.tolist():
+        assert min(abs(ratio - 0.8), abs(ratio - 1.28)) > 0.05, ratio
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("with_weights", [False, True])
+def test_gspo(agg, with_weights):
+    row_weights = torch.tensor([[0.5], [2.0], [1.2]], dtype=torch.float64).expand(3, 3) if with_weights else None
+
+    def loss(logp):
+        options = PPO | {"loss_type": "gspo", "agg": agg}
+        return policy_loss(logp, GSPO_OLD_LOGP, GSPO_ADVANTAGES, GSPO_MASK, **options, is_weights=row_weights)[0]
+
+    assert gradcheck(loss, ((GSPO_OLD_LOGP + GSPO_RATIOS.log()).requires_grad_(),))
+
+
+# CISPO's weight is detached by design, so finite differences match only where it is locally
+# constant: every ratio here lies outside [0.8, 1.28] (by >= 0.05), so every weight is clipped.
+CISPO_RATIOS = torch.tensor([[0.5, 1.5, 2.0, 0.3, 5.0], [1.6, 0.6, 2.0, 0.4, 3.0]], dtype=torch.float64)
+
+
+def test_cispo_ratios_are_all_clipped():
+    assert bool(((CISPO_RATIOS < 0.75) | (CISPO_RATIOS > 1.33)).all())
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_cispo(agg):
+    weights = torch.tensor([[0.5, 1.0, 2.0, 1.5, 0.8], [1.2, 0.3, 1.0, 1.0, 1.0]], dtype=torch.float64)
+
+    def loss(logp):
+        options = PPO | {"loss_type": "cispo", "agg": agg}
+        return policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options, is_weights=weights)[0]
+
+    assert gradcheck(loss, ((OLD_LOGP + CISPO_RATIOS.log()).requires_grad_(),))

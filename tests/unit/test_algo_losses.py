@@ -375,7 +375,7 @@ def test_bypass_metric_keys():
 @pytest.mark.parametrize(
     ("kwargs", "argument"),
     [
-        ({"loss_type": "gspo"}, "loss_type"),
+        ({"loss_type": "ppo"}, "loss_type"),
         ({"is_level": "batch"}, "is_level"),
         ({"is_threshold": "2_1"}, "is_threshold"),
         ({"rs": "token_k1"}, "rs_threshold"),
@@ -402,3 +402,150 @@ def test_config_keys_have_no_default(function, key):
     del arguments[key]
     with pytest.raises(TypeError, match=key):
         function(logp, old_logp, ADVANTAGES, REGIME_MASK, **arguments)
+
+
+# ---------------------------------------------------------------------------------------------
+# gspo: sequence ratios s = [1.5^(1/3), 2, 4] (clip_low 0.2, clip_high 0.28)
+# ---------------------------------------------------------------------------------------------
+
+GSPO_OLD_LOGP = f64([[-1.0, -2.0, -0.5], [-0.3, -1.0, -4.0], [-2.0, -1.0, -3.0]])
+GSPO_TOKEN_RATIOS = f64([[2.0, 0.5, 1.5], [2.0, 2.0, 1.0], [16.0, 1.0, 1.0]])
+GSPO_MASK = f64([[1, 1, 1], [1, 1, 0], [1, 1, 0]])
+GSPO_ADVANTAGES = f64([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [-1.0, -1.0, 0.0]])
+# row 0: A > 0, s = 1.5^(1/3) ~ 1.145 inside the range     -> -s on each of its 3 tokens
+# row 1: A > 0, s = 2 above 1 + 0.28                      -> clipped: -1.28 on each of its 2 tokens
+# row 2: A < 0, s = 4 above the range, no dual clip        -> 4 on each of its 2 tokens (ppo_clip: 3)
+S0 = 1.5 ** (1 / 3)
+
+
+def gspo_inputs(padding_logp=None):
+    logp = GSPO_OLD_LOGP + GSPO_TOKEN_RATIOS.log()
+    if padding_logp is not None:
+        logp = logp.masked_fill(GSPO_MASK == 0, padding_logp)
+    return logp.requires_grad_(), GSPO_OLD_LOGP
+
+
+@pytest.mark.parametrize(
+    ("agg", "expected"),
+    [
+        ("seq-mean-token-mean", (-S0 - 1.28 + 4.0) / 3),  # the GSPO paper's objective
+        ("token-mean", (-3 * S0 - 2 * 1.28 + 2 * 4.0) / 7),
+    ],
+)
+def test_gspo_hand_computed_value_and_metrics(agg, expected):
+    logp, old_logp = gspo_inputs()
+    loss, metrics = ppo(logp, old_logp, GSPO_ADVANTAGES, GSPO_MASK, loss_type="gspo", clip_high=0.28, agg=agg)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["clipfrac"] == pytest.approx(2 / 7)  # row 1's two tokens
+    assert metrics["clipfrac_lower"] == 0.0  # gspo has no dual clip
+    token_log_ratios = [math.log(r) for r in (2.0, 0.5, 1.5, 2.0, 2.0, 16.0, 1.0)]
+    assert metrics["approx_kl"] == pytest.approx(-sum(token_log_ratios) / 7, rel=1e-12)
+
+
+def test_gspo_gradient_is_the_sequence_ratio_times_grad_logp_on_unclipped_rows():
+    logp, old_logp = gspo_inputs()
+    loss, _ = ppo(logp, old_logp, GSPO_ADVANTAGES, GSPO_MASK, loss_type="gspo", clip_high=0.28,
+                  agg="seq-mean-token-mean")
+    loss.backward()
+    # -A_i * s_i / (|y_i| * 3 sequences) per real token of an unclipped row; the clipped row 1 gets 0.
+    expected = [[-S0 / 9] * 3, [0.0, 0.0, 0.0], [4.0 / 6, 4.0 / 6, 0.0]]
+    assert logp.grad.tolist() == [pytest.approx(row, abs=1e-12) for row in expected]
+
+
+def test_gspo_ratio_is_per_sequence_not_per_token():
+    # ppo_clip clips token 0 of row 0 (ratio 2) and keeps token 1 (ratio 0.5); gspo sees only s = 1.145.
+    logp, old_logp = gspo_inputs()
+    _, token_level = ppo(logp, old_logp, GSPO_ADVANTAGES, GSPO_MASK, clip_high=0.28)
+    _, sequence_level = ppo(logp, old_logp, GSPO_ADVANTAGES, GSPO_MASK, loss_type="gspo", clip_high=0.28)
+    assert token_level["clipfrac"] != sequence_level["clipfrac"]
+
+
+def test_gspo_infinite_padding_log_probs_give_finite_loss_and_gradient():
+    logp, old_logp = gspo_inputs(padding_logp=-math.inf)
+    loss, _ = ppo(logp, old_logp, GSPO_ADVANTAGES, GSPO_MASK, loss_type="gspo", clip_high=0.28,
+                  agg="seq-mean-token-mean")
+    loss.backward()
+    assert loss.item() == pytest.approx((-S0 - 1.28 + 4.0) / 3, rel=1e-12)
+    assert bool(torch.isfinite(logp.grad).all()) and logp.grad[GSPO_MASK == 0].abs().sum().item() == 0.0
+
+
+def test_gspo_sequence_log_ratio_beyond_twenty_is_clamped():
+    old_logp = f64([[0.0, 0.0]])
+    logp = f64([[30.0, 50.0]]).requires_grad_()  # mean log-ratio 40
+    loss, _ = ppo(logp, old_logp, f64([[-1.0, -1.0]]), torch.ones(1, 2), loss_type="gspo")
+    loss.backward()
+    assert loss.item() == pytest.approx(math.exp(20), rel=1e-12)
+    assert logp.grad.tolist() == [[0.0, 0.0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# cispo: one row, ratios [1.5, 0.5, 1.1, 100], IS weights clipped to [0.8, 1.28]
+# ---------------------------------------------------------------------------------------------
+
+CISPO_OLD_LOGP = f64([[-1.0, -2.0, -0.5, -6.0, -3.0]])
+CISPO_RATIOS = f64([[1.5, 0.5, 1.1, 100.0, 1.0]])
+CISPO_ADVANTAGES = f64([[1.0, 1.0, -2.0, -1.0, 0.0]])
+CISPO_MASK = f64([[1, 1, 1, 1, 0]])  # the last token is padding
+CISPO_WEIGHTS = [1.28, 0.8, 1.1, 1.28]  # clip(r, 0.8, 1.28): tokens 0, 1 and 3 are clipped
+
+
+def cispo_inputs():
+    return (CISPO_OLD_LOGP + CISPO_RATIOS.log()).requires_grad_(), CISPO_OLD_LOGP
+
+
+def test_cispo_hand_computed_value_and_metrics():
+    logp, old_logp = cispo_inputs()
+    loss, metrics = ppo(logp, old_logp, CISPO_ADVANTAGES, CISPO_MASK, loss_type="cispo", clip_high=0.28)
+    logps = logp.detach()[0, :4].tolist()
+    advantages = CISPO_ADVANTAGES[0, :4].tolist()
+    expected = sum(-w * a * lp for w, a, lp in zip(CISPO_WEIGHTS, advantages, logps, strict=True)) / 4
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["clipfrac"] == pytest.approx(3 / 4)  # the fraction of clipped IS weights
+    assert metrics["clipfrac_lower"] == 0.0
+    assert metrics["approx_kl"] == pytest.approx(-math.log(1.5 * 0.5 * 1.1 * 100.0) / 4, rel=1e-12)
+
+
+def test_cispo_gradient_is_minus_advantage_times_the_detached_clipped_weight_even_where_clipped():
+    logp, old_logp = cispo_inputs()
+    loss, _ = ppo(logp, old_logp, CISPO_ADVANTAGES, CISPO_MASK, loss_type="cispo", clip_high=0.28)
+    loss.backward()
+    # PPO would give tokens 0 and 3 (clipped) a zero gradient; CISPO keeps -A * w / N on every token.
+    assert logp.grad[0].tolist() == pytest.approx([-1.28 / 4, -0.8 / 4, 2 * 1.1 / 4, 1.28 / 4, 0.0], abs=1e-12)
+
+
+def test_cispo_clip_low_one_removes_the_floor_of_the_weight():
+    logp, old_logp = cispo_inputs()
+    loss, metrics = ppo(logp, old_logp, CISPO_ADVANTAGES, CISPO_MASK, loss_type="cispo", clip_low=1.0,
+                        clip_high=0.28)
+    loss.backward()
+    assert logp.grad[0, 1].item() == pytest.approx(-0.5 / 4, rel=1e-12)  # weight 0.5, no longer raised to 0.8
+    assert metrics["clipfrac"] == pytest.approx(2 / 4)
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce", "gspo"])
+def test_clip_low_one_is_refused_outside_cispo(loss_type):
+    logp, old_logp = cispo_inputs()
+    with pytest.raises(ValueError, match="clip_low"):
+        ppo(logp, old_logp, CISPO_ADVANTAGES, CISPO_MASK, loss_type=loss_type, clip_low=1.0)
+
+
+@pytest.mark.parametrize("loss_type", ["gspo", "cispo"])
+def test_bypass_ratio_losses_do_not_apply_is_weights(loss_type):
+    # Their ratio is already against mu: the IS weights are logged, not applied (as for ppo_clip).
+    logp, rollout_logp, advantages, mask = bypass_inputs()
+    with_is, metrics = bypass(logp, rollout_logp, advantages, mask, loss_type=loss_type, is_level="token",
+                              is_threshold=2.0)
+    without_is, _ = bypass(logp, rollout_logp, advantages, mask, loss_type=loss_type)
+    assert with_is.item() == without_is.item()
+    assert "is/mean" in metrics
+
+
+def test_gspo_token_form_gives_each_token_its_own_advantage():
+    # s = sqrt(2 * 0.5) = 1 and A = [1, -1]: the token form sg[s] * pi_t / sg[pi_t] gives -A_t * s / N
+    # per token; differentiating s itself would spread the mean advantage (0) over both tokens instead.
+    old_logp = f64([[-1.0, -2.0]])
+    logp = (old_logp + f64([[math.log(2.0), math.log(0.5)]])).requires_grad_()
+    loss, _ = ppo(logp, old_logp, f64([[1.0, -1.0]]), torch.ones(1, 2), loss_type="gspo")
+    loss.backward()
+    assert loss.item() == pytest.approx(0.0, abs=1e-12)
+    assert logp.grad.tolist() == [pytest.approx([-0.5, 0.5], rel=1e-12)]

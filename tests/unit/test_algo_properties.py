@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from asyncgrpo.algo import (
     AGG_MODES,
     KL_KINDS,
+    LOSS_TYPES,
     aggregate,
     bypass_policy_loss,
     group_advantages,
@@ -187,7 +188,7 @@ def test_aggregate_over_micro_batches_equals_unsplit(data, batch, mode):
 @given(
     data=st.data(),
     batch=token_batches(max_rows=8),
-    loss_type=st.sampled_from(["ppo_clip", "reinforce"]),
+    loss_type=st.sampled_from(LOSS_TYPES),
     agg=st.sampled_from(AGG_MODES),
 )
 def test_policy_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, agg):
@@ -216,7 +217,7 @@ def test_policy_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, a
 @given(
     data=st.data(),
     batch=token_batches(max_rows=8),
-    loss_type=st.sampled_from(["ppo_clip", "reinforce"]),
+    loss_type=st.sampled_from(LOSS_TYPES),
     agg=st.sampled_from(AGG_MODES),
     is_level=st.sampled_from([None, "token", "sequence"]),
     rs=st.sampled_from([None, "token_k1", "seq_mean_k3", "token_k2,seq_max_k3"]),
@@ -248,3 +249,66 @@ def test_extreme_log_ratios_stay_finite(batch):
     (gradient,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and bool(torch.isfinite(gradient).all())
     assert all(math.isfinite(value) for value in metrics.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# gspo and cispo
+# ---------------------------------------------------------------------------------------------
+
+
+@property_test
+@given(batch=token_batches(), agg=st.sampled_from(AGG_MODES), loss_type=st.sampled_from(["ppo_clip", "gspo", "cispo"]))
+def test_on_policy_ratio_losses_have_the_policy_gradient_of_reinforce(batch, agg, loss_type):
+    # At ratio 1 nothing is clipped: gspo's s_i,t and ppo's r_t have the gradient of logp, and cispo's
+    # weight is 1. For gspo that is the sequence-mean policy gradient under seq-mean-token-mean.
+    logp, _, advantages, mask = batch
+    logp.requires_grad_()
+    loss, _ = policy_loss(logp, logp.detach(), advantages, mask, **(PPO | {"loss_type": loss_type, "agg": agg}))
+    reinforce, _ = policy_loss(logp, logp.detach(), advantages, mask, **(PPO | {"loss_type": "reinforce", "agg": agg}))
+    (gradient,) = torch.autograd.grad(loss, logp)
+    (reinforce_gradient,) = torch.autograd.grad(reinforce, logp)
+    torch.testing.assert_close(gradient, reinforce_gradient)
+    if loss_type == "cispo":
+        assert loss.item() == reinforce.item()
+
+
+@property_test
+@given(batch=token_batches())
+def test_gspo_is_the_clipped_sequence_objective_with_its_gradient(batch):
+    # Independently of the token form: s_i = exp(mean_t (logp - old_logp)) per non-empty row, loss =
+    # mean_i max(-A_i s_i, -A_i clip(s_i)), gradient -A_i s_i / (|y_i| N_seq) on the rows not clipped.
+    logp, old_logp, advantages, mask = batch
+    logp.requires_grad_()
+    clip_low, clip_high = PPO["clip_low"], PPO["clip_high"]
+    options = PPO | {"loss_type": "gspo", "agg": "seq-mean-token-mean"}
+    loss, _ = policy_loss(logp, old_logp, advantages, mask, **options)
+    (gradient,) = torch.autograd.grad(loss, logp)
+
+    lengths = mask.sum(-1)
+    non_empty = lengths > 0
+    num_seqs = max(int(non_empty.sum()), 1)
+    seq_ratio = (((logp.detach() - old_logp) * mask).sum(-1) / lengths.clamp_min(1)).exp()
+    row_advantage = advantages[:, 0]
+    objective = torch.maximum(-row_advantage * seq_ratio,
+                              -row_advantage * seq_ratio.clamp(1 - clip_low, 1 + clip_high))
+    expected_loss = (objective * non_empty).sum() / num_seqs
+    clipped = ((row_advantage > 0) & (seq_ratio > 1 + clip_high)) | ((row_advantage < 0) & (seq_ratio < 1 - clip_low))
+    row_gradient = torch.where(clipped, 0.0, -row_advantage * seq_ratio) / (lengths.clamp_min(1) * num_seqs)
+    assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(gradient, row_gradient[:, None] * mask)
+
+
+@property_test
+@given(batch=token_batches(log_ratio_scale=3.0), clip_low=st.sampled_from([0.2, 0.5, 1.0]))
+def test_cispo_gradient_is_minus_advantage_times_the_clipped_weight(batch, clip_low):
+    logp, old_logp, advantages, mask = batch
+    logp.requires_grad_()
+    options = PPO | {"loss_type": "cispo", "clip_low": clip_low, "agg": "token-mean"}
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, **options)
+    (gradient,) = torch.autograd.grad(loss, logp)
+    ratio = (logp.detach() - old_logp).clamp(-20, 20).exp()
+    weight = ratio.clamp(1 - clip_low, 1 + PPO["clip_high"])
+    assert bool((weight >= 1 - clip_low).all()) and bool((weight <= 1 + PPO["clip_high"]).all())
+    torch.testing.assert_close(gradient, -advantages * weight * mask / max(mask.sum().item(), 1.0))
+    outside = (ratio < 1 - clip_low) | (ratio > 1 + PPO["clip_high"])
+    assert metrics["clipfrac"] == pytest.approx((outside * mask).sum().item() / max(mask.sum().item(), 1.0))
