@@ -69,6 +69,20 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def latest_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step records as the run finally took them. A run resumed in its own run_dir appends to
+    metrics.jsonl from its checkpoint's step, so the steps the earlier run logged after that
+    checkpoint come twice: a step at or below one already seen replaces every record from it on."""
+    kept: list[dict[str, Any]] = []
+    for record in records:
+        step = record.get("step")
+        if _is_number(step):
+            while kept and _is_number(kept[-1].get("step")) and kept[-1]["step"] >= step:
+                kept.pop()
+        kept.append(record)
+    return kept
+
+
 def _num_generators(run_dir: Path) -> int:
     config = run_dir / "config.yaml"
     if config.exists():
@@ -95,7 +109,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     return Run(
         name=name or path.resolve().name,
         path=path,
-        steps=[r for r in records if "eval/accuracy" not in r and "eval/greedy_accuracy" not in r],
+        steps=latest_steps([r for r in records if "eval/accuracy" not in r and "eval/greedy_accuracy" not in r]),
         evals=[r for r in records if "eval/accuracy" in r or "eval/greedy_accuracy" in r],
         summary=summary,
         num_generators=_num_generators(path),

@@ -24,6 +24,7 @@ from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_seq
 from asyncgrpo.driver.loop import RemoteLearner, run_loop
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
+    interrupts_deferred,
     load_data,
     prepare_model,
     resolve_device,
@@ -49,14 +50,18 @@ def train(cfg: Config) -> dict[str, Any]:
     """Run one training job; returns the summary also written to run_dir/summary.json."""
     wall_start = time.monotonic()
     require_sink_packages(cfg.log)  # a missing optional package fails here, before Ray or the model
-    cfg.device = resolve_device(cfg.device)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    keep_earlier_run_files(run_dir)
     summary: dict[str, Any] = {"status": "starting", "run_dir": str(run_dir)}
-    metrics = open_sinks(cfg, run_dir)
+    metrics: MetricsSink | None = None
     started_ray = False
+    # Everything from here on is inside the try: an interrupt at any point of the set-up (importing
+    # torch, the warm start, Ray's start, the actors') still writes summary.json and stops what started.
     try:
+        cfg.device = resolve_device(cfg.device)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        metrics = open_sinks(cfg, run_dir)  # metrics.jsonl is appended to: a resumed run continues it
         # First: a reward.fn typo or a judge that is down fails in one line, not after the warm start.
         summary["reward_check"] = check_rewards(cfg)
         resume = resume_point(cfg)
@@ -73,14 +78,32 @@ def train(cfg: Config) -> dict[str, Any]:
         summary["error"] = f"{type(err).__name__}: {err}"
         raise
     finally:
-        summary["wall_s"] = time.monotonic() - wall_start
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
-        metrics.close()
-        if started_ray:
-            import ray
+        with interrupts_deferred():
+            summary["wall_s"] = time.monotonic() - wall_start
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+            if metrics is not None:
+                metrics.close()
+            if started_ray:
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()
     return summary
+
+
+def keep_earlier_run_files(run_dir: Path) -> None:
+    """A run directory used before (a resumed or restarted run continuing in it) keeps the earlier
+    summary.json and config.yaml as summary.<k>.json and config.<k>.yaml, k = 1, 2, ... in order;
+    metrics.jsonl and samples.jsonl are appended to instead."""
+    earlier = [run_dir / name for name in ("summary.json", "config.yaml") if (run_dir / name).is_file()]
+    if not earlier:
+        return
+    taken = [int(p.suffixes[0][1:]) for p in run_dir.glob("summary.*.json") if p.suffixes[0][1:].isdigit()]
+    taken += [int(p.suffixes[0][1:]) for p in run_dir.glob("config.*.yaml") if p.suffixes[0][1:].isdigit()]
+    k = max(taken, default=0) + 1
+    for path in earlier:
+        path.rename(path.with_name(f"{path.stem}.{k}{path.suffix}"))
+    print(f"[run_dir] {run_dir} was used before: its {' and '.join(p.name for p in earlier)} kept with suffix .{k}; "
+          "metrics.jsonl and samples.jsonl are appended to", flush=True)
 
 
 def save_on_interrupt(actors: Actors) -> str | None:
@@ -105,7 +128,8 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
         actors.start(resume)
         probes = Probes.at_start(actors, eval_problems, model_dir)
         if cfg.eval.at_start:
-            summary.update(evaluate(actors, eval_problems, "start", step=0, metrics=metrics))
+            start_step = int(resume["version"]) if resume is not None else 0
+            summary.update(evaluate(actors, eval_problems, "start", step=start_step, metrics=metrics))
         runs = [generator.run.remote() for generator in actors.generators]
         try:
             run_loop(cfg, RemoteLearner(cfg, actors.learners, runs), metrics,
@@ -125,4 +149,5 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             summary["export"] = str(export_dir)
         check_probe(summary["probe"], cfg.train.probe_tolerance)
     finally:
-        actors.stop()
+        with interrupts_deferred():
+            actors.stop()

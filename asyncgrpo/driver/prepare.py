@@ -7,11 +7,14 @@ import math
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from asyncgrpo.config import groups_per_generator
 from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.resume import RESUME_AUTO, check_compatible
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
 
@@ -57,15 +60,34 @@ def prepare_model(cfg: Config, log=print) -> str:
     ))
 
 
-def resume_point(cfg: Config) -> dict[str, Any] | None:
-    """The checkpoint `resume` names (its meta, with `path`), or None for a fresh run."""
+def resume_point(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The checkpoint `resume` names (its meta, with `path`), or None for a fresh run. resume=auto:
+    the newest complete checkpoint in run_dir/checkpoints, or None if there is none. Refuses (in one
+    line, before Ray starts) a checkpoint that fails its manifest or was written by a run whose
+    prompt streams this one cannot continue (asyncgrpo/resume.py)."""
     if not cfg.resume:
         return None
-    from asyncgrpo.learner.checkpoint import latest, read_meta, verify
+    from asyncgrpo.learner.checkpoint import (
+        complete_checkpoints,
+        latest,
+        read_meta,
+        verify,
+    )
 
-    path = latest(cfg.resume)  # raises with a clear message if no complete checkpoint is there
+    if cfg.resume == RESUME_AUTO:
+        directory = Path(cfg.run_dir).expanduser().resolve() / "checkpoints"
+        found = complete_checkpoints(directory)  # a save killed midway (step_<N>.tmp) is not one
+        if not found:
+            log(f"[resume] auto: no complete checkpoint in {directory}; a fresh start")
+            return None
+        path = found[-1]
+        log(f"[resume] auto: continuing from {path}")
+    else:
+        path = latest(cfg.resume)  # raises with a clear message if no complete checkpoint is there
     verify(path)  # here, in one line before Ray starts, rather than wrapped in every rank's error
-    return {**read_meta(path), "path": str(path)}
+    meta = read_meta(path)
+    changes = check_compatible(meta, cfg, path, log)  # differences only with resume_allow_changes=true
+    return {**meta, "path": str(path), "changes": changes}
 
 
 def starting_model(cfg: Config, resume: dict[str, Any] | None, summary: dict[str, Any]) -> str:
@@ -73,6 +95,8 @@ def starting_model(cfg: Config, resume: dict[str, Any] | None, summary: dict[str
     model_dir = prepare_model(cfg)
     if resume is not None:
         summary["resumed_from"] = resume["path"]
+        if resume.get("changes"):
+            summary["resume_changes"] = resume["changes"]
         # The KL reference and the architecture are the run's starting weights, not the checkpoint's.
         if Path(resume["model_dir"]).is_dir():
             model_dir = resume["model_dir"]
@@ -150,15 +174,26 @@ def start_ray(cfg: Config) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(
-        address=cfg.ray.address or None,
-        num_cpus=local_cpus(cfg) if local else None,
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env={"env_vars": ACTOR_ENV},
-        **({"_node_ip_address": "127.0.0.1"} if local else {}),
-    )
-    interrupt_on_sigterm()  # ray.init installs its own SIGTERM handler, which exits at once
+    try:
+        ray.init(
+            address=cfg.ray.address or None,
+            num_cpus=local_cpus(cfg) if local else None,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": ACTOR_ENV},
+            **({"_node_ip_address": "127.0.0.1"} if local else {}),
+        )
+        interrupt_on_sigterm()  # ray.init installs its own SIGTERM handler, which exits at once
+    except BaseException as err:
+        interrupt_on_sigterm()
+        # Interrupted (or failed) half-way: the caller only shuts down a Ray this call started.
+        with interrupts_deferred():
+            ray.shutdown()
+        if isinstance(err, SystemExit) and err.code == signal.SIGTERM:
+            # Ray's handler (installed early in ray.init) raises SystemExit(SIGTERM): a preemption
+            # notice during start-up is an interrupt like any other (status interrupted, exit 130).
+            raise KeyboardInterrupt(signal.Signals.SIGTERM.name) from None
+        raise
     return True
 
 
@@ -171,6 +206,28 @@ def interrupt_on_sigterm() -> None:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """While the run stops its actors and Ray and writes its summary, another Ctrl-C or SIGTERM
+    (an impatient user, a scheduler repeating its notice) would abort that half-way and leave
+    processes or a torn summary.json behind: it is reported and ignored instead. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, _report_interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+
+
+def _report_interrupt(signum: int, frame: object) -> None:
+    print(f"[interrupt] {signal.Signals(signum).name} ignored: already stopping the run", flush=True)
 
 
 def local_cpus(cfg: Config) -> int:

@@ -4,8 +4,10 @@ Layout of `<run_dir>/checkpoints/step_<N>/` (N = the policy version after step N
 
     dcp/          model and optimizer, sharded: each rank writes its own shards (DCP); any world
                   size can load them
-    meta.json     version, world size, model directory, and the JSON state of each stateful part
-                  (learner counters, LR schedule, generator registry: prompt positions, queue counters)
+    meta.json     version, world size, model directory, the run's settings a resume must match
+                  (`run`: generators, task, data hashes; asyncgrpo/resume.py), and the JSON state of
+                  each stateful part (learner counters, LR schedule, generator registry: prompt
+                  positions, queue counters)
     rng/rank_<r>.json   each rank's RNG states
     model_files/  the model's config and tokenizer files (what `asyncgrpo export` needs besides weights)
     MANIFEST.json every other file's relative path, size and SHA-256 (not itself, not COMPLETE)
@@ -285,9 +287,10 @@ def _barrier(world_size: int) -> None:
 
 
 def save(directory: Path, version: int, sharded: ShardedState, states: dict[str, Any], *, model_dir: str,
-         rank: int, world_size: int, keep: int) -> Path:
+         rank: int, world_size: int, keep: int, run: dict[str, Any] | None = None) -> Path:
     """Every rank calls it with the same arguments but its own shards. `states`: each part's JSON
-    state (rank 0's are written). `keep`: complete checkpoints kept, 0 = all. Returns the path."""
+    state (rank 0's are written). `keep`: complete checkpoints kept, 0 = all. `run`: the settings a
+    resume must match (asyncgrpo/resume.py; rank 0's is written, None = not recorded). Returns the path."""
     import torch.distributed.checkpoint as dcp
 
     directory = directory.expanduser().resolve()
@@ -306,7 +309,7 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
         copy_model_files(Path(model_dir), tmp / "model_files")
         _write_json(tmp / META, {"format": FORMAT, "version": version, "world_size": world_size,
                                  "model_dir": str(model_dir), "torch": torch.__version__, "time": time.time(),
-                                 "states": states})
+                                 "run": run, "states": states})
         # Every rank's files are written (the barrier above follows their dcp.save and RNG files).
         write_manifest(tmp)
         _fsync_tree(tmp)

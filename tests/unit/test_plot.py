@@ -94,3 +94,15 @@ def test_not_a_run_directory_is_a_clear_error(tmp_path, capsys):
 def test_labels_are_unique_even_when_run_names_collide(tmp_path):
     assert run_labels([tmp_path / "x" / "run", tmp_path / "y" / "run"]) == ["x/run", "y/run"]
     assert run_labels([tmp_path / "a", tmp_path / "b"]) == ["a", "b"]
+
+
+def test_steps_logged_again_after_a_resume_in_the_same_run_dir_replace_the_earlier_ones(tmp_path):
+    # The first run logged steps 1-5 and checkpointed at 3; the resumed run appended 4-6.
+    run = tmp_path / "continued"
+    run.mkdir()
+    lines = [{"step": s, "samples": s * 128, "reward/mean": 0.1} for s in range(1, 6)]
+    lines += [{"step": s, "samples": s * 128, "reward/mean": 0.9} for s in range(4, 7)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    steps = load_run(run).steps
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert [r["reward/mean"] for r in steps] == [0.1, 0.1, 0.1, 0.9, 0.9, 0.9]

@@ -1,0 +1,128 @@
+"""What a checkpoint records about the run that wrote it, and whether a resume may continue it.
+
+A resumed generator skips the prompts the checkpointed run's generator had used: its stream is
+rebuilt from the task, the seed and the data, and position k must still mean the same prompt. So a
+checkpoint records, under `run` in its meta.json, the settings that define each generator's stream
+(`run_record`): rollout.num_generators, the task and its parameters, the seed, and the SHA-256 of
+every training data file. A resume whose settings differ is refused before Ray starts, in one line
+naming each difference, unless `resume_allow_changes=true`. A checkpoint without the record (written
+before checkpoints carried it) cannot be checked and is refused the same way: a silent mismatch would
+train on other prompts than the run believes, which no later metric reveals.
+
+A leaf beside the config: no torch, so the driver checks before anything heavy starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from asyncgrpo.schema import Config
+from asyncgrpo.tasks import FILE_TASKS
+
+# resume=auto: the newest complete checkpoint in run_dir/checkpoints, else a fresh start.
+RESUME_AUTO = "auto"
+# The config key that lets a resume go on despite differences (schema.py documents it).
+ALLOW_KEY = "resume_allow_changes"
+# Files are hashed a buffer at a time: a Parquet file can be many GB.
+_HASH_CHUNK_BYTES = 4 * 2**20
+# Task parameters that change which problems a built-in task generates or holds out.
+_TASK_PARAMETERS = {
+    "arithmetic": ("num_digits", "eval_size"),
+    "countdown": ("countdown_numbers", "countdown_max_number", "eval_size"),
+}
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+class ResumeRefused(ValueError):
+    """The checkpoint was written by a run whose prompt streams this run cannot continue."""
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def run_record(cfg: Config) -> dict[str, Any]:
+    """The settings that define the generators' prompt streams, keyed by their config keys (so a
+    difference names the key). File tasks: each training file's path and SHA-256, in order (the
+    order is the stream's); file paths may change between runs, contents may not."""
+    task = cfg.task
+    record: dict[str, Any] = {
+        "rollout.num_generators": cfg.rollout.num_generators,
+        "task.name": task.name,
+        "seed": cfg.seed,  # seeds each built-in stream, and the shuffle of file tasks
+    }
+    for name in _TASK_PARAMETERS.get(task.name, ("eval_size",)):
+        record[f"task.{name}"] = getattr(task, name)
+    if task.name in FILE_TASKS:
+        files = [str(Path(p).expanduser().resolve()) for p in cfg.data.train_files]
+        record["data.train_files"] = [{"path": p, "sha256": file_sha256(p)} for p in files]
+    return record
+
+
+def _short(sha256: str) -> str:
+    return sha256[:12]
+
+
+def _file_differences(saved: list[dict[str, str]], current: list[dict[str, str]]) -> list[str]:
+    if len(saved) != len(current):
+        return [f"data.train_files has {len(current)} file(s), the checkpoint's run had {len(saved)}"]
+    found = []
+    for i, (was, now) in enumerate(zip(saved, current)):
+        if was.get("sha256") != now["sha256"]:
+            found.append(f"data.train_files[{i}] {now['path']} has other contents than the checkpoint's run's "
+                         f"{was.get('path')} (sha256 {_short(now['sha256'])}..., was {_short(str(was.get('sha256')))}...)")
+    return found
+
+
+def record_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Each setting of `current` that differs from the checkpoint's `saved` record, as a phrase
+    naming its config key, this run's value and the checkpoint run's."""
+    found = []
+    other_task = saved.get("task.name") != current.get("task.name")
+    for key in sorted(set(saved) | set(current)):
+        was, now = saved.get(key), current.get(key)
+        if was == now:
+            continue
+        if other_task and (key.startswith("task.") or key.startswith("data.")) and key != "task.name":
+            continue  # another task: its parameters and data differ as a matter of course
+        if key == "data.train_files" and isinstance(was, list) and isinstance(now, list):
+            found += _file_differences(was, now)
+        elif key == "data.train_files":
+            found.append("data.train_files: " + ("this run reads no data files" if now is None
+                                                 else "the checkpoint's run read no data files"))
+        else:
+            found.append(f"{key}={now!r} (the checkpoint's run: {was!r})")
+    return found
+
+
+def check_compatible(meta: dict[str, Any], cfg: Config, checkpoint: str | Path,
+                     log: Callable[[str], None] = _print) -> list[str]:
+    """Raise ResumeRefused, in one line, unless the checkpoint's run record matches this run's (or
+    `resume_allow_changes` is set: then the differences are logged). Returns the differences."""
+    saved = meta.get("run")
+    allow = getattr(cfg, ALLOW_KEY)
+    if not isinstance(saved, dict):
+        why = (f"{checkpoint} records no run settings (written before checkpoints did), so its "
+               "rollout.num_generators, task and data cannot be checked against this run's")
+        if not allow:
+            raise ResumeRefused(f"{why}; set {ALLOW_KEY}=true to resume it unchecked")
+        log(f"[resume] warning: {why}; resuming unchecked ({ALLOW_KEY}=true)")
+        return ["no run record"]
+    differences = record_differences(saved, run_record(cfg))
+    if differences and not allow:
+        raise ResumeRefused(f"{checkpoint} was written by a run with other prompt streams: {'; '.join(differences)}. "
+                            f"Its generators' prompt positions would not mean the same prompts here; set "
+                            f"{ALLOW_KEY}=true to resume anyway")
+    if differences:
+        log(f"[resume] warning: resuming {checkpoint} despite changes ({ALLOW_KEY}=true): {'; '.join(differences)}")
+    return differences

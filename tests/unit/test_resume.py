@@ -1,0 +1,283 @@
+"""Resuming: resume=auto finds the newest complete checkpoint in run_dir (or starts fresh), a
+checkpoint records the settings that define the prompt streams and a resume that changes them is
+refused in one line before Ray starts, a run_dir used before keeps its earlier files, and the
+driver's interrupt handling around start-up. Real `checkpoint.save` on a few tensors; no Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from asyncgrpo.config import load
+from asyncgrpo.driver import prepare
+from asyncgrpo.driver.prepare import (
+    interrupt_on_sigterm,
+    interrupts_deferred,
+    resume_point,
+)
+from asyncgrpo.learner import checkpoint
+from asyncgrpo.resume import (
+    ResumeRefused,
+    check_compatible,
+    file_sha256,
+    record_differences,
+    run_record,
+)
+from asyncgrpo.train import keep_earlier_run_files
+
+# DCP without a process group says it assumes one process: that is the point here.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+
+class Weights:
+    """A ShardedState of two tensors: what the policy hands DCP, reduced."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": {"w": torch.arange(6, dtype=torch.float32), "b": torch.ones(2)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def config(tmp_path: Path, *overrides: str):
+    return load([f"run_dir={tmp_path / 'run'}", *overrides])
+
+
+def save(cfg, version: int, run: dict[str, Any] | None) -> Path:
+    model_dir = Path(cfg.run_dir).parent / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text("{}")
+    return checkpoint.save(Path(cfg.run_dir) / "checkpoints", version, Weights(), {"learner": {"samples": 0}},
+                           model_dir=str(model_dir), rank=0, world_size=1, keep=0, run=run)
+
+
+def refusal(meta: dict[str, Any], cfg) -> str:
+    with pytest.raises(ResumeRefused) as err:
+        check_compatible(meta, cfg, "runs/a/checkpoints/step_3", log=lambda line: None)
+    message = str(err.value)
+    assert "\n" not in message and "resume_allow_changes=true" in message
+    return message
+
+
+# ------------------------------------------------------------------------------- resume=auto
+
+
+def test_resume_auto_without_a_checkpoint_is_a_fresh_start_and_says_so(tmp_path):
+    lines: list[str] = []
+    assert resume_point(config(tmp_path, "resume=auto"), log=lines.append) is None
+    assert lines == [f"[resume] auto: no complete checkpoint in {tmp_path / 'run' / 'checkpoints'}; a fresh start"]
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint_ignoring_tmp_and_unmarked_ones(tmp_path):
+    cfg = config(tmp_path, "resume=auto")
+    for version in (2, 10, 9):  # numeric order, not the order written nor the names' order
+        save(cfg, version, run_record(cfg))
+    newest = Path(cfg.run_dir) / "checkpoints" / "step_10"
+    # A save killed midway (step_12.tmp, even with every file in it) and one without COMPLETE.
+    shutil.copytree(newest, newest.with_name("step_12.tmp"))
+    shutil.copytree(newest, newest.with_name("step_11"))
+    (newest.with_name("step_11") / checkpoint.MARKER).unlink()
+    lines: list[str] = []
+    resume = resume_point(cfg, log=lines.append)
+    assert resume is not None and resume["path"] == str(newest) and resume["version"] == 10
+    assert lines == [f"[resume] auto: continuing from {newest}"]
+
+
+def test_resume_auto_refuses_a_tampered_newest_checkpoint_rather_than_falling_back(tmp_path):
+    cfg = config(tmp_path, "resume=auto")
+    save(cfg, 1, run_record(cfg))
+    newest = save(cfg, 2, run_record(cfg))
+    (newest / "rng" / "rank_0.json").write_text("{}")
+    with pytest.raises(checkpoint.CheckpointError, match="rng/rank_0.json"):
+        resume_point(cfg, log=lambda line: None)
+
+
+def test_resume_auto_is_a_valid_config_value_and_a_missing_path_is_not():
+    assert load(["resume=auto"]).resume == "auto"
+    from asyncgrpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="must be auto, a checkpoint directory or a run directory"):
+        load(["resume=no/such/run"])
+
+
+# -------------------------------------------------------------------------- the run record
+
+
+def test_a_checkpoint_written_by_the_learner_records_the_run(tmp_path):
+    cfg = config(tmp_path, "rollout.num_generators=2", "seed=5")
+    meta = checkpoint.read_meta(save(cfg, 3, run_record(cfg)))
+    assert meta["run"] == {"rollout.num_generators": 2, "task.name": "arithmetic", "seed": 5,
+                           "task.num_digits": 2, "task.eval_size": 500}
+
+
+def test_the_same_settings_resume_without_a_word(tmp_path):
+    cfg = config(tmp_path)
+    lines: list[str] = []
+    assert check_compatible({"run": run_record(cfg)}, cfg, "ckpt", log=lines.append) == [] and lines == []
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ("rollout.num_generators=2", "rollout.num_generators=2 (the checkpoint's run: 1)"),
+    ("task.name=countdown", "task.name='countdown' (the checkpoint's run: 'arithmetic')"),
+    ("task.num_digits=3", "task.num_digits=3 (the checkpoint's run: 2)"),
+    ("seed=7", "seed=7 (the checkpoint's run: 0)"),
+])
+def test_each_changed_setting_is_refused_in_one_line_naming_it(tmp_path, change, named):
+    saved = {"run": run_record(config(tmp_path))}
+    message = refusal(saved, config(tmp_path, change, "model.path=any"))  # countdown needs one; not recorded
+    assert named in message
+    assert message.count("(the checkpoint's run:") == 1  # another task: only its name, not its parameters
+
+
+def test_two_changes_are_both_named_on_the_one_line(tmp_path):
+    saved = {"run": run_record(config(tmp_path))}
+    message = refusal(saved, config(tmp_path, "rollout.num_generators=2", "seed=1"))
+    assert "rollout.num_generators=2" in message and "seed=1" in message
+
+
+def data_config(tmp_path: Path, *files: Path, extra: tuple[str, ...] = ()):
+    return config(tmp_path, "task.name=files", f"data.train_files=[{','.join(str(f) for f in files)}]", *extra)
+
+
+def test_a_data_file_hash_changes_with_its_contents_and_a_changed_file_is_refused(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1=", "answer": "2"}\n')
+    before = file_sha256(data)
+    saved = {"run": run_record(data_config(tmp_path, data))}
+    assert saved["run"]["data.train_files"] == [{"path": str(data.resolve()), "sha256": before}]
+    data.write_text('{"question": "1+2=", "answer": "3"}\n')
+    assert file_sha256(data) != before
+    message = refusal(saved, data_config(tmp_path, data))
+    assert f"data.train_files[0] {data.resolve()} has other contents" in message and before[:12] in message
+
+
+def test_a_moved_data_file_with_the_same_contents_resumes(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1=", "answer": "2"}\n')
+    saved = {"run": run_record(data_config(tmp_path, data))}
+    moved = tmp_path / "elsewhere.jsonl"
+    shutil.copy(data, moved)
+    assert check_compatible(saved, data_config(tmp_path, moved), "ckpt", log=lambda line: None) == []
+
+
+def test_another_number_of_data_files_is_refused(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"question": "1+1=", "answer": "2"}\n')
+    b.write_text('{"question": "2+2=", "answer": "4"}\n')
+    saved = {"run": run_record(data_config(tmp_path, a))}
+    assert "data.train_files has 2 file(s), the checkpoint's run had 1" in refusal(saved, data_config(tmp_path, a, b))
+
+
+def test_resume_allow_changes_goes_on_and_logs_what_differs(tmp_path):
+    saved = {"run": run_record(config(tmp_path))}
+    lines: list[str] = []
+    cfg = config(tmp_path, "rollout.num_generators=2", "resume_allow_changes=true")
+    assert check_compatible(saved, cfg, "ckpt", log=lines.append) == ["rollout.num_generators=2 (the checkpoint's run: 1)"]
+    assert len(lines) == 1 and lines[0].startswith("[resume] warning: resuming ckpt despite changes")
+
+
+def test_a_checkpoint_without_a_run_record_is_refused_unless_allowed(tmp_path):
+    message = refusal({"format": 3}, config(tmp_path))
+    assert "records no run settings" in message
+    lines: list[str] = []
+    check_compatible({"format": 3}, config(tmp_path, "resume_allow_changes=true"), "ckpt", log=lines.append)
+    assert len(lines) == 1 and "resuming unchecked" in lines[0]
+
+
+def test_record_differences_of_equal_records_is_empty():
+    record = {"rollout.num_generators": 1, "task.name": "files", "seed": 0, "task.eval_size": 5,
+              "data.train_files": [{"path": "/a", "sha256": "00"}]}
+    assert record_differences(record, dict(record)) == []
+
+
+# ------------------------------------------------------------------------------------ the CLI
+
+
+def test_an_incompatible_resume_exits_2_in_one_line_before_the_model_or_ray_start(tmp_path, capsys, monkeypatch):
+    from asyncgrpo import cli, train
+
+    written = config(tmp_path, "rollout.num_generators=2")
+    save(written, 4, run_record(written))
+
+    def must_not_run(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the run went past the resume check")
+
+    monkeypatch.setattr(train, "starting_model", must_not_run)
+    monkeypatch.setattr(train, "start_ray", must_not_run)
+    code = cli.main(["train", f"run_dir={tmp_path / 'run'}", "resume=auto", "rollout.num_generators=1",
+                     "progress=false"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("asyncgrpo: resume: ") and "rollout.num_generators=1 (the checkpoint's run: 2)" in line
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("ResumeRefused: ")
+
+
+# ------------------------------------------------------------------------- a run_dir used again
+
+
+def test_a_run_dir_used_again_keeps_its_earlier_summary_and_config_in_order(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    keep_earlier_run_files(run_dir.parent)  # nothing there: nothing moved, nothing said
+    run_dir.mkdir()
+    assert capsys.readouterr().out == ""
+    for segment in ("first", "second"):
+        (run_dir / "summary.json").write_text(json.dumps({"status": segment}))
+        (run_dir / "config.yaml").write_text(f"seed: {segment}\n")
+        (run_dir / "metrics.jsonl").write_text("{}\n")
+        keep_earlier_run_files(run_dir)
+    assert json.loads((run_dir / "summary.1.json").read_text()) == {"status": "first"}
+    assert json.loads((run_dir / "summary.2.json").read_text()) == {"status": "second"}
+    assert (run_dir / "config.2.yaml").read_text() == "seed: second\n"
+    assert not (run_dir / "summary.json").exists() and (run_dir / "metrics.jsonl").exists()
+    assert "kept with suffix .2" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------- interrupts at start-up
+
+
+@pytest.fixture
+def sigterm_interrupts():
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt_on_sigterm()
+    yield
+    signal.signal(signal.SIGTERM, previous[0])
+    signal.signal(signal.SIGINT, previous[1])
+
+
+def test_an_interrupt_while_stopping_is_reported_and_ignored_then_interrupts_work_again(sigterm_interrupts, capsys):
+    with interrupts_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert capsys.readouterr().out.count("ignored: already stopping the run") == 2
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode
+
+
+def test_sigterm_during_ray_init_is_an_interrupt_and_shuts_down_what_ray_started(sigterm_interrupts, monkeypatch,
+                                                                                 tmp_path):
+    import ray
+
+    calls: list[str] = []
+
+    def init(**kwargs: Any) -> None:
+        calls.append("init")
+        signal.signal(signal.SIGTERM, lambda signum, frame: exit(signum))  # as ray.init's own handler does
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        prepare.start_ray(config(tmp_path))
+    assert calls == ["init", "shutdown"]
+    assert signal.getsignal(signal.SIGTERM) is prepare._raise_interrupt  # ours again, not Ray's
