@@ -5,7 +5,8 @@ seeds in every process):
 - zmq:     a producer process encodes and sends with `Sender`; a consumer Ray actor receives,
            decodes and queues with `Receiver` + `ReplayQueue` and takes batches, as the learner
            (a Ray actor) does. The transport is the learner's default on a loopback host (`auto`: ipc);
-- zmq-tcp: the same over TCP loopback (`transport="tcp"`: what a learner bound beyond loopback uses);
+- zmq-tcp: the same over TCP loopback (`transport="tcp"`), without CURVE (`insecure=True`): a run's
+           TCP wire adds CURVE's encryption on top;
 - ray:     a Ray task puts the same `ScoredGroup`s into `ray.util.queue.Queue` (pickled through the
            object store); this process gets them one by one;
 - memcpy:  this process copies the encoded frames' bytes into a preallocated buffer (the limit);
@@ -99,9 +100,9 @@ class ZmqConsumer:
 
     def __init__(self, transport: str, count: int, bare: bool) -> None:
         self.count, self.bare = count, bare
-        self.receiver = Receiver(transport=transport)
+        self.receiver = Receiver(transport=transport, insecure=True)  # the transport's cost, without CURVE
         self.queue = None if bare else ReplayQueue(self.receiver, 64, StalenessEviction(1 << 30, drop_stale=True, full_policy="block"),
-                                                   limits=None).start()
+                                                   limits=None, shares=None).start()
 
     def endpoint(self) -> tuple[str, str]:
         return self.receiver.endpoint, self.receiver.transport

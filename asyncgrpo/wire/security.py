@@ -1,4 +1,4 @@
-"""ZeroMQ CURVE authentication for sockets that bind beyond loopback. See docs/WIRE.md.
+"""ZeroMQ CURVE authentication for TCP sockets, loopback included (and ipc ones on request). See docs/WIRE.md.
 
 The launcher makes one `WireKeys`: a server keypair for the learner's bound sockets and one client
 keypair per generator. The learner gets `keys.server()`, generator i gets `keys.client(i)`. A bound

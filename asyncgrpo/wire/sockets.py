@@ -5,9 +5,10 @@
 - `Publisher` (PUB, binds) / `Subscriber` (SUB, connects): learner -> generators stream of weights
   and shutdown.
 
-Every blocking call takes a timeout. Bound sockets listen on loopback unless given CURVE keys
-(see security.py) or, explicitly, `insecure=True`. A receiving channel rejects and counts any
-malformed or wrong-direction message and keeps serving.
+Every blocking call takes a timeout. A bound TCP socket, loopback included, needs CURVE keys
+(see security.py) or, explicitly, `insecure=True`; an ipc socket sits in a private 0700 directory
+and needs neither. A receiving channel rejects and counts any malformed or wrong-direction message
+and keeps serving.
 
 Transport: a bound channel on a loopback host listens on a Unix-domain socket (`ipc://`) by
 default (`transport="auto"`), which costs the kernel about half of what TCP loopback does per byte;
@@ -151,12 +152,13 @@ class _Channel:
 class _Bound(_Channel):
     def __init__(self, socket_type: int, options: dict[int, int], host: str, curve: CurveServerKeys | None,
                  insecure: bool, transport: str) -> None:
-        if curve is None and not insecure and not is_loopback(host):
+        self.transport = resolve_transport(transport, host)
+        # Any local user can connect to TCP loopback, so only file permissions (ipc) stand in for keys.
+        if curve is None and not insecure and self.transport == "tcp":
             raise ValueError(
-                f"refusing to bind {host!r} without authentication: pass CURVE keys "
+                f"refusing to bind tcp on {host!r} without authentication: pass CURVE keys "
                 "(asyncgrpo.wire.WireKeys) or set wire.insecure=true"
             )
-        self.transport = resolve_transport(transport, host)
         super().__init__(socket_type, options)
         if curve is not None:
             make_curve_server(self.socket, curve)

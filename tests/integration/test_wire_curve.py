@@ -9,6 +9,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from asyncgrpo.config import load, use_curve
 from asyncgrpo.wire import (
     CurveClientKeys,
     CurveKeypair,
@@ -131,14 +132,43 @@ def test_two_servers_in_one_process_admit_their_own_clients_only() -> None:
             receiver.close()
 
 
-def test_binding_beyond_loopback_needs_keys_or_an_explicit_insecure() -> None:
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1", "localhost"])
+def test_binding_tcp_needs_keys_or_an_explicit_insecure_loopback_included(host: str) -> None:
     with pytest.raises(ValueError, match="wire.insecure"):
-        Receiver("0.0.0.0")
+        Receiver(host, transport="tcp")
     with pytest.raises(ValueError, match="wire.insecure"):
-        Publisher("0.0.0.0")
-    Receiver("0.0.0.0", insecure=True).close()
-    Receiver("127.0.0.1").close()
-    Receiver("localhost").close()
+        Publisher(host, transport="tcp")
+    Receiver(host, transport="tcp", insecure=True).close()
+    Publisher(host, transport="tcp", insecure=True).close()
+
+
+def test_binding_ipc_needs_no_keys() -> None:
+    for host in ("127.0.0.1", "localhost"):
+        Receiver(host).close()
+        Publisher(host, transport="ipc").close()
+
+
+def test_a_tcp_loopback_run_with_curve_auto_refuses_a_client_without_the_server_key() -> None:
+    """The config's decision and the channels together, as the launcher wires them: a local process
+    that connects to the learner's loopback TCP port without the run's keys delivers nothing."""
+    cfg = load(["wire.transport=tcp"])
+    assert use_curve(cfg)
+    keys = WireKeys.generate(num_clients=1)
+    receiver = Receiver(cfg.wire.host, curve=keys.server(), insecure=cfg.wire.insecure, transport=cfg.wire.transport)
+    assert receiver.endpoint.startswith("tcp://127.0.0.1:")
+    trusted = Sender(receiver.endpoint, curve=keys.client(0))
+    outsiders = [Sender(receiver.endpoint),  # no CURVE at all
+                 Sender(receiver.endpoint, curve=CurveClientKeys(CurveKeypair.generate(), keys.server_keypair.public)),
+                 Sender(receiver.endpoint, curve=WireKeys(CurveKeypair.generate(), keys.client_keypairs).client(0))]
+    try:
+        for outsider in outsiders:
+            assert not outsider.try_send(Heartbeat(generator_id=9, next_seq=0, version=0), timeout_s=1.0)
+        trusted.send(Heartbeat(generator_id=1, next_seq=0, version=0), timeout_s=5)
+        assert receiver.recv(timeout_s=5) == Heartbeat(generator_id=1, next_seq=0, version=0)
+        assert receiver.recv(timeout_s=0.3) is None  # nothing of the outsiders' arrived
+    finally:
+        for channel in (*outsiders, trusted, receiver):
+            channel.close()
 
 
 def test_loopback_detection() -> None:
