@@ -18,6 +18,13 @@ a token id beyond the vocabulary, a sequence beyond the context, more samples th
 does not enter either: it is counted under `wire/rejected/<reason>` beside the messages the codec
 rejects, and its sequence number counts as seen, not lost.
 
+Shares (under a throttling stale policy, `shares` from `config.groups_per_generator`): each step
+takes exactly its share of groups from each generator, each generator's oldest first. Group k of a
+generator with share q is then trained at learner version k // q exactly, whatever the relative
+speeds of the generators, which is what the generators' throttle (`rollout.generator.throttle_limit`)
+relies on to bound staleness; a faster generator's groups wait here for the slower one's. Taking
+whatever arrived first instead would train a slow generator's groups later than k // q, beyond the bound.
+
 The learner takes groups from a `GroupSource`: this queue, or a `ListSource` of fixed groups
 (tests, offline benchmarks).
 """
@@ -183,11 +190,16 @@ class ReplayQueue:
         policy: EvictionPolicy,
         *,
         limits: GroupLimits | None,
+        shares: Sequence[int] | None,
         registry: GeneratorRegistry | None = None,
         poll_interval_s: float = 0.05,
     ) -> None:
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
+        if shares is not None and (not shares or min(shares) < 0 or sum(shares) > capacity_groups):
+            raise ValueError(f"shares must be >= 0 and sum to at most capacity_groups={capacity_groups}, got {shares}")
+        # Groups per step from generator i (None: any generator, first come first served).
+        self.shares = list(shares) if shares is not None else None
         self.receiver = receiver
         self.capacity_groups = capacity_groups
         self.policy = policy
@@ -247,6 +259,10 @@ class ReplayQueue:
     def _put(self, message: object, deadline: float | None) -> bool:
         # Outside the lock: a pass over the tokens must not hold up the learner's take.
         problem = self.limits.untrainable(message) if self.limits and isinstance(message, ScoredGroup) else None
+        if problem is None and self.shares is not None and isinstance(message, ScoredGroup) \
+                and not 0 <= message.generator_id < len(self.shares):
+            # Nothing would ever take it: it would hold a place in the buffer for good.
+            problem = ("unknown_generator", f"generator {message.generator_id} of {len(self.shares)}")
         with self._lock:
             if isinstance(message, ScoredGroup) and problem is not None:
                 # Its sequence number was used, so it is not lost; a replay of it is still a duplicate.
@@ -320,21 +336,36 @@ class ReplayQueue:
                     self._waiting_takers.remove(num_groups)
 
     def _pop_fresh(self, num_groups: int, learner_version: int) -> list[ScoredGroup] | None:
-        """With the lock held: pop `num_groups` fresh groups, dropping stale ones on the way, or,
-        if the buffer runs out first, put the fresh ones back and return None."""
+        """With the lock held: pop `num_groups` fresh groups (each generator's share, with shares),
+        dropping stale ones on the way; None if the buffer does not hold them yet (the fresh ones
+        stay, in order)."""
+        wanted = self._wanted(num_groups)
         batch: list[ScoredGroup] = []
-        while self._buffer and len(batch) < num_groups:
-            group = self._buffer.popleft()
+        kept: deque[ScoredGroup] = deque()
+        for group in self._buffer:
             if self.policy.too_stale(group, learner_version):
                 self.dropped_stale += 1
-            else:
+            elif len(batch) < num_groups and (wanted is None or wanted[group.generator_id] > 0):
                 batch.append(group)
+                if wanted is not None:
+                    wanted[group.generator_id] -= 1
+            else:
+                kept.append(group)
         self._room_made.notify_all()
         if len(batch) < num_groups:
-            self._buffer.extendleft(reversed(batch))
+            self._buffer = deque(group for group in self._buffer if not self.policy.too_stale(group, learner_version))
             return None
+        self._buffer = kept
         self.consumed += num_groups
         return batch
+
+    def _wanted(self, num_groups: int) -> list[int] | None:
+        if self.shares is None:
+            return None
+        if num_groups != sum(self.shares):
+            raise ValueError(f"with shares {self.shares} a take is one step of {sum(self.shares)} groups, "
+                             f"not {num_groups}")
+        return list(self.shares)
 
     def _timeout_message(self, num_groups: int, learner_version: int, timeout_s: float) -> str:
         rejected = self.rejected.counts()

@@ -12,11 +12,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.config import groups_per_generator, learner_wait_timeout_s
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.replay import (
     DROPPING_STALE_POLICIES,
+    THROTTLING_STALE_POLICIES,
     GroupLimits,
     ReplayQueue,
     StalenessEviction,
@@ -107,8 +108,10 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
                         transport=wire.transport)
     eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES,
                                  full_policy=cfg.queue.full_policy)
+    # Under the throttle each step takes each generator's share: the throttle's bound relies on it.
+    shares = groups_per_generator(cfg) if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
-                        registry=registry).start()
+                        shares=shares, registry=registry).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=wire.transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     arguments.update(source=queue, registry=registry, weights=weights)

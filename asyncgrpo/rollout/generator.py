@@ -107,9 +107,12 @@ class GeneratorStats:
 def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int) -> int:
     """How many groups a generator may have started in total while it holds `loaded_version`.
 
-    Group k (0-based) of this generator is consumed at learner version >= k // quota, so starting
-    it only while k < (max_staleness + v + 1) * quota, with weights v, bounds its staleness by
-    max_staleness. max_staleness = 0 gives lock-step synchronous GRPO.
+    The learner takes each generator's share (`quota`) per step, oldest first (replay.py), so this
+    generator's group k (0-based, in sending order) is trained at learner version k // quota
+    exactly, however fast the other generators are. Starting it only while
+    k < (max_staleness + v + 1) * quota, with weights v, gives k // quota - v <= max_staleness. A
+    group given back (reward.on_error=drop_group) only moves later groups to smaller k.
+    max_staleness = 0 gives lock-step synchronous GRPO.
     """
     return (max_staleness + loaded_version + 1) * quota_per_step
 

@@ -262,7 +262,7 @@ def live_queue() -> Iterator[ReplayQueue]:
     # No limits: `classify` mirrors the codec alone (whether an untrainable group is rejected or a
     # duplicate depends on the sequence numbers before it).
     queue = ReplayQueue(receiver, 64, StalenessEviction(1 << 40, drop_stale=True, full_policy="drop_oldest"),
-                        limits=None, poll_interval_s=0.01).start()
+                        limits=None, shares=None, poll_interval_s=0.01).start()
     yield queue
     queue.close()
 

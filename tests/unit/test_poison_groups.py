@@ -108,7 +108,7 @@ def test_a_poison_group_on_the_socket_is_rejected_under_its_reason_counted_and_t
     case: str,
 ) -> None:
     make_frames, reason, seq_used = POISON[case]
-    queue = ReplayQueue(Receiver(), 4, eviction(), limits=LIMITS, poll_interval_s=0.01).start()
+    queue = ReplayQueue(Receiver(), 4, eviction(), limits=LIMITS, shares=None, poll_interval_s=0.01).start()
     push = zmq.Context.instance().socket(zmq.PUSH)
     try:
         push.connect(queue.receiver.endpoint)
@@ -128,7 +128,7 @@ def test_a_poison_group_on_the_socket_is_rejected_under_its_reason_counted_and_t
 
 
 def test_put_counts_a_poison_group_without_raising_or_waiting_for_room_in_a_full_queue() -> None:
-    queue = ReplayQueue(None, 1, eviction("block"), limits=LIMITS)
+    queue = ReplayQueue(None, 1, eviction("block"), limits=LIMITS, shares=None)
     queue.put(good_group(seq=0))
     queue.put(good_group(seq=1, prompt_tokens=0), timeout_s=0.0)  # waiting for room would raise QueueFull
     with pytest.raises(QueueFull):
@@ -140,7 +140,7 @@ def test_put_counts_a_poison_group_without_raising_or_waiting_for_room_in_a_full
 
 
 def test_a_rejected_groups_sequence_number_is_used_so_it_is_not_lost_and_its_replay_is_a_duplicate() -> None:
-    queue = ReplayQueue(None, 4, eviction(), limits=LIMITS)
+    queue = ReplayQueue(None, 4, eviction(), limits=LIMITS, shares=None)
     poison = good_group(seq=0, prompt_tokens=0)
     queue.put(poison)
     queue.put(poison)
@@ -227,7 +227,7 @@ def test_a_training_step_runs_on_what_the_queue_serves_after_poison_groups() -> 
     # Trainable though unusual: one sample (advantage 0) and completions of zero tokens.
     good = [good_group(seq=1), good_group(seq=3, lengths=(2,)), good_group(seq=5, lengths=(0, 4, 0, 1)),
             good_group(seq=7)]
-    queue = ReplayQueue(None, 16, eviction(), limits=limits)
+    queue = ReplayQueue(None, 16, eviction(), limits=limits, shares=None)
     for group in sorted(poison + good, key=lambda g: g.seq):
         queue.put(group)
     stats = queue.stats()

@@ -46,7 +46,7 @@ def eviction(max_staleness: int, full_policy: str = "block", drop_stale: bool = 
 
 def in_process_queue(capacity: int = 4, max_staleness: int = 2, full_policy: str = "block",
                      drop_stale: bool = True) -> ReplayQueue:
-    return ReplayQueue(None, capacity, eviction(max_staleness, full_policy, drop_stale), limits=None)
+    return ReplayQueue(None, capacity, eviction(max_staleness, full_policy, drop_stale), limits=None, shares=None)
 
 
 def test_stats_keep_the_keys_the_learner_logs() -> None:
@@ -208,7 +208,7 @@ class EvictLowestReward:
 
 
 def test_a_custom_policy_plugs_in_and_its_evictions_are_counted() -> None:
-    queue = ReplayQueue(None, 2, EvictLowestReward(), limits=None)
+    queue = ReplayQueue(None, 2, EvictLowestReward(), limits=None, shares=None)
     for seq, reward in enumerate([0.5, 0.1, 0.9]):
         queue.put(group(seq=seq, reward=reward))
     stats = assert_accounted(queue)
@@ -218,7 +218,7 @@ def test_a_custom_policy_plugs_in_and_its_evictions_are_counted() -> None:
 
 def test_policy_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="capacity_groups"):
-        ReplayQueue(None, 0, eviction(1), limits=None)
+        ReplayQueue(None, 0, eviction(1), limits=None, shares=None)
     with pytest.raises(ValueError, match="full_policy"):
         in_process_queue(full_policy="drop_newest")
     with pytest.raises(ValueError, match="max_staleness"):
@@ -228,7 +228,7 @@ def test_policy_arguments_are_checked() -> None:
 def test_a_live_queue_rejects_malformed_messages_logs_each_kind_once_and_keeps_serving(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    queue = ReplayQueue(Receiver(), 4, eviction(1000), limits=None, poll_interval_s=0.01).start()
+    queue = ReplayQueue(Receiver(), 4, eviction(1000), limits=None, shares=None, poll_interval_s=0.01).start()
     raw = zmq.Context.instance().socket(zmq.PUSH)
     sender = Sender(queue.receiver.endpoint)
     try:
@@ -257,7 +257,7 @@ def test_a_live_queue_rejects_malformed_messages_logs_each_kind_once_and_keeps_s
 
 
 def test_a_live_queue_stops_reading_when_full_under_the_block_policy() -> None:
-    queue = ReplayQueue(Receiver(high_water_mark=1), 2, eviction(1000), limits=None, poll_interval_s=0.01).start()
+    queue = ReplayQueue(Receiver(high_water_mark=1), 2, eviction(1000), limits=None, shares=None, poll_interval_s=0.01).start()
     sender = Sender(queue.receiver.endpoint, high_water_mark=1)
     # Big groups, so that the kernel's socket buffers between the two high-water marks hold few.
     big = example_group(num_samples=2, tokens_per_sample=1 << 16)

@@ -162,7 +162,7 @@ class AckWait:
         self.version, self.max_staleness, self.num_generators, self.timeout_s = (
             version, max_staleness, num_generators, timeout_s)
         self.queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True, full_policy="block"),
-                                 limits=None)
+                                 limits=None, shares=None)
         self.ack_waits = 0
 
     def __call__(self) -> None:
