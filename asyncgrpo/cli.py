@@ -23,6 +23,7 @@ USAGE_EXAMPLES = """examples:
   asyncgrpo plot runs/a runs/b --out plots_ab        # compare runs
   asyncgrpo train train.save_every_steps=100         # sharded checkpoints in run_dir/checkpoints
   asyncgrpo train resume=runs/a                      # continue from its newest complete checkpoint
+  asyncgrpo train run_dir=runs/a resume=auto         # the same, or a fresh start if it has none (restarts)
   asyncgrpo export runs/a/checkpoints/step_100 hf    # a checkpoint in Hugging Face format
   asyncgrpo make-model qwen2.5-0.5b models/q05b      # a random Qwen2.5-0.5B-shaped model (docs/MODELS.md)
 """
@@ -69,6 +70,7 @@ COMMON_KEYS = {
     "learner.world_size": "FSDP2 learner ranks",
     "learner.micro_batch_tokens": "padded tokens per forward pass per rank; 0 = whole share",
     "weights.backend": "zmq (any device) | nccl (GPU broadcast)",
+    "algo.mode": "bypass | decoupled | naive: the PPO anchor (docs/ALGORITHMS.md)",
     "algo.loss_type": "",
     "algo.clip_low": "",
     "algo.clip_high": "",
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncgrpo.learner.checkpoint import CheckpointError
     from asyncgrpo.models.check import ModelDirError
     from asyncgrpo.preflight import PreflightError
+    from asyncgrpo.resume import ResumeRefused
     from asyncgrpo.train import train
 
     try:
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:  # bad or missing data: the message names the file and line
         print(f"asyncgrpo: data error: {err}", file=sys.stderr)
         return 2
-    except CheckpointError as err:  # resume= names no usable checkpoint, or a tampered one
+    except (CheckpointError, ResumeRefused) as err:  # no usable checkpoint, a tampered one, or another run's
         print(f"asyncgrpo: resume: {err}", file=sys.stderr)
         return 2
     except (ModelDirError, PreflightError) as err:  # the model or the settings cannot work: one line

@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
-from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES
+from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES, THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import DEVICES
+from asyncgrpo.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
@@ -23,6 +24,7 @@ from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register, to_yaml 
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES  # noqa: F401 - re-exported for callers
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
+from asyncgrpo.wire.sockets import resolve_transport
 
 
 def _one_line(err: BaseException) -> str:
@@ -73,6 +75,7 @@ def validate(cfg: Config) -> None:
         IS_LEVELS,
         KL_KINDS,
         LOSS_TYPES,
+        MODES,
     )
     from asyncgrpo.weights.base import BACKENDS
     from asyncgrpo.weights.zmq import WIRE_DTYPES
@@ -99,6 +102,13 @@ def validate(cfg: Config) -> None:
     require(t.stale_policy in STALE_POLICIES, "train.stale_policy", _one_of(STALE_POLICIES), t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
     require(q.full_policy in FULL_POLICIES, "queue.full_policy", _one_of(FULL_POLICIES), q.full_policy)
+    if r.num_generators > 1 and t.stale_policy in THROTTLING_STALE_POLICIES:
+        # Each step takes every generator's share (replay.py): a faster generator's groups wait in
+        # the queue for the slower one's, up to max_staleness + 1 steps of them.
+        needed = (t.max_staleness + 1) * t.groups_per_step
+        require(q.capacity_groups >= needed, "queue.capacity_groups",
+                f"must be >= (train.max_staleness + 1) x train.groups_per_step = {needed} with "
+                f"{r.num_generators} generators under train.stale_policy={t.stale_policy}", q.capacity_groups)
     require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
     require(learner.mixed_precision in MIXED_PRECISIONS, "learner.mixed_precision", _one_of(MIXED_PRECISIONS),
             learner.mixed_precision)
@@ -108,8 +118,9 @@ def validate(cfg: Config) -> None:
             cfg.algo.kl.reference_on)
     require(t.save_every_steps >= 0, "train.save_every_steps", "must be >= 0 (0 = never)", t.save_every_steps)
     require(t.keep_checkpoints >= 0, "train.keep_checkpoints", "must be >= 0 (0 = all)", t.keep_checkpoints)
-    require(not cfg.resume or Path(cfg.resume).expanduser().is_dir(), "resume",
-            "must be a checkpoint directory or a run directory", cfg.resume)
+    # `auto` is resolved at start (it may find nothing); a path must be there now (./auto for a directory so named).
+    require(not cfg.resume or cfg.resume == RESUME_AUTO or Path(cfg.resume).expanduser().is_dir(), "resume",
+            f"must be {RESUME_AUTO}, a checkpoint directory or a run directory", cfg.resume)
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
     require(learner.lr_schedule in LR_SCHEDULES, "learner.lr_schedule", _one_of(LR_SCHEDULES), learner.lr_schedule)
@@ -137,12 +148,16 @@ def validate(cfg: Config) -> None:
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
             f"ipc reaches only this node, but wire.host={cfg.wire.host!r} is for other nodes: use tcp or auto",
             cfg.wire.transport)
-    require(use_curve(cfg) or cfg.wire.insecure or is_loopback(cfg.wire.host), "wire.curve",
-            f"is off while wire.host={cfg.wire.host!r} binds beyond loopback: set wire.insecure=true to allow "
-            "unauthenticated sockets", cfg.wire.curve)
+    require(use_curve(cfg) or cfg.wire.insecure or _wire_transport(cfg) == "ipc", "wire.curve",
+            f"is off but wire.transport={cfg.wire.transport} binds tcp on wire.host={cfg.wire.host!r}, open to any "
+            "process that reaches it: set wire.curve=auto, or wire.insecure=true to allow unauthenticated TCP sockets",
+            cfg.wire.curve)
     require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", _one_of(ADVANTAGE_MODES), cfg.algo.advantage)
     require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", _one_of(LOSS_TYPES), cfg.algo.loss_type)
+    require(cfg.algo.mode in MODES, "algo.mode", _one_of(MODES), cfg.algo.mode)
     require(cfg.algo.clip_low > 0 and cfg.algo.clip_high > 0, "algo.clip_low/clip_high", "must be > 0", (cfg.algo.clip_low, cfg.algo.clip_high))
+    require(cfg.algo.clip_low < 1 or (cfg.algo.clip_low == 1 and cfg.algo.loss_type == "cispo"), "algo.clip_low",
+            "must be < 1 (exactly 1, no floor on the IS weight, only with algo.loss_type=cispo)", cfg.algo.clip_low)
     require(cfg.algo.clip_c > 1, "algo.clip_c", "must be > 1", cfg.algo.clip_c)
     require(cfg.algo.agg in AGG_MODES, "algo.agg", _one_of(AGG_MODES), cfg.algo.agg)
     require(cfg.algo.correction.is_level is None or cfg.algo.correction.is_level in IS_LEVELS, "algo.correction.is_level",
@@ -209,8 +224,15 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
 
 
 
+def _wire_transport(cfg: Config) -> str:
+    return resolve_transport(cfg.wire.transport, cfg.wire.host)
+
+
 def use_curve(cfg: Config) -> bool:
-    return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and not is_loopback(cfg.wire.host))
+    """Whether the learner's sockets use CURVE. auto: on over tcp, loopback included (any local user
+    can connect there), off over ipc (a socket file in a 0700 directory: only this user can).
+    `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""
+    return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and _wire_transport(cfg) == "tcp")
 
 
 def groups_per_generator(cfg: Config) -> list[int]:

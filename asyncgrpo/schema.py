@@ -193,7 +193,13 @@ class CorrectionConfig:
 @dataclass
 class AlgoConfig:
     advantage: str = "grpo"  # grpo | drgrpo | rloo
-    loss_type: str = "ppo_clip"  # ppo_clip | reinforce
+    # The old policy (PPO anchor): bypass = the generator's log-probs, no recompute pass;
+    # decoupled = the learner's weights at the start of the step (one forward pass without gradient)
+    # with IS weights pi_prox / mu per algo.correction.*; naive = that anchor, no rollout correction.
+    mode: str = "bypass"  # bypass | decoupled | naive
+    # gspo: sequence-level ratio (the paper's objective with agg=seq-mean-token-mean); cispo: clipped,
+    # detached IS weight times logp (clip_low/clip_high clip the weight; clip_low=1 = no floor).
+    loss_type: str = "ppo_clip"  # ppo_clip | reinforce | gspo | cispo
     clip_low: float = 0.2
     clip_high: float = 0.28
     clip_c: float = 3.0
@@ -235,10 +241,12 @@ class QueueConfig:
 @dataclass
 class WireConfig:
     host: str = "127.0.0.1"
-    # CURVE authentication of every socket: auto = on when wire.host is not a loopback address.
-    # The launcher generates the keys and hands each process its own.
+    # CURVE authentication of the learner's sockets: auto = on over tcp (loopback included: any local
+    # user can connect there), off over ipc (a socket file in a 0700 directory). The launcher
+    # generates the keys and hands each process its own.
     curve: str = "auto"  # auto | on | off
-    # Binding beyond loopback without authentication must be asked for explicitly.
+    # A TCP socket without CURVE (wire.curve=off over tcp) must be asked for explicitly. It permits,
+    # never disables: CURVE is off only with wire.curve=off.
     insecure: bool = False
     # auto = ipc (Unix socket, about half the kernel cost of TCP loopback) when wire.host is loopback,
     # tcp otherwise. ipc needs every process on this node, and drops what a generator sent but the
@@ -300,8 +308,15 @@ class Config:
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
     seed: int = 0
     # Continue from a checkpoint: a checkpoint directory (step_<N>) or a run directory (its newest
-    # complete checkpoint); empty = a fresh run.
+    # complete checkpoint); empty = a fresh run. auto = the newest complete checkpoint in
+    # run_dir/checkpoints if there is one, else a fresh run: a restarted job (a preemption, a crash)
+    # goes on in the same run_dir with the same command line (metrics.jsonl is appended to).
     resume: str = ""
+    # A checkpoint records rollout.num_generators, the task (name, parameters, seed) and the SHA-256
+    # of each data.train_files file; resuming with any of them changed, or from a checkpoint without
+    # that record, is refused before Ray starts: each generator's saved prompt position would name
+    # other prompts. true = resume anyway, logging what differs (asyncgrpo/resume.py).
+    resume_allow_changes: bool = False
     # auto: cuda when the driver sees an NVIDIA GPU (vLLM and the learner then share the GPUs
     # through Ray's GPU resources, with NCCL between learner ranks), else cpu.
     device: str = "auto"

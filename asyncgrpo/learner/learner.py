@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
+from asyncgrpo import resume
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.metrics import batch_metrics, rate_metrics
@@ -78,6 +79,7 @@ class Learner:
         self._first_step_start = 0.0
         self._busy_until = 0.0
         self._last_taken: tuple[int, list[ScoredGroup]] = (0, [])
+        self._run_record: dict[str, Any] | None = None
 
     @classmethod
     def from_config(cls, cfg: Config, model_dir: str, rank: int = 0, world_size: int = 1, **where: Any) -> Learner:
@@ -244,8 +246,16 @@ class Learner:
         if self.source is not None and hasattr(self.source, "state_dict"):
             states["queue"] = self.source.state_dict()
         path = checkpoint.save(Path(directory), self.version, self.policy, states, model_dir=self.model_dir,
-                               rank=self.rank, world_size=self.world_size, keep=self.cfg.train.keep_checkpoints)
+                               rank=self.rank, world_size=self.world_size, keep=self.cfg.train.keep_checkpoints,
+                               run=self.run_record() if self.rank == 0 else None)
         return str(path)
+
+    def run_record(self) -> dict[str, Any]:
+        """What a resume checks against (asyncgrpo/resume.py); the data files are hashed at the first
+        save only: the run reads them once, at its start."""
+        if self._run_record is None:
+            self._run_record = resume.run_record(self.cfg)
+        return self._run_record
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Continue from a checkpoint (every rank calls it, any world size); returns its meta."""

@@ -1,6 +1,7 @@
 """The learner's step metrics, defined in one place.
 
     loss/*, optim/*, is/*, ...   update(): per micro-batch, merged over micro-batches and ranks
+    time/optimizer_s, time/recompute_s   update(): parts of time/train_s (recompute: 0 under algo.mode=bypass)
     step, samples, perf/*, reward/mean|std, staleness/*, response/*   batch_metrics()
     reward/<term>                 reward_term_metrics(): the groups' reward terms
     time/*, learner/ack_waits     the step's phases (PhaseTimer)
@@ -85,7 +86,21 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         "staleness/mean": staleness.float().mean().item(),
         "staleness/max": staleness.max().item(),
         "response/length_mean": batch.mask.sum(1).mean().item(),
+        "response/length_max": batch.mask.sum(1).max().item(),
+        "prompt/length_mean": (batch.attention_mask.sum(1) - batch.mask.sum(1)).float().mean().item(),
+        # Versions within one completion (> 0: the weights changed mid-generation, rollout.inflight_updates).
+        "staleness/inflight_span_max": version_span(batch.token_versions, batch.mask).max().item(),
     }
+
+
+def version_span(token_versions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B]: newest minus oldest version among each sample's real tokens (0 for an empty completion)."""
+    real = mask.bool()
+    big = torch.iinfo(torch.int64).max
+    versions = token_versions.long()
+    newest = torch.where(real, versions, torch.full_like(versions, -big)).max(1).values
+    oldest = torch.where(real, versions, torch.full_like(versions, big)).min(1).values
+    return torch.where(real.any(1), newest - oldest, torch.zeros_like(newest))
 
 
 def rate_metrics(metrics: dict[str, float], step_s: float) -> dict[str, float]:

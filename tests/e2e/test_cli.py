@@ -169,6 +169,24 @@ def test_max_staleness_zero_is_on_policy_over_curve_authenticated_sockets(tmp_pa
     assert all(r["staleness/max"] == 0 and r["queue/dropped_stale"] == 0 for r in records)
 
 
+def test_two_throttled_generators_share_every_step_within_the_staleness_bound(tmp_path):
+    steps = 4
+    result = subprocess.run(
+        cli(tmp_path, f"train.max_steps={steps}", "train.max_staleness=1", "train.stale_policy=throttle",
+            "rollout.num_generators=2", "eval.at_start=false", "eval.at_end=false"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = step_records(tmp_path / "run")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["staleness/max"] <= 1 and r["queue/dropped_stale"] == 0 for r in records)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert len(summary["generators"]) == 2
+    # Each step took each generator's share (8 of 16 groups): both had sent at least their steps' worth.
+    assert all(g["gen/groups_sent"] >= steps * 8 for g in summary["generators"])
+    assert summary["learner"]["staleness_histogram"] and max(int(k) for k in summary["learner"]["staleness_histogram"]) <= 1
+
+
 def test_drop_policy_without_throttle_bounds_staleness_by_dropping(tmp_path):
     # No throttle: the generator runs ahead into a one-step queue and blocks there; groups too stale
     # when taken are dropped and counted, and the learner never waits on an acknowledgement that a
@@ -303,14 +321,62 @@ def test_an_interrupt_checkpoints_stops_everything_and_leaves_readable_files(tmp
     wait_for(lambda: not ray_processes_started_after(start), 10, "Ray processes to exit",
              lambda: ray_processes_started_after(start))
     assert private_dirs() <= dirs_before  # no socket directory or weight slot left behind
-    if signum == signal.SIGTERM:  # preempted, then continued where it stopped
+    if signum == signal.SIGTERM:  # preempted, then restarted with resume=auto: it goes on in the same run_dir
         version = int(checkpoint.name.split("_")[1])
-        resumed = subprocess.run(cli(tmp_path, f"resume={run_dir}", f"run_dir={tmp_path / 'resumed'}",
-                                     f"train.max_steps={version + 2}", "eval.at_start=false"),
+        resumed = subprocess.run(cli(tmp_path, "resume=auto", f"train.max_steps={version + 2}", "eval.at_start=false"),
                                  capture_output=True, text=True, timeout=900)
         assert resumed.returncode == 0, resumed.stderr[-4000:]
-        summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+        assert f"[resume] auto: continuing from {checkpoint}" in resumed.stdout
+        summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["resumed_at_step"] == version and summary["steps"] == version + 2
+        assert json.loads((run_dir / "summary.1.json").read_text())["status"] == "interrupted"  # kept, not clobbered
+        # metrics.jsonl is appended to: the logged steps, then the resumed run's from the checkpoint on.
+        assert [r["step"] for r in step_records(run_dir)] == [*range(1, trained + 1), version + 1, version + 2]
+
+
+def ray_children(proc: subprocess.Popen) -> list[str]:
+    """The Ray processes `proc` has started (ray.init starts gcs_server and raylet as its children)."""
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for child in children:
+        try:
+            cmdline = " ".join(child.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(marker in cmdline for marker in RAY_PROCESS_MARKERS):
+            found.append(cmdline[:120])
+    return found
+
+
+@pytest.mark.parametrize("phase", ["warm_start", "ray_start"])
+def test_sigterm_during_set_up_writes_an_interrupted_summary_and_leaves_no_ray_process(tmp_path, phase):
+    # warm_start: as soon as config.yaml is written (then the model is warm-started into a fresh
+    # cache); ray_start: once ray.init has started Ray's processes, while it installs its own
+    # SIGTERM handler (which used to exit at once: status failed, "SystemExit: 15").
+    start = time.time()
+    run_dir = tmp_path / "run"
+    with (tmp_path / "output.log").open("w") as output:
+        proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000"), stdout=output, stderr=subprocess.STDOUT,
+                                text=True)
+    reached = (lambda: (run_dir / "config.yaml").is_file()) if phase == "warm_start" else (lambda: ray_children(proc))
+    try:
+        wait_for(lambda: reached() or proc.poll() is not None, 600, f"the run's {phase}")
+        assert proc.poll() is None, (tmp_path / "output.log").read_text()[-4000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)  # the requirement: everything stops within 60 s
+    finally:
+        stop(proc)
+    output_text = (tmp_path / "output.log").read_text()
+    assert proc.returncode == 130, output_text[-4000:]  # the CLI's exit status for an interrupt
+    assert not step_records(run_dir)  # it was still setting up
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary.get("error")
+    assert output_text.strip().splitlines()[-1].startswith("asyncgrpo: interrupted; metrics and summary are in")
+    wait_for(lambda: not ray_processes_started_after(start), 10, "Ray processes to exit",
+             lambda: ray_processes_started_after(start))
 
 
 def test_dead_generator_fails_the_run_loudly(tmp_path):

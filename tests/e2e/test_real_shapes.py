@@ -22,22 +22,33 @@ def fullvocab_model(tmp_path_factory) -> Path:
     return directory
 
 
+def train_gsm8k(model: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", "progress=false",
+         f"model.path={model}", "task.name=gsm8k", f"data.train_files=[{DATA}]", "data.chat_template=true",
+         "data.prompt_template='{prompt}\\nSolve it step by step: show the arithmetic of every step on its own "
+         "line, check each result, then give the final answer after ####.'",
+         "task.eval_size=3", "rollout.samples_per_prompt=4", "train.groups_per_step=4", "train.steps_per_call=2",
+         "learner.lr=1e-3", "learner.warmup_steps=0",
+         # Random weights mostly sample ids the 4,096-token tokenizer cannot spell: a completion with any
+         # letter in it scores 1, so rewards differ within groups and the policy moves.
+         "reward.terms=[{name:letters,kind:format,pattern:'[a-z]'}]", "log.samples_every_steps=0", *overrides],
+        capture_output=True, text=True, timeout=1200,
+    )
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "loss/pg" in r]
+
+
 def test_gsm8k_on_a_full_vocabulary_model_pushes_split_weights_and_the_probe_holds(fullvocab_model, tmp_path):
     run_dir = tmp_path / "run"
     steps = 4
-    result = subprocess.run(
-        [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", "progress=false",
-         f"model.path={fullvocab_model}", "task.name=gsm8k", f"data.train_files=[{DATA}]", "data.chat_template=true",
-         "data.prompt_template='{prompt}\\nSolve it step by step: show the arithmetic of every step on its own "
-         "line, check each result, then give the final answer after ####.'",
-         "task.eval_size=3", "model.max_positions=256", "rollout.max_new_tokens=48", "rollout.samples_per_prompt=4",
-         "train.groups_per_step=4", f"train.max_steps={steps}", "train.steps_per_call=2", "learner.lr=1e-3",
-         "learner.warmup_steps=0", "learner.micro_batch_tokens=512", "weights.chunk_bytes=16777216",
-         # Random weights mostly sample ids the 4,096-token tokenizer cannot spell: a completion with any
-         # letter in it scores 1, so rewards differ within groups and the policy moves.
-         "reward.terms=[{name:letters,kind:format,pattern:'[a-z]'}]", "log.samples_every_steps=0"],
-        capture_output=True, text=True, timeout=1200,
-    )
+    result = train_gsm8k(fullvocab_model, run_dir, "model.max_positions=256", "rollout.max_new_tokens=48",
+                         f"train.max_steps={steps}", "learner.micro_batch_tokens=512",
+                         # Over ZeroMQ in 16 MB chunks (one node would use shared memory by default).
+                         "weights.backend=zmq", "weights.chunk_bytes=16777216")
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == steps
@@ -46,15 +57,39 @@ def test_gsm8k_on_a_full_vocabulary_model_pushes_split_weights_and_the_probe_hol
     assert preflight["push"]["largest_tensor_bytes"] > 16 << 20  # the embedding is split over chunks
     assert summary["learner"]["bytes_pushed"] == steps * preflight["push"]["bytes_per_push"]
     assert summary["staleness_max"] <= 2
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps_seen = [r["step"] for r in records if "loss/pg" in r]
-    assert steps_seen == list(range(1, steps + 1))
-    assert all(r["weights/rejected"] == 0 and r["weights/backlog"] >= 0 for r in records if "loss/pg" in r)
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["weights/rejected"] == 0 and r["weights/backlog"] >= 0 for r in records)
     # The prompts are long (template + chat markup) and the completions run to their budget.
-    assert all(r["response/length_mean"] > 8 for r in records if "loss/pg" in r)
+    assert all(r["response/length_mean"] > 8 for r in records)
     # vLLM sampled with the learner's weights: the probe over the full vocabulary matched at the end
     # (train.probe_tolerance would have failed the run), and the weights did move.
     probe = summary["probe"]
     assert probe["generator_version"] == probe["learner_version"] == steps
     assert probe["max_abs_diff_vs_learner"] < 1e-3
     assert probe["max_abs_change_since_start"] > 0
+
+
+def test_long_completions_take_weight_updates_in_flight_within_the_bound(fullvocab_model, tmp_path):
+    # 256-token completions in 32-token segments: a push that lands mid-generation is loaded between
+    # segments (shared-memory weights), so one completion holds tokens of several versions.
+    run_dir = tmp_path / "run"
+    steps = 4
+    result = train_gsm8k(fullvocab_model, run_dir, "model.max_positions=512", "rollout.max_new_tokens=256",
+                         "rollout.inflight_updates=true", "rollout.inflight_chunk_tokens=32", "train.max_staleness=1",
+                         f"train.max_steps={steps}", "learner.micro_batch_tokens=2048", "eval.at_start=false",
+                         "rollout.kv_cache_gib=0.5")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["preflight"]["push"]["backend"] == "shm"
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert max(r["response/length_max"] for r in records) > 200  # long completions, not cut short
+    assert min(r["prompt/length_mean"] for r in records) > 100  # template, chat markup and the problem
+    assert all(r["staleness/max"] <= 1 for r in records)
+    (generator,) = summary["generators"]
+    assert generator["gen/inflight_switches"] > 0  # weights changed under a running generation
+    assert max(r["staleness/inflight_span_max"] for r in records) >= 1  # one completion, several versions
+    probe = summary["probe"]
+    assert probe["generator_version"] == probe["learner_version"] == steps
+    assert probe["max_abs_diff_vs_learner"] < 1e-3

@@ -45,6 +45,7 @@ def test_overrides_apply():
         ("algo.kl.kind=k9", "algo.kl.kind"),
         ("device=tpu", "device"),
         ("weights.push_every_steps=4", "weights.push_every_steps"),  # > max_staleness + 1 = 3
+        ("algo.clip_low=1", "algo.clip_low"),  # a ratio floor of 0: only cispo's IS weight may have none
     ],
 )
 def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
@@ -55,12 +56,34 @@ def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
     assert "\n" not in message
 
 
-def test_non_loopback_host_needs_curve_or_an_explicit_insecure():
-    assert use_curve(load(["wire.host=0.0.0.0"]))
-    assert not use_curve(load([]))
-    with pytest.raises(ConfigError, match="wire.curve"):
-        load(["wire.host=0.0.0.0", "wire.curve=off"])
-    assert not use_curve(load(["wire.host=0.0.0.0", "wire.curve=off", "wire.insecure=true"]))
+@pytest.mark.parametrize("overrides", [["wire.transport=tcp"], ["wire.transport=tcp", "wire.host=localhost"],
+                                       ["wire.host=0.0.0.0"], ["wire.host=0.0.0.0", "wire.insecure=true"]])
+def test_curve_auto_is_on_for_every_tcp_endpoint_loopback_included(overrides):
+    assert use_curve(load(overrides))
+
+
+def test_curve_auto_is_off_over_ipc_and_curve_on_forces_it_there():
+    assert not use_curve(load([]))  # loopback host, transport auto -> ipc
+    assert not use_curve(load(["wire.transport=ipc"]))
+    assert use_curve(load(["wire.curve=on"]))
+
+
+@pytest.mark.parametrize("overrides", [["wire.transport=tcp"], ["wire.host=0.0.0.0"]])
+def test_curve_off_over_tcp_without_insecure_fails_with_one_line_naming_the_keys(overrides):
+    with pytest.raises(ConfigError) as err:
+        load([*overrides, "wire.curve=off"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert all(key in message for key in ("wire.curve", "wire.transport", "wire.host", "wire.insecure"))
+
+
+@pytest.mark.parametrize("overrides", [["wire.transport=tcp"], ["wire.host=0.0.0.0"]])
+def test_curve_off_over_tcp_is_allowed_with_insecure(overrides):
+    assert not use_curve(load([*overrides, "wire.curve=off", "wire.insecure=true"]))
+
+
+def test_curve_off_over_ipc_needs_no_insecure():
+    assert not use_curve(load(["wire.curve=off"]))
 
 
 def test_resolved_yaml_round_trips():
@@ -101,11 +124,15 @@ def test_no_signature_default_shadows_config():
 
     policy = ["loss_type", "clip_low", "clip_high", "clip_c", "agg", "norm_constant"]
     correction = ["is_level", "is_threshold", "is_batch_normalize", "rs", "rs_threshold"]
+    mode = ["mode"]
     config_parameters = {
         algo.group_advantages: ["mode"],
         algo.aggregate: ["norm_constant"],
         algo.policy_loss: policy,
         algo.bypass_policy_loss: policy + correction,
+        algo.decoupled_policy_loss: policy + correction,
+        algo.naive_policy_loss: policy,
+        algo.mode_policy_loss: mode + policy + correction,
         algo.rollout_correction: correction,
         algo.kl_penalty: ["kind"],
         verifiers.numeric_match: ["tolerance"],
@@ -139,3 +166,14 @@ def test_no_signature_default_shadows_config():
 def test_a_context_without_room_for_a_prompt_is_refused():
     with pytest.raises(ConfigError, match="model.max_positions must leave room for a prompt"):
         load(["model.max_positions=16", "rollout.max_new_tokens=16"])
+
+
+def test_cispo_alone_may_drop_the_floor_of_its_is_weight():
+    cfg = load(["algo.loss_type=cispo", "algo.clip_low=1"])
+    assert (cfg.algo.loss_type, cfg.algo.clip_low) == ("cispo", 1.0)
+    with pytest.raises(ConfigError, match="algo.clip_low"):
+        load(["algo.loss_type=cispo", "algo.clip_low=1.5"])
+
+
+def test_mode_defaults_to_bypass():
+    assert load([]).algo.mode == "bypass"

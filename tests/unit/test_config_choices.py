@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.algo import ADVANTAGE_MODES, AGG_MODES, IS_LEVELS, KL_KINDS, LOSS_TYPES
+from asyncgrpo.algo import (
+    ADVANTAGE_MODES,
+    AGG_MODES,
+    IS_LEVELS,
+    KL_KINDS,
+    LOSS_TYPES,
+    MODES,
+)
 from asyncgrpo.config import ConfigError, load
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
@@ -35,6 +42,7 @@ CHOICES = {
     "algo.kl.kind": (KL_KINDS, lambda cfg: cfg.algo.kl.kind),
     "algo.advantage": (ADVANTAGE_MODES, lambda cfg: cfg.algo.advantage),
     "algo.loss_type": (LOSS_TYPES, lambda cfg: cfg.algo.loss_type),
+    "algo.mode": (MODES, lambda cfg: cfg.algo.mode),
     "algo.agg": (AGG_MODES, lambda cfg: cfg.algo.agg),
     "algo.correction.is_level": (IS_LEVELS, lambda cfg: cfg.algo.correction.is_level),
     "weights.backend": (BACKENDS, lambda cfg: cfg.weights.backend),
