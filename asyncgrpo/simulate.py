@@ -1,0 +1,794 @@
+"""`asyncgrpo simulate RUN_DIR [key=value ...]`: a discrete-event model of a run, calibrated from
+the run's own measured phase times, that predicts throughput, idle fractions and staleness for
+other settings (more generators, another staleness bound, more learner ranks, slower pushes).
+
+    Calibration.from_run(run_dir)  what the run measured, per generator call and per learner step
+    Settings                       what to simulate: the run's config keys plus sim.* knobs
+    simulate(calibration, settings) -> Result
+
+The model (docs/SIMULATOR.md states every assumption): each generator runs the real loop of
+asyncgrpo/rollout/generator.py (load the newest weights -> throttle -> one vLLM call -> score ->
+send, blocking on a full queue), the queue hands each step each generator's share, oldest first
+(asyncgrpo/replay.py), and the learner runs the step of asyncgrpo/learner/learner.py (ack_wait ->
+gen_wait -> train -> push; a push is visible to the generators when it ends). Each actor has its
+own hardware: CPU or GPU contention between actors is in the model only as far as the calibrating
+run measured it. Pure Python (no torch, no numpy), so it runs anywhere in well under a second.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+# The real run's choice lists and formulas, mirrored here because their modules import torch or
+# ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.replay, asyncgrpo.config and
+# asyncgrpo.rollout.generator.
+STALE_POLICIES = ("throttle", "drop", "both")
+THROTTLING_STALE_POLICIES = ("throttle", "both")
+DROPPING_STALE_POLICIES = ("drop", "both")
+FULL_POLICIES = ("block", "drop_oldest")
+
+
+def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int) -> int:
+    """Groups a generator may have started while it holds `loaded_version` (rollout.generator)."""
+    return (max_staleness + loaded_version + 1) * quota_per_step
+
+
+def groups_per_generator(num_generators: int, groups_per_step: int) -> list[int]:
+    """Each generator's share of a step (config.groups_per_generator)."""
+    return [groups_per_step // num_generators + (1 if i < groups_per_step % num_generators else 0)
+            for i in range(num_generators)]
+
+
+class SimulationError(ValueError):
+    """A bad run directory, an unknown or malformed override, or settings the real run would
+    refuse; the message is one line."""
+
+
+# --------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to simulate. The first group are the run's config keys (same names on the command
+    line); the sim.* knobs change the calibrated times or the simulation itself."""
+
+    num_generators: int
+    groups_per_step: int
+    samples_per_prompt: int
+    max_staleness: int
+    stale_policy: str
+    groups_per_call: int  # 0: one step's share per call, as in the generator
+    world_size: int
+    capacity_groups: int
+    full_policy: str
+    push_every_steps: int
+    steps: int  # learner steps to simulate; from a run: its own number of steps
+    seed: int = 0
+    # The first steps take longer (allocation, first-call compilation): they are replayed in order
+    # from the run and left out of the steady-state figures and of the times drawn afterwards.
+    warmup_steps: int = 1
+    # True: each step trains and pushes as long as the run's step of that number did, in order, as
+    # far as the run goes (its slow episodes included), then draws; False: draws after the warm-up.
+    # Resampling a short run's step times moves the total by their sampling error (several % here).
+    replay: bool = True
+    # Speed-up of n learner ranks over one: n x scaling_efficiency (1 for one rank).
+    scaling_efficiency: float = 1.0
+    push_latency_s: float | None = None  # None: the run's time/push_s per push
+    weight_load_s: float | None = None  # None: the run's load time per version, per generator
+    generate_scale: float = 1.0  # x every vLLM call's time (a faster or slower engine)
+    train_scale: float = 1.0  # x every step's prepare + train time
+    generate_cv: float = 0.0  # coefficient of variation of a call's time (gamma noise, mean kept)
+    call_size_exponent: float = 1.0  # a call of n groups takes (n / measured n) ** this x measured
+
+    @property
+    def throttles(self) -> bool:
+        return self.stale_policy in THROTTLING_STALE_POLICIES
+
+    @property
+    def drops_stale(self) -> bool:
+        return self.stale_policy in DROPPING_STALE_POLICIES
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.groups_per_step * self.samples_per_prompt
+
+    def quotas(self) -> list[int]:
+        return groups_per_generator(self.num_generators, self.groups_per_step)
+
+    def check(self) -> None:
+        """Refuse what the real config validation (config.validate) refuses, and meaningless knobs."""
+        def require(ok: bool, key: str, why: str, value: Any) -> None:
+            if not ok:
+                raise SimulationError(f"{key} {why} (got {value!r})")
+
+        require(1 <= self.num_generators <= self.groups_per_step, "rollout.num_generators",
+                f"must be between 1 and train.groups_per_step={self.groups_per_step}", self.num_generators)
+        require(self.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", self.groups_per_step)
+        require(self.max_staleness >= 0, "train.max_staleness", "must be >= 0", self.max_staleness)
+        require(self.stale_policy in STALE_POLICIES, "train.stale_policy", f"must be one of {STALE_POLICIES}",
+                self.stale_policy)
+        require(self.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", self.groups_per_call)
+        require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
+        require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",
+                f"must hold at least one step (train.groups_per_step={self.groups_per_step})", self.capacity_groups)
+        if self.num_generators > 1 and self.throttles:
+            needed = (self.max_staleness + 1) * self.groups_per_step
+            require(self.capacity_groups >= needed, "queue.capacity_groups",
+                    f"must be >= (train.max_staleness + 1) x train.groups_per_step = {needed} with "
+                    f"{self.num_generators} generators (add queue.capacity_groups={needed})", self.capacity_groups)
+        require(self.full_policy in FULL_POLICIES, "queue.full_policy", f"must be one of {FULL_POLICIES}",
+                self.full_policy)
+        require(1 <= self.push_every_steps <= self.max_staleness + 1, "weights.push_every_steps",
+                f"must be between 1 and train.max_staleness + 1 = {self.max_staleness + 1}", self.push_every_steps)
+        require(self.steps >= 1, "sim.steps", "must be >= 1", self.steps)
+        require(self.warmup_steps >= 0, "sim.warmup_steps", "must be >= 0", self.warmup_steps)
+        require(0 < self.scaling_efficiency <= 1, "sim.scaling_efficiency", "must be in (0, 1]",
+                self.scaling_efficiency)
+        for key, value in (("sim.push_latency_s", self.push_latency_s), ("sim.weight_load_s", self.weight_load_s)):
+            require(value is None or value >= 0, key, "must be >= 0 (or null: the run's)", value)
+        require(self.generate_scale > 0, "sim.generate_scale", "must be > 0", self.generate_scale)
+        require(self.train_scale > 0, "sim.train_scale", "must be > 0", self.train_scale)
+        require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
+        require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
+
+
+# Command-line key -> Settings field. The config keys keep the names `asyncgrpo train` uses.
+CONFIG_KEYS = {
+    "rollout.num_generators": "num_generators",
+    "rollout.groups_per_call": "groups_per_call",
+    "train.groups_per_step": "groups_per_step",
+    "train.max_staleness": "max_staleness",
+    "train.stale_policy": "stale_policy",
+    "learner.world_size": "world_size",
+    "queue.capacity_groups": "capacity_groups",
+    "queue.full_policy": "full_policy",
+    "weights.push_every_steps": "push_every_steps",
+}
+SIM_KEYS = {f"sim.{name}": name for name in (
+    "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",
+    "train_scale", "generate_cv", "call_size_exponent")}
+OVERRIDE_KEYS = {**CONFIG_KEYS, **SIM_KEYS}
+
+
+def apply_overrides(settings: Settings, overrides: list[str]) -> Settings:
+    """`key=value` strings over `settings`; an unknown key or a bad value is one line."""
+    types = {f.name: f.type for f in fields(Settings)}
+    changes: dict[str, Any] = {}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep:
+            raise SimulationError(f"override {override!r} is not key=value")
+        if key not in OVERRIDE_KEYS:
+            raise SimulationError(f"unknown key {key!r}; known: {', '.join(OVERRIDE_KEYS)}")
+        name = OVERRIDE_KEYS[key]
+        kind = str(types[name])
+        try:
+            if "None" in kind and text.lower() in ("null", "none", ""):
+                changes[name] = None
+            elif kind == "bool":
+                changes[name] = {"true": True, "false": False}[text.lower()]
+            elif kind.startswith("int"):
+                changes[name] = int(text)
+            elif kind.startswith("float"):
+                changes[name] = float(text)
+            else:
+                changes[name] = text
+        except (ValueError, KeyError):
+            raise SimulationError(f"{key}={text!r} is not a {kind.split(' ')[0]}") from None
+    result = replace(settings, **changes)
+    result.check()
+    return result
+
+
+def changed_keys(base: Settings, settings: Settings) -> dict[str, tuple[Any, Any]]:
+    """Override key -> (run's value, simulated value), for each setting that differs."""
+    return {key: (getattr(base, name), getattr(settings, name)) for key, name in OVERRIDE_KEYS.items()
+            if getattr(base, name) != getattr(settings, name)}
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+@dataclass(frozen=True)
+class GeneratorTimes:
+    """One measured generator's costs, from its totals in summary.json (docs/SIMULATOR.md)."""
+
+    generate_s: float  # one vLLM call of `call_groups` groups: gen_time/generate_s / calls
+    call_groups: int  # groups per call in the run: rollout.groups_per_call, or the generator's share
+    score_s_per_group: float  # gen_time/score_s / groups scored
+    score_wait_s: float  # per call: gen_time/score_wait_s / calls (rewards not ready; idle)
+    send_s_per_group: float  # (gen_time/send_s - gen/send_blocked_s) / groups sent
+    weight_load_s: float  # per version loaded: gen/weight_load_s / gen/weight_loads
+    other_s: float  # per call: gen/wall_s minus every timed phase, over calls (tokenizing, ...)
+    first_call_extra_s: float = 0.0  # the engine's warm-up, added to its first call (_split_first_call)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the run itself reported, to compare a simulation of its own settings with."""
+
+    samples_per_s: float  # summary.json: samples / train_s
+    steady_samples_per_s: float  # metrics.jsonl, steps after the warm-up: perf/samples / time/step_s
+    learner_idle_frac: float  # summary.json: learner.idle_frac
+    generator_idle_frac: float  # mean over generators of gen/idle_frac
+    staleness_mean: float  # from learner.staleness_histogram
+    staleness_histogram: dict[int, int]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    run_dir: str
+    settings: Settings  # the run's own (sim.steps = its number of steps)
+    generators: list[GeneratorTimes]
+    train_s: list[float]  # per step, in order: time/prepare_s + time/train_s
+    push_s: list[float]  # per push, in order: time/push_s of the steps that pushed
+    learner_other_s: float  # per step: the driver's train_s minus the learner's timed phases, over steps
+    measured: Measured
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path) -> Calibration:
+        """Read config.yaml, metrics.jsonl and summary.json; a missing or unusable file is one line."""
+        path = Path(run_dir)
+        config = _read_config(path)
+        summary = _read_json(path / "summary.json")
+        steps = _step_records(path, summary)
+        settings = _run_settings(config, steps=len(steps))
+        reports = _generator_reports(path, summary, settings)
+        first_step_wait = float(steps[0].get("time/ack_wait_s", 0.0)) + float(steps[0].get("time/gen_wait_s", 0.0))
+        generators = [_generator_times(i, report, call_groups, quota, first_step_wait)
+                      for i, (report, call_groups, quota) in enumerate(zip(reports, _call_groups(settings),
+                                                                           settings.quotas()))]
+
+        def phase(key: str) -> list[float]:
+            return [float(r.get(f"time/{key}_s", 0.0)) for r in steps]
+
+        timed = sum(sum(phase(key)) for key in ("ack_wait", "gen_wait", "prepare", "train", "push"))
+        # The driver's clock (train_s) also covers what no learner phase times: metrics, the step
+        # records' trip through Ray, checkpoints.
+        wall = float(summary.get("train_s") or sum(phase("step")))
+        pushed = [float(r.get("time/push_s", 0.0)) for r in steps if int(r["step"]) % settings.push_every_steps == 0]
+        return cls(run_dir=str(path), settings=settings, generators=generators,
+                   train_s=[p + t for p, t in zip(phase("prepare"), phase("train"))], push_s=pushed,
+                   learner_other_s=max(0.0, (wall - timed) / len(steps)),
+                   measured=_measured(summary, reports, steps[settings.warmup_steps:] or steps))
+
+
+def _measured(summary: dict[str, Any], reports: list[dict[str, Any]], steady: list[dict[str, Any]]) -> Measured:
+    learner = summary.get("learner") or {}
+    histogram = {int(k): int(v) for k, v in (learner.get("staleness_histogram") or {}).items()}
+    steady_s = sum(float(r.get("time/step_s", 0.0)) for r in steady)
+    return Measured(
+        samples_per_s=float(summary.get("samples_per_s", 0.0)),
+        steady_samples_per_s=sum(float(r.get("perf/samples", 0.0)) for r in steady) / steady_s if steady_s else 0.0,
+        learner_idle_frac=float(learner.get("idle_frac", 0.0)),
+        generator_idle_frac=sum(float(g.get("gen/idle_frac", 0.0)) for g in reports) / len(reports),
+        staleness_mean=_mean_of(histogram),
+        staleness_histogram=histogram,
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SimulationError(f"{path} not found (summary.json is written when a run ends; is this a run directory?)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SimulationError(f"{path}: not JSON ({err})") from None
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        raise SimulationError(f"{run_dir}: no such directory")
+    if not path.is_file():
+        raise SimulationError(f"{path} not found; is this a run directory?")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SimulationError(f"{path}: not YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise SimulationError(f"{path}: not a config mapping")
+    return config
+
+
+def _run_settings(config: dict[str, Any], steps: int) -> Settings:
+    def get(key: str) -> Any:
+        value: Any = config
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise SimulationError(f"config.yaml has no {key}")
+            value = value[part]
+        return value
+
+    settings = Settings(
+        num_generators=int(get("rollout.num_generators")), groups_per_step=int(get("train.groups_per_step")),
+        samples_per_prompt=int(get("rollout.samples_per_prompt")), max_staleness=int(get("train.max_staleness")),
+        stale_policy=str(get("train.stale_policy")), groups_per_call=int(get("rollout.groups_per_call")),
+        world_size=int(get("learner.world_size")), capacity_groups=int(get("queue.capacity_groups")),
+        full_policy=str(get("queue.full_policy")), push_every_steps=int(get("weights.push_every_steps")),
+        steps=steps)
+    settings.check()
+    return settings
+
+
+def _step_records(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """This run's step records: a resumed run's metrics.jsonl also holds the earlier run's steps,
+    which its summary's generator totals do not cover."""
+    from asyncgrpo.plot import (
+        latest_steps,  # numpy, not torch: only where a run is read
+    )
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise SimulationError(f"{path} not found; is this a run directory?")
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a run killed mid-write leaves a partial last line
+    resumed_at = int(summary.get("resumed_at_step") or 0)
+    steps = [r for r in latest_steps([r for r in records if "time/train_s" in r]) if int(r["step"]) > resumed_at]
+    if not steps:
+        raise SimulationError(f"{path} has no learner step records")
+    return steps
+
+
+def _generator_reports(run_dir: Path, summary: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    reports = summary.get("generators")
+    if not isinstance(reports, list) or len(reports) != settings.num_generators:
+        raise SimulationError(f"{run_dir / 'summary.json'} has no generator reports for rollout.num_generators="
+                              f"{settings.num_generators} (status: {summary.get('status', 'unknown')})")
+    return reports
+
+
+def _call_groups(settings: Settings) -> list[int]:
+    return [settings.groups_per_call or quota for quota in settings.quotas()]
+
+
+def _generator_times(index: int, report: dict[str, Any], call_groups: int, quota: int,
+                     first_step_wait_s: float) -> GeneratorTimes:
+    def total(key: str) -> float:
+        return float(report.get(key, 0.0))
+
+    sent = int(total("gen/groups_sent"))
+    if sent <= 0:
+        raise SimulationError(f"generator {index} sent no groups: nothing to calibrate its calls from")
+    if total("gen_time/generate_s") <= 0:
+        # A call that takes no time would let an unthrottled generator loop forever at one instant.
+        raise SimulationError(f"generator {index} reports no generation time (gen_time/generate_s)")
+    # Calls are not counted in the summary: with inline rewards every call's groups are sent before
+    # the next call, so groups sent / groups per call is exact but for a last call cut short by the
+    # shutdown (one call at most, which only rounds up here).
+    calls = math.ceil(sent / call_groups)
+    timed = sum(total(f"gen_time/{phase}_s")
+                for phase in ("weights", "generate", "score", "score_wait", "throttle", "exhausted", "send"))
+    loads = total("gen/weight_loads")
+    times = GeneratorTimes(
+        generate_s=total("gen_time/generate_s") / calls,
+        call_groups=call_groups,
+        score_s_per_group=total("gen_time/score_s") / sent,
+        score_wait_s=total("gen_time/score_wait_s") / calls,
+        send_s_per_group=max(0.0, total("gen_time/send_s") - total("gen/send_blocked_s")) / sent,
+        weight_load_s=total("gen/weight_load_s") / loads if loads else 0.0,
+        other_s=max(0.0, total("gen/wall_s") - timed) / calls,
+    )
+    return _split_first_call(times, calls, math.ceil(quota / call_groups), first_step_wait_s)
+
+
+def _split_first_call(times: GeneratorTimes, calls: int, first_calls: int, first_step_wait_s: float
+                      ) -> GeneratorTimes:
+    """Take an engine's warm-up out of the mean call time.
+
+    An engine's first call can take many times a later one (on CPU, vLLM compiles then), and a mean
+    over a short run's calls spreads that over every call. The learner's first step waited
+    (`first_step_wait_s`: its ack_wait + gen_wait) for the `first_calls` calls that make its share,
+    generators and learner starting together; with G the total generation time over `calls` calls
+    and c a call's other costs, a later call's g and the first call's extra W solve
+        W + calls x g = G    and    W + first_calls x (g + c) = first_step_wait_s.
+    The slowest generator sets that wait, so a faster one's W comes out too large. No warm-up is
+    taken out when the run is too short to tell (no later calls) or the solution is not positive.
+    """
+    if calls <= first_calls:
+        return times
+    total = times.generate_s * calls
+    per_call_rest = (times.score_s_per_group + times.send_s_per_group) * times.call_groups \
+        + times.score_wait_s + times.other_s
+    later = (total - first_step_wait_s + first_calls * per_call_rest) / (calls - first_calls)
+    extra = total - calls * later
+    if later <= 0 or extra <= 0:
+        return times
+    return replace(times, generate_s=later, first_call_extra_s=extra)
+
+
+def _mean_of(histogram: dict[int, int]) -> float:
+    count = sum(histogram.values())
+    return sum(k * v for k, v in histogram.items()) / count if count else 0.0
+
+
+# ------------------------------------------------------------------------- the event loop
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Busy for `seconds`."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Until:
+    """Blocked until `condition()` holds."""
+
+    condition: Callable[[], bool]
+
+
+Process = Generator[Union[Delay, Until], None, None]
+
+
+class SimulationStuck(RuntimeError):
+    """No process can move: a deadlock the real run would hit as a timeout."""
+
+
+class EventLoop:
+    """Processes are Python generators yielding `Delay` or `Until`. Time moves only when a Delay
+    ends (a heap of wake-up times); after every event each blocked process's condition is checked
+    again, so a process never needs to know who it waits for."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Process]] = []
+        self._blocked: list[tuple[Process, Callable[[], bool]]] = []
+        self._order = 0  # ties at one instant run in scheduling order: deterministic
+
+    def start(self, process: Process) -> None:
+        self._schedule(process, self.now)
+
+    def run(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._wake()
+            if not self._heap:
+                raise SimulationStuck(f"every process is blocked at t={self.now:.3f} s")
+            self.now, _, process = heapq.heappop(self._heap)
+            self._advance(process)
+
+    def _schedule(self, process: Process, at: float) -> None:
+        heapq.heappush(self._heap, (at, self._order, process))
+        self._order += 1
+
+    def _advance(self, process: Process) -> None:
+        try:
+            request = next(process)
+        except StopIteration:
+            return
+        if isinstance(request, Delay):
+            self._schedule(process, self.now + request.seconds)
+        elif request.condition():
+            self._schedule(process, self.now)
+        else:
+            self._blocked.append((process, request.condition))
+
+    def _wake(self) -> None:
+        blocked, self._blocked = self._blocked, []
+        for process, condition in blocked:
+            if condition():
+                self._schedule(process, self.now)
+            else:
+                self._blocked.append((process, condition))
+
+
+@dataclass
+class Clock:
+    """One actor's seconds per phase; a wait still open at the end is counted up to the end."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    waiting: tuple[str, float] | None = None
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def close(self, now: float) -> None:
+        if self.waiting is not None:
+            phase, since = self.waiting
+            self.add(phase, now - since)
+            self.waiting = None
+
+
+# ------------------------------------------------------------------------------ the model
+
+
+@dataclass
+class SimGenerator:
+    index: int
+    quota: int
+    call_groups: int
+    times: GeneratorTimes
+    loaded: int = 0  # the version in its engine, acknowledged as soon as it is loaded
+    started: int = 0  # groups started, what the throttle counts
+    clock: Clock = field(default_factory=Clock)
+
+
+@dataclass(frozen=True)
+class SimGroup:
+    generator: int
+    version: int  # of the weights that generated it
+
+
+@dataclass(frozen=True)
+class Result:
+    steps: int
+    sim_time_s: float
+    samples: int
+    samples_per_s: float  # over the whole simulated run, as summary.json's samples_per_s
+    steady_samples_per_s: float  # after sim.warmup_steps steps
+    learner_idle_frac: float  # (ack_wait + gen_wait) / time, as summary.json's learner.idle_frac
+    learner_seconds: dict[str, float]
+    ack_waits: int
+    generator_idle_frac: float  # mean over generators
+    generator_idle_fracs: list[float]  # (throttle + blocked on a full queue + reward waits) / time
+    staleness_histogram: dict[int, int]
+    staleness_mean: float
+    staleness_max: int
+    dropped_stale: int
+    dropped_full: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return _rounded(asdict(self))
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+GENERATOR_IDLE_PHASES = ("throttle", "blocked", "score_wait")
+
+
+class Model:
+    """The shared state (versions, queue) and the two loops; `simulate` runs it."""
+
+    def __init__(self, calibration: Calibration, settings: Settings) -> None:
+        self.cal, self.s = calibration, settings
+        self.rng = random.Random(settings.seed)
+        self.loop = EventLoop()
+        quotas = settings.quotas()
+        self.generators = [
+            SimGenerator(i, quota, settings.groups_per_call or quota,
+                         calibration.generators[i % len(calibration.generators)]) for i, quota in enumerate(quotas)]
+        # Under a throttling policy the queue hands each step each generator's share (replay.py).
+        self.shares = quotas if settings.throttles else None
+        self.queue: deque[SimGroup] = deque()
+        self.version = 0  # the learner's
+        self.newest = 0  # the newest version pushed, visible to every generator
+        self.steps_done = 0
+        self.learner = Clock()
+        self.ack_waits = self.dropped_stale = self.dropped_full = 0
+        self.staleness: dict[int, int] = {}
+        self.warmup_end = 0.0
+
+    # ---- helpers every loop uses
+
+    def busy(self, clock: Clock, phase: str, seconds: float) -> Iterator[Delay]:
+        clock.add(phase, seconds)
+        yield Delay(seconds)
+
+    def wait(self, clock: Clock, phase: str, condition: Callable[[], bool]) -> Iterator[Until]:
+        # Several processes may wake for one slot: whoever runs first takes it, the others wait again.
+        while not condition():
+            clock.waiting = (phase, self.loop.now)
+            yield Until(condition)
+            clock.close(self.loop.now)
+
+    # ---- a generator (Generator.run)
+
+    def generator(self, g: SimGenerator) -> Process:
+        while True:
+            if self.newest > g.loaded:
+                yield from self.load(g)
+            room = (throttle_limit(self.s.max_staleness, g.loaded, g.quota) - g.started
+                    if self.s.throttles else g.call_groups)
+            if room <= 0:
+                yield from self.wait(g.clock, "throttle", lambda: self.newest > g.loaded)
+                continue
+            n = min(g.call_groups, room)
+            warmup = g.times.first_call_extra_s if g.started == 0 else 0.0
+            g.started += n
+            version = g.loaded
+            yield from self.busy(g.clock, "generate", warmup + self.generate_s(g, n))
+            yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
+            yield from self.busy(g.clock, "score_wait", g.times.score_wait_s)
+            yield from self.busy(g.clock, "other", g.times.other_s)
+            for _ in range(n):
+                yield from self.busy(g.clock, "send", g.times.send_s_per_group)
+                yield from self.enqueue(g, SimGroup(g.index, version))
+
+    def load(self, g: SimGenerator) -> Process:
+        target = self.newest  # a push arriving during the load waits for the next safe point
+        seconds = self.s.weight_load_s if self.s.weight_load_s is not None else g.times.weight_load_s
+        yield from self.busy(g.clock, "weights", seconds)
+        g.loaded = target
+
+    def generate_s(self, g: SimGenerator, n: int) -> float:
+        seconds = g.times.generate_s * (n / g.times.call_groups) ** self.s.call_size_exponent * self.s.generate_scale
+        if self.s.generate_cv > 1e-3:  # below, the gamma's shape overflows and the noise is nil anyway
+            shape = 1.0 / self.s.generate_cv ** 2
+            seconds *= self.rng.gammavariate(shape, 1.0 / shape)  # mean 1
+        return seconds
+
+    def enqueue(self, g: SimGenerator, group: SimGroup) -> Process:
+        while len(self.queue) >= self.s.capacity_groups:
+            if self.s.full_policy == "drop_oldest":
+                self.queue.popleft()
+                self.dropped_full += 1
+                break
+            # Blocked on a full queue the generator still loads pushes (a safe point).
+            yield from self.wait(g.clock, "blocked",
+                                 lambda: len(self.queue) < self.s.capacity_groups or self.newest > g.loaded)
+            if self.newest > g.loaded:
+                yield from self.load(g)
+        self.queue.append(group)
+
+    # ---- the learner (Learner.step)
+
+    def learner_loop(self) -> Process:
+        s = self.s
+        for step in range(s.steps):
+            floor = self.version - s.max_staleness
+            if floor > 0 and not self.acks_ok(floor):
+                self.ack_waits += 1
+                yield from self.wait(self.learner, "ack_wait", lambda: self.acks_ok(floor))
+            yield from self.wait(self.learner, "gen_wait", self.step_ready)
+            for group in self.take():
+                staleness = self.version - group.version
+                self.staleness[staleness] = self.staleness.get(staleness, 0) + 1
+            yield from self.busy(self.learner, "train", self.train_s(step))
+            self.version += 1
+            if self.version % s.push_every_steps == 0:
+                yield from self.busy(self.learner, "push", self.push_s(self.version // s.push_every_steps - 1))
+                self.newest = self.version
+            yield from self.busy(self.learner, "other", self.cal.learner_other_s)
+            self.steps_done += 1
+            if self.steps_done == s.warmup_steps:
+                self.warmup_end = self.loop.now
+
+    def acks_ok(self, floor: int) -> bool:
+        # As wait_for_generators: a full step already queued waits on nobody.
+        return all(g.loaded >= floor for g in self.generators) or len(self.queue) >= self.s.groups_per_step
+
+    def step_ready(self) -> bool:
+        if self.s.drops_stale:  # a take that comes up short still drops what is too stale (replay.py)
+            fresh = deque(g for g in self.queue if not self.too_stale(g))
+            self.dropped_stale += len(self.queue) - len(fresh)
+            self.queue = fresh
+        if self.shares is None:
+            return len(self.queue) >= self.s.groups_per_step
+        have = [0] * len(self.shares)
+        for group in self.queue:
+            have[group.generator] += 1
+        return all(h >= share for h, share in zip(have, self.shares))
+
+    def too_stale(self, group: SimGroup) -> bool:
+        return self.version - group.version > self.s.max_staleness
+
+    def take(self) -> list[SimGroup]:
+        """Each generator's share, each one's oldest first (or the oldest groups, without shares)."""
+        wanted = list(self.shares) if self.shares is not None else None
+        batch: list[SimGroup] = []
+        kept: deque[SimGroup] = deque()
+        for group in self.queue:
+            if len(batch) < self.s.groups_per_step and (wanted is None or wanted[group.generator] > 0):
+                batch.append(group)
+                if wanted is not None:
+                    wanted[group.generator] -= 1
+            else:
+                kept.append(group)
+        self.queue = kept
+        return batch
+
+    def train_s(self, step: int) -> float:
+        run = self.cal.settings
+        seconds = self.drawn(self.cal.train_s, step)
+        # Training time grows with the step's groups; ranks divide it, at the given efficiency.
+        return (seconds * self.s.train_scale * self.s.groups_per_step / run.groups_per_step
+                * self.speedup(run.world_size) / self.speedup(self.s.world_size))
+
+    def speedup(self, ranks: int) -> float:
+        return 1.0 if ranks == 1 else ranks * self.s.scaling_efficiency
+
+    def push_s(self, push: int) -> float:
+        if self.s.push_latency_s is not None:
+            return self.s.push_latency_s
+        return self.drawn(self.cal.push_s, push) if self.cal.push_s else 0.0
+
+    def drawn(self, samples: list[float], index: int) -> float:
+        """The run's own value (during the warm-up, or throughout with sim.replay), then a draw
+        from its steady-state values."""
+        if index < len(samples) and (self.s.replay or index < self.s.warmup_steps):
+            return samples[index]
+        return self.rng.choice(samples[self.s.warmup_steps:] or samples)
+
+    # ---- running it
+
+    def run(self) -> Result:
+        for g in self.generators:
+            self.loop.start(self.generator(g))
+        self.loop.start(self.learner_loop())
+        self.loop.run(done=lambda: self.steps_done >= self.s.steps)
+        end = self.loop.now
+        for clock in [self.learner, *(g.clock for g in self.generators)]:
+            clock.close(end)
+        samples = self.s.steps * self.s.samples_per_step
+        steady_steps = self.s.steps - min(self.s.warmup_steps, self.s.steps)
+        steady_s = end - self.warmup_end if steady_steps and self.s.warmup_steps else end
+        idle = [sum(g.clock.seconds.get(p, 0.0) for p in GENERATOR_IDLE_PHASES) / end if end else 0.0
+                for g in self.generators]
+        learner_idle = self.learner.seconds.get("ack_wait", 0.0) + self.learner.seconds.get("gen_wait", 0.0)
+        return Result(
+            steps=self.s.steps, sim_time_s=end, samples=samples,
+            samples_per_s=samples / end if end else math.inf,
+            steady_samples_per_s=(steady_steps * self.s.samples_per_step / steady_s if steady_steps and steady_s
+                                  else samples / end if end else math.inf),
+            learner_idle_frac=learner_idle / end if end else 0.0,
+            learner_seconds=dict(self.learner.seconds), ack_waits=self.ack_waits,
+            generator_idle_frac=sum(idle) / len(idle), generator_idle_fracs=idle,
+            staleness_histogram=dict(sorted(self.staleness.items())), staleness_mean=_mean_of(self.staleness),
+            staleness_max=max(self.staleness, default=0),
+            dropped_stale=self.dropped_stale, dropped_full=self.dropped_full)
+
+
+def simulate(calibration: Calibration, settings: Settings) -> Result:
+    """Run the model for `settings.steps` learner steps, from an empty queue with every actor at
+    version 0 and starting at once; deterministic for a given `settings.seed`."""
+    settings.check()
+    if any(g.generate_s <= 0 for g in calibration.generators):
+        raise SimulationError("every generator's call must take time (GeneratorTimes.generate_s > 0)")
+    return Model(calibration, settings).run()
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def report(calibration: Calibration, settings: Settings, result: Result) -> str:
+    """A small table (the run as measured beside the simulation), then the JSON line last."""
+    m = calibration.measured
+    changed = changed_keys(calibration.settings, settings)
+    rows = [("samples/s", m.samples_per_s, result.samples_per_s),
+            ("steady samples/s", m.steady_samples_per_s, result.steady_samples_per_s),
+            ("learner idle frac", m.learner_idle_frac, result.learner_idle_frac),
+            ("generator idle frac", m.generator_idle_frac, result.generator_idle_frac),
+            ("staleness mean", m.staleness_mean, result.staleness_mean)]
+    lines = [f"run: {calibration.run_dir} ({calibration.settings.steps} steps)",
+             "changed: " + (", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()) or "nothing (the run's own "
+                                                                                              "settings)"),
+             f"{'':<22}{'run (measured)':>16}{'simulated':>12}"]
+    lines += [f"{name:<22}{run:>16.3f}{sim:>12.3f}" for name, run, sim in rows]
+    lines.append(f"{'staleness histogram':<22}{json.dumps(m.staleness_histogram):>16}  "
+                 f"{json.dumps(result.staleness_histogram)}")
+    payload = {**result.as_dict(), "staleness_histogram": {str(k): v for k, v in result.staleness_histogram.items()},
+               "measured_samples_per_s": round(m.samples_per_s, 6),
+               "ratio_to_measured": round(result.samples_per_s / m.samples_per_s, 4) if m.samples_per_s else None,
+               "changed": {k: b for k, (_, b) in changed.items()}}
+    lines.append(json.dumps(payload))
+    return "\n".join(lines)
+
+
+def run_command(run_dir: str, overrides: list[str]) -> str:
+    """What `asyncgrpo simulate` prints; raises SimulationError (one line) on bad input."""
+    calibration = Calibration.from_run(run_dir)
+    settings = apply_overrides(calibration.settings, overrides)
+    return report(calibration, settings, simulate(calibration, settings))
