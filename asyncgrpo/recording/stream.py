@@ -8,7 +8,7 @@ A recording is a directory (`wire.record_dir`):
                      with the command line's overrides on top
     stream.bin       PREAMBLE (magic + format, u32le), then records, append-only
 
-    record := length u64le | crc32(body) u32le | body[length]
+    record := length u64le | crc32(length) u32le | crc32(body) u32le | body[length]
     body   := meta_length u32le | meta | frame 0 | frame 1 | ...
     meta   := msgpack map {version, index, count, frames}: the learner's version when it took the
               group, its position in that step's batch, the step's number of groups, and the byte
@@ -18,11 +18,12 @@ A recording is a directory (`wire.record_dir`):
               versions, behaviour log-probs and rewards are all there
 
 A writer appends a whole step and flushes it (`recorder.StreamRecorder`), so a crash loses at most
-the step in progress. A reader (`scan`) stops at a torn tail, that is at a record that runs past the
-end of the file, or the file's last record whose checksum fails (what a crash leaves: a half-written
-record, or zeros a file system put where data had not reached the disk), and drops an incomplete
-last step; both are counted, not raised. A checksum failure with records after it is corruption,
-and so is a record that breaks the step structure: `RecordingError`, naming the byte offset.
+the step in progress. A reader (`scan`) stops at a torn tail, which is what a crash leaves: a record
+cut short by the end of the file, or a failed checksum with nothing but zeros after it (a file
+system may put zeros where data had not reached the disk); it drops an incomplete last step too.
+Both are counted, not raised. The length has a checksum of its own, so a corrupted length is found
+rather than taken for a record running past the end. A failed checksum with data after it, and a
+record that breaks the step structure, are corruption: `RecordingError`, naming the byte offset.
 
 Pure Python over numpy and msgpack: no torch, so the format and its tests are cheap.
 """
@@ -50,7 +51,8 @@ HEADER_FILE, CONFIG_FILE, STREAM_FILE = "recording.json", "config.yaml", "stream
 # it with overrides exactly as it does a preset.
 CONFIG_DEFAULTS = "defaults:\n  - asyncgrpo\n  - _self_\n"
 
-_PREFIX = struct.Struct("<QI")  # body length, crc32 of the body
+_PREFIX = struct.Struct("<QII")  # body length, crc32 of the length, crc32 of the body
+_LENGTH = struct.Struct("<Q")
 _META_LENGTH = struct.Struct("<I")
 # A record's meta is four small fields and one length per frame (a group has five frames).
 _MAX_META_BYTES = 1 << 16
@@ -102,7 +104,7 @@ def pack_record(version: int, index: int, count: int, frames: Sequence[bytes | m
     meta = msgpack.packb({"version": version, "index": index, "count": count,
                           "frames": [view.nbytes for view in views]}, use_bin_type=True)
     body = b"".join([_META_LENGTH.pack(len(meta)), meta, *views])
-    return _PREFIX.pack(len(body), zlib.crc32(body)) + body
+    return _PREFIX.pack(len(body), zlib.crc32(_LENGTH.pack(len(body))), zlib.crc32(body)) + body
 
 
 # ------------------------------------------------------------------------------------------ read
@@ -112,19 +114,32 @@ class _Torn(Exception):
     """The record at this offset is the torn tail a crash left."""
 
 
+def _zeros_from(file: BinaryIO, offset: int) -> bool:
+    """Whether everything from `offset` to the end of the file is zero bytes."""
+    file.seek(offset)
+    while chunk := file.read(1 << 20):
+        if chunk.count(0) != len(chunk):
+            return False
+    return True
+
+
 def _read_body(file: BinaryIO, offset: int, size: int, name: str) -> tuple[bytes, int]:
     """The body of the record at `offset` and the offset after it; `_Torn` for a torn tail."""
     file.seek(offset)
     prefix = file.read(_PREFIX.size)
     if len(prefix) < _PREFIX.size:
         raise _Torn
-    length, crc = _PREFIX.unpack(prefix)
+    length, length_crc, crc = _PREFIX.unpack(prefix)
+    if zlib.crc32(prefix[:_LENGTH.size]) != length_crc:
+        if _zeros_from(file, offset):
+            raise _Torn
+        raise RecordingError(f"{name}: record at byte offset {offset}: length checksum mismatch (the file is corrupted)")
     end = offset + _PREFIX.size + length
     if end > size:
         raise _Torn
     body = file.read(length)
     if zlib.crc32(body) != crc:
-        if end == size:  # the last record: a write the crash cut short, or zeros in its place
+        if end == size or _zeros_from(file, end):  # a write the crash cut short, or zeros in its place
             raise _Torn
         raise RecordingError(f"{name}: record at byte offset {offset}: checksum mismatch (the file is corrupted)")
     return body, end

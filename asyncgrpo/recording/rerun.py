@@ -1,0 +1,181 @@
+"""`asyncgrpo replay DIR [key=value ...]`: train a learner on a recorded stream, with no generators.
+
+For paired comparisons of corrections on identical stale data (the same groups, taken at the same
+learner versions, with the same behaviour log-probs) and for deterministic re-runs.
+
+The config is the recording's config.yaml with the command line's overrides on top (algo.*,
+learner.lr, seed, ...). The recording fixes the starting weights (its model_dir, or the checkpoint
+the recording run resumed from), each step's groups and the version that took them, and so
+train.groups_per_step (another value is refused). A replay runs one learner rank, pushes no weights
+and starts no generator, Ray or socket; it stops at the recording's last complete step or at
+train.max_steps, whichever comes first, and writes a run directory of its own (run_dir, default
+DIR/replay-<timestamp>): config.yaml, metrics.jsonl, summary.json, which `asyncgrpo plot` reads.
+
+Staleness in a replay: the learner's version starts at the recording's first version and goes up by
+one per step, and `RecordedSource` serves each step only to the version that took it, so
+`staleness/*` is the recorded learner version at consumption minus each group's oldest token
+version: the staleness the recording run trained with, whatever the replay's settings. It counts
+versions; how far the replayed policy has actually moved from the behaviour policy differs between
+settings, and `mismatch/*` and `is/*` measure that.
+
+Determinism: on CPU the same recording, config and seed give identical losses at every step: the
+groups are the same bytes, the learner is one rank with `learner.torch_threads` threads, torch's
+deterministic algorithms are on, and nothing in an update draws random numbers. It also repeats the
+recording run's own losses when that run had one learner rank on CPU (tests/e2e/test_record_replay.py);
+a recording made with several ranks replays on one: the same data, sums in another order. On GPU,
+kernels may still differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from asyncgrpo.config import load
+from asyncgrpo.recording.recorder import StreamRecorder
+from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
+from asyncgrpo.recording.stream import RecordingError
+from asyncgrpo.replay import GroupSource
+from asyncgrpo.schema import Config, ConfigError, to_yaml
+
+# Set before the user's overrides (which may change them): a replay records nothing unless asked
+# to (and never into the recording it reads), resumes no checkpoint, and runs one rank.
+REPLAY_DEFAULTS = {"wire.record_dir": "''", "resume": "''", "learner.world_size": "1"}
+
+
+def replay_config(recording: Recording, overrides: Sequence[str]) -> Config:
+    """The recording's config with `overrides` on top; run_dir defaults to a new DIR/replay-<time>."""
+    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    base = [f"{key}={value}" for key, value in REPLAY_DEFAULTS.items() if key not in given]
+    cfg = load([*base, *overrides], config_name="config", config_dir=recording.directory)
+    if cfg.resume:
+        raise ConfigError("resume: a replay starts from the recording's starting weights, not from a checkpoint")
+    if cfg.learner.world_size != 1:
+        raise ConfigError(f"learner.world_size: a replay runs one learner rank (got {cfg.learner.world_size})")
+    if cfg.train.groups_per_step != recording.groups_per_step:
+        raise ConfigError(f"train.groups_per_step: the recording took {recording.groups_per_step} groups per step "
+                          f"(got {cfg.train.groups_per_step})")
+    if "run_dir" not in given:
+        cfg.run_dir = str(new_run_dir(recording.directory))
+    return cfg
+
+
+def new_run_dir(directory: Path) -> Path:
+    stem = directory / time.strftime("replay-%Y%m%d-%H%M%S")
+    path, k = stem, 1
+    while path.exists():
+        k += 1
+        path = stem.with_name(f"{stem.name}-{k}")
+    return path
+
+
+def offline_learner(cfg: Config, model_dir: str, source: GroupSource, recorder: StreamRecorder | None = None):
+    """A learner of one rank on `source`, with no generators, no weight pushes and no sockets."""
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+
+    from asyncgrpo.learner.learner import Learner
+    from asyncgrpo.learner.parts import join_process_group, learner_device
+    from asyncgrpo.learner.policy import Policy
+    from asyncgrpo.resources import pin_to_cores
+
+    pin_to_cores([], torch_threads=cfg.learner.torch_threads)  # the thread count fixes the reduction order
+    device = learner_device(cfg)
+    owns_group = join_process_group(cfg, device, 0, 1, "127.0.0.1", None)
+    try:
+        policy = Policy.from_config(cfg, model_dir, device, 0, 1)
+        pad_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    except BaseException:
+        if owns_group:
+            dist.destroy_process_group()
+        raise
+    return Learner(cfg, policy, model_dir, pad_id, rank=0, world_size=1, source=source, registry=None, weights=None,
+                   owns_process_group=owns_group, recorder=recorder)
+
+
+def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train on the recording in `directory`; returns the summary also written to run_dir/summary.json.
+    Raises `RecordingError` or `ConfigError` (one line) before anything heavy starts."""
+    recording = open_recording(directory)
+    cfg = replay_config(recording, overrides)
+    model_dir, checkpoint = recording.starting_point()
+    steps = [step for step in recording.index.steps if step.version < cfg.train.max_steps]
+    if not steps:
+        raise ConfigError(f"train.max_steps={cfg.train.max_steps} ends before the recording's first step "
+                          f"(version {recording.start_version})")
+    run_dir = Path(cfg.run_dir).expanduser()
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"run_dir={run_dir} already holds metrics.jsonl: a replay writes a run directory of its own")
+    index = recording.index
+    if index.torn_records or index.torn_bytes:
+        log(f"[replay] ignored a torn tail: {index.torn_records} records, {index.torn_bytes} bytes after byte "
+            f"{index.end} of {recording.stream} (the recording run stopped while writing)")
+    from asyncgrpo.metrics import open_sinks
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    summary: dict[str, Any] = {
+        "status": "starting", "run_dir": str(run_dir), "recording": str(recording.directory),
+        "overrides": list(overrides), "model_dir": model_dir, "checkpoint": checkpoint,
+        "recorded_steps": len(index.steps), "torn_tail_records": index.torn_records,
+        "torn_tail_bytes": index.torn_bytes,
+    }
+    wall_start = time.monotonic()
+    metrics = open_sinks(cfg, run_dir)
+    source = RecordedSource(recording, steps)
+    learner = None
+    stack = ExitStack()
+    try:
+        stack.enter_context(_deterministic())
+        recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
+        learner = offline_learner(cfg, model_dir, source, recorder)
+        if checkpoint:
+            learner.load_checkpoint(checkpoint)
+        if learner.version != recording.start_version:
+            raise RecordingError(f"{recording.directory}: the recording starts at version {recording.start_version}, "
+                                 f"its starting point is at version {learner.version}")
+        from tqdm import tqdm
+
+        for _ in tqdm(steps, desc="replay", unit="step", disable=not cfg.progress):
+            for record in learner.train_steps(1):
+                record["time/wall_s"] = time.monotonic() - wall_start
+                metrics.write(record)
+        summary.update(learner.summary())
+        summary.update(status="finished", steps=len(steps))
+    except KeyboardInterrupt:
+        summary["status"] = "interrupted"
+        raise
+    except BaseException as err:
+        summary.update(status="failed", error=f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        if learner is not None:
+            learner.close()  # closes the source too
+        else:
+            source.close()
+        metrics.close()
+        stack.close()
+        summary["wall_s"] = time.monotonic() - wall_start
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    return summary
+
+
+@contextmanager
+def _deterministic() -> Iterator[None]:
+    """torch's deterministic algorithms for the replay, then the caller's setting again (a test or
+    a notebook may replay in-process)."""
+    import torch
+
+    # cuBLAS reads this when it starts; deterministic algorithms on CUDA require it.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
