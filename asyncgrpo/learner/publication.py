@@ -1,0 +1,73 @@
+"""Delayed weight publication, for `train.fixed_staleness=k`: at version v the learner publishes
+the weights of version v - k, labelled v - k, instead of its newest.
+
+Why this fixes staleness at k (docs/ALGORITHMS.md, Fixed staleness): under the throttle at
+max_staleness = k with the queue's shares (`rollout.generator.throttle_limit`, replay.py), a group of
+step u is started only while its generator holds w >= u - k. A group of step u is started before
+the learner takes step u, i.e. at a learner version <= u, when the newest published weights are at
+most u - k. So w = u - k exactly, for every step u >= k. The first k steps (and the first k after a
+resume: the checkpoint holds only its own version) are sampled by the starting weights, staleness u.
+
+Rank 0 keeps CPU copies of the last k versions' state dicts in the dtype the weights travel in
+(`held_dtype`): casting before the sender casts again changes nothing, and costs k pushes of memory
+(preflight's `memory_gib`). A version's copy is released once published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from asyncgrpo.schema import Config
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+def held_dtype(cfg: Config) -> torch.dtype:
+    """The dtype floating tensors are sent in: nccl broadcasts float32; zmq and shm send
+    `weights.wire_dtype` (auto: the engine's)."""
+    from asyncgrpo.weights.zmq import wire_dtype_for
+
+    return torch.float32 if cfg.weights.backend == "nccl" else wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+
+
+class VersionRing:
+    """The versions a learner with publication delay `delay` (>= 1) has made but not yet published."""
+
+    def __init__(self, delay: int, dtype: torch.dtype) -> None:
+        if delay < 1:
+            raise ValueError(f"delay must be >= 1 (0 publishes the newest weights directly), got {delay}")
+        self.delay, self.dtype = delay, dtype
+        self._held: dict[int, NamedTensors] = {}  # version -> its tensors, oldest version first
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> VersionRing | None:
+        """The ring for `train.fixed_staleness` >= 1; None when the newest weights are pushed (off, or 0)."""
+        k = cfg.train.fixed_staleness
+        return cls(k, held_dtype(cfg)) if k >= 1 else None
+
+    @property
+    def versions(self) -> list[int]:
+        return list(self._held)
+
+    def publish(self, version: int, named: Iterable[tuple[str, torch.Tensor]],
+                send: Callable[[int, NamedTensors], int]) -> tuple[int | None, int]:
+        """At learner version `version` with its weights `named`: `send` version - delay's weights,
+        if held (None during the warm-up), then keep a copy of `named`. Returns (the version sent
+        or None, the bytes `send` reported)."""
+        if self._held and version != max(self._held) + 1:
+            # A skipped version would leave a hole that is published as nothing, k steps later.
+            raise RuntimeError(f"delayed publication needs a push every step: version {version} after "
+                               f"{max(self._held)} (weights.push_every_steps must be 1)")
+        due = version - self.delay
+        # Sent before this version is copied: at most `delay` copies are held at any time.
+        tensors = self._held.pop(due, None)
+        published, sent = (due, send(due, tensors)) if tensors is not None else (None, 0)
+        del tensors
+        self._held[version] = [(name, self._copy(tensor)) for name, tensor in named]
+        return published, sent
+
+    def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
+        return tensor.detach().to("cpu", dtype=dtype, copy=True)

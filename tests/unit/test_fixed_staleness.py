@@ -1,0 +1,165 @@
+"""train.fixed_staleness=k: the learner's delayed publication (asyncgrpo/learner/publication.py).
+At version v it publishes version v - k's weights, labelled v - k; at the end, the newest. The
+staleness this gives with real generators' throttle and queue is simulated in
+tests/unit/test_throttle_many_generators.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncgrpo.config import load
+from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.publication import VersionRing, held_dtype
+from asyncgrpo.preflight import memory_estimate
+from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.wire import VersionAck
+
+
+class VersionedPolicy:
+    """Weights that say which version they are: every entry holds the version number."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def full_state_dict(self):
+        yield "w", torch.full((3,), float(self.version))
+        yield "step", torch.tensor([self.version], dtype=torch.int64)  # not floating: kept as it is
+
+
+class Sender:
+    bytes_pushed = 0
+
+    def __init__(self) -> None:
+        self.pushes: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self.shutdowns: list[str] = []
+
+    def push(self, version, named_tensors) -> int:
+        tensors = dict(named_tensors)
+        self.pushes.append((version, tensors))
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def shutdown(self, reason: str) -> None:
+        self.shutdowns.append(reason)
+
+
+def learner_with(k: int, *overrides: str) -> Learner:
+    cfg = load([f"train.fixed_staleness={k}", "rollout.num_generators=1", "train.groups_per_step=2", *overrides])
+    queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=False, full_policy="block"), limits=None, shares=[2])
+    return Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
+                   registry=queue.registry, weights=Sender(), owns_process_group=False)
+
+
+def advance(learner: Learner) -> int:
+    """What train_on does after the optimizer step: the next version, then the push."""
+    learner.version += 1
+    learner.policy.version = learner.version
+    return learner.push_weights()
+
+
+def labels_and_contents(learner: Learner) -> list[tuple[int, float, int]]:
+    return [(v, float(t["w"][0]), int(t["step"][0])) for v, t in learner.weights.pushes]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_version_v_publishes_the_weights_of_version_v_minus_k_under_their_own_label(k):
+    learner = learner_with(k)
+    published = []
+    for _ in range(8):
+        sent = advance(learner)
+        published.append(learner.pushed_version)
+        assert (sent > 0) == (learner.version > k)  # nothing during the warm-up
+    # Version v >= k + 1 publishes v - k (k itself would publish version 0, which the generators start from).
+    assert labels_and_contents(learner) == [(v - k, v - k, v - k) for v in range(k + 1, 9)]
+    assert published == [max(0, v - k) for v in range(1, 9)]
+    assert learner._ring.versions == list(range(9 - k, 9))  # k copies held, no more
+    # The end of the run: the true newest weights, then Shutdown.
+    learner.finish()
+    assert labels_and_contents(learner)[-1] == (8, 8, 8)
+    assert learner.pushed_version == 8 and learner.weights.shutdowns == ["training finished"]
+
+
+def test_the_held_copies_are_copies_not_views_of_the_live_weights():
+    ring = VersionRing(1, torch.float32)
+    live = torch.zeros(2)
+    sent = []
+    ring.publish(1, [("w", live)], lambda v, named: sent.append((v, named)) or 8)
+    live += 5  # the optimizer step changes the live tensor in place
+    assert ring.publish(2, [("w", live)], lambda v, named: sent.append((v, named)) or 8) == (1, 8)
+    assert sent[0][1][0][1].tolist() == [0.0, 0.0]
+
+
+def test_copies_are_held_in_the_dtype_the_weights_travel_in():
+    assert held_dtype(load(["rollout.dtype=bfloat16"])) == torch.bfloat16
+    assert held_dtype(load(["rollout.dtype=bfloat16", "weights.wire_dtype=float32"])) == torch.float32
+    assert held_dtype(load(["rollout.dtype=bfloat16", "weights.backend=nccl"])) == torch.float32
+    ring = VersionRing(1, torch.bfloat16)
+    ring.publish(1, [("w", torch.tensor([1.0 + 2 ** -10])), ("i", torch.tensor([3]))], lambda v, n: 0)
+    sent = []
+    ring.publish(2, [("w", torch.ones(1)), ("i", torch.tensor([4]))], lambda v, n: sent.extend(n) or 1)
+    (_, w), (_, i) = sent
+    assert w.dtype == torch.bfloat16 and w.item() == 1.0  # rounded as the wire would round it
+    assert i.dtype == torch.int64 and i.item() == 3
+
+
+def test_a_skipped_version_fails_instead_of_publishing_a_hole():
+    ring = VersionRing(2, torch.float32)
+    ring.publish(1, [("w", torch.zeros(1))], lambda v, n: 0)
+    with pytest.raises(RuntimeError, match="push every step"):
+        ring.publish(3, [("w", torch.zeros(1))], lambda v, n: 0)
+
+
+def test_a_resumed_learner_warms_up_again_from_the_checkpoint_version():
+    learner = learner_with(2)
+    learner.version = learner.pushed_version = learner.policy.version = 10  # load_state_dict's effect
+    for _ in range(4):
+        advance(learner)
+    assert [v for v, *_ in labels_and_contents(learner)] == [11, 12]  # 11 and 12: at versions 13 and 14
+
+
+def test_fixed_staleness_zero_and_off_push_the_newest_weights_directly():
+    for k in (0, -1):
+        learner = learner_with(k)
+        assert learner._ring is None
+        advance(learner)
+        assert labels_and_contents(learner) == [(1, 1, 1)]
+
+
+def test_the_acknowledgement_wait_passes_once_the_generators_hold_the_published_version():
+    learner = learner_with(2, "wire.timeout_s=0.2")
+    for _ in range(5):
+        advance(learner)  # version 5 publishes 3: the floor of the ack wait, 5 - max_staleness
+    learner.source.put(VersionAck(0, 3))
+    learner._wait_for_generators()
+    assert learner.ack_waits == 0
+    metrics = learner._generator_metrics()
+    assert metrics["weights/published_version"] == 3 and metrics["weights/backlog"] == 0
+    learner.source.put(VersionAck(0, 2))  # a generator behind the published version: the wait holds
+    learner.version += 1
+    with pytest.raises(TimeoutError, match="load version >= 4"):
+        learner._wait_for_generators()
+
+
+def test_config_sets_max_staleness_and_refuses_what_would_break_it():
+    from asyncgrpo.config import ConfigError
+
+    assert load(["train.fixed_staleness=3"]).train.max_staleness == 3
+    assert load(["train.fixed_staleness=3", "train.max_staleness=3"]).train.max_staleness == 3
+    assert load(["train.fixed_staleness=-1", "train.max_staleness=4"]).train.max_staleness == 4
+    for overrides, key in [(["train.max_staleness=2"], "train.max_staleness=2 contradicts"),
+                           (["train.stale_policy=drop"], "train.stale_policy must throttle"),
+                           (["weights.push_every_steps=2"], "weights.push_every_steps must be 1"),
+                           (["rollout.inflight_updates=true"], "rollout.inflight_updates must be false")]:
+        with pytest.raises(ConfigError, match=key):
+            load(["train.fixed_staleness=3", *overrides])
+    with pytest.raises(ConfigError, match="train.fixed_staleness must be -1"):
+        load(["train.fixed_staleness=-2"])
+
+
+def test_preflight_counts_the_held_versions_on_rank_0():
+    base = ["learner.micro_batch_tokens=1024", "device=cpu", "learner.world_size=2"]
+    plain = memory_estimate(load(base), 10**8, 1000, 4 * 10**8, "zmq")
+    held = memory_estimate(load([*base, "train.fixed_staleness=3"]), 10**8, 1000, 4 * 10**8, "zmq")
+    assert held["held_versions_gib"] == pytest.approx(3 * 4 * 10**8 / 2**30)
+    assert held["learner_rank_gib"] - plain["learner_rank_gib"] == pytest.approx(held["held_versions_gib"])
+    assert held["total_gib"] - plain["total_gib"] == pytest.approx(held["held_versions_gib"])  # rank 0 alone
