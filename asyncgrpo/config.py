@@ -54,8 +54,20 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
         cfg: Config = OmegaConf.to_object(composed)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         raise ConfigError(_one_line(err)) from None
+    _refuse_other_max_staleness(cfg, overrides or [])
     validate(cfg)
     return cfg
+
+
+def _refuse_other_max_staleness(cfg: Config, overrides: list[str]) -> None:
+    """`train.fixed_staleness=k` sets train.max_staleness to k (a preset's value is replaced);
+    asking for another value on the same command line is a contradiction, not a preference."""
+    k = cfg.train.fixed_staleness
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if k >= 0 and key.strip() == "train.max_staleness" and value.strip() != str(k):
+            raise ConfigError(f"train.max_staleness={value.strip()} contradicts train.fixed_staleness={k}, which sets "
+                              f"it to {k}: drop train.max_staleness")
 
 
 def _one_of(choices: tuple[str, ...]) -> str:
@@ -86,6 +98,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key} {why} (got {value!r})")
 
     r, t, q, learner = cfg.rollout, cfg.train, cfg.queue, cfg.learner
+    _apply_fixed_staleness(cfg, require)
     require(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", "must be >= 2: GRPO compares samples of a prompt", r.samples_per_prompt)
     require(1 <= r.num_generators <= t.groups_per_step, "rollout.num_generators",
             f"must be between 1 and train.groups_per_step={t.groups_per_step}", r.num_generators)
@@ -94,6 +107,8 @@ def validate(cfg: Config) -> None:
             f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)
     require(r.temperature > 0, "rollout.temperature", "must be > 0 (log-probs of greedy sampling are not a distribution)", r.temperature)
     require(r.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", r.groups_per_call)
+    require(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0 (0 = a dead generator fails the run)",
+            r.max_restarts)
     require(t.max_staleness >= 0, "train.max_staleness", "must be >= 0", t.max_staleness)
     require(t.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", t.groups_per_step)
     require(t.max_steps >= 1, "train.max_steps", "must be >= 1", t.max_steps)
@@ -142,6 +157,13 @@ def validate(cfg: Config) -> None:
             f"{cfg.wire.max_message_bytes}: lower weights.chunk_bytes or raise wire.max_message_bytes",
             cfg.weights.chunk_bytes)
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
+    require(cfg.wire.record_fsync_every_steps >= 1, "wire.record_fsync_every_steps", "must be >= 1",
+            cfg.wire.record_fsync_every_steps)
+    # Only a resumed run continues a recording (asyncgrpo/recording/recorder.py); a fresh one would
+    # overwrite it.
+    require(not cfg.wire.record_dir or bool(cfg.resume) or not recording_exists(cfg.wire.record_dir),
+            "wire.record_dir", "already holds a recording: choose another directory (only a resumed run continues one)",
+            cfg.wire.record_dir)
     require(t.probe_tolerance > 0, "train.probe_tolerance", "must be > 0", t.probe_tolerance)
     require(cfg.wire.curve in CURVE_MODES, "wire.curve", _one_of(CURVE_MODES), cfg.wire.curve)
     require(cfg.wire.transport in TRANSPORTS, "wire.transport", _one_of(TRANSPORTS), cfg.wire.transport)
@@ -170,6 +192,28 @@ def validate(cfg: Config) -> None:
     require(cfg.log.wandb_mode in WANDB_MODES, "log.wandb_mode", _one_of(WANDB_MODES), cfg.log.wandb_mode)
     require(cfg.log.samples_every_steps >= 0, "log.samples_every_steps", "must be >= 0 (0 = off)", cfg.log.samples_every_steps)
     require(cfg.log.samples_per_log >= 1, "log.samples_per_log", "must be >= 1", cfg.log.samples_per_log)
+
+
+def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
+    """`train.fixed_staleness=k` (docs/ALGORITHMS.md, Fixed staleness): the throttle at
+    max_staleness = k with the queue's shares, plus the learner publishing at version v the weights
+    of version v - k, gives every group of step u >= k exactly the weights of version u - k. So it
+    sets train.max_staleness to k, and refuses what would break the argument."""
+    t = cfg.train
+    require(t.fixed_staleness >= -1, "train.fixed_staleness", "must be -1 (off) or >= 0", t.fixed_staleness)
+    if t.fixed_staleness < 0:
+        return
+    t.max_staleness = t.fixed_staleness
+    why = f"with train.fixed_staleness={t.fixed_staleness}"
+    require(t.stale_policy in THROTTLING_STALE_POLICIES, "train.stale_policy",
+            f"must throttle ({', '.join(THROTTLING_STALE_POLICIES)}) {why}: without it a generator runs ahead of the "
+            "weights it holds and the staleness is whatever the drop leaves", t.stale_policy)
+    # The published version would lag by up to push_every_steps - 1 more than k.
+    require(cfg.weights.push_every_steps == 1, "weights.push_every_steps", f"must be 1 {why}",
+            cfg.weights.push_every_steps)
+    # Weights loaded mid-generation would make a completion's later tokens fresher than k.
+    require(not cfg.rollout.inflight_updates, "rollout.inflight_updates", f"must be false {why}",
+            cfg.rollout.inflight_updates)
 
 
 def _validate_task_data_reward(cfg: Config, require: Any) -> None:
@@ -224,6 +268,12 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
 
 
 
+def recording_exists(record_dir: str) -> bool:
+    from asyncgrpo.recording.stream import HEADER_FILE
+
+    return (Path(record_dir).expanduser() / HEADER_FILE).is_file()
+
+
 def _wire_transport(cfg: Config) -> str:
     return resolve_transport(cfg.wire.transport, cfg.wire.host)
 
@@ -248,3 +298,21 @@ def learner_wait_timeout_s(cfg: Config) -> float:
     rank 0 may first wait for generator acknowledgements and then for a batch, each up to
     `wire.timeout_s`, while the others already wait for that batch."""
     return 2 * cfg.wire.timeout_s + 60.0
+
+
+def collective_timeout_s(cfg: Config) -> float:
+    """How long a learner rank waits in a collective: the other ranks wait for rank 0's batch while
+    rank 0 waits for a restarted generator (`rollout.max_restarts`), whose start is bounded by
+    `wire.startup_timeout_s`, not by `wire.timeout_s`."""
+    restart_s = cfg.wire.startup_timeout_s if cfg.rollout.max_restarts > 0 else 0.0
+    return learner_wait_timeout_s(cfg) + restart_s
+
+
+def lend_steps(cfg: Config) -> int:
+    """How many steps of its share a throttled generator can lend to a down one and still deliver
+    its own share at every step: its throttle lets it run max_staleness steps ahead of the weights
+    it holds, which lag the learner by up to push_every_steps - 1 (replay.py, Restarts). Under
+    train.fixed_staleness the weights lag by exactly max_staleness: no lead to lend."""
+    if cfg.train.fixed_staleness >= 1:
+        return 0
+    return cfg.train.max_staleness - cfg.weights.push_every_steps + 1

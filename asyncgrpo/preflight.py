@@ -96,12 +96,21 @@ def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_byte
     elif backend == "zmq":
         per_rank += push_bytes  # rank 0: the copies of one push until ZeroMQ has sent them
         generator += 2 * push_bytes  # one push being assembled and one waiting to be loaded
+    # train.fixed_staleness=k: rank 0 holds the last k versions in CPU memory (asyncgrpo/learner/
+    # publication.py), in the wire dtype; nccl sends, and so holds, float32. On a GPU that is host
+    # memory, reported beside the rank's device memory, not in it.
+    held_bytes = max(0, cfg.train.fixed_staleness) * (num_parameters * 4 if backend == "nccl" else push_bytes)
+    held_in_rank = held_bytes if cfg.device == "cpu" else 0
+    per_rank += held_in_rank
     estimate = {
         "learner_rank_gib": per_rank / GIB + LEARNER_RUNTIME_GIB,
         "generator_gib": generator / GIB + VLLM_RUNTIME_GIB,
         "shared_memory_gib": shared / GIB,
+        "held_versions_gib": held_bytes / GIB,
     }
+    # learner_rank_gib is rank 0's, the largest; only rank 0 holds the fixed-staleness versions.
     estimate["total_gib"] = (estimate["learner_rank_gib"] * learner.world_size
+                             - held_in_rank / GIB * (learner.world_size - 1)
                              + estimate["generator_gib"] * rollout.num_generators + estimate["shared_memory_gib"])
     return estimate
 
@@ -210,6 +219,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"({kv['bytes_per_token']:,} bytes per token)",
         f"memory     learner rank ~{memory['learner_rank_gib']:.1f} GiB, generator ~{memory['generator_gib']:.1f} GiB, "
         + (f"shared weight slots {memory['shared_memory_gib']:.1f} GiB, " if memory["shared_memory_gib"] else "")
+        + (f"train.fixed_staleness versions {memory['held_versions_gib']:.1f} GiB (rank 0), "
+           if memory.get("held_versions_gib") else "")
         + f"all actors ~{memory['total_gib']:.1f} GiB"
         + (f" of {memory['machine']:.1f} GiB here" if "machine" in memory else ""),
     ]

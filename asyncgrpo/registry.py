@@ -1,9 +1,21 @@
-"""What the learner knows of each generator: sequence numbers, loaded weights, reported counters.
+"""What the learner knows of each generator: sequence numbers, loaded weights, reported counters,
+how far its prompt stream has been trained, and whether it is down for a restart.
 
-The replay queue's receiving thread feeds it (`admit` for each group, `on_ack`, `on_heartbeat`);
-the learner reads it (acknowledged versions, per-step increases of the generators' counters) and
-asks it whether the reports end the run (`check_reports`: rejected weights, a reward outage).
-Sequence numbers are per generator and ordered: an old one is a duplicate, a gap is loss.
+The replay queue's receiving thread feeds it (`admit` for each group, `on_ack`, `on_heartbeat`) and
+its consumer side reports what the learner took (`on_consumed`); the learner reads it (acknowledged
+versions, per-step increases of the generators' counters) and asks it whether the reports end the
+run (`check_reports`: rejected weights, a reward outage).
+
+Sequence numbers are per generator *incarnation* (its process: 0 for the first, +1 per restart) and
+ordered: an old one is a duplicate, a gap is loss. A newer incarnation starts again at 0, so its
+numbers are never taken for duplicates; what the replaced one announced (heartbeats) but never
+delivered is already counted as lost, and whatever it sends late is dropped and counted: groups under
+`queue/old_incarnation`, acknowledgements and heartbeats under `queue/old_incarnation_reports`.
+
+Positions (`position`, the checkpointed state): per generator, the prompt-stream position just past
+the newest group the learner *consumed*. Each generator's groups are consumed oldest first, so
+every prompt before it was trained (or dropped, and counted); a resumed or restarted generator
+continues there, and a group queued but never trained is generated again rather than skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgrpo.rewards.errors import RewardErrorWindow, outage_reason
-from asyncgrpo.wire import Heartbeat, VersionAck
+from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +55,7 @@ class RewardOutage(RunStopped):
 
 @dataclass
 class GeneratorState:
+    incarnation: int = 0
     next_seq: int = 0
     acked_version: int = -1
     last_seen: float = field(default_factory=time.monotonic)
@@ -50,8 +63,12 @@ class GeneratorState:
     # The newest cumulative counters reported, and those already turned into per-step increases.
     reported: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REPORTED_COUNTERS, 0.0))
     logged: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REPORTED_COUNTERS, 0.0))
+    # What the replaced incarnations reported: a restarted process counts from 0 again.
+    reported_before: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REPORTED_COUNTERS, 0.0))
     weights_rejected: int = 0
+    rejected_before: int = 0
     rejection: str = ""
+    down: bool = False  # its process died; the driver is starting the next incarnation
 
 
 class GeneratorRegistry:
@@ -61,19 +78,25 @@ class GeneratorRegistry:
         """`reward_window`: the window that decides a reward outage (None: reward errors never end the run)."""
         self.generators: dict[int, GeneratorState] = {}
         self.lost = self.duplicates = 0
+        self.old_incarnation = self.old_incarnation_reports = 0  # groups; acknowledgements and heartbeats
         self.reward_window = reward_window
         # term -> the first error any generator reported for it (the first heartbeat to carry it wins).
         self.first_reward_errors: dict[str, str] = {}
-        # Groups each generator sent in the runs before a resume: its sequence numbers restart at 0.
-        self._received_before: dict[int, int] = {}
+        # Per generator: the prompt-stream position past the newest consumed group (module docstring).
+        self._positions: dict[int, int] = {}
+        self._last_rejoin = float("-inf")
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------- receiving thread
 
-    def admit(self, generator_id: int, seq: int) -> bool:
-        """Account for a group's sequence number; False for a duplicate (the group must not enter)."""
+    def admit(self, generator_id: int, seq: int, incarnation: int = 0) -> bool:
+        """Account for a group's sequence number; False for a duplicate or a group of a replaced
+        incarnation (the group must not enter)."""
         with self._lock:
-            state = self._seen(generator_id)
+            state = self._current(generator_id, incarnation)
+            if state is None:
+                self.old_incarnation += 1
+                return False
             if seq < state.next_seq:
                 self.duplicates += 1
                 return False
@@ -83,28 +106,51 @@ class GeneratorRegistry:
 
     def on_ack(self, ack: VersionAck) -> None:
         with self._lock:
-            state = self._seen(ack.generator_id)
-            state.acked_version = max(state.acked_version, ack.version)
+            state = self._current(ack.generator_id, ack.incarnation)
+            if state is None:
+                self.old_incarnation_reports += 1
+            else:
+                state.acked_version = max(state.acked_version, ack.version)
 
     def on_heartbeat(self, beat: Heartbeat) -> None:
         with self._lock:
-            state = self._seen(beat.generator_id)
+            state = self._current(beat.generator_id, beat.incarnation)
+            if state is None:
+                self.old_incarnation_reports += 1
+                return
             # A heartbeat announces how many groups were sent: a gap at the tail is loss too.
             self._skip_to(beat.generator_id, state, beat.next_seq)
             # It also names the loaded version: an acknowledgement that found the socket full (and
             # was dropped) is made good by the next heartbeat.
             state.acked_version = max(state.acked_version, beat.version)
             for name in REPORTED_COUNTERS:
-                state.reported[name] = max(state.reported[name], float(getattr(beat, name)))
-            if beat.weights_rejected > state.weights_rejected:
-                state.weights_rejected, state.rejection = beat.weights_rejected, beat.rejection
+                reported = state.reported_before[name] + float(getattr(beat, name))
+                state.reported[name] = max(state.reported[name], reported)
+            if state.rejected_before + beat.weights_rejected > state.weights_rejected:
+                state.weights_rejected = state.rejected_before + beat.weights_rejected
+                state.rejection = beat.rejection
             for term, text in beat.reward_first_errors.items():
                 self.first_reward_errors.setdefault(term, text)
 
-    def _seen(self, generator_id: int) -> GeneratorState:
+    def _current(self, generator_id: int, incarnation: int) -> GeneratorState | None:
+        """With the lock held: the state of `generator_id` if `incarnation` is its current one (a
+        newer one replaces it first); None for a message of a replaced incarnation."""
         state = self.generators.setdefault(generator_id, GeneratorState())
+        if incarnation < state.incarnation:
+            return None
+        if incarnation > state.incarnation:
+            self._replace(state, incarnation)
         state.last_seen = time.monotonic()
         return state
+
+    def _replace(self, state: GeneratorState, incarnation: int) -> None:
+        """A new process of this generator: its sequence numbers start again at 0 and it has loaded
+        nothing yet. What the old one announced but never delivered was counted lost by its
+        heartbeats; what it did not announce is not known to have existed."""
+        state.incarnation = incarnation
+        state.next_seq, state.acked_version, state.down = 0, -1, False
+        state.reported_before = dict(state.reported)
+        state.rejected_before = state.weights_rejected
 
     def _skip_to(self, generator_id: int, state: GeneratorState, next_seq: int) -> None:
         missing = next_seq - state.next_seq
@@ -120,13 +166,55 @@ class GeneratorRegistry:
     # ---------------------------------------------------------------------------------- learner
 
     def acked_versions(self, generator_ids: Sequence[int]) -> dict[int, int]:
-        """The newest weight version each generator acknowledged (-1: none yet)."""
+        """The newest weight version each generator acknowledged (-1: none yet), leaving out those
+        that are down: nobody can load weights for them until their restart rejoins."""
         with self._lock:
-            return {g: self.generators[g].acked_version if g in self.generators else -1 for g in generator_ids}
+            return {g: self.generators[g].acked_version if g in self.generators else -1 for g in generator_ids
+                    if not (g in self.generators and self.generators[g].down)}
 
     def min_acked_version(self) -> int:
         with self._lock:
-            return min((s.acked_version for s in self.generators.values()), default=-1)
+            return min((s.acked_version for s in self.generators.values() if not s.down), default=-1)
+
+    # ---------------------------------------------------------------------------- restarts
+
+    def mark_down(self, generator_id: int) -> None:
+        """The generator's process died and a restart is under way (the driver says so)."""
+        with self._lock:
+            self.generators.setdefault(generator_id, GeneratorState()).down = True
+
+    def down_generators(self) -> set[int]:
+        with self._lock:
+            return {g for g, s in self.generators.items() if s.down}
+
+    def rejoin(self, generator_id: int, incarnation: int) -> int:
+        """Incarnation `incarnation` of the generator is up: from now on only its messages count.
+        Returns the prompt-stream position it must continue from (`position`)."""
+        with self._lock:
+            state = self.generators.setdefault(generator_id, GeneratorState())
+            if incarnation <= state.incarnation:
+                raise ValueError(f"generator {generator_id}: incarnation {incarnation} rejoins, but "
+                                 f"{state.incarnation} was already seen")
+            self._replace(state, incarnation)
+            state.last_seen = self._last_rejoin = time.monotonic()
+            return self._positions.get(generator_id, 0)
+
+    def restart_grace_until(self, timeout_s: float) -> float:
+        """Until when (time.monotonic) a wait on the generators must not time out because of a
+        restart: forever while one is down (the driver bounds the restart itself), and `timeout_s`
+        after the last one rejoined (it still has to load the weights and generate)."""
+        with self._lock:
+            if any(s.down for s in self.generators.values()):
+                return float("inf")
+            return self._last_rejoin + timeout_s
+
+    # ------------------------------------------------------------------------- consumer side
+
+    def on_consumed(self, groups: Sequence[ScoredGroup]) -> None:
+        """The learner took `groups` to train on: each one's stream is trained up to past it."""
+        with self._lock:
+            for group in groups:
+                self._positions[group.generator_id] = max(self._positions.get(group.generator_id, 0), group.pos + 1)
 
     def report_increments(self) -> dict[str, float]:
         """What the generators reported since the previous call, summed over generators: idle
@@ -185,26 +273,31 @@ class GeneratorRegistry:
             if not self.generators:
                 return "none ever connected"
             now = time.monotonic()
-            return ", ".join(f"gen {g}: {now - s.last_seen:.1f} s ago" for g, s in sorted(self.generators.items()))
+            return ", ".join(f"gen {g}: {now - s.last_seen:.1f} s ago{' (down, restarting)' if s.down else ''}"
+                             for g, s in sorted(self.generators.items()))
 
     def stats(self) -> dict[str, float]:
         with self._lock:
-            return {"queue/lost": self.lost, "queue/duplicates": self.duplicates}
+            return {"queue/lost": self.lost, "queue/duplicates": self.duplicates,
+                    "queue/old_incarnation": self.old_incarnation,
+                    "queue/old_incarnation_reports": self.old_incarnation_reports}
 
     # ------------------------------------------------------------------------------- checkpoint
 
-    def groups_received(self, generator_id: int) -> int:
-        """The groups `generator_id` has sent as far as the learner knows (consumed, dropped or still
-        queued), across resumes: a resumed generator skips that many prompts."""
+    def position(self, generator_id: int) -> int:
+        """Where `generator_id`'s prompt stream continues after a resume or a restart: just past the
+        newest group the learner consumed from it (across resumes and restarts)."""
         with self._lock:
-            state = self.generators.get(generator_id)
-            return self._received_before.get(generator_id, 0) + (state.next_seq if state else 0)
+            return self._positions.get(generator_id, 0)
 
     def state_dict(self) -> dict[str, Any]:
-        ids = set(self.generators) | set(self._received_before)
-        return {"generators": {str(g): {"groups_received": self.groups_received(g)} for g in sorted(ids)}}
+        with self._lock:
+            return {"generators": {str(g): {"position": p} for g, p in sorted(self._positions.items())}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Only the prompt positions carry over; sequence numbers and acknowledgements are per run."""
+        """Only the prompt positions carry over; sequence numbers and acknowledgements are per run.
+        A checkpoint from before positions were by consumption holds `groups_received` (what had
+        arrived, trained or not): taken as the position, as those runs did."""
         with self._lock:
-            self._received_before = {int(g): int(s["groups_received"]) for g, s in state.get("generators", {}).items()}
+            self._positions = {int(g): int(s["position"] if "position" in s else s["groups_received"])
+                               for g, s in state.get("generators", {}).items()}

@@ -8,10 +8,11 @@ senders' ZeroMQ high-water marks then fill and the generators' sends block, so m
 bounded whatever the producer rate (see docs/WIRE.md for the bound).
 
 Every group that enters is accounted for exactly once:
-    received == consumed + dropped_stale + dropped_full + depth
+    received == consumed + dropped_stale + dropped_full + dropped_restart + depth
 Acknowledgements and heartbeats go to the `GeneratorRegistry`, which also checks each group's
 sequence number: a group whose number its generator already used (or that a heartbeat declared
-lost) does not enter and is counted under `duplicates`; gaps are `lost`.
+lost) does not enter and is counted under `duplicates`; gaps are `lost`; a message of a replaced
+incarnation (a restarted generator's old process, arriving late) is `old_incarnation`.
 
 A group that decodes but that the learner's model cannot train on (`GroupLimits`: an empty prompt,
 a token id beyond the vocabulary, a sequence beyond the context, more samples than a prompt gets)
@@ -24,6 +25,18 @@ generator with share q is then trained at learner version k // q exactly, whatev
 speeds of the generators, which is what the generators' throttle (`rollout.generator.throttle_limit`)
 relies on to bound staleness; a faster generator's groups wait here for the slower one's. Taking
 whatever arrived first instead would train a slow generator's groups later than k // q, beyond the bound.
+
+Restarts (`generator_down`, `rejoin`; the driver says when, through the learner). While generator i
+is down its share is filled by its own queued groups (while on schedule) and then lent by the
+others: their next groups, consumed *earlier* than their k // q, which the bound allows. A lender
+must still be able to deliver its own share at every later step, which its throttle allows only
+`lend_steps` = max_staleness - push_every_steps + 1 steps ahead, so it lends at most that many
+steps of its share; at the rejoin each lender is told what it lent (`Rejoin.leads`), its throttle
+moves its count on by as much and it regains its lead. When i's next incarnation rejoins, i's groups
+still queued are dropped (`dropped_restart`): it continues from the registry's consumption position,
+so it generates them again, and every prompt is still trained once. From the next take on, at
+version B (`Rejoin.base_version`), the queue takes i's share again; the newcomer counts its groups
+from B x q_i, so its group k is again trained at k // q_i exactly.
 
 The learner takes groups from a `GroupSource`: this queue, or a `ListSource` of fixed groups
 (tests, offline benchmarks).
@@ -50,6 +63,16 @@ FULL_POLICIES = ("block", "drop_oldest")
 STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """What a restarted generator needs to know (`ReplayQueue.rejoin`), and what its peers do."""
+
+    position: int  # where its prompt stream continues: past the newest group consumed from it
+    base_version: int  # the first learner version that takes its share again: it counts from base x share
+    dropped: int  # its predecessor's groups dropped from the queue (generated again from `position`)
+    leads: dict[int, int]  # lender -> every group it has lent so far: its throttle counts on by as much
 
 
 class QueueTimeout(TimeoutError):
@@ -193,7 +216,10 @@ class ReplayQueue:
         shares: Sequence[int] | None,
         registry: GeneratorRegistry | None = None,
         poll_interval_s: float = 0.05,
+        lend_steps: int = 0,
     ) -> None:
+        """`lend_steps`: how many steps of its share a generator may lend to a down one (module
+        docstring; 0: none, the learner waits for the restart)."""
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
         if shares is not None and (not shares or min(shares) < 0 or sum(shares) > capacity_groups):
@@ -211,6 +237,17 @@ class ReplayQueue:
         self.registry = registry if registry is not None else GeneratorRegistry()
         self.counters_at_resume: dict[str, float] = {}
         self.received = self.consumed = self.dropped_stale = self.dropped_full = self.peak_depth = 0
+        self.dropped_restart = 0
+        # Shares only: per generator, groups consumed beyond its shares over the steps (> 0: lent to a
+        # down generator; < 0: a down generator's steps that came short), and how much of what it
+        # lent its throttle has been told (`Rejoin.leads`).
+        generators = len(self.shares) if self.shares is not None else 0
+        self._ahead = [0] * generators
+        self._told = [0] * generators
+        self._lend_limit = [max(0, lend_steps) * q for q in self.shares or []]
+        # The learner version of the take in progress, and of the last one returned (`next_take_version`).
+        self._take_version: int | None = None
+        self._last_take_version: int | None = None
         self._buffer: deque[ScoredGroup] = deque()
         self._lock = threading.Lock()
         # Two conditions on one lock, so a producer waiting for room and a taker waiting for groups
@@ -267,7 +304,7 @@ class ReplayQueue:
             if isinstance(message, ScoredGroup) and problem is not None:
                 # Its sequence number was used, so it is not lost; a replay of it is still a duplicate.
                 # It takes no room: it never waits for any.
-                if self.registry.admit(message.generator_id, message.seq):
+                if self.registry.admit(message.generator_id, message.seq, message.incarnation):
                     self.rejected.record_error(*problem)
             elif isinstance(message, ScoredGroup):
                 if not self._wait_for_room(deadline):
@@ -293,8 +330,8 @@ class ReplayQueue:
         return True
 
     def _admit(self, group: ScoredGroup) -> None:
-        if not self.registry.admit(group.generator_id, group.seq):
-            return  # the stream is ordered: an old sequence number is a replay
+        if not self.registry.admit(group.generator_id, group.seq, group.incarnation):
+            return  # the stream is ordered: an old sequence number is a replay; or a replaced process's
         self.received += 1
         if len(self._buffer) >= self.capacity_groups:
             victim = self.policy.victim_when_full(self._buffer)
@@ -319,45 +356,82 @@ class ReplayQueue:
                              f"got {num_groups}")
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while True:
-                if self._error is not None:
-                    raise RuntimeError("replay queue receiver thread failed") from self._error
-                if len(self._buffer) >= num_groups:
-                    batch = self._pop_fresh(num_groups, learner_version)
-                    if batch is not None:
-                        return batch
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise QueueTimeout(self._timeout_message(num_groups, learner_version, timeout_s))
-                self._waiting_takers.append(num_groups)
-                try:
-                    self._groups_ready.wait(remaining)
-                finally:
-                    self._waiting_takers.remove(num_groups)
+            self._take_version = learner_version
+            try:
+                while True:
+                    if self._error is not None:
+                        raise RuntimeError("replay queue receiver thread failed") from self._error
+                    if len(self._buffer) >= num_groups:
+                        batch = self._pop_fresh(num_groups, learner_version)
+                        if batch is not None:
+                            self._last_take_version = learner_version
+                            return batch
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise QueueTimeout(self._timeout_message(num_groups, learner_version, timeout_s))
+                    self._waiting_takers.append(num_groups)
+                    try:
+                        self._groups_ready.wait(remaining)
+                    finally:
+                        self._waiting_takers.remove(num_groups)
+            finally:
+                self._take_version = None
 
     def _pop_fresh(self, num_groups: int, learner_version: int) -> list[ScoredGroup] | None:
-        """With the lock held: pop `num_groups` fresh groups (each generator's share, with shares),
-        dropping stale ones on the way; None if the buffer does not hold them yet (the fresh ones
-        stay, in order)."""
+        """With the lock held: pop `num_groups` fresh groups (each generator's share, with shares,
+        a down generator's lent by the others), dropping stale ones on the way; None if the buffer
+        does not hold them yet (the fresh ones stay, in order)."""
         wanted = self._wanted(num_groups)
+        down = self.registry.down_generators() if wanted is not None else set()
         batch: list[ScoredGroup] = []
         kept: deque[ScoredGroup] = deque()
         for group in self._buffer:
+            g = group.generator_id
             if self.policy.too_stale(group, learner_version):
                 self.dropped_stale += 1
-            elif len(batch) < num_groups and (wanted is None or wanted[group.generator_id] > 0):
+            elif len(batch) < num_groups and (wanted is None or (wanted[g] > 0 and self._on_schedule(g, down))):
                 batch.append(group)
                 if wanted is not None:
-                    wanted[group.generator_id] -= 1
+                    wanted[g] -= 1
             else:
                 kept.append(group)
+        lent = self._borrow(wanted, down, batch, kept) if down else []
         self._room_made.notify_all()
         if len(batch) < num_groups:
             self._buffer = deque(group for group in self._buffer if not self.policy.too_stale(group, learner_version))
             return None
+        if lent:
+            taken = {id(group) for group in lent}
+            kept = deque(group for group in kept if id(group) not in taken)
         self._buffer = kept
+        for g, share in enumerate(self.shares or []):
+            self._ahead[g] += sum(1 for group in batch if group.generator_id == g) - share
         self.consumed += num_groups
+        self.registry.on_consumed(batch)
         return batch
+
+    def _on_schedule(self, generator_id: int, down: set[int]) -> bool:
+        """A down generator's own groups are taken only while none of its steps came short: a group
+        that arrives after its share was lent out would be trained later than k // q."""
+        return generator_id not in down or self._ahead[generator_id] >= 0
+
+    def _borrow(self, wanted: list[int], down: set[int], batch: list[ScoredGroup],
+                kept: deque[ScoredGroup]) -> list[ScoredGroup]:
+        """With the lock held: fill the down generators' missing shares with the other generators'
+        next groups (their own share already taken), oldest first, each lender within its limit;
+        appended to `batch`, and returned."""
+        missing = sum(wanted[g] for g in down)
+        room = [self._lend_limit[g] - (self._ahead[g] - self._told[g]) for g in range(len(wanted))]
+        lent: list[ScoredGroup] = []
+        for group in kept:
+            if len(lent) == missing:
+                break
+            g = group.generator_id
+            if g not in down and wanted[g] == 0 and room[g] > 0:
+                room[g] -= 1
+                lent.append(group)
+        batch.extend(lent)
+        return lent
 
     def _wanted(self, num_groups: int) -> list[int] | None:
         if self.shares is None:
@@ -366,6 +440,43 @@ class ReplayQueue:
             raise ValueError(f"with shares {self.shares} a take is one step of {sum(self.shares)} groups, "
                              f"not {num_groups}")
         return list(self.shares)
+
+    # ------------------------------------------------------------------------------- restarts
+
+    def generator_down(self, generator_id: int) -> None:
+        """Generator `generator_id`'s process died and a restart is under way: its share may be lent."""
+        self.registry.mark_down(generator_id)
+        with self._lock:
+            self._groups_ready.notify_all()  # a waiting take may be complete with lent groups
+
+    def rejoin(self, generator_id: int, incarnation: int, learner_version: int) -> Rejoin:
+        """Incarnation `incarnation` of the generator is up (module docstring): drop its predecessor's
+        queued groups, take its share again from the next take on; where it starts, and what each
+        lender lent. `learner_version`: the learner's version now (before any take it is the next)."""
+        with self._lock:
+            mine = [group for group in self._buffer if group.generator_id == generator_id]
+            if mine:
+                self._buffer = deque(group for group in self._buffer if group.generator_id != generator_id)
+                self.dropped_restart += len(mine)
+                self._room_made.notify_all()
+            position = self.registry.rejoin(generator_id, incarnation)
+            leads: dict[int, int] = {}
+            if self.shares is not None:
+                self._ahead[generator_id] = self._told[generator_id] = 0
+                down = self.registry.down_generators()  # told when they rejoin, as newcomers (lead 0)
+                for g, ahead in enumerate(self._ahead):
+                    if g not in down and ahead > self._told[g]:
+                        self._told[g] = leads[g] = ahead
+            return Rejoin(position=position, base_version=self._next_take_version(learner_version),
+                          dropped=len(mine), leads=leads)
+
+    def _next_take_version(self, learner_version: int) -> int:
+        """With the lock held: the learner version of the first take still to pop groups."""
+        if self._take_version is not None:
+            return self._take_version
+        if self._last_take_version is not None:
+            return self._last_take_version + 1  # the learner trains on it, then takes at the next version
+        return learner_version
 
     def _timeout_message(self, num_groups: int, learner_version: int, timeout_s: float) -> str:
         rejected = self.rejected.counts()
@@ -391,6 +502,7 @@ class ReplayQueue:
                 "queue/consumed": self.consumed,
                 "queue/dropped_stale": self.dropped_stale,
                 "queue/dropped_full": self.dropped_full,
+                "queue/dropped_restart": self.dropped_restart,
                 **self.registry.stats(),
             }
         rejected = self.rejected.counts()

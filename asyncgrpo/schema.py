@@ -141,6 +141,10 @@ class RolloutConfig:
     # newest weights between segments, resume each unfinished sequence from what it already has.
     inflight_updates: bool = False
     inflight_chunk_tokens: int = 2
+    # A generator whose process dies (killed, out of memory, a vLLM crash) is started again, at most
+    # this many times per generator; one more death fails the run. 0: the first death fails it.
+    # weights.backend=nccl cannot take a new process into its group: there a death fails the run.
+    max_restarts: int = 3
 
 
 @dataclass
@@ -217,6 +221,10 @@ class TrainConfig:
     groups_per_step: int = 16
     max_staleness: int = 2  # policy versions
     stale_policy: str = "both"  # throttle | drop | both
+    # k >= 0: every group is trained exactly k versions after the weights that sampled it (after a
+    # warm-up of k steps): the learner publishes at version v the weights of version v - k, and
+    # max_staleness is set to k. Generation and training then alternate (no overlap). -1 = off.
+    fixed_staleness: int = -1
     steps_per_call: int = 10  # learner steps per driver round trip (progress granularity)
     # Write a sharded checkpoint to run_dir/checkpoints/step_<N> every this many learner steps; 0 = never.
     save_every_steps: int = 0
@@ -257,6 +265,13 @@ class WireConfig:
     timeout_s: float = 120.0
     # Actor start-up (vLLM engine start is the slow part).
     startup_timeout_s: float = 600.0
+    # Record every group the learner consumes, as received, with the learner's version when it took
+    # it, into this directory (asyncgrpo/recording/); `asyncgrpo replay DIR` trains on it again.
+    # "" = off. A directory that already holds a recording is continued only by a resumed run.
+    record_dir: str = ""
+    # Each recorded step is flushed (a killed process loses nothing recorded); every this many steps
+    # it is also fsync'd: a crash of the machine loses at most this many steps.
+    record_fsync_every_steps: int = 1
 
 
 @dataclass

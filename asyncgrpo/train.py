@@ -130,9 +130,9 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
         if cfg.eval.at_start:
             start_step = int(resume["version"]) if resume is not None else 0
             summary.update(evaluate(actors, eval_problems, "start", step=start_step, metrics=metrics))
-        runs = [generator.run.remote() for generator in actors.generators]
+        runs = [generator.run.remote() for generator in actors.generators]  # replaced in place on a restart
         try:
-            run_loop(cfg, RemoteLearner(cfg, actors.learners, runs), metrics,
+            run_loop(cfg, RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator), metrics,
                      SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned
             if cfg.train.checkpoint_on_interrupt:
@@ -140,6 +140,8 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             raise
         summary["learner"] = actors.on_all_ranks("finish", "training finished", timeout_s=learner_wait_timeout_s(cfg))
         summary["generators"] = get(runs, cfg.wire.timeout_s, "the generators (run, after the learner's Shutdown)")
+        for generator, restarts in zip(summary["generators"], actors.restarts):
+            generator["restarts"] = restarts
         if cfg.eval.at_end:
             summary.update(evaluate(actors, eval_problems, "end", step=summary["steps"], metrics=metrics))
         summary["probe"] = probes.compare(actors, learner_version=summary["learner"]["version"])
@@ -149,5 +151,6 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             summary["export"] = str(export_dir)
         check_probe(summary["probe"], cfg.train.probe_tolerance)
     finally:
+        summary["generator_restarts"] = sum(actors.restarts)
         with interrupts_deferred():
             actors.stop()

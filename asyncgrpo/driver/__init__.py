@@ -9,6 +9,7 @@
     evaluation: eval at start, probes at start
     loop: learner.train_steps(k)           generators run freely, throttled by staleness
           write metrics, progress, samples
+          a generator's process died: actors.restart_generator (its next incarnation rejoins)
     learner.finish() -> Shutdown           generators load the final weights and return
     evaluation: eval at end, probes at end
     actors: stop                           (asyncgrpo.train writes summary.json)

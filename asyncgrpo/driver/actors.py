@@ -1,7 +1,10 @@
-"""The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous, stop.
+"""The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous,
+generator restarts, stop.
 
-Both actor classes are plain Python classes; they become Ray actors here, with `ray.remote`.
-Every wait on an actor has a deadline and fails the run with what it waited for (`get`).
+Both actor classes are plain Python classes; they become Ray actors here, with `ray.remote`, with a
+second concurrency group, `control`: a call there (`control`) runs on its own thread while the
+actor's long call (the learner's steps, the generator's run) goes on. Every wait on an actor has a
+deadline and fails the run with what it waited for (`get`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from asyncgrpo.config import groups_per_generator, learner_wait_timeout_s, use_c
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.resources import plan_cores
+from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.schema import Config
+from asyncgrpo.weights import resolve_backend
 from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.wire.network import free_port
 from asyncgrpo.wire.security import WireKeys
@@ -32,6 +37,22 @@ def get(refs: Any, timeout_s: float, what: str) -> Any:
         return ray.get(refs, timeout=timeout_s)
     except GetTimeoutError:
         raise TrainingFailed(f"no answer from {what} within {timeout_s:.0f} s") from None
+
+
+# The concurrency group of the calls made while an actor's long call runs (`control`).
+CONTROL_GROUP = "control"
+
+
+def remote_class(cls: type) -> Any:
+    """`cls` as a Ray actor class with a `control` concurrency group of one thread."""
+    import ray
+
+    return ray.remote(concurrency_groups={CONTROL_GROUP: 1})(cls)
+
+
+def control(actor: Any, method: str, *args: Any) -> Any:
+    """Call `method` on `actor` in its control group: it runs beside the call in progress."""
+    return getattr(actor, method).options(concurrency_group=CONTROL_GROUP).remote(*args)
 
 
 def gpus_per_actor(cfg: Config, gpus_in_cluster: float) -> float:
@@ -81,6 +102,10 @@ class Actors:
         self.generators: list[Any] = []
         self.endpoints: dict[str, str] = {}  # learner rank 0's bound sockets
         self.weight_address: dict[str, Any] = {}  # learner rank 0's weight transport (WeightSender.join_address)
+        self.restarts = [0] * cfg.rollout.num_generators  # per generator; its incarnation is this count
+        # How a generator is started (`_start_generator`), kept for its restarts.
+        self._generator_start: dict[str, Any] = {}
+        self._pids: dict[str, Any] = {}  # run_dir/actors.json
 
     @property
     def learner(self) -> Any:
@@ -103,19 +128,24 @@ class Actors:
         endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
         self.endpoints = endpoints
         generator_dir, initial_version, skips = self._resume_learners(resume)
-        self._start_generators(gpus, generator_cores, endpoints, keys, generator_dir, initial_version, skips)
+        self._generator_start = {"gpus": gpus, "cores": generator_cores, "endpoints": endpoints, "keys": keys,
+                                 "model_dir": generator_dir, "initial_version": initial_version}
+        self.generators = [self._start_generator(i, skip_problems=skips[i])
+                           for i in range(cfg.rollout.num_generators)]
         ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,
                     "the generators starting (ready)")
         self._join_weights()
         learner_pids = self.on_all_ranks("pid", timeout_s=learner_wait_timeout_s(cfg), all_results=True)
-        actors = {"learner_pids": learner_pids, "generator_pids": [r["pid"] for r in ready],
-                  "generator_cores": generator_cores, "learner_cores": learner_cores}
-        (Path(cfg.run_dir) / "actors.json").write_text(json.dumps(actors, indent=2) + "\n")
+        self._pids = {"learner_pids": learner_pids, "generator_pids": [r["pid"] for r in ready],
+                      "generator_cores": generator_cores, "learner_cores": learner_cores}
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        (Path(self.cfg.run_dir) / "actors.json").write_text(json.dumps(self._pids, indent=2) + "\n")
 
     def _start_learners(self, gpus: float, cores: list[list[int]], curve: Any) -> None:
         """`learner.world_size` ranks, one placement-group bundle each, packed onto as few nodes as
         possible; they form their own torch.distributed group through rank 0's address."""
-        import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -132,7 +162,7 @@ class Actors:
         actor_cfg = copy.deepcopy(cfg)
         actor_cfg.run_dir = str(Path(cfg.run_dir).resolve())
         self.learners = [
-            ray.remote(LearnerActor).options(
+            remote_class(LearnerActor).options(
                 num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=gpus, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                      placement_group_bundle_index=rank),
@@ -152,25 +182,72 @@ class Actors:
         self.on_all_ranks("export_hf", str(weights_dir), timeout_s=cfg.wire.startup_timeout_s)
         positions = GeneratorRegistry()
         positions.load_state_dict(resume["states"].get("registry", {}))
-        skips = [positions.groups_received(i) for i in range(cfg.rollout.num_generators)]
+        skips = [positions.position(i) for i in range(cfg.rollout.num_generators)]
         print(f"[resume] {resume['path']} at version {resume['version']}", flush=True)
         return str(weights_dir), int(resume["version"]), skips
 
-    def _start_generators(self, gpus: float, cores: list[list[int]], endpoints: dict[str, str], keys: Any,
-                          model_dir: str, initial_version: int, skips: list[int]) -> None:
-        import ray
-
+    def _start_generator(self, index: int, skip_problems: int = 0, incarnation: int = 0) -> Any:
+        """Generator `index`'s actor (not waited for), on its own cores, with its own wire keys.
+        Ray does not restart it (max_restarts=0): `restart_generator` does, knowing what to resume."""
         from asyncgrpo.rollout.generator import GeneratorActor
 
+        cfg, start = self.cfg, self._generator_start
+        keys, endpoints = start["keys"], start["endpoints"]
+        return remote_class(GeneratorActor).options(
+            num_cpus=cfg.rollout.num_cpus_per_generator, num_gpus=start["gpus"], max_restarts=0,
+        ).remote(cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"],
+                 groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None,
+                 initial_version=start["initial_version"], skip_problems=skip_problems, incarnation=incarnation)
+
+    def restart_generator(self, index: int, cause: BaseException) -> Any:
+        """Generator `index`'s process died (`cause`): start its next incarnation and bring it back
+        into the run (docs/ARCHITECTURE.md, Faults); returns the new process's `run()` reference.
+        Fails the run, naming why, beyond `rollout.max_restarts` or with weights.backend=nccl."""
+        import ray
+
         cfg = self.cfg
-        quotas = groups_per_generator(cfg)
-        self.generators = [
-            ray.remote(GeneratorActor).options(
-                num_cpus=cfg.rollout.num_cpus_per_generator, num_gpus=gpus, max_restarts=0,
-            ).remote(cfg, i, model_dir, endpoints["groups"], endpoints["weights"], quotas[i], cores[i],
-                     keys.client(i) if keys else None, initial_version=initial_version, skip_problems=skips[i])
-            for i in range(cfg.rollout.num_generators)
-        ]
+        reason = one_line(f"{type(cause).__name__}: {cause}")
+        if self.restarts[index] >= cfg.rollout.max_restarts:
+            raise TrainingFailed(f"generator {index} died ({reason}) and rollout.max_restarts={cfg.rollout.max_restarts} "
+                                 f"allows no further restart ({self.restarts[index]} so far)")
+        if resolve_backend(cfg) == "nccl":
+            raise TrainingFailed(f"generator {index} died ({reason}) and weights.backend=nccl cannot take a restarted "
+                                 "generator into its weight group (its size is fixed when it forms): use "
+                                 "weights.backend=shm or zmq for runs that must survive a generator's death")
+        self.restarts[index] += 1
+        incarnation = self.restarts[index]
+        print(f"[restart] generator {index} died ({reason}); starting it again (restart {incarnation} of at most "
+              f"{cfg.rollout.max_restarts})", flush=True)
+        timeout_s, startup_s = cfg.wire.timeout_s, cfg.wire.startup_timeout_s
+        get(control(self.learner, "generator_down", index), timeout_s, "learner rank 0 (generator_down)")
+        ray.kill(self.generators[index], no_restart=True)  # whatever is left of the dead process
+        self.generators[index] = generator = self._start_generator(index, incarnation=incarnation)
+        ready = get(generator.ready.remote(), startup_s, f"generator {index} restarting (ready)")
+        if self.weight_address:
+            get(generator.join_weight_group.remote(self.weight_address), startup_s,
+                f"generator {index} joining the weight transport after its restart")
+        rejoin = get(control(self.learner, "generator_rejoined", index, incarnation), timeout_s,
+                     "learner rank 0 (generator_rejoined)")
+        get(generator.rejoin.remote(rejoin["position"], rejoin["base_version"], rejoin["newest_version"]), timeout_s,
+            f"generator {index} (rejoin)")
+        self._tell_leads(rejoin["leads"])
+        self._pids["generator_pids"][index] = ready["pid"]
+        self._write_pids()
+        print(f"[restart] generator {index} rejoined: prompts from position {rejoin['position']}, its share taken "
+              f"again from learner version {rejoin['base_version']}, loading version {rejoin['newest_version']}; "
+              f"{rejoin['dropped']} queued group(s) of its predecessor dropped", flush=True)
+        return generator.run.remote()
+
+    def _tell_leads(self, leads: dict[int, int]) -> None:
+        """Each generator that lent groups to a down one may run as many further ahead (replay.py)."""
+        from ray.exceptions import RayActorError
+
+        for lender, lead in leads.items():
+            try:
+                get(control(self.generators[lender], "extend_lead", lead), self.cfg.wire.timeout_s,
+                    f"generator {lender} (extend_lead)")
+            except RayActorError:
+                pass  # it died meanwhile: the loop restarts it, and its next incarnation owes nothing
 
     def _join_weights(self) -> None:
         """The weight backend's rendezvous, if it has one (an empty address: none): learner rank 0 and

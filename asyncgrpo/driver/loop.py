@@ -1,5 +1,6 @@
 """The training loop: ask the learner for steps in chunks, write their metrics, show progress and
-samples; meanwhile watch the generators, so that a dead one fails the run at once, and so does
+samples; meanwhile watch the generators: one whose process dies is restarted (`restart`, up to
+rollout.max_restarts) while the step waits, one that raises fails the run at once, and so does
 what learner rank 0 hears from them that ends the run (rejected weights, a reward outage beyond
 reward.max_error_rate): that rank raises `registry.RunStopped`, and the run fails with its reason.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -139,24 +141,31 @@ def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_lo
         summary.update(progress.summary(resume))
 
 
-class RemoteLearner:
-    """`LearnerRanks` over the learner actors; a step's wait fails the run as soon as a generator
-    (one of `runs`, their `run()` calls) ends or a rank fails."""
+# Generator index, why its process died -> the `run()` reference of its next incarnation.
+Restart = Callable[[int, BaseException], Any]
 
-    def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any]) -> None:
-        self.ranks, self.runs = ranks, runs
+
+class RemoteLearner:
+    """`LearnerRanks` over the learner actors; a step's wait restarts a generator whose process
+    dies (`restart`; None: it fails the run) and fails the run as soon as a generator (one of
+    `runs`, their `run()` calls, replaced in place on a restart) otherwise ends or a rank fails."""
+
+    def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any], restart: Restart | None = None) -> None:
+        self.ranks, self.runs, self.restart = ranks, runs, restart
         self.timeout_s = learner_wait_timeout_s(cfg)
 
     def train_steps(self, num_steps: int) -> list[dict[str, float]]:
         pending = [rank.train_steps.remote(num_steps) for rank in self.ranks]
-        return wait_for_ranks(pending, self.runs, self.timeout_s)
+        return wait_for_ranks(pending, self.runs, self.timeout_s, self.restart)
 
     def recent_samples(self, num_groups: int) -> list[dict[str, Any]]:
         return get(self.ranks[0].recent_samples.remote(num_groups), self.timeout_s, "learner rank 0 (recent_samples)")
 
 
-def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float) -> Any:
-    """Rank 0's result once every rank is done, failing loudly if a generator or a rank dies first."""
+def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float, restart: Restart | None = None) -> Any:
+    """Rank 0's result once every rank is done. A generator whose process dies first is restarted
+    (`restart` replaces its entry of `runs`); one that raises or returns, or a rank that fails,
+    fails the run loudly."""
     import ray
 
     waiting = list(pending)
@@ -165,14 +174,30 @@ def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float) -> Any
         ready, _ = ray.wait([*waiting, *runs], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
             raise TrainingFailed(f"no learner progress for {timeout_s:.0f} s")
-        for run in runs:
+        for index, run in enumerate(runs):
             if run in ready:
-                ray.get(run)  # re-raises the generator's own error
-                raise TrainingFailed("a generator stopped before the learner asked it to")
+                runs[index] = generator_ended(index, run, restart)
+                deadline = time.monotonic() + timeout_s  # the restart took its own (bounded) time
         for ref in ready:
-            get_rank_result(ref)
-            waiting.remove(ref)
+            if ref in waiting:
+                get_rank_result(ref)
+                waiting.remove(ref)
     return ray.get(pending[0])
+
+
+def generator_ended(index: int, run: Any, restart: Restart | None) -> Any:
+    """Generator `index`'s `run()` ended: its next incarnation's `run()` if its process died and
+    `restart` brings it back; otherwise the run fails with the generator's own error."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        ray.get(run)  # re-raises the generator's own error
+    except RayActorError as died:  # the process is gone (killed, out of memory, crashed), not an exception in run()
+        if restart is None:
+            raise
+        return restart(index, died)
+    raise TrainingFailed(f"generator {index} stopped before the learner asked it to")
 
 
 def get_rank_result(ref: Any) -> Any:

@@ -2,15 +2,17 @@
 
     step():  ack_wait -> gen_wait (take) -> prepare -> train (update) -> push
 
-Rank 0 owns the group source (the replay queue), the generator registry and the weight sender;
-the other ranks receive rank 0's batch and join every collective. Plain Python: `from_config`
-builds the real parts, tests pass fakes (a `ListSource`, no weight sender), and `actor.LearnerActor`
-runs it as a Ray actor.
+Rank 0 owns the group source (the replay queue), the generator registry, the weight sender and,
+with `wire.record_dir`, the stream recorder; the other ranks receive rank 0's batch and join every
+collective. Plain Python: `from_config` builds the real parts, tests pass fakes (a `ListSource`, no
+weight sender), `asyncgrpo replay` a `RecordedSource`, and `actor.LearnerActor` runs it as a Ray actor.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,11 @@ from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.metrics import batch_metrics, rate_metrics
 from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
+from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.learner.update import update
 from asyncgrpo.memory import peak_memory
 from asyncgrpo.metrics.samples import sample_records
+from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.replay import GroupSource, QueueTimeout
 from asyncgrpo.rewards.metrics import reward_term_metrics
@@ -34,13 +38,20 @@ from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights.base import WeightSender
 from asyncgrpo.wire import ScoredGroup
 
+# While a restarted generator has not loaded the newest weights, they are published again this often.
+REPUBLISH_EVERY_S = 2.0
+
 
 def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, generator_ids: range, floor: int,
-                        groups_per_step: int, timeout_s: float, max_staleness: int) -> bool:
+                        groups_per_step: int, timeout_s: float, max_staleness: int,
+                        on_wait: Callable[[], None] | None = None) -> bool:
     """Hold the update until every generator has loaded a version >= `floor`; True if it waited.
 
     The throttle keeps a generator's *groups* fresh; this keeps its *engine* fresh: a generator
-    stuck in a long call (or slow to load) cannot fall further behind than the bound.
+    stuck in a long call (or slow to load) cannot fall further behind than the bound. A generator
+    that is down is not waited for (the registry leaves it out), and while one restarts, or has
+    just rejoined, the wait does not time out (`GeneratorRegistry.restart_grace_until`). `on_wait`
+    runs at every look (the learner re-publishes weights for a rejoined generator there).
     """
     if floor <= 0:
         return False
@@ -48,6 +59,8 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
     waited = False
     while True:
         registry.check_reports()
+        if on_wait is not None:
+            on_wait()
         lagging = {g: v for g, v in registry.acked_versions(generator_ids).items() if v < floor}
         # A full step already queued means this step waits on nobody; and a generator blocked on a
         # full queue cannot deliver its acknowledgement until the learner takes (they share the
@@ -55,6 +68,7 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
         if not lagging or source.depth >= groups_per_step:
             return waited
         waited = True
+        deadline = max(deadline, registry.restart_grace_until(timeout_s))
         if time.monotonic() > deadline:
             raise TimeoutError(f"learner at version {floor + max_staleness} waited {timeout_s:.0f} s for generators "
                                f"to load version >= {floor} "
@@ -65,11 +79,12 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
 class Learner:
     def __init__(self, cfg: Config, policy: Policy, model_dir: str, pad_id: int, *, rank: int, world_size: int,
                  source: GroupSource | None, registry: GeneratorRegistry | None, weights: WeightSender | None,
-                 owns_process_group: bool) -> None:
-        """`source`, `registry` and `weights` are rank 0's (None elsewhere; `weights` None: no pushes)."""
+                 owns_process_group: bool, recorder: StreamRecorder | None = None) -> None:
+        """`source`, `registry`, `weights` and `recorder` are rank 0's (None elsewhere; `weights` None:
+        no pushes; `recorder` None: nothing recorded)."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
         self.rank, self.world_size = rank, world_size
-        self.source, self.registry, self.weights = source, registry, weights
+        self.source, self.registry, self.weights, self.recorder = source, registry, weights, recorder
         self._owns_process_group = owns_process_group
         self.version = 0
         self.samples_consumed = 0
@@ -80,6 +95,15 @@ class Learner:
         self._busy_until = 0.0
         self._last_taken: tuple[int, list[ScoredGroup]] = (0, [])
         self._run_record: dict[str, Any] | None = None
+        # The newest version the generators can load: pushed, or the one they start from.
+        self.pushed_version = 0
+        # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
+        self._ring = VersionRing.from_config(cfg)
+        # Rejoined generator -> the version it must load; written by the driver's thread
+        # (`generator_rejoined`), served by the step's (`_serve_rejoins`).
+        self._awaiting_weights: dict[int, int] = {}
+        self._rejoin_lock = threading.Lock()
+        self._next_republish = 0.0
 
     @classmethod
     def from_config(cls, cfg: Config, model_dir: str, rank: int = 0, world_size: int = 1, **where: Any) -> Learner:
@@ -112,8 +136,12 @@ class Learner:
                 self._wait_for_generators()
             with timer("gen_wait"):
                 groups = self._take()
+            if self.recorder is not None:
+                with timer("record"):  # before training: the version is the one that took them
+                    self.recorder.record_step(self.version, groups)
             self._last_taken = (self.version, groups)
         metrics = self.train_on(groups, timer)
+        self._serve_rejoins()
         self.idle_s += timer.seconds["ack_wait"] + timer.seconds["gen_wait"]
         self._busy_until = time.perf_counter()
         metrics.update(rate_metrics(metrics, self._busy_until - start))
@@ -131,8 +159,10 @@ class Learner:
         self.registry.check_reports()
         acked = self.registry.acked_versions(range(self.cfg.rollout.num_generators))
         return {**self.registry.report_increments(), "weights/rejected": 0.0,
-                # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait).
-                "weights/backlog": float(self.version - min(acked.values(), default=self.version))}
+                # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait);
+                # under train.fixed_staleness=k the published version is k behind the learner's.
+                "weights/backlog": float(self.pushed_version - min(acked.values(), default=self.pushed_version)),
+                "weights/published_version": float(self.pushed_version)}
 
     def train_on(self, groups: list[ScoredGroup] | None, timer: PhaseTimer | None = None) -> dict[str, float]:
         """Prepare, update and push on `groups` (rank 0's; the other ranks pass None and receive them)."""
@@ -160,7 +190,7 @@ class Learner:
         t = self.cfg.train
         if wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
                                self.version - t.max_staleness, t.groups_per_step, self.cfg.wire.timeout_s,
-                               t.max_staleness):
+                               t.max_staleness, on_wait=self._serve_rejoins):
             self.ack_waits += 1
 
     def _take(self) -> list[ScoredGroup]:
@@ -172,6 +202,9 @@ class Learner:
         deadline = time.monotonic() + timeout_s
         while True:
             self.registry.check_reports()
+            self._serve_rejoins()
+            # A generator being restarted sends nothing: vLLM's start may take longer than timeout_s.
+            deadline = max(deadline, self.registry.restart_grace_until(timeout_s))
             remaining = deadline - time.monotonic()
             try:
                 # Slices of a second at most, so a report that ends the run is heard within one.
@@ -188,19 +221,65 @@ class Learner:
 
     # ------------------------------------------------------------------------------- weights
 
-    def push_weights(self) -> int:
-        """Every rank calls it (the gather is a collective); rank 0 sends. Returns the bytes sent."""
+    def push_weights(self, newest: bool = False) -> int:
+        """Every rank calls it (the gather is a collective); rank 0 sends. Returns the bytes sent.
+        Under train.fixed_staleness=k >= 1 it publishes version v - k's weights (none in the first k
+        steps) and keeps v's; `newest` sends v's now (the end of the run)."""
         named = self.policy.full_state_dict()  # gathered lazily, as the sender takes each tensor
         if self.weights is None:
             for _ in named:  # every rank takes part in every gather
                 pass
             return 0
-        return self.weights.push(self.version, named)
+        if self._ring is not None and not newest:
+            published, sent = self._ring.publish(self.version, named, self.weights.push)
+            self.pushed_version = self.pushed_version if published is None else published
+            return sent
+        sent = self.weights.push(self.version, named)
+        self.pushed_version = self.version
+        return sent
+
+    # ------------------------------------------------------------------------------- restarts
+    # The driver calls the first two on rank 0 from the actor's control group, i.e. on another
+    # thread while a step runs: they touch only the queue and the registry (both locked), and leave
+    # publishing to the step's thread (a ZeroMQ socket belongs to one thread).
+
+    def generator_down(self, generator_id: int) -> None:
+        """Rank 0: the generator's process died and the driver is restarting it: its share may be
+        lent by the others, and nothing waits for its acknowledgements or times out meanwhile."""
+        self.source.generator_down(generator_id)
+
+    def generator_rejoined(self, generator_id: int, incarnation: int) -> dict[str, Any]:
+        """Rank 0: the restarted generator is up and joined the weight transport. Returns where it
+        continues (`replay.Rejoin`) and the newest version it must load before generating, which
+        is published again until it acknowledges it."""
+        rejoin = self.source.rejoin(generator_id, incarnation, self.version)
+        newest = self.pushed_version
+        with self._rejoin_lock:
+            self._awaiting_weights[generator_id] = newest
+            self._next_republish = 0.0
+        return {"position": rejoin.position, "base_version": rejoin.base_version, "newest_version": newest,
+                "dropped": rejoin.dropped, "leads": rejoin.leads}
+
+    def _serve_rejoins(self) -> None:
+        """On the step's thread: publish the newest weights again while a rejoined generator has
+        not acknowledged them (its subscription may have come up after any one publication)."""
+        if not self._awaiting_weights or self.weights is None or self.registry is None:
+            return
+        with self._rejoin_lock:
+            acked = self.registry.acked_versions(list(self._awaiting_weights))
+            # A generator left out of `acked` is down again: its next rejoin asks anew.
+            self._awaiting_weights = {g: v for g, v in self._awaiting_weights.items() if acked.get(g, v) < v}
+            if not self._awaiting_weights or time.monotonic() < self._next_republish:
+                return
+            self._next_republish = time.monotonic() + REPUBLISH_EVERY_S
+        self.weights.republish()
 
     def finish(self, reason: str = "training finished") -> dict[str, Any]:
         """Make sure the generators hold the final weights, then tell them to stop (every rank calls it)."""
-        if self.version % self.cfg.weights.push_every_steps != 0:
-            self.push_weights()
+        # Under train.fixed_staleness the generators hold version - k: the final evaluation and the
+        # probe need the newest.
+        if self._ring is not None or self.version % self.cfg.weights.push_every_steps != 0:
+            self.push_weights(newest=True)
         if self.weights is not None:
             self.weights.shutdown(reason)
         return self.summary()
@@ -217,6 +296,7 @@ class Learner:
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
             **peak_memory(),
             **(self.source.stats() if self.source else {}),
+            **(self.recorder.stats() if self.recorder else {}),
         }
 
     # ------------------------------------------------------------------------------- state
@@ -232,7 +312,7 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = int(state["version"])
+        self.version = self.pushed_version = int(state["version"])  # generators start from its weights
         self.samples_consumed = int(state["samples"])
         self.staleness_histogram = {int(k): int(v) for k, v in state["staleness_histogram"].items()}
         self.ack_waits = int(state["ack_waits"])
@@ -260,6 +340,8 @@ class Learner:
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Continue from a checkpoint (every rank calls it, any world size); returns its meta."""
         meta = checkpoint.load(Path(path), self.policy, self.rank)
+        if self.recorder is not None:  # a recording that starts here starts from this checkpoint
+            self.recorder.checkpoint = meta["path"]
         states = meta["states"]
         self.load_state_dict(states["learner"])
         self.policy.load_schedule_state_dict(states["schedule"])
@@ -290,6 +372,8 @@ class Learner:
         return sample_records(groups, version, num_groups)
 
     def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
         if self.source is not None:
             self.source.close()
         if self.weights is not None:

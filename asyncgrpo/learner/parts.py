@@ -12,8 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import groups_per_generator, learner_wait_timeout_s
+from asyncgrpo.config import collective_timeout_s, groups_per_generator, lend_steps
 from asyncgrpo.learner.policy import Policy
+from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.replay import (
     DROPPING_STALE_POLICIES,
@@ -61,7 +62,7 @@ def join_process_group(cfg: Config, device: torch.device, rank: int, world_size:
     learners in one process sets it up itself, and it is left to it)."""
     created = not dist.is_initialized()
     if created:
-        backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=learner_wait_timeout_s(cfg))
+        backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=collective_timeout_s(cfg))
         port = master_port or free_port(master_addr)
         if is_loopback(master_addr):
             dist.init_process_group(backend, store=loopback_store(master_addr, port, rank, world_size, timeout),
@@ -111,9 +112,10 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     # Under the throttle each step takes each generator's share: the throttle's bound relies on it.
     shares = groups_per_generator(cfg) if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
-                        shares=shares, registry=registry).start()
+                        shares=shares, registry=registry, lend_steps=lend_steps(cfg)).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=wire.transport)
     weights = make_sender(cfg, publisher, model_dir, device)
-    arguments.update(source=queue, registry=registry, weights=weights)
+    recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
+    arguments.update(source=queue, registry=registry, weights=weights, recorder=recorder)
     # A wildcard bind is advertised under this node's address.
     return LearnerParts(arguments, {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint)})

@@ -8,6 +8,11 @@ Staleness throttle (DESIGN.md): with quota q = this generator's share of a step'
 group may start only while groups started < (max_staleness + v + 1) * q, where v is the policy
 version of the weights loaded in the engine. Generating with loaded weights v keeps every group
 within max_staleness versions of the learner that consumes it.
+
+A restarted generator (a new `incarnation` of the same generator id, started by the driver) is told
+by `rejoin` where its prompt stream continues, from which learner version its groups are counted
+and which weights it must load before generating; `extend_lead` tells a running generator how many
+groups the learner took from it beyond its shares while a peer was down (replay.py, Restarts).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class _Scoring:
     """A generated batch whose rewards are being computed."""
 
     problems: list[Problem]
+    positions: list[int]  # each problem's position in the prompt stream
     prompts: list[list[int]]
     completions: list[list[Completion]]
     future: concurrent.futures.Future
@@ -150,8 +156,10 @@ class Generator:
         weights: WeightReceiver,
         quota_per_step: int,
         initial_version: int = 0,
+        incarnation: int = 0,
     ) -> None:
-        """`initial_version`: the version of the weights `engine` starts with (a resumed checkpoint's)."""
+        """`initial_version`: the version of the weights `engine` starts with (a resumed checkpoint's);
+        `incarnation`: 0 for the generator's first process, +1 per restart."""
         self.cfg = cfg
         self.generator_id = generator_id
         self.engine, self.tokenizer, self.task, self.problems = engine, tokenizer, task, problems
@@ -160,10 +168,15 @@ class Generator:
         self.throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
         self.groups_per_call = groups_per_call(cfg, quota_per_step)
         self.version = initial_version
+        self.incarnation = incarnation
         self.next_seq = 0
         # As if the steps before the checkpoint had been generated here: the throttle then allows
         # max_staleness + 1 steps ahead of the resumed version, not of version 0.
         self.groups_started = initial_version * quota_per_step
+        # Groups the learner took from us beyond our shares (lent to a restarting peer): the throttle
+        # lets us start as many more. Set from the driver's thread (`extend_lead`), read by run().
+        self.lead = 0
+        self._rejoin_version = initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
         self._reported_rejections = 0
@@ -172,19 +185,35 @@ class Generator:
     def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
                     weights_endpoint: str, quota_per_step: int, cores: list[int] | None = None,
                     curve: CurveClientKeys | None = None, initial_version: int = 0,
-                    skip_problems: int = 0) -> Generator:
+                    skip_problems: int = 0, incarnation: int = 0) -> Generator:
         """The real parts: vLLM on `model_dir`, the groups and weights sockets. Resuming from a
         checkpoint, `model_dir` holds `initial_version`'s weights and the first `skip_problems`
-        prompts of this generator's stream were used."""
+        prompts of this generator's stream were trained on."""
         return cls(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                        quota_per_step, cores, curve, initial_version, skip_problems))
+                                        quota_per_step, cores, curve, initial_version, skip_problems, incarnation))
 
     def join_weight_group(self, address: dict[str, Any]) -> None:
         """Join the learner's weight transport (`WeightSender.join_address`) as rank generator_id + 1."""
         self.weights.join({**address, "rank": self.generator_id + 1})
 
     def ready(self) -> dict[str, int]:
-        return {"generator_id": self.generator_id, "pid": os.getpid(), "version": self.version}
+        return {"generator_id": self.generator_id, "pid": os.getpid(), "version": self.version,
+                "incarnation": self.incarnation}
+
+    def rejoin(self, position: int, base_version: int, newest_version: int) -> None:
+        """A restarted generator, before `run`: continue the prompt stream at `position` (past the
+        groups the learner consumed), count groups as if started from learner version
+        `base_version` (from which the learner takes our share again, so group k is still trained
+        at k // quota) and load version `newest_version` before generating anything."""
+        self.problems.load_state_dict({"position": position})
+        self.groups_started = base_version * self.quota_per_step
+        self._rejoin_version = newest_version
+
+    def extend_lead(self, groups: int) -> None:
+        """The learner has taken `groups` of ours beyond our shares in all (lent to a restarting
+        peer): they were trained earlier than their schedule, so the throttle may start as many more
+        (called from the driver's thread while `run` goes on; an int assignment is atomic)."""
+        self.lead = max(self.lead, groups)
 
     # ------------------------------------------------------------------------------------ the loop
 
@@ -197,8 +226,11 @@ class Generator:
         timer, run_start = self.stats.timer, time.perf_counter()
         pending: _Scoring | None = None
         # The weights loaded from disk; acknowledging them tells the learner this generator is up.
-        self.sink.try_send(VersionAck(self.generator_id, self.version), timeout_s=1.0)
+        self.sink.try_send(VersionAck(self.generator_id, self.version, self.incarnation), timeout_s=1.0)
         try:
+            if self.version < self._rejoin_version:  # restarted: the learner is further on
+                with timer("rejoin"):
+                    self._wait_for_version(self._rejoin_version)
             while True:
                 with timer("weights"):
                     self._load_newest_weights(wait_s=0.0)
@@ -243,7 +275,8 @@ class Generator:
         """How many more groups the throttle lets this generator start now (inf without it)."""
         if not self.throttle:
             return float("inf")
-        return throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step) - self.groups_started
+        limit = throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step) + self.lead
+        return limit - self.groups_started
 
     def _take_problems(self, room: float) -> list[Problem]:
         """The next vLLM call's prompts, at most `room`; empty when throttled or out of data."""
@@ -254,7 +287,10 @@ class Generator:
     def _submit(self, problems: list[Problem], prompts: list[list[int]],
                 completions: list[list[Completion]]) -> _Scoring:
         texts = [decode_completions(self.tokenizer, group) for group in completions]
-        return _Scoring(problems, prompts, completions, self.scorer.submit(problems, texts))
+        # The stream's position is past the last of them: the learner records how far it trained.
+        first = self.problems.position - len(problems)
+        return _Scoring(problems, list(range(first, first + len(problems))), prompts, completions,
+                        self.scorer.submit(problems, texts))
 
     def _send_scored(self, scoring: _Scoring) -> None:
         """Wait for a batch's rewards, send its groups, then report (a heartbeat per batch keeps the
@@ -263,12 +299,13 @@ class Generator:
         with timer("score_wait"):
             scores = scoring.future.result(timeout=score_timeout_s(self.cfg, len(scoring.problems)))
         with timer("send"):
-            for problem, prompt, completions, score in zip(scoring.problems, scoring.prompts, scoring.completions,
-                                                           scores):
+            for problem, position, prompt, completions, score in zip(scoring.problems, scoring.positions,
+                                                                     scoring.prompts, scoring.completions, scores):
                 group = scored_group(self.generator_id, problem.id, prompt, completions, score, self.version)
                 if group is None:  # reward.on_error=drop_group: give the throttle quota back
                     self.groups_started -= 1
                     continue
+                group.pos = position
                 self.stats.tokens_generated += int(group.tokens.size)
                 self._send(group)
             self._heartbeat(periodic=False)
@@ -321,7 +358,7 @@ class Generator:
     def _send(self, group: ScoredGroup) -> None:
         """Send, waiting on a full queue; meanwhile new weights are loaded (a safe point) and a stop is heard."""
         deadline = time.monotonic() + self.cfg.wire.timeout_s
-        group.seq = self.next_seq
+        group.seq, group.incarnation = self.next_seq, self.incarnation
         blocked_since = None
         while not self.sink.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
             blocked_since = blocked_since or time.perf_counter()
@@ -351,7 +388,8 @@ class Generator:
                                      groups_dropped=rewards["reward/groups_dropped"],
                                      weights_rejected=rejected, rejection=reason,
                                      reward_calls=rewards["reward/calls"],
-                                     reward_first_errors=self.scorer.first_errors()), timeout_s=0.0)
+                                     reward_first_errors=self.scorer.first_errors(), incarnation=self.incarnation),
+                           timeout_s=0.0)
 
     def _apply_latest_weights(self) -> bool:
         start = time.perf_counter()
@@ -361,7 +399,7 @@ class Generator:
         self.stats.weight_load_s += time.perf_counter() - start
         self.version = version
         self.stats.weight_loads += 1
-        self.sink.try_send(VersionAck(self.generator_id, version), timeout_s=1.0)
+        self.sink.try_send(VersionAck(self.generator_id, version, self.incarnation), timeout_s=1.0)
         return True
 
     def _load_newest_weights(self, wait_s: float) -> bool:
@@ -373,6 +411,17 @@ class Generator:
         if self.weights.shutdown_reason is not None:
             raise GeneratorStopped(self.weights.shutdown_reason)
         return loaded
+
+    def _wait_for_version(self, version: int) -> None:
+        """Restarted: load the learner's newest weights (published again for us) before generating."""
+        deadline = time.monotonic() + self.cfg.wire.timeout_s
+        while self.version < version:
+            self._load_newest_weights(wait_s=0.5)
+            self._heartbeat(periodic=True)
+            if time.monotonic() > deadline:
+                raise WireTimeout(f"generator {self.generator_id} (restarted, incarnation {self.incarnation}) did not "
+                                  f"receive weights version {version} within {self.cfg.wire.timeout_s:.0f} s; it holds "
+                                  f"version {self.version}")
 
     def _wait_for_new_weights(self) -> None:
         """Throttled: nothing may start until newer weights arrive."""
@@ -412,9 +461,10 @@ class GeneratorActor(Generator):
 
     def __init__(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
                  quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
-                 initial_version: int = 0, skip_problems: int = 0) -> None:
+                 initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0) -> None:
         super().__init__(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                              quota_per_step, cores, curve, initial_version, skip_problems))
+                                              quota_per_step, cores, curve, initial_version, skip_problems,
+                                              incarnation))
 
     @classmethod
     def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
@@ -423,7 +473,7 @@ class GeneratorActor(Generator):
 
 def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
                        quota_per_step: int, cores: list[int] | None, curve: CurveClientKeys | None,
-                       initial_version: int, skip_problems: int) -> dict[str, Any]:
+                       initial_version: int, skip_problems: int, incarnation: int = 0) -> dict[str, Any]:
     """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`)."""
     pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
     from transformers import (
@@ -454,4 +504,4 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
     weights = make_receiver(cfg, subscriber, model_dir, device)
     return dict(cfg=cfg, generator_id=generator_id, engine=engine, tokenizer=tokenizer, task=task, problems=problems,
                 scorer=scorer, sink=sink, weights=weights, quota_per_step=quota_per_step,
-                initial_version=initial_version)
+                initial_version=initial_version, incarnation=incarnation)

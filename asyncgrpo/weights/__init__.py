@@ -41,8 +41,9 @@ def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch
                                 host=advertised_host(cfg.wire.host), timeout_s=cfg.wire.startup_timeout_s)
     if backend == "shm":
         return ShmWeightSender(publisher, model_spec(model_dir), wire_dtype, cfg.weights.shm_dir or default_directory())
+    # A restarted generator gets the newest version again (`republish`): kept only if it can restart.
     return ZmqWeightSender(publisher, model_spec(model_dir), cfg.weights.chunk_bytes,
-                           wire_dtype)
+                           wire_dtype, keep_newest=cfg.rollout.max_restarts > 0)
 
 
 def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: torch.device) -> WeightReceiver:

@@ -5,6 +5,7 @@
       wait_for_joins()   (both sides block until every generator has joined; no-op for zmq)
       push(version, named_tensors)  ------------------->        poll() / apply_newest(engine)
       shutdown(reason)  -------------------------------->       shutdown_reason
+      republish()  (a restarted generator joined late) -->      poll() / apply_newest(engine)
 
 Backends (`weights.backend`; auto = shm when every generator shares learner rank 0's node, else zmq):
 - `shm` (one host): each version copied once into one of two shared-memory slots; generators load
@@ -78,6 +79,11 @@ class WeightSender(Protocol):
 
     def shutdown(self, reason: str) -> None:
         """Tell every generator to stop after loading what it has."""
+
+    def republish(self) -> None:
+        """Make the newest version pushed available again, for a generator that joined after it was
+        pushed (a restarted one): a subscriber receives nothing published before it connected.
+        Nothing to do before the first push (generators start from that version's weights)."""
 
     def close(self) -> None: ...
 

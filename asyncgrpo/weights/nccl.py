@@ -138,6 +138,11 @@ class NcclWeightSender:
     def shutdown(self, reason: str) -> None:
         self.publisher.publish(Shutdown(reason=reason))
 
+    def republish(self) -> None:
+        # The group's size is fixed when it forms: a new process cannot join it (the driver refuses
+        # restarts with this backend before it gets here).
+        raise RuntimeError("weights.backend=nccl cannot take a restarted generator into its weight group")
+
     def close(self) -> None:
         self.publisher.close()
 

@@ -139,6 +139,7 @@ class ShmWeightSender:
         self.slots = [_Slot(path, self.slot_size, self.entries, writable=True) for path in self.paths]
         for slot in self.slots:
             slot.header[:] = -1
+        self.newest: tuple[int, int] | None = None  # (version, slot) of the newest push
         self.bytes_pushed = 0
 
     @property
@@ -168,12 +169,22 @@ class ShmWeightSender:
         if count != len(self.entries):
             raise ValueError(f"weight push: {count} tensors where the model has {len(self.entries)}")
         slot.header[_COMPLETE] = version
+        self._announce(version, index)
+        self.newest = (version, index)
+        self.bytes_pushed += self.payload_bytes
+        return self.payload_bytes
+
+    def _announce(self, version: int, index: int) -> None:
         announcement = np.concatenate([np.array([index], dtype=np.int64), self.fingerprint])
         self.publisher.publish(WeightsChunk(version=version, chunk_index=0, num_chunks=1, names=[ANNOUNCEMENT_NAME],
                                             tensors=[announcement], dtypes=["int64"], shapes=[[announcement.size]],
                                             offsets=[0]))
-        self.bytes_pushed += self.payload_bytes
-        return self.payload_bytes
+
+    def republish(self) -> None:
+        """Announce the newest version again: it is still in its slot (a restarted generator also
+        finds it there when it joins, `ShmWeightReceiver.join`)."""
+        if self.newest is not None:
+            self._announce(*self.newest)
 
     def shutdown(self, reason: str) -> None:
         self.publisher.publish(Shutdown(reason=reason))
@@ -212,6 +223,12 @@ class ShmWeightReceiver:
             raise ValueError(f"weights.backend=shm: the learner's slots hold {address.get('shm_slot_bytes')} bytes, "
                              f"this generator's model and wire dtype need {self.slot_size}: different model directories?")
         self.slots = [_Slot(path, self.slot_size, self.entries, writable=False) for path in address["shm_paths"]]
+        # A generator that joins late (a restart) missed the announcements so far: the slots say
+        # which version is complete in each, and `apply_newest` checks the slot as it loads.
+        complete = [(int(slot.header[_COMPLETE]), index) for index, slot in enumerate(self.slots)]
+        version, index = max(complete)
+        if version > max(self.newest_version, self.announced[0] if self.announced else -1):
+            self.announced = (version, index)
 
     def rejections(self) -> tuple[int, str]:
         rejected = self.subscriber.rejected

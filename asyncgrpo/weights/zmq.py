@@ -103,8 +103,12 @@ class ZmqWeightSender:
     """Learner side (rank 0). `spec`: the names, shapes and dtypes of every push, in order."""
 
     def __init__(self, publisher: Publisher, spec: Sequence[TensorSpec], chunk_bytes: int,
-                 wire_dtype: torch.dtype) -> None:
+                 wire_dtype: torch.dtype, keep_newest: bool = False) -> None:
+        """`keep_newest`: hold the newest push's chunks for `republish` (a copy of the weights in the
+        wire dtype, in this process's memory), for generators that may restart."""
         self.publisher = publisher
+        self.keep_newest = keep_newest
+        self.newest: list[WeightsChunk] = []
         self.endpoint = publisher.endpoint
         self.spec = list(spec)
         self.wire_dtype = wire_dtype
@@ -126,6 +130,7 @@ class ZmqWeightSender:
         generator that gathers lazily) tensor by tensor; returns the payload bytes sent."""
         tensors = iter(named_tensors)
         arrays: dict[int, tuple[np.ndarray, str]] = {}
+        chunks: list[WeightsChunk] = []
         total = 0
         for chunk_index, pieces in enumerate(self.plan):
             names, parts, dtypes, shapes, offsets = [], [], [], [], []
@@ -141,12 +146,24 @@ class ZmqWeightSender:
                 offsets.append(piece.start)
                 if piece.stop == array.size:
                     del arrays[piece.index]  # the frames keep what is still being sent alive
-            self.publisher.publish(WeightsChunk(version=version, chunk_index=chunk_index, num_chunks=len(self.plan),
-                                                names=names, tensors=parts, dtypes=dtypes, shapes=shapes,
-                                                offsets=offsets))
+            chunk = WeightsChunk(version=version, chunk_index=chunk_index, num_chunks=len(self.plan), names=names,
+                                 tensors=parts, dtypes=dtypes, shapes=shapes, offsets=offsets)
+            self.publisher.publish(chunk)
+            if self.keep_newest:  # the pieces are private copies (tensor_to_wire): safe to send again
+                chunks.append(chunk)
             total += sum(part.nbytes for part in parts)
+        if self.keep_newest:
+            self.newest = chunks
         self.bytes_pushed += total
         return total
+
+    def republish(self) -> None:
+        """Publish the newest push again (a subscriber that connected since received none of it);
+        the generators that already hold it skip it."""
+        if not self.keep_newest:
+            raise RuntimeError("republish needs a ZmqWeightSender built with keep_newest=True")
+        for chunk in self.newest:
+            self.publisher.publish(chunk)
 
     def _next_array(self, tensors: Iterable[tuple[str, torch.Tensor]], index: int) -> tuple[np.ndarray, str]:
         name, tensor = next(tensors)  # type: ignore[call-overload]

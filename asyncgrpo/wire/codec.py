@@ -91,11 +91,13 @@ def encode(message: Message) -> list[Frame]:
         }
         return _pack(header, list(zip(message.tensors, message.dtypes, strict=True)))
     if isinstance(message, VersionAck):
-        return _pack({"t": int(MsgType.ACK), "gen": int(message.generator_id), "version": int(message.version)}, [])
+        return _pack({"t": int(MsgType.ACK), "gen": int(message.generator_id), "inc": int(message.incarnation),
+                      "version": int(message.version)}, [])
     if isinstance(message, Heartbeat):
         header = {
             "t": int(MsgType.HEARTBEAT),
             "gen": int(message.generator_id),
+            "inc": int(message.incarnation),
             "next_seq": int(message.next_seq),
             "version": int(message.version),
             "idle_s": float(message.idle_s),
@@ -118,7 +120,9 @@ def encode_group(group: ScoredGroup) -> list[bytes | memoryview]:
     header = {
         "t": int(MsgType.GROUP),
         "gen": int(group.generator_id),
+        "inc": int(group.incarnation),
         "seq": int(group.seq),
+        "pos": int(group.pos),
         "prompt_id": int(group.prompt_id),
         "vmin": group.version_min,
         "vmax": group.version_max,
@@ -310,6 +314,8 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
         lengths=np.array(lengths, dtype=np.int32),
         rewards=np.array(rewards, dtype=np.float32),
         meta=meta,
+        incarnation=_int_field(header, "inc"),
+        pos=_int_field(header, "pos"),
     )
 
 
@@ -343,7 +349,8 @@ def _decode_weights(header: dict[str, Any], arrays: list[np.ndarray]) -> Weights
 
 def _decode_ack(header: dict[str, Any], arrays: list[np.ndarray]) -> VersionAck:
     _no_arrays("ack", arrays)
-    return VersionAck(generator_id=_int_field(header, "gen"), version=_int_field(header, "version"))
+    return VersionAck(generator_id=_int_field(header, "gen"), version=_int_field(header, "version"),
+                      incarnation=_int_field(header, "inc"))
 
 
 def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heartbeat:
@@ -362,6 +369,7 @@ def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heart
         rejection=_field(header, "rejection", str)[:MAX_REJECTION_CHARS],
         reward_calls=_int_field(header, "reward_calls"),
         reward_first_errors={term: text[:MAX_REJECTION_CHARS] for term, text in first_errors.items()},
+        incarnation=_int_field(header, "inc"),
     )
 
 

@@ -18,7 +18,9 @@ import numpy as np
 # 4: a weights chunk carries pieces of tensors (full shape and element offset), so a tensor larger
 #    than a message travels in several chunks; heartbeats report rejected weight messages.
 # 5: heartbeats carry reward calls and each term's first error (reward outages stop the run).
-SCHEMA_VERSION = 5
+# 6: groups, acknowledgements and heartbeats carry the generator's incarnation (a restarted process
+#    counts again from sequence number 0); groups carry their position in the prompt stream.
+SCHEMA_VERSION = 6
 
 
 class MsgType(IntEnum):
@@ -48,6 +50,12 @@ class ScoredGroup:
     lengths: np.ndarray
     rewards: np.ndarray
     meta: dict[str, float | int | str] = field(default_factory=dict)
+    # Which process of this generator sent it: 0 for the first, +1 per restart. Sequence numbers
+    # are per incarnation; the registry drops what a replaced incarnation sends late.
+    incarnation: int = 0
+    # The prompt's position in its generator's prompt stream: the registry records how far each
+    # stream has been trained, which is where a resumed or restarted generator continues.
+    pos: int = 0
 
     @property
     def group_id(self) -> tuple[int, int]:
@@ -98,6 +106,7 @@ class WeightsChunk:
 class VersionAck:
     generator_id: int
     version: int
+    incarnation: int = 0
 
 
 @dataclass
@@ -116,6 +125,7 @@ class Heartbeat:
     reward_calls: int = 0  # reward term calls made (completions x terms): the error rate's denominator
     # term name -> its first error, so a run that fails on the error rate says why
     reward_first_errors: dict[str, str] = field(default_factory=dict)
+    incarnation: int = 0  # its counters are this incarnation's: a restarted process counts from 0
 
 
 @dataclass

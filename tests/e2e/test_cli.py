@@ -187,6 +187,46 @@ def test_two_throttled_generators_share_every_step_within_the_staleness_bound(tm
     assert summary["learner"]["staleness_histogram"] and max(int(k) for k in summary["learner"]["staleness_histogram"]) <= 1
 
 
+def test_fixed_staleness_trains_every_step_after_the_warm_up_exactly_k_versions_stale(tmp_path):
+    k, steps = 2, 6
+    result = subprocess.run(
+        cli(tmp_path, f"train.fixed_staleness={k}", f"train.max_steps={steps}", "eval.at_start=false",
+            "eval.at_end=false"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = tmp_path / "run"
+    assert "max_staleness: 2" in (run_dir / "config.yaml").read_text()
+    records = step_records(run_dir)
+    # Record N is the version after step N - 1: the warm-up steps 0..k-1 were sampled by version 0.
+    assert [(r["step"], r["staleness/min"], r["staleness/max"]) for r in records] == [
+        (n, min(n - 1, k), min(n - 1, k)) for n in range(1, steps + 1)]
+    assert [r["weights/published_version"] for r in records] == [max(0, n - k) for n in range(1, steps + 1)]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["learner"]["staleness_histogram"] == {"0": 16, "1": 16, "2": (steps - k) * 16}
+    # The end of the run pushed the newest weights, not version steps - k: vLLM matches the learner.
+    probe = summary["probe"]
+    assert probe["generator_version"] == probe["learner_version"] == steps
+    assert probe["max_abs_diff_vs_learner"] < 1e-3
+
+
+def mean_k3(run_dir: Path) -> float:
+    records = step_records(run_dir)
+    return sum(r["mismatch/k3_kl"] for r in records) / len(records)
+
+
+def test_bfloat16_generation_against_a_float32_learner_shows_as_mismatch(tmp_path):
+    # On-policy (fixed staleness 0), so mismatch/* measures the engines' numerics, not staleness.
+    common = ["train.fixed_staleness=0", "train.max_steps=3", "eval.at_start=false", "eval.at_end=false"]
+    for name, dtype, tolerance in [("f32", "float32", "1e-3"), ("bf16", "bfloat16", "0.2")]:
+        result = subprocess.run(cli(tmp_path / name, *common, f"rollout.dtype={dtype}",
+                                    f"train.probe_tolerance={tolerance}"), capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stderr[-4000:]
+    f32, bf16 = mean_k3(tmp_path / "f32" / "run"), mean_k3(tmp_path / "bf16" / "run")
+    assert all(r["mismatch/k3_kl"] > 0 for r in step_records(tmp_path / "bf16" / "run"))
+    assert bf16 > 10 * f32, (bf16, f32)
+
+
 def test_drop_policy_without_throttle_bounds_staleness_by_dropping(tmp_path):
     # No throttle: the generator runs ahead into a one-step queue and blocks there; groups too stale
     # when taken are dropped and counted, and the learner never waits on an acknowledgement that a
@@ -282,11 +322,12 @@ def stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
-    """A run that would go on for hours, once its learner has taken two steps; and its actors."""
+def start_long_run(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, dict]:
+    """A run that would go on for hours (unless `overrides` say otherwise), once its learner has
+    taken two steps; and its actors."""
     # Output goes to a file: an unread pipe would fill up and block the run.
     with (tmp_path / "output.log").open("w") as output:
-        proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000", "eval.at_start=false"),
+        proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000", "eval.at_start=false", *overrides),
                                 stdout=output, stderr=subprocess.STDOUT, text=True)
     run_dir = tmp_path / "run"
     wait_for(lambda: len(step_records(run_dir)) >= 2 or proc.poll() is not None, 600, "two learner steps")
@@ -379,9 +420,9 @@ def test_sigterm_during_set_up_writes_an_interrupted_summary_and_leaves_no_ray_p
              lambda: ray_processes_started_after(start))
 
 
-def test_dead_generator_fails_the_run_loudly(tmp_path):
+def test_a_dead_generator_beyond_max_restarts_fails_the_run_loudly(tmp_path):
     run_dir = tmp_path / "run"
-    proc, actors = start_long_run(tmp_path)
+    proc, actors = start_long_run(tmp_path, "rollout.max_restarts=0")
     try:
         os.kill(actors["generator_pids"][0], signal.SIGKILL)
         proc.wait(timeout=120)
@@ -389,6 +430,40 @@ def test_dead_generator_fails_the_run_loudly(tmp_path):
         stop(proc)
     output = (tmp_path / "output.log").read_text()
     assert proc.returncode == 1
-    assert "training failed" in output and "Generator" in output
+    last = output.strip().splitlines()[-1]
+    assert "training failed" in last and "generator 0 died" in last and "rollout.max_restarts=0" in last, last
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed"
+    assert summary["status"] == "failed" and summary["generator_restarts"] == 0
+
+
+def test_a_sigkilled_generator_is_restarted_and_the_run_finishes_exactly_accounted_within_the_bound(tmp_path):
+    # Two throttled generators: while generator 0 restarts, generator 1 lends its share; the
+    # restarted one continues from the consumed prompts, loads the newest weights (re-announced in
+    # the shared-memory slots), and the final probe reads it at the learner's last version.
+    steps, max_staleness = 30, 2
+    run_dir = tmp_path / "run"
+    proc, actors = start_long_run(tmp_path, f"train.max_steps={steps}", f"train.max_staleness={max_staleness}",
+                                  "rollout.num_generators=2", "eval.at_end=false")
+    try:
+        os.kill(actors["generator_pids"][0], signal.SIGKILL)
+        proc.wait(timeout=900)
+    finally:
+        stop(proc)
+    output = (tmp_path / "output.log").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    assert "[restart] generator 0 died" in output and "[restart] generator 0 rejoined" in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == steps
+    assert summary["generator_restarts"] == 1
+    assert [g["restarts"] for g in summary["generators"]] == [1, 0]
+    restarted = json.loads((run_dir / "actors.json").read_text())["generator_pids"]
+    assert restarted[0] != actors["generator_pids"][0] and restarted[1] == actors["generator_pids"][1]
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["staleness/max"] <= max_staleness for r in records) and summary["staleness_max"] <= max_staleness
+    last = records[-1]
+    assert last["queue/received"] == (last["queue/consumed"] + last["queue/dropped_stale"] + last["queue/dropped_full"]
+                                      + last["queue/dropped_restart"] + last["queue/depth"]), last
+    assert last["queue/consumed"] == steps * 16
+    probe = summary["probe"]
+    assert probe["generator_version"] == probe["learner_version"] == steps

@@ -277,6 +277,27 @@ def test_mismatch_metrics_hand_computed():
     assert all(type(value) is float for value in metrics.values())
 
 
+def test_k3_on_tokens_sampled_from_mu_estimates_kl_mu_pi_never_negative_and_with_less_spread_than_k1():
+    # A small numerical mismatch (bfloat16-like): pi is mu with its logits perturbed by 1e-2.
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, generator=generator, dtype=torch.float64)
+    log_mu = torch.log_softmax(logits, 0)
+    log_pi = torch.log_softmax(logits + 1e-2 * torch.randn(50, generator=generator, dtype=torch.float64), 0)
+    kl_mu_pi = float((log_mu.exp() * (log_mu - log_pi)).sum())
+    k1, k3 = [], []
+    for _ in range(200):  # 200 batches of 256 tokens sampled from mu
+        tokens = torch.multinomial(log_mu.exp(), 256, replacement=True, generator=generator).view(16, 16)
+        _, _, metrics = correct(log_pi[tokens], log_mu[tokens], torch.ones(16, 16))
+        k1.append(metrics["mismatch/kl"])
+        k3.append(metrics["mismatch/k3_kl"])
+    k1, k3 = torch.tensor(k1), torch.tensor(k3)
+    assert float(k3.mean()) == pytest.approx(kl_mu_pi, rel=0.05)
+    # k1 is unbiased too, but its noise is of the order of the KL itself: within 3 standard errors.
+    assert abs(float(k1.mean()) - kl_mu_pi) < 3 * float(k1.std()) / len(k1) ** 0.5
+    assert bool((k3 >= 0).all()) and bool((k1 < 0).any())  # k1 of a batch can come out negative
+    assert float(k3.std()) < float(k1.std()) / 10
+
+
 def test_identical_policies():
     logp = f64([[-0.7, -1.3, -2.0]])
     _, _, metrics = correct(logp, logp.clone(), torch.ones(1, 3), is_level="sequence")

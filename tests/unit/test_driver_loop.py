@@ -100,3 +100,21 @@ def test_progress_postfix_is_the_recent_mean_reward_and_the_worst_staleness():
     assert postfix["reward"] == f"{sum(range(21, 41)) / 20:.3f}"  # the last 20 steps
     assert postfix["stale"] == 3
     assert json.dumps(progress.summary(None))
+
+
+class DiedError(Exception):
+    """Stands in for Ray's ActorDiedError."""
+
+
+@pytest.mark.parametrize(("overrides", "reason"), [
+    (["rollout.max_restarts=0"], r"generator 1 died \(DiedError: killed\) and rollout.max_restarts=0 allows no further"),
+    (["weights.backend=nccl"], r"generator 1 died .* weights.backend=nccl cannot take a restarted generator"),
+])
+def test_a_restart_that_cannot_be_made_fails_the_run_naming_why(tmp_path, overrides, reason):
+    from asyncgrpo.driver import TrainingFailed
+    from asyncgrpo.driver.actors import Actors
+
+    actors = Actors(config(tmp_path, "rollout.num_generators=2", "train.groups_per_step=2", *overrides), "model")
+    with pytest.raises(TrainingFailed, match=reason):
+        actors.restart_generator(1, DiedError("killed"))
+    assert actors.restarts == [0, 0]  # nothing was started

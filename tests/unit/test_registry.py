@@ -1,23 +1,116 @@
-"""The generator registry: sequence accounting, reports, and prompt positions across resumes."""
+"""The generator registry: sequence accounting per incarnation, reports, and prompt positions by
+consumption across resumes and restarts."""
 
+import numpy as np
 import pytest
 
-from asyncgrpo.registry import GeneratorRegistry, WeightsRejected
-from asyncgrpo.wire import Heartbeat
+from asyncgrpo.registry import REPORTED_COUNTERS, GeneratorRegistry, WeightsRejected
+from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck
 
 
-def test_prompt_positions_add_up_over_any_number_of_resumes():
+def consumed(generator_id: int, *positions: int) -> list[ScoredGroup]:
+    """Groups at these prompt-stream positions, as the queue hands them to `on_consumed`."""
+    empty = np.zeros(0, np.int32)
+    return [ScoredGroup(generator_id=generator_id, seq=0, prompt_id=p, prompt_tokens=np.ones(1, np.int32),
+                        tokens=empty, logprobs=np.zeros(0, np.float32), versions=empty,
+                        lengths=np.zeros(1, np.int32), rewards=np.zeros(1, np.float32), pos=p) for p in positions]
+
+
+def test_positions_are_past_the_newest_consumed_group_not_the_newest_received():
+    registry = GeneratorRegistry()
+    for seq in range(5):  # five groups arrived ...
+        assert registry.admit(0, seq)
+    registry.on_consumed(consumed(0, 0, 1))  # ... two were trained
+    assert registry.position(0) == 2 and registry.position(1) == 0
+
+
+def test_positions_carry_over_any_number_of_resumes_as_absolute_stream_positions():
     first = GeneratorRegistry()
-    for seq in range(5):
-        assert first.admit(0, seq)
+    first.on_consumed(consumed(0, 0, 1, 2))
     second = GeneratorRegistry()
-    second.load_state_dict(first.state_dict())  # resumed: the generator's sequence numbers restart at 0
-    assert second.groups_received(0) == 5
-    for seq in range(3):
-        assert second.admit(0, seq)
+    second.load_state_dict(first.state_dict())  # resumed: the generator continues at position 3
+    assert second.position(0) == 3
+    second.on_consumed(consumed(0, 3, 4))
     third = GeneratorRegistry()
     third.load_state_dict(second.state_dict())
-    assert third.groups_received(0) == 8 and third.groups_received(1) == 0
+    assert third.position(0) == 5 and third.position(1) == 0
+
+
+def test_a_checkpoint_from_before_consumption_positions_resumes_where_those_runs_did():
+    registry = GeneratorRegistry()
+    registry.load_state_dict({"generators": {"0": {"groups_received": 7}}})
+    assert registry.position(0) == 7
+
+
+def test_a_new_incarnation_counts_from_sequence_number_zero_without_false_duplicates():
+    registry = GeneratorRegistry()
+    for seq in range(4):
+        assert registry.admit(0, seq)
+    assert registry.rejoin(0, incarnation=1) == 0  # nothing consumed yet: it starts at the stream's start
+    for seq in range(3):
+        assert registry.admit(0, seq, incarnation=1)
+    assert not registry.admit(0, 1, incarnation=1)  # a replay within the new incarnation is still one
+    assert registry.stats() == {"queue/lost": 0, "queue/duplicates": 1, "queue/old_incarnation": 0,
+                                "queue/old_incarnation_reports": 0}
+
+
+def test_what_the_dead_incarnation_announced_but_never_delivered_is_lost():
+    registry = GeneratorRegistry()
+    assert registry.admit(0, 0) and registry.admit(0, 1)
+    registry.on_heartbeat(Heartbeat(0, next_seq=5, version=0))  # it had sent 5: 2, 3, 4 never arrived
+    registry.mark_down(0)
+    registry.rejoin(0, incarnation=1)
+    assert registry.stats()["queue/lost"] == 3
+
+
+def test_late_messages_of_a_replaced_incarnation_are_counted_and_dropped():
+    registry = GeneratorRegistry()
+    assert registry.admit(0, 0)
+    registry.on_ack(VersionAck(0, 3))
+    registry.rejoin(0, incarnation=1)
+    assert not registry.admit(0, 1, incarnation=0)  # still in a socket buffer when the process died
+    registry.on_ack(VersionAck(0, 9, incarnation=0))
+    registry.on_heartbeat(Heartbeat(0, next_seq=40, version=9, reward_errors=5))
+    assert registry.stats() == {"queue/lost": 0, "queue/duplicates": 0, "queue/old_incarnation": 1,
+                                "queue/old_incarnation_reports": 2}
+    # The newcomer has loaded nothing yet, and the old process's report moved nothing.
+    assert registry.acked_versions([0]) == {0: -1}
+    assert registry.report_increments()["reward/errors"] == 0
+    assert registry.admit(0, 0, incarnation=1)  # the newcomer's first group is not a duplicate
+
+
+def test_a_message_of_a_newer_incarnation_replaces_the_old_one_even_before_its_rejoin():
+    registry = GeneratorRegistry()
+    assert registry.admit(0, 0) and registry.admit(0, 1)
+    assert registry.admit(0, 0, incarnation=2)
+    assert not registry.admit(0, 2, incarnation=0)
+    assert registry.stats() == {"queue/lost": 0, "queue/duplicates": 0, "queue/old_incarnation": 1,
+                                "queue/old_incarnation_reports": 0}
+    with pytest.raises(ValueError, match="incarnation 1 rejoins"):
+        registry.rejoin(0, incarnation=1)
+
+
+def test_a_restarted_generators_counters_continue_its_predecessors():
+    registry = GeneratorRegistry()
+    registry.on_heartbeat(Heartbeat(0, next_seq=0, version=0, idle_s=4.0, reward_calls=10))
+    assert registry.report_increments()["reward/calls"] == 10
+    registry.rejoin(0, incarnation=1)
+    registry.on_heartbeat(Heartbeat(0, next_seq=0, version=0, idle_s=1.0, reward_calls=3, incarnation=1))
+    increments = registry.report_increments()
+    assert (increments["reward/calls"], increments[REPORTED_COUNTERS["idle_s"]]) == (3, 1.0)
+
+
+def test_a_down_generator_is_not_waited_for_and_waits_do_not_time_out_until_it_rejoins():
+    registry = GeneratorRegistry()
+    registry.on_ack(VersionAck(0, 2))
+    registry.on_ack(VersionAck(1, 2))
+    assert registry.restart_grace_until(10.0) < 0  # no restart ever: no grace
+    registry.mark_down(1)
+    assert registry.acked_versions([0, 1]) == {0: 2} and registry.down_generators() == {1}
+    assert registry.restart_grace_until(10.0) == float("inf")
+    registry.rejoin(1, incarnation=1)
+    assert registry.down_generators() == set() and registry.acked_versions([0, 1]) == {0: 2, 1: -1}
+    assert np.isfinite(registry.restart_grace_until(10.0))
 
 
 def test_duplicates_and_gaps_are_counted():
@@ -25,7 +118,8 @@ def test_duplicates_and_gaps_are_counted():
     assert registry.admit(1, 0) and registry.admit(1, 3)
     assert not registry.admit(1, 2)
     registry.on_heartbeat(Heartbeat(1, next_seq=6, version=0))
-    assert registry.stats() == {"queue/lost": 2 + 2, "queue/duplicates": 1}
+    assert registry.stats() == {"queue/lost": 2 + 2, "queue/duplicates": 1, "queue/old_incarnation": 0,
+                                "queue/old_incarnation_reports": 0}
 
 
 def test_a_generator_that_rejected_weights_ends_the_run_with_its_reason():

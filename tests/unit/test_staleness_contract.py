@@ -143,6 +143,23 @@ def test_inflight_updates_keep_every_token_and_tag_its_version(stop_lengths, chu
     assert generator.version == len(engine.loaded)
 
 
+@pytest.mark.parametrize("max_new", [256, 1024])
+def test_inflight_updates_across_long_completions_keep_every_token_in_version_order(max_new):
+    # Completions of the lengths real runs use: one stops early, one at the budget, one runs past it.
+    engine = ScriptedEngine([120, max_new + 1, 2 * max_new])
+    chunk = 32
+    generator = generator_for(engine, inflight_updates=True, inflight_chunk_tokens=chunk, max_new_tokens=max_new,
+                              samples_per_prompt=3)
+    (group,) = generator._generate([[1, 0]])
+    for sample, completion in enumerate(group):
+        length = min(engine.stop_at(1, sample), max_new)
+        assert len(completion.token_ids) == length
+        assert completion.token_ids[:-1].tolist() == [100 + 10 * sample + i for i in range(length - 1)]
+        assert completion.versions.tolist() == [i // chunk for i in range(length)]
+    # A push per segment: ceil(max_new / chunk) - 1 weight switches inside one generation.
+    assert generator.stats.inflight_switches == -(-max_new // chunk) - 1
+
+
 def test_without_inflight_updates_one_call_and_one_version():
     engine = ScriptedEngine([4])
     generator = generator_for(engine, max_new_tokens=5, samples_per_prompt=2)

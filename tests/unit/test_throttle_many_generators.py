@@ -1,5 +1,6 @@
 """The staleness bound with any number of generators at any relative speeds: the generators'
-throttle (`throttle_limit`) with the real `ReplayQueue` taking each generator's share per step.
+throttle (`throttle_limit`) with the real `ReplayQueue` taking each generator's share per step;
+and, with the learner's delayed publication (train.fixed_staleness), staleness held exactly.
 
 A discrete simulation: each event is one generator starting, finishing, giving back (a group
 dropped for its rewards) or loading weights, or the learner taking a step; hypothesis picks the
@@ -38,8 +39,10 @@ class SimGenerator:
 
 
 class Simulation:
-    def __init__(self, quotas: list[int], max_staleness: int, shares: bool) -> None:
+    def __init__(self, quotas: list[int], max_staleness: int, shares: bool, publish_delay: int = 0) -> None:
+        """`publish_delay` k: the learner at version v publishes version v - k (train.fixed_staleness)."""
         self.max_staleness = max_staleness
+        self.publish_delay = publish_delay
         self.steps_per_take = sum(quotas)
         self.generators = [SimGenerator(q) for q in quotas]
         self.queue = ReplayQueue(None, (max_staleness + 1) * sum(quotas),
@@ -47,6 +50,12 @@ class Simulation:
                                  limits=None, shares=quotas if shares else None)
         self.version = 0
         self.staleness: list[int] = []
+        self.trained: list[tuple[int, int]] = []  # (learner version that took it, its staleness)
+
+    @property
+    def published(self) -> int:
+        """The newest version a generator can load (the starting weights, 0, during the warm-up)."""
+        return max(0, self.version - self.publish_delay)
 
     def actions(self) -> list[tuple[str, int]]:
         possible = [("learn", -1)]
@@ -55,7 +64,7 @@ class Simulation:
                 possible.append(("start", i))
             if g.in_flight:
                 possible += [("finish", i), ("give_back", i)]
-            if g.loaded < self.version:
+            if g.loaded < self.published:
                 possible.append(("load", i))
         return possible
 
@@ -72,13 +81,14 @@ class Simulation:
             g.in_flight.pop(0)
             g.started -= 1
         elif action == "load":
-            g.loaded = self.version
+            g.loaded = self.published
         else:
             try:
                 batch = self.queue.take(self.steps_per_take, self.version, timeout_s=0.0)
             except QueueTimeout:
                 return False
             self.staleness += [self.version - b.version_min for b in batch]
+            self.trained += [(self.version, self.version - b.version_min) for b in batch]
             self.version += 1
         return True
 
@@ -99,6 +109,39 @@ def test_every_trained_group_is_within_max_staleness_for_any_generators_and_spee
     assert all(0 <= s <= max_staleness for s in sim.staleness), sim.staleness
     accounted = sum(g.sent for g in sim.generators)
     assert accounted == sim.version * sim.steps_per_take + sim.queue.depth  # nothing dropped or lost
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 3), st.integers(0, 2), st.data())
+def test_delayed_publication_trains_every_group_of_step_k_on_exactly_k_versions_stale(
+        num_generators, k, extra_groups, data):
+    # train.fixed_staleness=k: the throttle at max_staleness=k, the queue's shares, and the learner
+    # publishing version v - k at version v (asyncgrpo/learner/publication.py).
+    cfg = load([f"rollout.num_generators={num_generators}", f"train.groups_per_step={num_generators + extra_groups}",
+                "queue.capacity_groups=64", f"train.fixed_staleness={k}"])
+    assert cfg.train.max_staleness == k
+    sim = Simulation(groups_per_generator(cfg), cfg.train.max_staleness, shares=True, publish_delay=k)
+    for _ in range(200):
+        action, i = data.draw(st.sampled_from(sim.actions()))
+        sim.do(action, i)
+        assert len(sim.actions()) > 1 or sim.queue.depth >= sim.steps_per_take  # no deadlock
+    # Step u >= k: exactly k. The warm-up (u < k) is sampled by the starting weights: staleness u.
+    assert all(s == (k if u >= k else u) for u, s in sim.trained), sim.trained
+    accounted = sum(g.sent for g in sim.generators)
+    assert accounted == sim.version * sim.steps_per_take + sim.queue.depth
+
+
+def test_a_generator_as_fast_as_allowed_warms_up_for_k_steps_then_stays_exactly_k_stale():
+    sim = Simulation([2], max_staleness=2, shares=True, publish_delay=2)
+    for _ in range(30):
+        # Everything the generator may do (load, start, finish) before each step.
+        while moves := [(a, i) for a, i in sim.actions() if a in ("start", "finish", "load")]:
+            sim.do(*moves[0])
+        assert sim.do("learn", -1)
+    assert [s for _, s in sim.trained] == [0, 0, 1, 1] + [2] * (2 * 30 - 4)
+    # Beyond the warm-up it can never start a group of a step the learner has not reached: the
+    # 30 steps taken are all it started. Generation and training alternate.
+    assert sim.generators[0].started == 2 * 30 and sim.queue.depth == 0
 
 
 def run_scenario(shares: bool) -> list[int]:

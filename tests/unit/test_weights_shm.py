@@ -174,3 +174,27 @@ def test_announcements_carry_the_slot_and_fingerprint_as_int64(pair):
     sender.push(2, iter(named))
     body = publisher.messages[0].tensors[0]
     assert body.dtype == np.int64 and body[0] == 2 % NUM_SLOTS
+
+
+def test_a_generator_that_joins_late_finds_the_newest_version_in_the_slots(pair):
+    # A restarted generator subscribes after the announcements went out: the slots say what they hold.
+    named, publisher, sender, _, _ = pair
+    for version in (1, 2):
+        sender.push(version, iter([(n, t + version) for n, t in named]))
+    late = ShmWeightReceiver(ListSubscriber([]), spec_of(named), torch.float32, timeout_s=5.0)
+    late.join(sender.join_address())
+    target = Target()
+    assert late.apply_newest(target) == 2
+    assert all(torch.equal(target.loaded[n], t + 2) for n, t in named)
+    # The re-announcement is for a subscriber that came up late: a generator holding it skips it.
+    publisher.messages.clear()
+    sender.republish()
+    late.subscriber.messages.extend(publisher.messages)
+    assert not late.poll(0.0) and late.apply_newest(target) is None
+    late.close()
+
+
+def test_a_republish_before_any_push_sends_nothing(pair):
+    _, publisher, sender, _, _ = pair
+    sender.republish()
+    assert publisher.messages == []

@@ -217,3 +217,30 @@ def test_pieces_are_views_on_one_private_copy():
     target = Target()
     receiver.apply_newest(target)
     assert np.array_equal(target.loaded["w"].numpy(), np.arange(10, dtype=np.float32))
+
+
+def test_a_republish_gives_a_late_subscriber_the_newest_push_and_nothing_new_to_one_that_has_it():
+    named = model([(300, 17), (5,)])
+    publisher = ListPublisher()
+    sender = ZmqWeightSender(publisher, spec_of(named), 4096, torch.float32, keep_newest=True)
+    sender.republish()
+    assert publisher.messages == []  # nothing pushed yet: generators start from that version anyway
+    early = ZmqWeightReceiver(ListSubscriber([]))
+    for version in (1, 2):
+        sender.push(version, iter([(n, t + version) for n, t in named]))
+    early.subscriber.messages.extend(publisher.messages)
+    assert early.poll(0.0) and early.apply_newest(Target()) == 2
+    publisher.messages.clear()
+    sender.republish()  # a restarted generator subscribed after version 2 went out
+    late = ZmqWeightReceiver(ListSubscriber(list(publisher.messages)))
+    target = Target()
+    assert late.poll(0.0) and late.apply_newest(target) == 2
+    assert all(torch.equal(target.loaded[n], t + 2) for n, t in named)
+    early.subscriber.messages.extend(publisher.messages)
+    assert not early.poll(0.0) and early.apply_newest(Target()) is None
+
+
+def test_a_sender_that_keeps_nothing_cannot_republish():
+    sender = ZmqWeightSender(ListPublisher(), spec_of(model([(4,)])), 4096, torch.float32)
+    with pytest.raises(RuntimeError, match="keep_newest"):
+        sender.republish()

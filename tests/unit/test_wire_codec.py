@@ -66,11 +66,14 @@ def scored_groups(draw: st.DrawFn) -> ScoredGroup:
         lengths=lengths,
         rewards=draw(hnp.arrays(np.float32, lengths.size, elements=st.floats(**FLOAT32))),
         meta=meta,
+        incarnation=draw(INT62),
+        pos=draw(INT62),
     )
 
 
 def assert_same_group(decoded: ScoredGroup, original: ScoredGroup) -> None:
     assert decoded.group_id == original.group_id
+    assert (decoded.incarnation, decoded.pos) == (original.incarnation, original.pos)
     assert decoded.prompt_id == original.prompt_id
     for name in ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards"):
         got, want = getattr(decoded, name), getattr(original, name)
@@ -137,7 +140,9 @@ def test_example_group_is_valid_and_seeded() -> None:
 
 @pytest.mark.parametrize("message", [
     VersionAck(generator_id=3, version=7),
+    VersionAck(generator_id=3, version=7, incarnation=2),
     Heartbeat(generator_id=1, next_seq=42, version=5),
+    Heartbeat(generator_id=1, next_seq=0, version=5, incarnation=3),
     Heartbeat(generator_id=1, next_seq=42, version=5, reward_errors=3, reward_calls=64,
               reward_first_errors={"judge": "JudgeError: judge failed 4 tries", "fn": "KeyError: 'x'"}),
     Shutdown(reason="training finished"),
@@ -278,6 +283,12 @@ MALFORMED: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "vmin > vmax": (lambda: group_frames(vmax=0, vmin=1), "bad_versions"),
     "missing generator id": (lambda: group_frames(gen=...), "missing_field"),
     "negative sequence number": (lambda: group_frames(seq=-1), "bad_field"),
+    "missing incarnation": (lambda: group_frames(inc=...), "missing_field"),
+    "negative incarnation": (lambda: group_frames(inc=-1), "bad_field"),
+    "boolean incarnation": (lambda: group_frames(inc=False), "bad_field"),
+    "missing stream position": (lambda: group_frames(pos=...), "missing_field"),
+    "negative stream position": (lambda: group_frames(pos=-1), "bad_field"),
+    "fractional stream position": (lambda: group_frames(pos=1.0), "bad_field"),
     "boolean prompt id": (lambda: group_frames(prompt_id=True), "bad_field"),
     "huge prompt id": (lambda: group_frames(prompt_id=1 << 63), "bad_field"),
     "meta with a list value": (lambda: group_frames(meta={"x": [1]}), "bad_field"),
