@@ -1,5 +1,7 @@
 """`asyncgrpo train [key=value ...]`, `asyncgrpo plot RUN_DIR ...`, `asyncgrpo export CHECKPOINT OUTDIR`,
-`asyncgrpo make-model SHAPE OUT_DIR`: the command-line entry point."""
+`asyncgrpo make-model SHAPE OUT_DIR`, `asyncgrpo simulate RUN_DIR [key=value ...]`,
+`asyncgrpo replay DIR [key=value ...]`, `asyncgrpo study SPEC [study_dir=DIR] [key=value ...]`: the
+command-line entry point."""
 
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ USAGE_EXAMPLES = """examples:
   asyncgrpo train run_dir=runs/a resume=auto         # the same, or a fresh start if it has none (restarts)
   asyncgrpo export runs/a/checkpoints/step_100 hf    # a checkpoint in Hugging Face format
   asyncgrpo make-model qwen2.5-0.5b models/q05b      # a random Qwen2.5-0.5B-shaped model (docs/MODELS.md)
+  asyncgrpo train wire.record_dir=rec/a              # keep every group the learner consumes
+  asyncgrpo replay rec/a algo.mode=decoupled         # train on that stream again, no generators
+  asyncgrpo simulate runs/a rollout.num_generators=4 # predicted samples/s, idle, staleness (docs/SIMULATOR.md)
+  asyncgrpo study configs/studies/quick.yaml study_dir=studies/q  # a grid x seeds, with a report (docs/STUDIES.md)
 """
 
 # One line per config group; a group added to Config without an entry here still gets listed.
@@ -196,7 +202,51 @@ def main(argv: list[str] | None = None) -> int:
     make_model_parser.add_argument("--vocab-train-size", type=int, default=None, metavar="N",
                                    help="tokens in the trained tokenizer, special tokens included (default: "
                                         "asyncgrpo.models.bpe.DEFAULT_VOCAB_SIZE = 4096)")
+    simulate_parser = commands.add_parser(
+        "simulate", help="predict throughput, idle fractions and staleness for other settings of a finished run",
+        description="A discrete-event model of the generators, the queue, the learner and weight pushes, calibrated "
+                    "from RUN_DIR's measured phase times (docs/SIMULATOR.md). Prints a table, then one JSON line.",
+        epilog="keys: " + ", ".join(_simulate_keys()) + "\nexample: asyncgrpo simulate runs/a rollout.num_generators=8 "
+               "train.max_staleness=2 learner.world_size=4 sim.scaling_efficiency=0.9 sim.steps=200",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate_parser.add_argument("run_dir", metavar="RUN_DIR")
+    simulate_parser.add_argument("overrides", nargs="*", help="key=value (the keys below)")
+    replay_parser = commands.add_parser(
+        "replay", help="train a learner on a recorded stream (wire.record_dir), no generators",
+        description="Train on the groups a run recorded (wire.record_dir=DIR), step by step at the versions that "
+                    "took them, from that run's starting weights, with its config and these overrides (e.g. "
+                    "algo.mode=decoupled, algo.correction.is_level=token, seed=1). Writes run_dir (default "
+                    "DIR/replay-<time>): config.yaml, metrics.jsonl, summary.json. On CPU the same recording, "
+                    "config and seed give identical losses.",
+    )
+    replay_parser.add_argument("recording", metavar="DIR", help="a wire.record_dir of an earlier run")
+    replay_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
+    study_parser = commands.add_parser(
+        "study", help="run a grid of configs x seeds one after another, then report means and intervals",
+        description="Every cell of SPEC's grid at every seed, as `asyncgrpo train` runs one after another into "
+                    "study_dir/runs/<cell>/seed_<s> (default study_dir: studies/<name>); finished runs are skipped "
+                    "when the command is run again; Ctrl-C stops the current run and still writes the results. "
+                    "Writes results.csv, report.md (per-cell means with 95% intervals, paired differences against "
+                    "the spec's baseline) and plots/. The spec is checked, every cell's config composed, before any "
+                    "run. SPEC is a YAML file or the name of one in configs/studies/ (docs/STUDIES.md).",
+    )
+    study_parser.add_argument("spec", metavar="SPEC", help="a study spec (YAML), or a name in configs/studies/")
+    study_parser.add_argument("overrides", nargs="*",
+                              help="study_dir=DIR, and key=value overrides added to the spec's base for every run")
+    study_parser.add_argument("--dry-run", action="store_true",
+                              help="check the spec, list the runs and which are finished; run nothing")
+    study_parser.add_argument("--report-only", action="store_true",
+                              help="rewrite results.csv, report.md and plots/ from the runs so far; run nothing")
     args = parser.parse_args(argv)
+    if args.command == "study":
+        from asyncgrpo.study import command as study_command
+
+        return study_command(args.spec, args.overrides, dry_run=args.dry_run, report_only=args.report_only)
+    if args.command == "replay":
+        return _replay(args.recording, args.overrides)
+    if args.command == "simulate":
+        return _simulate(args.run_dir, args.overrides)
     if args.command == "plot":
         return _plot(args.run_dirs, args.out)
     if args.command == "export":
@@ -276,6 +326,43 @@ def _export(checkpoint: str, outdir: str) -> int:
         print(f"asyncgrpo: export: {err}", file=sys.stderr)
         return 2
     print(path)
+    return 0
+
+
+def _simulate_keys() -> list[str]:
+    from asyncgrpo.simulate import OVERRIDE_KEYS
+
+    return list(OVERRIDE_KEYS)
+
+
+def _simulate(run_dir: str, overrides: list[str]) -> int:
+    from asyncgrpo.simulate import SimulationError, run_command
+
+    try:
+        print(run_command(run_dir, overrides))
+    except SimulationError as err:
+        print(f"asyncgrpo: simulate: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _replay(directory: str, overrides: list[str]) -> int:
+    from asyncgrpo.learner.checkpoint import CheckpointError
+    from asyncgrpo.recording import RecordingError
+    from asyncgrpo.recording.rerun import replay
+
+    try:
+        summary = replay(directory, overrides)
+    except ConfigError as err:
+        print(f"asyncgrpo: config error: {err}", file=sys.stderr)
+        return 2
+    except (RecordingError, CheckpointError) as err:  # missing, empty, corrupted, another format, gone weights
+        print(f"asyncgrpo: replay: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("asyncgrpo: interrupted; metrics and summary are in the replay's run_dir", file=sys.stderr)
+        return 130
+    print(json.dumps({k: summary.get(k) for k in ("run_dir", "steps", "samples", "wall_s", "torn_tail_records")}))
     return 0
 
 

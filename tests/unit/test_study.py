@@ -1,0 +1,482 @@
+"""`asyncgrpo study` without real training: spec validation, aggregation from fabricated run
+directories, the statistics against hand-computed values, resumability and Ctrl-C with fake runners."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncgrpo import study
+from asyncgrpo.study import (
+    RunPlan,
+    Spec,
+    SpecError,
+    StudyError,
+    SubprocessRunner,
+    accuracy_auc,
+    aggregate,
+    mean_ci,
+    override_value,
+    paired_difference,
+    run_study,
+    t_quantile,
+)
+
+GRID_SPEC = {
+    "name": "demo",
+    "base": ["train.max_steps=3"],
+    "grid": {
+        "train.fixed_staleness": [0, 2],
+        "mode": {
+            "bypass": {"algo.mode": "bypass"},
+            "tis": {"algo.mode": "decoupled", "algo.correction.is_level": "token", "algo.correction.is_threshold": 2.0},
+        },
+    },
+    "seeds": [0, 1, 2],
+    "baseline": {"train.fixed_staleness": 0, "mode": "bypass"},
+}
+
+
+def write_spec(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def with_changes(**changes) -> dict:
+    return {**GRID_SPEC, **changes}
+
+
+# ------------------------------------------------------------------------------------- spec validation
+
+
+def test_spec_with_an_unknown_top_level_key_fails_in_one_line_naming_it(tmp_path):
+    with pytest.raises(SpecError) as err:
+        Spec.load(write_spec(tmp_path, with_changes(seed=[0])))
+    message = str(err.value)
+    assert "unknown key 'seed'" in message and str(tmp_path / "spec.yaml") in message and "\n" not in message
+
+
+@pytest.mark.parametrize("grid, named", [({}, "grid must be a non-empty mapping"),
+                                         ({"train.fixed_staleness": []}, "grid.train.fixed_staleness: empty list"),
+                                         ({"mode": {}}, "grid.mode: no levels")])
+def test_an_empty_grid_or_factor_fails_naming_it(tmp_path, grid, named):
+    with pytest.raises(SpecError, match=named):
+        Spec.load(write_spec(tmp_path, with_changes(grid=grid, baseline=None)))
+
+
+def test_a_value_the_config_refuses_fails_before_any_run_naming_the_cell(tmp_path):
+    spec = with_changes(grid={"train.fixed_staleness": [0, 2], "algo.mode": ["bypass", "bogus"]}, baseline=None)
+    with pytest.raises(SpecError) as err:
+        Spec.load(write_spec(tmp_path, spec))
+    message = str(err.value)
+    assert "cell train.fixed_staleness=0 algo.mode=bogus" in message
+    assert "algo.mode must be one of" in message and "\n" not in message
+
+
+def test_an_unknown_config_key_in_a_named_level_fails_naming_the_cell(tmp_path):
+    spec = with_changes(grid={"mode": {"ok": {"algo.mode": "naive"}, "typo": {"algo.moed": "naive"}}}, baseline=None)
+    with pytest.raises(SpecError, match=r"cell mode=typo: unknown config key"):
+        Spec.load(write_spec(tmp_path, spec))
+
+
+def test_base_contradicting_a_cell_fails_naming_the_cell(tmp_path):
+    spec = with_changes(base=["train.max_staleness=3"], grid={"train.fixed_staleness": [-1, 2]}, baseline=None)
+    with pytest.raises(SpecError, match=r"cell train.fixed_staleness=2: train.max_staleness=3 contradicts"):
+        Spec.load(write_spec(tmp_path, spec))
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"grid": {"seed": [0, 1]}, "baseline": None}, "grid.seed: seed is set by the study"),
+    ({"base": ["run_dir=x"]}, "base: run_dir is set by the study"),
+    ({"seeds": []}, "seeds must be a non-empty list"),
+    ({"seeds": [1, 1]}, "seeds must be distinct"),
+    ({"baseline": {"train.fixed_staleness": 5, "mode": "bypass"}}, r"baseline: train.fixed_staleness=5 is not one"),
+    ({"baseline": {"mode": "bypass"}}, "missing: train.fixed_staleness"),
+    ({"name": "a b"}, "name must be"),
+])
+def test_spec_structure_errors_name_the_key(changes, named):
+    with pytest.raises(SpecError, match=named):
+        Spec.parse(with_changes(**changes))
+
+
+def test_a_good_spec_gives_every_cell_in_grid_order_with_its_overrides_and_run_dirs(tmp_path):
+    spec = Spec.load(write_spec(tmp_path, GRID_SPEC))
+    cells = spec.cells()
+    assert [c.label for c in cells] == [
+        "train.fixed_staleness=0 mode=bypass", "train.fixed_staleness=0 mode=tis",
+        "train.fixed_staleness=2 mode=bypass", "train.fixed_staleness=2 mode=tis",
+    ]
+    assert cells[3].overrides == ("train.fixed_staleness=2", "algo.mode='decoupled'",
+                                  "algo.correction.is_level='token'", "algo.correction.is_threshold=2.0")
+    assert spec.baseline_cell() == cells[0]
+    plans = spec.runs(tmp_path / "s")
+    assert len(plans) == 12  # 4 cells x 3 seeds, the seeds of a cell together
+    assert plans[4].run_dir == tmp_path / "s" / "runs" / "train.fixed_staleness-0__mode-tis" / "seed_1"
+    # The study's run defaults come first, so the spec's base and cells override them; seed last.
+    assert plans[4].overrides == (*study.RUN_DEFAULTS, "train.max_steps=3", *cells[1].overrides, "seed=1")
+
+
+def test_grid_values_are_written_so_the_config_reads_them_back_as_given():
+    from asyncgrpo.config import load
+
+    assert [override_value(v) for v in (None, True, 3, 2.0, "0.5_2.0", [1, "a"])] == [
+        "null", "true", "3", "2.0", "'0.5_2.0'", "[1,'a']"]
+    cfg = load([f"algo.correction.is_threshold={override_value('0.5_2.0')}",
+                f"algo.correction.is_level={override_value(None)}", f"train.max_steps={override_value(7)}"])
+    assert cfg.algo.correction.is_threshold == "0.5_2.0" and cfg.algo.correction.is_level is None
+    assert cfg.train.max_steps == 7
+
+
+def test_the_spec_round_trips_through_the_study_dirs_spec_yaml():
+    spec = Spec.parse(GRID_SPEC, extra_base=["task.eval_size=20"])
+    again = Spec.parse(yaml.safe_load(yaml.safe_dump(spec.to_dict(), sort_keys=False)))
+    assert again.base == ["train.max_steps=3", "task.eval_size=20"]
+    assert [c.overrides for c in again.cells()] == [c.overrides for c in spec.cells()]
+    assert again.baseline == spec.baseline and again.seeds == spec.seeds
+
+
+# ------------------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("df, expected", [(1, 12.706204736), (2, 4.302652730), (4, 2.776445105),
+                                          (9, 2.262157163), (30, 2.042272456), (1e6, 1.959966)])
+def test_t_quantile_matches_published_values(df, expected):
+    assert t_quantile(0.975, df) == pytest.approx(expected, rel=1e-6)
+    assert t_quantile(0.025, df) == pytest.approx(-expected, rel=1e-6)
+
+
+def test_mean_ci_is_the_t_interval_computed_by_hand():
+    estimate = mean_ci([0.2, 0.3, 0.4, None])  # None: a run without that metric, left out
+    # mean 0.3, s = 0.1, half width = t(0.975, 2) * 0.1 / sqrt(3) = 4.302653 * 0.057735 = 0.248414
+    assert estimate.n == 3 and estimate.mean == pytest.approx(0.3)
+    assert estimate.half_width == pytest.approx(4.30265273 * 0.1 / math.sqrt(3), rel=1e-7)
+    assert estimate.low == pytest.approx(0.3 - 0.2484138, abs=1e-6)
+    one = mean_ci([0.5])
+    assert one.mean == 0.5 and one.half_width is None and one.low is None  # no interval from one seed
+    assert mean_ci([]).mean is None
+
+
+def test_paired_difference_pairs_by_seed_and_skips_seeds_missing_on_either_side():
+    cell = {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.9}  # seed 3 has no baseline run
+    base = {0: 0.4, 1: 0.4, 2: 0.6, 4: 0.1}  # seed 4 has no cell run
+    estimate = paired_difference(cell, base)
+    # differences 0.1, 0.2, 0.1: mean 0.13333, s = 0.057735, half width 4.302653 * 0.057735 / sqrt(3)
+    assert estimate.n == 3 and estimate.mean == pytest.approx(0.4 / 3)
+    assert estimate.half_width == pytest.approx(4.30265273 * 0.0577350269 / math.sqrt(3), rel=1e-6)
+
+
+def test_paired_interval_is_narrower_than_unpaired_when_seeds_shift_both_cells():
+    # Each seed moves both cells by the same amount (its warm start): pairing removes it.
+    base = {s: 0.1 * s for s in range(5)}
+    cell = {s: 0.1 * s + 0.05 + 0.001 * (-1) ** s for s in range(5)}
+    paired = paired_difference(cell, base)
+    assert paired.low > 0
+    assert mean_ci(list(cell.values())).half_width > 10 * paired.half_width
+
+
+def test_accuracy_auc_is_trapezoids_over_eval_points_divided_by_the_samples_spanned():
+    assert accuracy_auc([(0, 0.1), (1000, 0.3)]) == pytest.approx(0.2)  # start and end only: their mean
+    assert accuracy_auc([(0, 0.0), (100, 0.2), (300, 0.2)]) == pytest.approx((100 * 0.1 + 200 * 0.2) / 300)
+    assert accuracy_auc([(0, 0.1)]) is None
+
+
+# ------------------------------------------------------------------------------------- fabricated runs
+
+
+def fake_accuracy(plan: RunPlan) -> float:
+    """A value that depends on the cell and the seed, known to the tests."""
+    staleness = int(plan.cell.values["train.fixed_staleness"])
+    return 0.30 - 0.02 * staleness + (0.05 if plan.cell.values["mode"] == "tis" else 0.0) + 0.01 * plan.seed
+
+
+def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3) -> None:
+    """What `asyncgrpo train` leaves in a run_dir: metrics.jsonl (step and eval records) and summary.json."""
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    staleness = int(plan.cell.values["train.fixed_staleness"])
+    tis = plan.cell.values["mode"] == "tis"
+    end = fake_accuracy(plan)
+    records = [{"step": 0, "eval/accuracy": 0.1, "eval/greedy_accuracy": 0.3, "eval/when": "start"}]
+    for step in range(1, steps + 1):
+        record = {"step": step, "samples": 128 * step, "reward/mean": 0.1 + 0.01 * step,
+                  "staleness/mean": min(step - 1, staleness), "staleness/max": min(step - 1, staleness),
+                  "loss/clipfrac": 0.01 * step}
+        if tis:
+            record["is/ess"] = 0.9 + 0.01 * step
+        records.append(record)
+    if status == "finished":
+        records.append({"step": steps, "eval/accuracy": end, "eval/greedy_accuracy": end + 0.2, "eval/when": "end"})
+    (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"status": status, "steps": steps, "samples": 128 * steps, "wall_s": 60.0 + plan.seed,
+               "train_s": 20.0, "samples_per_s": 500.0 + plan.seed, "eval_accuracy_start": 0.1,
+               "eval_greedy_accuracy_start": 0.3, "staleness_max": min(steps - 1, staleness)}
+    if status == "finished":
+        summary.update(eval_accuracy_end=end, eval_greedy_accuracy_end=end + 0.2)
+    else:
+        summary["error"] = "TrainingFailed: fabricated"
+    (plan.run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+class FakeRunner:
+    """Records the runs it is asked for; writes a finished run, or a failed one for `fail`, or
+    raises KeyboardInterrupt (after writing an interrupted summary, as the real run does) at `interrupt_at`."""
+
+    def __init__(self, fail: set[str] = frozenset(), interrupt_at: int | None = None) -> None:
+        self.calls: list[str] = []
+        self.fail, self.interrupt_at = fail, interrupt_at
+
+    def __call__(self, plan: RunPlan) -> int:
+        self.calls.append(plan.label)
+        assert json.loads((plan.run_dir / study.RUN_RECORD).read_text())["overrides"] == list(plan.overrides)
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            fabricate_run(plan, status="interrupted", steps=1)
+            raise KeyboardInterrupt
+        failed = plan.label in self.fail
+        fabricate_run(plan, status="failed" if failed else "finished")
+        return 1 if failed else 0
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
+    spec = Spec.parse(GRID_SPEC)
+    outcome = run_study(spec, tmp_path, runner=FakeRunner(), log=lambda _: None)
+    assert outcome.exit_code == 0 and len(outcome.ran) == 12
+    rows = read_csv(tmp_path / "results.csv")
+    assert list(rows[0]) == ["train.fixed_staleness", "mode", "seed", *study.RESULT_COLUMNS, "status", "run_dir"]
+    assert len(rows) == 12
+    row = next(r for r in rows if r["train.fixed_staleness"] == "2" and r["mode"] == "tis" and r["seed"] == "1")
+    end = 0.30 - 0.04 + 0.05 + 0.01
+    assert float(row["eval_accuracy_start"]) == 0.1
+    assert float(row["eval_accuracy_end"]) == pytest.approx(end)
+    assert float(row["eval_greedy_accuracy_end"]) == pytest.approx(end + 0.2)
+    assert float(row["accuracy_auc"]) == pytest.approx((0.1 + end) / 2)  # start and end evals only
+    assert float(row["samples_per_s"]) == 501.0 and float(row["wall_s"]) == 61.0 and float(row["train_s"]) == 20.0
+    assert float(row["staleness_mean"]) == pytest.approx((0 + 1 + 2) / 3)  # warm-up steps 0, 1, then 2
+    assert float(row["staleness_max"]) == 2
+    assert float(row["clipfrac"]) == pytest.approx(0.02)
+    assert float(row["ess"]) == pytest.approx(0.92)
+    assert row["status"] == "finished" and row["steps"] == "3" and row["samples"] == "384"
+    bypass = next(r for r in rows if r["mode"] == "bypass")
+    assert bypass["ess"] == ""  # no is/ess logged without algo.correction.is_level
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert names == ["accuracy_vs_samples.png", "final_accuracy_vs_mode.png",
+                     "final_accuracy_vs_train.fixed_staleness.png", "reward_vs_samples.png"]
+
+
+def test_report_gives_per_cell_means_with_intervals_and_paired_differences_against_the_baseline(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(), log=lambda _: None)
+    report = (tmp_path / "report.md").read_text()
+    assert "12 finished, 0 failed or interrupted, 0 not started" in report
+    assert "Engines are not reused across runs" in report
+    # Cell staleness 2, tis: end accuracy 0.31 + 0.01 s over seeds 0, 1, 2: mean 0.32, s = 0.01.
+    half = t_quantile(0.975, 2) * 0.01 / math.sqrt(3)
+    accuracy, rest = report.split("## Training per cell")
+    training, differences = rest.split("## Paired differences against the baseline")
+    line = next(x for x in accuracy.splitlines() if x.startswith("| 2 | tis | 3 |"))
+    assert f"| 0.100 [0.100, 0.100] | 0.320 [{0.32 - half:.3f}, {0.32 + half:.3f}] |" in line
+    line = next(x for x in training.splitlines() if x.startswith("| 2 | tis | 3 |"))
+    assert "| 61.0 [58.5, 63.5] |" in line  # wall_s 60 + seed: mean 61, s = 1, half width 2.484
+    # Paired against staleness 0 bypass: the seed effect cancels, every difference is 0.01: s = 0, no width.
+    line = next(x for x in differences.splitlines() if x.startswith("| 2 | tis | 3 |"))
+    assert "+0.010 [0.010, 0.010]" in line
+    assert "Baseline: train.fixed_staleness=0 mode=bypass" in report
+
+
+def test_a_failed_run_is_reported_and_left_out_of_the_statistics(tmp_path):
+    spec = Spec.parse(GRID_SPEC)
+    runner = FakeRunner(fail={"train.fixed_staleness=0 mode=tis seed=1"})
+    outcome = run_study(spec, tmp_path, runner=runner, log=lambda _: None)
+    assert outcome.exit_code == 1 and len(outcome.not_finished) == 1 and len(runner.calls) == 12
+    report = (tmp_path / "report.md").read_text()
+    assert "11 finished, 1 failed or interrupted" in report
+    assert "train.fixed_staleness=0 mode=tis seed=1: failed: TrainingFailed: fabricated" in report
+    assert next(x for x in report.splitlines() if x.startswith("| 0 | tis |")).startswith("| 0 | tis | 2 |")
+    statuses = [r["status"] for r in read_csv(tmp_path / "results.csv")]
+    assert statuses.count("failed") == 1
+
+
+# ------------------------------------------------------------------------------------- resume and Ctrl-C
+
+
+def test_a_rerun_skips_finished_runs_and_starts_unfinished_ones_again_from_scratch(tmp_path):
+    spec = Spec.parse(GRID_SPEC)
+    first = FakeRunner(fail={"train.fixed_staleness=2 mode=bypass seed=0"})
+    run_study(spec, tmp_path, runner=first, log=lambda _: None)
+    again = FakeRunner()
+    outcome = run_study(spec, tmp_path, runner=again, log=lambda _: None)
+    assert again.calls == ["train.fixed_staleness=2 mode=bypass seed=0"]  # only the one that failed
+    assert len(outcome.skipped) == 11 and outcome.exit_code == 0
+    failed_dir = spec.runs(tmp_path)[6].run_dir
+    assert failed_dir.with_name("seed_0.incomplete-1").is_dir()  # the failed attempt is kept beside it
+    assert json.loads((failed_dir / "summary.json").read_text())["status"] == "finished"
+    third = FakeRunner()
+    run_study(spec, tmp_path, runner=third, log=lambda _: None)
+    assert third.calls == []
+
+
+def test_more_seeds_on_a_rerun_run_only_the_new_seeds(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(), log=lambda _: None)
+    runner = FakeRunner()
+    run_study(Spec.parse(with_changes(seeds=[0, 1, 2, 3])), tmp_path, runner=runner, log=lambda _: None)
+    assert len(runner.calls) == 4 and all(call.endswith("seed=3") for call in runner.calls)
+    assert len(read_csv(tmp_path / "results.csv")) == 16
+
+
+def test_a_rerun_whose_base_changed_is_refused_before_any_run(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(), log=lambda _: None)
+    runner = FakeRunner()
+    with pytest.raises(StudyError, match=r"finished with other settings.*train.max_steps=4"):
+        run_study(Spec.parse(with_changes(base=["train.max_steps=4"])), tmp_path, runner=runner, log=lambda _: None)
+    assert runner.calls == []
+
+
+def test_ctrl_c_stops_the_study_and_still_writes_the_results_of_the_finished_runs(tmp_path):
+    spec = Spec.parse(GRID_SPEC)
+    runner = FakeRunner(interrupt_at=3)
+    outcome = run_study(spec, tmp_path, runner=runner, log=lambda _: None)
+    assert outcome.interrupted and outcome.exit_code == 130
+    assert len(runner.calls) == 3  # no run started after the interrupt
+    rows = read_csv(tmp_path / "results.csv")
+    assert [r["status"] for r in rows] == ["finished", "finished", "interrupted"]
+    assert "2 finished, 1 failed or interrupted, 9 not started" in (tmp_path / "report.md").read_text()
+    # The next invocation continues: the interrupted run again, then the rest.
+    again = FakeRunner()
+    run_study(spec, tmp_path, runner=again, log=lambda _: None)
+    assert len(again.calls) == 10 and again.calls[0] == runner.calls[2]
+
+
+def test_a_second_study_in_the_same_directory_is_refused_while_one_runs(tmp_path):
+    spec = Spec.parse(GRID_SPEC)
+
+    def nested(plan: RunPlan) -> int:
+        with pytest.raises(StudyError, match="another asyncgrpo study is running"):
+            run_study(spec, tmp_path, runner=FakeRunner(), log=lambda _: None)
+        raise KeyboardInterrupt
+
+    assert run_study(spec, tmp_path, runner=nested, log=lambda _: None).interrupted
+
+
+def test_the_cli_exit_codes_say_spec_error_and_dry_run_lists_the_runs(tmp_path, capsys):
+    from asyncgrpo.cli import main
+
+    bad = write_spec(tmp_path, with_changes(grid={"algo.mode": ["bogus"]}, baseline=None), "bad.yaml")
+    assert main(["study", str(bad)]) == 2
+    assert "cell algo.mode=bogus" in capsys.readouterr().err
+    good = write_spec(tmp_path, GRID_SPEC)
+    assert main(["study", str(good), f"study_dir={tmp_path / 's'}", "--dry-run"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 12 and all(line.strip().startswith("to run") for line in listed)
+    assert not (tmp_path / "s").exists()  # a dry run writes nothing
+
+
+def test_the_subprocess_runner_passes_one_sigint_to_a_run_in_its_own_session(tmp_path, monkeypatch):
+    """Ctrl-C reaches only the study (the run has its own session); the study passes one SIGINT on,
+    waits for the run to write its summary and exit, then raises KeyboardInterrupt itself."""
+    child = (
+        "import os, signal, sys, time, pathlib\n"
+        "out = pathlib.Path(sys.argv[1])\n"
+        "def stop(signum, frame):\n"
+        "    time.sleep(0.3)  # its clean-up; the study must wait for it\n"
+        "    out.write_text(f'{os.getsid(0)} interrupted')\n"
+        "    sys.exit(130)\n"
+        "signal.signal(signal.SIGINT, stop)\n"
+        "out.write_text('ready')\n"
+        "time.sleep(60)\n"
+    )
+    marker = tmp_path / "marker"
+    plan = Spec.parse(GRID_SPEC).runs(tmp_path)[0]
+    runner = SubprocessRunner(log=lambda _: None)
+    monkeypatch.setattr(runner, "command", lambda _: [sys.executable, "-c", child, str(marker)])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def ctrl_c_when_ready() -> None:
+        deadline = time.monotonic() + 30
+        while not (marker.exists() and marker.read_text() == "ready") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_when_ready, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner(plan)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    sid, word = marker.read_text().split()
+    assert word == "interrupted" and int(sid) != os.getsid(0)
+    assert (plan.run_dir / study.RUN_LOG).exists()
+
+
+CHILD_WAITING_FOR_SIGINT = (
+    "import signal, sys, time, pathlib\n"
+    "out = pathlib.Path(sys.argv[1])\n"
+    "def stop(signum, frame):\n"
+    "    out.write_text('interrupted')\n"
+    "    sys.exit(130)\n"
+    "signal.signal(signal.SIGINT, stop)\n"
+    "out.write_text('ready')\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_run_gets_a_sigint_when_the_study_dies_without_passing_one_on(tmp_path):
+    """A study killed outright (SIGKILL, a closed terminal) leaves no run training unwatched."""
+    marker = tmp_path / "marker"
+    study_process = (
+        "import sys\n"
+        "from asyncgrpo.study import Spec, SubprocessRunner\n"
+        f"plan = Spec.parse({{'name': 'x', 'grid': {{'seed_like': [1]}}, 'seeds': [0]}}).runs({str(tmp_path)!r})[0]\n"
+        "runner = SubprocessRunner()\n"
+        f"runner.command = lambda _: [sys.executable, '-c', {CHILD_WAITING_FOR_SIGINT!r}, {str(marker)!r}]\n"
+        "runner(plan)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", study_process])
+    try:
+        deadline = time.monotonic() + 30
+        while not (marker.exists() and marker.read_text() == "ready"):
+            assert time.monotonic() < deadline and parent.poll() is None, "the run did not start"
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while marker.read_text() != "interrupted":
+            assert time.monotonic() < deadline, "the run got no SIGINT when the study died"
+            time.sleep(0.05)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_aggregate_alone_rebuilds_the_results_from_the_run_directories(tmp_path):
+    spec = Spec.parse(GRID_SPEC)
+    run_study(spec, tmp_path, runner=FakeRunner(), log=lambda _: None)
+    before = (tmp_path / "results.csv").read_text()
+    (tmp_path / "results.csv").unlink()
+    aggregate(tmp_path)
+    assert (tmp_path / "results.csv").read_text() == before
+
+
+def test_the_example_specs_in_configs_studies_load(tmp_path):
+    for path in sorted(study.STUDY_SPECS_DIR.glob("*.yaml")):
+        spec = Spec.load(path)
+        assert spec.cells() and spec.seeds
+        if spec.baseline is not None:
+            assert spec.baseline_cell() is not None
+
+
+def test_a_study_name_finds_its_spec_in_configs_studies():
+    assert study.find_spec("quick") == study.STUDY_SPECS_DIR / "quick.yaml"
