@@ -78,7 +78,7 @@ def test_long_completions_and_prompts_train_within_the_staleness_bound_over_shar
     # waits on the throttle, not mid-generation; switching inside long generations is checked with a
     # scripted engine (tests/unit/test_staleness_contract.py, 256 and 1,024 tokens).
     run_dir = tmp_path / "run"
-    steps = 3
+    steps = 2
     result = train_gsm8k(fullvocab_model, run_dir, "model.max_positions=512", "rollout.max_new_tokens=256",
                          "rollout.samples_per_prompt=2", "train.groups_per_step=2",
                          "rollout.inflight_updates=true", "rollout.inflight_chunk_tokens=16", "train.max_staleness=1",
