@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,10 @@ class ShmWeightSender:
                              f"{directory} (weights.shm_dir), it has {free / 2**30:.2f} GiB: "
                              "set weights.shm_dir or weights.backend=zmq")
         self.directory = tempfile.mkdtemp(prefix="asyncgrpo-weights-", dir=directory)
+        # The slots live in RAM: removed by close(), or when this object is collected or the process
+        # exits without it (a learner built and dropped by a test or a tool). A killed process's slots
+        # are removed by the driver at stop.
+        self._remove = weakref.finalize(self, remove_directory, self.directory)
         self.paths = [os.path.join(self.directory, f"slot{i}") for i in range(NUM_SLOTS)]
         for path in self.paths:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -193,7 +198,7 @@ class ShmWeightSender:
         self.publisher.close()
         for slot in self.slots:
             slot.close()
-        remove_directory(self.directory)
+        self._remove()
 
 
 def remove_directory(directory: str) -> None:

@@ -88,7 +88,8 @@ KILLED_SAVE = textwrap.dedent("""
     from asyncgrpo.learner.learner import Learner
 
     model_dir, out = sys.argv[1], Path(sys.argv[2])
-    learner = Learner.from_config(load(["learner.warmup_steps=0"]), model_dir)
+    # zmq weights: this process is killed, and nothing (no driver here) would remove shared-memory slots.
+    learner = Learner.from_config(load(["learner.warmup_steps=0", "weights.backend=zmq"]), model_dir)
     learner.train_on(step_groups(1)[0])
     learner.save_checkpoint(out)
 

@@ -198,3 +198,22 @@ def test_a_republish_before_any_push_sends_nothing(pair):
     _, publisher, sender, _, _ = pair
     sender.republish()
     assert publisher.messages == []
+
+
+def test_slots_of_a_sender_never_closed_are_removed_when_its_process_exits(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from test_weights_zmq import ListPublisher\n"
+        "from asyncgrpo.weights.shm import ShmWeightSender\n"
+        "sender = ShmWeightSender(ListPublisher(), [('w', (8,), torch.float32)], torch.float32, sys.argv[1])\n"
+        "print(sender.directory)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path), os.path.dirname(__file__)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    directory = result.stdout.strip().splitlines()[-1]
+    assert directory.startswith(str(tmp_path)) and not os.path.exists(directory)
