@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo import faults
 from asyncgrpo.config import groups_per_generator
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.resume import RESUME_AUTO, check_compatible
@@ -25,6 +26,8 @@ ACTOR_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONUNBUFFERED": "1",
 }
+if os.environ.get(faults.ENV):  # failpoints act in the actors too (tools/chaos.py)
+    ACTOR_ENV[faults.ENV] = os.environ[faults.ENV]
 
 
 def resolve_device(device: str) -> str:

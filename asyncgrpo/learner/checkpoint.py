@@ -48,6 +48,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from asyncgrpo import faults
+
 MARKER = "COMPLETE"
 META = "meta.json"
 MANIFEST = "MANIFEST.json"
@@ -302,6 +304,8 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
             shutil.rmtree(tmp)  # left by a save that was killed
         (tmp / "rng").mkdir(parents=True)
     _barrier(world_size)
+    if delay_s := faults.value("checkpoint_save_delay_s"):
+        time.sleep(float(delay_s))
     _write_json(tmp / "rng" / f"rank_{rank}.json", rng_state())
     dcp.save(sharded.state_dict(), checkpoint_id=str(tmp / "dcp"))
     _barrier(world_size)

@@ -1,0 +1,61 @@
+"""Fault injection: named failpoints for the chaos suite (tools/chaos.py) and the fault tests.
+
+Off unless the environment variable ASYNCGRPO_FAULTS holds a JSON object naming them, e.g.
+
+    ASYNCGRPO_FAULTS='{"checkpoint_save_delay_s": 30}'
+
+The driver forwards the variable to every actor (driver/prepare.py, ACTOR_ENV), so a failpoint set
+for `asyncgrpo train` acts wherever its code runs. Unknown names are refused, so a misspelt fault
+cannot make a chaos scenario pass by never happening. Code asks `faults.value(name)`: the
+configured value, or None when the fault is off (the normal case, one dictionary lookup).
+
+Failpoints are for what cannot be produced from outside the process at a chosen moment (a slow
+disk, a frame lost between two live processes); faults that can be (SIGKILL, SIGTERM, a judge that
+answers 500, a full disk on a small tmpfs) are injected for real by tools/chaos.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+ENV = "ASYNCGRPO_FAULTS"
+
+# name -> what it does (where it acts)
+KNOWN: dict[str, str] = {
+    "checkpoint_save_delay_s": "every checkpoint save sleeps this long before writing (slow storage; learner)",
+}
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+@functools.cache
+def _active(raw: str) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise FaultSpecError(f"{ENV} is not JSON ({err.msg} at {err.pos}): {raw[:80]!r}") from None
+    if not isinstance(spec, dict):
+        raise FaultSpecError(f"{ENV} must be a JSON object of failpoint names to values, got {raw[:80]!r}")
+    unknown = sorted(set(spec) - set(KNOWN))
+    if unknown:
+        raise FaultSpecError(f"{ENV} names unknown failpoint(s) {unknown}; known: {sorted(KNOWN)}")
+    return spec
+
+
+def active() -> dict[str, Any]:
+    """Every failpoint set in this process's environment, by name (empty normally)."""
+    return dict(_active(os.environ.get(ENV, "")))
+
+
+def value(name: str) -> Any:
+    """The value failpoint `name` is set to, or None when it is off."""
+    if name not in KNOWN:
+        raise FaultSpecError(f"unknown failpoint {name!r}")
+    return _active(os.environ.get(ENV, "")).get(name)
