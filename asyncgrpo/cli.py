@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return _check(cfg)
 
     from asyncgrpo.data.records import DataError
+    from asyncgrpo.driver import TrainingFailed
     from asyncgrpo.learner.checkpoint import CheckpointError
     from asyncgrpo.models.check import ModelDirError
     from asyncgrpo.preflight import PreflightError
@@ -286,12 +287,18 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ResumeRefused) as err:  # no usable checkpoint, a tampered one, or another run's
         print(f"asyncgrpo: resume: {err}", file=sys.stderr)
         return 2
+    except ConfigError as err:  # checked only once Ray is up: node resources, where the actors landed
+        print(f"asyncgrpo: config error: {err}", file=sys.stderr)
+        return 2
     except (ModelDirError, PreflightError) as err:  # the model or the settings cannot work: one line
         print(f"asyncgrpo: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"asyncgrpo: interrupted; metrics and summary are in {cfg.run_dir}", file=sys.stderr)
         return 130
+    except TrainingFailed as err:  # its message is the whole reason, on one line: a traceback adds nothing
+        print(f"asyncgrpo: training failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     except Exception as err:
         traceback.print_exc()
         print(f"asyncgrpo: training failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
+from asyncgrpo.placement import is_custom_resource, spans_nodes, wire_transport
 from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES, THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import DEVICES
 from asyncgrpo.resume import RESUME_AUTO
@@ -24,7 +25,6 @@ from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register, to_yaml 
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES  # noqa: F401 - re-exported for callers
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
-from asyncgrpo.wire.sockets import resolve_transport
 
 
 def _one_line(err: BaseException) -> str:
@@ -133,6 +133,9 @@ def validate(cfg: Config) -> None:
             cfg.algo.kl.reference_on)
     require(t.save_every_steps >= 0, "train.save_every_steps", "must be >= 0 (0 = never)", t.save_every_steps)
     require(t.keep_checkpoints >= 0, "train.keep_checkpoints", "must be >= 0 (0 = all)", t.keep_checkpoints)
+    # Finite: it travels to the generators in a SaveNotice, whose decoder refuses infinity.
+    require(0 < t.checkpoint_timeout_s < float("inf"), "train.checkpoint_timeout_s", "must be > 0 and finite",
+            t.checkpoint_timeout_s)
     # `auto` is resolved at start (it may find nothing); a path must be there now (./auto for a directory so named).
     require(not cfg.resume or cfg.resume == RESUME_AUTO or Path(cfg.resume).expanduser().is_dir(), "resume",
             f"must be {RESUME_AUTO}, a checkpoint directory or a run directory", cfg.resume)
@@ -170,10 +173,12 @@ def validate(cfg: Config) -> None:
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
             f"ipc reaches only this node, but wire.host={cfg.wire.host!r} is for other nodes: use tcp or auto",
             cfg.wire.transport)
-    require(use_curve(cfg) or cfg.wire.insecure or _wire_transport(cfg) == "ipc", "wire.curve",
-            f"is off but wire.transport={cfg.wire.transport} binds tcp on wire.host={cfg.wire.host!r}, open to any "
-            "process that reaches it: set wire.curve=auto, or wire.insecure=true to allow unauthenticated TCP sockets",
+    spanning = " (actors may span nodes: ray.address or a node_resource is set)" if spans_nodes(cfg) else ""
+    require(use_curve(cfg) or cfg.wire.insecure or wire_transport(cfg) == "ipc", "wire.curve",
+            f"is off but wire.transport={cfg.wire.transport}{spanning} binds tcp on wire.host={cfg.wire.host!r}, open to "
+            "any process that reaches it: set wire.curve=auto, or wire.insecure=true to allow unauthenticated TCP sockets",
             cfg.wire.curve)
+    _validate_placement(cfg, require)
     require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", _one_of(ADVANTAGE_MODES), cfg.algo.advantage)
     require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", _one_of(LOSS_TYPES), cfg.algo.loss_type)
     require(cfg.algo.mode in MODES, "algo.mode", _one_of(MODES), cfg.algo.mode)
@@ -214,6 +219,21 @@ def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
     # Weights loaded mid-generation would make a completion's later tokens fresher than k.
     require(not cfg.rollout.inflight_updates, "rollout.inflight_updates", f"must be false {why}",
             cfg.rollout.inflight_updates)
+
+
+def _validate_placement(cfg: Config, require: Any) -> None:
+    """The static half: the names and the address. Whether the cluster has the named resources is
+    known only once Ray is up (`placement.check_node_resources`)."""
+    for key, name in (("learner.node_resource", cfg.learner.node_resource),
+                      ("rollout.node_resource", cfg.rollout.node_resource)):
+        require(not name or is_custom_resource(name), key,
+                "must name a custom resource the chosen nodes were started with (ray start --resources), not one of "
+                "Ray's own (CPU, GPU, memory, object_store_memory, node:*, accelerator_type:*)", name)
+    address = cfg.ray.address
+    host, _, port = address.rpartition(":")
+    require(address in ("", "auto") or (bool(host) and port.isdigit() and 0 < int(port) < 65536), "ray.address",
+            "must be empty (start a local cluster), auto or HOST:PORT of a running cluster's head (ray start --head)",
+            address)
 
 
 def _validate_task_data_reward(cfg: Config, require: Any) -> None:
@@ -274,15 +294,12 @@ def recording_exists(record_dir: str) -> bool:
     return (Path(record_dir).expanduser() / HEADER_FILE).is_file()
 
 
-def _wire_transport(cfg: Config) -> str:
-    return resolve_transport(cfg.wire.transport, cfg.wire.host)
-
-
 def use_curve(cfg: Config) -> bool:
-    """Whether the learner's sockets use CURVE. auto: on over tcp, loopback included (any local user
-    can connect there), off over ipc (a socket file in a 0700 directory: only this user can).
+    """Whether the learner's sockets use CURVE. auto: on over tcp (`placement.wire_transport`: also
+    whenever actors may span nodes), loopback included (any local user can connect there), off over
+    ipc (a socket file in a 0700 directory: only this user can).
     `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""
-    return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and _wire_transport(cfg) == "tcp")
+    return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and wire_transport(cfg) == "tcp")
 
 
 def groups_per_generator(cfg: Config) -> list[int]:
@@ -300,12 +317,33 @@ def learner_wait_timeout_s(cfg: Config) -> float:
     return 2 * cfg.wire.timeout_s + 60.0
 
 
+def saves_checkpoints(cfg: Config) -> bool:
+    """Whether the learner may save a checkpoint during the run (periodically, or at an interrupt)."""
+    return cfg.train.save_every_steps > 0 or cfg.train.checkpoint_on_interrupt
+
+
+def steps_wait_timeout_s(cfg: Config) -> float:
+    """How long the driver waits on the learner's `train_steps` call: a periodic checkpoint save
+    inside it may take `train.checkpoint_timeout_s` on top."""
+    save_s = cfg.train.checkpoint_timeout_s if cfg.train.save_every_steps > 0 else 0.0
+    return learner_wait_timeout_s(cfg) + save_s
+
+
+def save_wait_timeout_s(cfg: Config) -> float:
+    """How long the driver waits on the learner's `save_checkpoint` call: an actor runs one call at a
+    time, so the interrupt's save starts once the `train_steps` call in progress has ended."""
+    return steps_wait_timeout_s(cfg) + cfg.train.checkpoint_timeout_s
+
+
 def collective_timeout_s(cfg: Config) -> float:
     """How long a learner rank waits in a collective: the other ranks wait for rank 0's batch while
     rank 0 waits for a restarted generator (`rollout.max_restarts`), whose start is bounded by
-    `wire.startup_timeout_s`, not by `wire.timeout_s`."""
+    `wire.startup_timeout_s`, not by `wire.timeout_s`; and in a checkpoint save's barriers one rank
+    waits while another writes (DCP's shards, rank 0's manifest hashes every file), up to
+    `train.checkpoint_timeout_s` (one collective waits for one of these, never both)."""
     restart_s = cfg.wire.startup_timeout_s if cfg.rollout.max_restarts > 0 else 0.0
-    return learner_wait_timeout_s(cfg) + restart_s
+    save_s = cfg.train.checkpoint_timeout_s if saves_checkpoints(cfg) else 0.0
+    return learner_wait_timeout_s(cfg) + max(restart_s, save_s)
 
 
 def lend_steps(cfg: Config) -> int:

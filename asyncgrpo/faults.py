@@ -26,6 +26,11 @@ ENV = "ASYNCGRPO_FAULTS"
 # name -> what it does (where it acts)
 KNOWN: dict[str, str] = {
     "checkpoint_save_delay_s": "every checkpoint save sleeps this long before writing (slow storage; learner)",
+    "checkpoint_enospc": "a checkpoint save of this version or later fails with ENOSPC after its first file "
+                         "(a full disk, where a small tmpfs cannot be mounted; learner)",
+    "wire_drop_every": "the N-th, 2N-th, ... scored group is numbered but never sent (lost in transit; generator)",
+    "wire_corrupt_every": "the N-th, 2N-th, ... scored group is sent with its header's first byte flipped "
+                          "(the learner's decoder must reject it; generator)",
 }
 
 
@@ -59,3 +64,14 @@ def value(name: str) -> Any:
     if name not in KNOWN:
         raise FaultSpecError(f"unknown failpoint {name!r}")
     return _active(os.environ.get(ENV, "")).get(name)
+
+
+def every(name: str) -> int:
+    """A count failpoint's N (`wire_drop_every`: every N-th group), or 0 when it is off. Anything
+    but a positive integer is refused: a fault meant to fire must not silently never fire."""
+    raw = value(name)
+    if raw is None:
+        return 0
+    if type(raw) is not int or raw < 1:
+        raise FaultSpecError(f"{ENV}: {name} must be a positive integer, got {raw!r}")
+    return raw

@@ -428,9 +428,11 @@ class Delay:
 
 @dataclass(frozen=True)
 class Until:
-    """Blocked until `condition()` holds."""
+    """Blocked until `condition()` holds. `reads`: what the condition depends on, for an EventLoop
+    that tracks changes (None: anything)."""
 
     condition: Callable[[], bool]
+    reads: frozenset[str] | None = None
 
 
 Process = Generator[Union[Delay, Until], None, None]
@@ -443,13 +445,29 @@ class SimulationStuck(RuntimeError):
 class EventLoop:
     """Processes are Python generators yielding `Delay` or `Until`. Time moves only when a Delay
     ends (a heap of wake-up times); after every event each blocked process's condition is checked
-    again, so a process never needs to know who it waits for."""
+    again, so a process never needs to know who it waits for.
 
-    def __init__(self) -> None:
+    With `track_changes` the owner calls `changed(what)` whenever it alters something a condition
+    reads, and after an event only the conditions that read something changed (`Until.reads`) are
+    checked again: with hundreds of generators nearly every event is one generator's phase ending
+    or a group sent, which wakes none of those waiting for new weights, and checking all of them
+    after each event made such a simulation take minutes. Blocked processes are kept by what they
+    read and checked in the order they blocked, so the outcome is the same as checking every one
+    after every event, as long as each condition reads only what its `reads` names."""
+
+    def __init__(self, track_changes: bool = False) -> None:
         self.now = 0.0
         self._heap: list[tuple[float, int, Process]] = []
-        self._blocked: list[tuple[Process, Callable[[], bool]]] = []
+        # reads -> [(the order it blocked in, process, Until)], each list in that order
+        self._blocked: dict[frozenset[str] | None, list[tuple[int, Process, Until]]] = {}
         self._order = 0  # ties at one instant run in scheduling order: deterministic
+        self._blocked_order = 0
+        self._track_changes = track_changes
+        self._changed: set[str] = set()
+
+    def changed(self, what: str) -> None:
+        """`what` (a name some Until.reads may hold) has changed; only needed with track_changes."""
+        self._changed.add(what)
 
     def start(self, process: Process) -> None:
         self._schedule(process, self.now)
@@ -476,15 +494,28 @@ class EventLoop:
         elif request.condition():
             self._schedule(process, self.now)
         else:
-            self._blocked.append((process, request.condition))
+            self._block(self._blocked_order, process, request)
+            self._blocked_order += 1
+
+    def _block(self, order: int, process: Process, until: Until) -> None:
+        self._blocked.setdefault(until.reads, []).append((order, process, until))
 
     def _wake(self) -> None:
-        blocked, self._blocked = self._blocked, []
-        for process, condition in blocked:
-            if condition():
+        changed, self._changed = self._changed, set()
+        if self._track_changes:
+            if not changed:
+                return  # every blocked condition was false and reads the same state still
+            due = [reads for reads in self._blocked if reads is None or not reads.isdisjoint(changed)]
+        else:
+            due = list(self._blocked)
+        # Oldest blocked first across the lists, as if they were one; a condition with side effects
+        # (dropping stale groups) calls changed() itself, so the next event checks again.
+        lists = [self._blocked.pop(reads) for reads in due]
+        for order, process, until in lists[0] if len(lists) == 1 else heapq.merge(*lists):
+            if until.condition():
                 self._schedule(process, self.now)
             else:
-                self._blocked.append((process, condition))
+                self._block(order, process, until)  # keeps its place: the lists stay in blocking order
 
 
 @dataclass
@@ -558,6 +589,12 @@ def _rounded(value: Any) -> Any:
 
 GENERATOR_IDLE_PHASES = ("throttle", "blocked", "score_wait")
 
+# What the model tells its event loop has changed: the queue's contents, or a version (the
+# learner's, the newest pushed, one a generator has loaded). A generator waiting at the throttle
+# reads only versions; every other wait reads both (Until.reads None).
+QUEUE, VERSIONS = "queue", "versions"
+VERSIONS_ONLY = frozenset({VERSIONS})
+
 
 class Model:
     """The shared state (versions, queue) and the two loops; `simulate` runs it."""
@@ -565,7 +602,9 @@ class Model:
     def __init__(self, calibration: Calibration, settings: Settings) -> None:
         self.cal, self.s = calibration, settings
         self.rng = random.Random(settings.seed)
-        self.loop = EventLoop()
+        # Every change to what a wait's condition reads calls self.loop.changed(QUEUE or VERSIONS):
+        # the queue helpers below, load() and the learner's version bump and push.
+        self.loop = EventLoop(track_changes=True)
         quotas = settings.quotas()
         self.generators = [
             SimGenerator(i, quota, settings.groups_per_call or quota,
@@ -573,6 +612,11 @@ class Model:
         # Under a throttling policy the queue hands each step each generator's share (replay.py).
         self.shares = quotas if settings.throttles else None
         self.queue: deque[SimGroup] = deque()
+        # Kept up to date as groups enter and leave the queue, because whether a step is ready is
+        # asked after every event: walking a queue of thousands of groups each time made a
+        # simulation of hundreds of generators take minutes.
+        self.queued_per_generator = [0] * settings.num_generators
+        self.queued_per_version: dict[int, int] = {}
         self.version = 0  # the learner's
         self.newest = 0  # the newest version pushed, visible to every generator
         self.steps_done = 0
@@ -587,11 +631,12 @@ class Model:
         clock.add(phase, seconds)
         yield Delay(seconds)
 
-    def wait(self, clock: Clock, phase: str, condition: Callable[[], bool]) -> Iterator[Until]:
+    def wait(self, clock: Clock, phase: str, condition: Callable[[], bool],
+             reads: frozenset[str] | None = None) -> Iterator[Until]:
         # Several processes may wake for one slot: whoever runs first takes it, the others wait again.
         while not condition():
             clock.waiting = (phase, self.loop.now)
-            yield Until(condition)
+            yield Until(condition, reads)
             clock.close(self.loop.now)
 
     # ---- a generator (Generator.run)
@@ -603,7 +648,7 @@ class Model:
             room = (throttle_limit(self.s.max_staleness, g.loaded, g.quota) - g.started
                     if self.s.throttles else g.call_groups)
             if room <= 0:
-                yield from self.wait(g.clock, "throttle", lambda: self.newest > g.loaded)
+                yield from self.wait(g.clock, "throttle", lambda: self.newest > g.loaded, reads=VERSIONS_ONLY)
                 continue
             n = min(g.call_groups, room)
             warmup = g.times.first_call_extra_s if g.started == 0 else 0.0
@@ -622,6 +667,7 @@ class Model:
         seconds = self.s.weight_load_s if self.s.weight_load_s is not None else g.times.weight_load_s
         yield from self.busy(g.clock, "weights", seconds)
         g.loaded = target
+        self.loop.changed(VERSIONS)
 
     def generate_s(self, g: SimGenerator, n: int) -> float:
         seconds = g.times.generate_s * (n / g.times.call_groups) ** self.s.call_size_exponent * self.s.generate_scale
@@ -633,7 +679,7 @@ class Model:
     def enqueue(self, g: SimGenerator, group: SimGroup) -> Process:
         while len(self.queue) >= self.s.capacity_groups:
             if self.s.full_policy == "drop_oldest":
-                self.queue.popleft()
+                self.unqueued(self.queue.popleft())
                 self.dropped_full += 1
                 break
             # Blocked on a full queue the generator still loads pushes (a safe point).
@@ -641,7 +687,32 @@ class Model:
                                  lambda: len(self.queue) < self.s.capacity_groups or self.newest > g.loaded)
             if self.newest > g.loaded:
                 yield from self.load(g)
+        self.queued(group)
+
+    # The queue changes only through these three, which keep its counts and tell the event loop.
+
+    def queued(self, group: SimGroup) -> None:
+        self.loop.changed(QUEUE)
         self.queue.append(group)
+        self.queued_per_generator[group.generator] += 1
+        self.queued_per_version[group.version] = self.queued_per_version.get(group.version, 0) + 1
+
+    def unqueued(self, group: SimGroup) -> None:
+        """`group` has just been taken off the queue."""
+        self.loop.changed(QUEUE)
+        self.queued_per_generator[group.generator] -= 1
+        self.queued_per_version[group.version] -= 1
+        if not self.queued_per_version[group.version]:
+            del self.queued_per_version[group.version]
+
+    def set_queue(self, groups: deque[SimGroup]) -> None:
+        self.loop.changed(QUEUE)
+        self.queue = groups
+        self.queued_per_generator = [0] * self.s.num_generators
+        self.queued_per_version = {}
+        for group in groups:
+            self.queued_per_generator[group.generator] += 1
+            self.queued_per_version[group.version] = self.queued_per_version.get(group.version, 0) + 1
 
     # ---- the learner (Learner.step)
 
@@ -658,9 +729,11 @@ class Model:
                 self.staleness[staleness] = self.staleness.get(staleness, 0) + 1
             yield from self.busy(self.learner, "train", self.train_s(step))
             self.version += 1
+            self.loop.changed(VERSIONS)
             if self.version % s.push_every_steps == 0:
                 yield from self.busy(self.learner, "push", self.push_s(self.version // s.push_every_steps - 1))
                 self.newest = self.version
+                self.loop.changed(VERSIONS)
             yield from self.busy(self.learner, "other", self.cal.learner_other_s)
             self.steps_done += 1
             if self.steps_done == s.warmup_steps:
@@ -671,16 +744,16 @@ class Model:
         return all(g.loaded >= floor for g in self.generators) or len(self.queue) >= self.s.groups_per_step
 
     def step_ready(self) -> bool:
-        if self.s.drops_stale:  # a take that comes up short still drops what is too stale (replay.py)
+        # A take that comes up short still drops what is too stale (replay.py); the oldest queued
+        # version says whether anything is, without walking the queue.
+        if (self.s.drops_stale and self.queued_per_version
+                and self.version - min(self.queued_per_version) > self.s.max_staleness):
             fresh = deque(g for g in self.queue if not self.too_stale(g))
             self.dropped_stale += len(self.queue) - len(fresh)
-            self.queue = fresh
+            self.set_queue(fresh)
         if self.shares is None:
             return len(self.queue) >= self.s.groups_per_step
-        have = [0] * len(self.shares)
-        for group in self.queue:
-            have[group.generator] += 1
-        return all(h >= share for h, share in zip(have, self.shares))
+        return all(h >= share for h, share in zip(self.queued_per_generator, self.shares))
 
     def too_stale(self, group: SimGroup) -> bool:
         return self.version - group.version > self.s.max_staleness
@@ -697,7 +770,7 @@ class Model:
                     wanted[group.generator] -= 1
             else:
                 kept.append(group)
-        self.queue = kept
+        self.set_queue(kept)
         return batch
 
     def train_s(self, step: int) -> float:

@@ -1,271 +1,466 @@
-"""Async vs sync GRPO throughput, side by side in one run on one machine.
+"""Async vs sync GRPO throughput: `asyncgrpo train` in several modes on one machine, each mode
+repeated, the repeats interleaved, every figure a median with its spread.
 
-    .venv/bin/python tools/bench_async.py                      # 300 learner steps per mode
-    .venv/bin/python tools/bench_async.py --steps 100 --etas 0,2
+    .venv/bin/python tools/bench_async.py                                     # 300 steps, etas 0,1,2,4, 3 repeats
+    .venv/bin/python tools/bench_async.py --steps 30 --etas 0,2 --repeats 1   # a smoke run
+    .venv/bin/python tools/bench_async.py --evals seed=1                      # held-out accuracy; overrides for every run
 
-Same model, task, batch sizes and number of learner steps for every mode:
-1. the limits, measured alone with the same actors and core pinning as a run:
-   - generation alone: a generator generates and scores groups with no learner;
-   - training alone: the learner trains (and pushes weights) on those cached groups, no waiting.
-   With T_gen and T_train the seconds per sample of each, a perfect pipeline runs at
-   1 / max(T_gen, T_train) samples/s, and the best possible speed-up over an ideal synchronous
-   loop is overlap_limit = (T_gen + T_train) / max(T_gen, T_train).
-2. `asyncgrpo train` with train.max_staleness in --etas. Synchronous GRPO (eta 0) runs in two
-   configurations and the faster counts as the baseline: the default pinning (generator core 0,
-   learner core 1) and "learner on both cores" (the learner gets 2 threads on both cores, since
-   vLLM idles while the learner trains).
+Modes. Same model, task, batch sizes, seed and number of learner steps in every run:
+- async eta=k: train.max_staleness=k, for each k > 0 in --etas. The default max_staleness (the
+  composed config's train.max_staleness, under the overrides given here) is always run: it is the
+  headline.
+- synchronous GRPO (eta 0) in each sensible pinning (--sync-configs). Generation and training
+  alternate, so either stage may use the core the other leaves idle:
+    sync                   the default pinning: the generator on its core, the learner on its own
+    sync, learner 2 cores  the learner on both cores with 2 torch threads and 2 Ray CPUs
+                           (learner.cpu_cores, learner.torch_threads, learner.num_cpus_per_rank);
+                           vLLM on its core
+    sync, vLLM 2 cores     the generator on both cores (rollout.cpu_cores) with 2 Ray CPUs
+                           (rollout.num_cpus_per_generator); vLLM on CPU then runs 2 threads: its
+                           count is the number of cores its process is pinned to
+                           (resources.pin_to_cores sets torch's threads before the in-process engine
+                           starts), and Ray sets the process's OMP_NUM_THREADS from its CPUs, which
+                           must agree (with 1 Ray CPU, vLLM's CPU attention stops: "thread_num (1
+                           vs. 2)"); the learner on its core
+    sync, both 2 cores     both of the above: each stage on both cores while the other waits
+  The 2-core variants need the default pinning to give one generator and one learner rank one core
+  each (a CPU run); otherwise they are skipped and `sync_skipped` says why. The synchronous
+  baseline is the sync mode with the highest median samples/s.
+- Interleaved: repeat r runs every mode once, in an order rotated by r, so the drift of a shared
+  machine reaches every mode alike; repeat r of one mode is paired with repeat r of another.
 
-Prints a table, then, last, one JSON line:
-  speedup_vs_sync    best async samples/s / best sync samples/s
-  overlap_limit      (T_gen + T_train) / max(T_gen, T_train)
-  fraction_of_limit  speedup_vs_sync / overlap_limit
-  fraction_of_ideal_async  best async samples/s / (1 / max(T_gen, T_train)): how close async comes
-                     to a perfect pipeline of the two measured stages
-  learner_idle_frac  at eta 2 (or the largest async eta run)
-  accuracy_by_staleness  eta -> final held-out sampled accuracy (greedy in accuracy_greedy_by_staleness)
+Limits, from busy time inside each run (never from a stage timed in other conditions):
+  T_gen    the generator's busy seconds per step: its run()'s wall time (gen/wall_s) minus its
+           waits on the learner or on nothing (gen_time/throttle_s, gen/send_blocked_s,
+           gen_time/exhausted_s, gen_time/rejoin_s), plus the weight loads done inside those
+           waits (gen/weight_load_in_wait_s). Generation, scoring (a wait for rewards computed off
+           its thread included: that is the generator stage's own latency, though gen/idle_s
+           counts it as idle), sending and every weight load are busy. Per group sent, times
+           train.groups_per_step; several generators' rates (groups per busy second) add up.
+  T_learn  the learner's busy seconds per step: the mean over metrics.jsonl's steps of
+           time/step_s - time/ack_wait_s - time/gen_wait_s (prepare, train with its optimizer
+           step, push, ...), plus time/checkpoint_s.
+  step_s   the run's measured seconds per step: train_s / steps (the driver's clock).
+  pipeline limit  max(T_gen, T_learn): a perfect pipeline of the two stages as they ran here.
+  sync limit      T_gen + T_learn: an ideal synchronous loop of the same stages.
+  fraction_of_pipeline_limit = max(T_gen, T_learn) / step_s. At most 1 but for noise (costs
+           that vary within a run): the learner's busy time lies inside the driver's clock, and so
+           does the generator's for the groups trained (it starts with the clock; T_gen is its mean
+           cost per group, the groups generated past the last step included, and besides them at
+           most two weight loads reach past the clock: tests/unit/test_bench_async.py).
+  overlap_limit = (T_gen + T_learn) / max(T_gen, T_learn): the most overlapping could gain here.
+  overlap       = (T_gen + T_learn) / step_s: what overlapping gained here (at most overlap_limit;
+           about 1 in a sync run, whose fraction_of_pipeline_limit is then about 1 / overlap_limit).
+  Both limits include whatever the run's conditions cost (the learner's receiving thread, the
+  acknowledgements, weight loads at the run's cadence, an engine's first-call warm-up).
+Speed-up: speedup_vs_sync of a mode = its median samples/s / the baseline's median samples/s; min
+and max are those of the per-repeat ratios (repeat r over the baseline's repeat r).
+
+Prints a table (median [min-max] per mode), then, last, one JSON line:
+  default_max_staleness  the composed config's train.max_staleness: the headline's eta
+  headline          at that eta: mode, speedup_vs_sync, samples_per_s, fraction_of_pipeline_limit,
+                    overlap_limit, overlap, learner_idle_frac, staleness_mean
+  sync_baseline_mode  the sync mode with the highest median samples/s
+  speedup_vs_sync   eta -> {median, min, max, per_repeat}, for every async eta
+  modes             mode -> {eta, overrides, runs, speedup_vs_sync, and {median, min, max} of
+                    samples_per_s, step_s, t_gen_s, t_learn_s, fraction_of_pipeline_limit,
+                    overlap_limit, overlap, learner_idle_frac, generator_idle_frac,
+                    staleness_mean, staleness_max, accuracy_end, greedy_accuracy_end (null
+                    without --evals)}
+  sync_skipped      sync mode -> why it was not run
+  runs              each run's own figures, in the order run (run_figures() names them)
+  steps, repeats, evals, run_dir
+The same object goes to RUN_DIR/bench_async.json; each run's figures to RUN_DIR/runs.jsonl as it ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# ------------------------------------------------------------------ limits from a run's own busy time
 
-from asyncgrpo.config import load
-from asyncgrpo.learner.actor import LearnerActor
-from asyncgrpo.rollout.generator import GeneratorActor
-from asyncgrpo.schema import Config
-from asyncgrpo.wire import Message, ScoredGroup, decode_group, encode_group
-
-
-class FrameSink:
-    """A generator's sink with no learner behind it: keeps each group's encoded frames (what the
-    learner would have received), drops acknowledgements and heartbeats, never blocks."""
-
-    def __init__(self) -> None:
-        self.frames: list[list[bytes]] = []
-        self.tokens = 0
-
-    def try_send(self, message: Message, timeout_s: float) -> bool:
-        if isinstance(message, ScoredGroup):
-            self.frames.append([bytes(frame) for frame in encode_group(message)])
-            self.tokens += int(message.tokens.size)
-        return True
-
-    def close(self) -> None:
-        pass
+# What a generator waits on that is not its own work: new weights (throttled), room in the learner's
+# queue, data (exhausted), its restart (rejoin). Weight loads inside them are added back.
+GENERATOR_WAITS = ("gen_time/throttle_s", "gen/send_blocked_s", "gen_time/exhausted_s", "gen_time/rejoin_s")
+# What a learner step waits on: the generators' acknowledgements, then a step's groups.
+LEARNER_WAITS = ("time/ack_wait_s", "time/gen_wait_s")
 
 
-class BenchGenerator(GeneratorActor):
-    """Generation alone: the run's generator (same engine, scorer and cores), with no throttle and
-    its groups kept as frames instead of sent; the learner can then train on them alone."""
-
-    def __init__(self, cfg: Config, model_dir: str, endpoints: dict[str, str], quota_per_step: int,
-                 cores: list[int]) -> None:
-        super().__init__(cfg, 0, model_dir, endpoints["groups"], endpoints["weights"], quota_per_step, cores)
-        self.sink.close()  # nothing goes to the learner
-        self.sink = FrameSink()
-
-    def generate_alone(self, num_groups: int) -> dict[str, Any]:
-        """Generate and score `num_groups` groups, one vLLM call's worth at a time; the timing and the frames."""
-        sink = self.sink
-        assert isinstance(sink, FrameSink)
-        sink.frames, sink.tokens = [], 0
-        start = time.perf_counter()
-        while len(sink.frames) < num_groups:
-            # No throttle: the only limit is the groups still wanted (a dropped group is replaced).
-            problems = self._take_problems(num_groups - len(sink.frames))
-            if not problems:
-                raise RuntimeError(f"the training data ran out after {len(sink.frames)} of {num_groups} groups")
-            prompts = self._tokenize(problems)
-            completions = self._generate(prompts)
-            self._send_scored(self._submit(problems, prompts, completions))
-        seconds = time.perf_counter() - start
-        return {"seconds": seconds, "groups": num_groups, "samples": num_groups * self.cfg.rollout.samples_per_prompt,
-                "tokens": sink.tokens, "frames": sink.frames}
+def generator_busy_s(report: dict[str, Any]) -> float:
+    """A generator's busy seconds: its run()'s wall time but for its waits, loads in them included."""
+    waits = sum(float(report.get(key, 0.0)) for key in GENERATOR_WAITS)
+    return max(0.0, float(report["gen/wall_s"]) - waits + float(report.get("gen/weight_load_in_wait_s", 0.0)))
 
 
-class BenchLearner(LearnerActor):
-    """Training alone: the run's learner rank, fed cached groups instead of its queue."""
-
-    def train_alone(self, frames: list[list[bytes]], num_steps: int) -> dict[str, float]:
-        """`num_steps` steps on cached groups (no queue, no waiting), pushes included.
-
-        Each group is relabelled with the current version, so staleness is 0 as in a sync run.
-        """
-        groups = [decode_group(f) for f in frames]
-        per_step = self.cfg.train.groups_per_step
-        seconds = 0.0
-        samples = tokens = 0
-        for step in range(num_steps):
-            batch = [groups[(step * per_step + i) % len(groups)] for i in range(per_step)]
-            for group in batch:
-                group.versions = np.full_like(group.versions, self.version)
-            start = time.perf_counter()
-            metrics = self.train_on(batch)
-            seconds += time.perf_counter() - start
-            samples += int(metrics["perf/samples"])
-            tokens += int(metrics["perf/tokens"])
-        return {"seconds": seconds, "steps": num_steps, "samples": samples, "tokens": tokens}
+def t_gen_s(generators: Sequence[dict[str, Any]], groups_per_step: int) -> float:
+    """The generation stage's busy seconds per step (summary.json's generators)."""
+    rate = 0.0  # groups per busy second, all generators together
+    for report in generators:
+        busy, sent = generator_busy_s(report), float(report.get("gen/groups_sent", 0))
+        if busy > 0 and sent > 0:
+            rate += sent / busy
+    if rate <= 0:
+        raise ValueError("no generator sent a group: no generation time to measure")
+    return groups_per_step / rate
 
 
-def measure_limits(cfg: Config, model_dir: str, steps: int) -> dict[str, float]:
-    """Seconds per sample of generation alone and of training alone, on the run's actors and cores."""
-    import ray
-
-    from asyncgrpo.resources import plan_cores
-    from asyncgrpo.train import ACTOR_ENV
-
-    ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
-    try:
-        generator_cores, learner_cores = plan_cores(1, 1, cfg.rollout.cpu_cores, cfg.learner.cpu_cores)
-        learner = ray.remote(BenchLearner).options(num_cpus=1).remote(
-            cfg, model_dir, 0, 1, "127.0.0.1", None, learner_cores[0], None)
-        # The generator connects to the learner's sockets as in a run (and hears its weight pushes),
-        # but sends nothing.
-        endpoints = ray.get(learner.endpoints.remote(), timeout=cfg.wire.startup_timeout_s)
-        quota = cfg.train.groups_per_step
-        generator = ray.remote(BenchGenerator).options(num_cpus=1).remote(
-            cfg, model_dir, endpoints, quota, generator_cores[0])
-        ray.get(generator.ready.remote(), timeout=cfg.wire.startup_timeout_s)
-        ray.get(generator.generate_alone.remote(quota))  # warm-up: first calls compile and allocate
-        gen = ray.get(generator.generate_alone.remote(steps * quota), timeout=cfg.wire.startup_timeout_s)
-        frames = gen.pop("frames")
-        ray.get(learner.train_alone.remote(frames, 3))  # warm-up
-        learn = ray.get(learner.train_alone.remote(frames, steps), timeout=cfg.wire.startup_timeout_s)
-        ray.kill(generator)
-        ray.kill(learner)
-    finally:
-        ray.shutdown()
-    t_gen = gen["seconds"] / gen["samples"]
-    t_train = learn["seconds"] / learn["samples"]
-    return {
-        "gen_alone_samples_per_s": 1 / t_gen,
-        "gen_alone_tokens_per_s": gen["tokens"] / gen["seconds"],
-        "train_alone_samples_per_s": 1 / t_train,
-        "gen_s_per_step": gen["seconds"] / steps,
-        "train_s_per_step": learn["seconds"] / steps,
-        "overlap_limit": (t_gen + t_train) / max(t_gen, t_train),
-        "ideal_async_samples_per_s": 1 / max(t_gen, t_train),
-        "ideal_sync_samples_per_s": 1 / (t_gen + t_train),
-    }
+def learner_busy_s(record: dict[str, Any]) -> float:
+    """One step's busy seconds (a metrics.jsonl step record)."""
+    waits = sum(float(record.get(key, 0.0)) for key in LEARNER_WAITS)
+    return max(0.0, float(record["time/step_s"]) - waits) + float(record.get("time/checkpoint_s", 0.0))
 
 
-def run_mode(label: str, overrides: list[str], out_dir: Path) -> dict[str, Any]:
-    from asyncgrpo.train import train
+def t_learn_s(records: Sequence[dict[str, Any]]) -> float:
+    """The learner's mean busy seconds per step, over the step records (others, e.g. evals, are skipped)."""
+    steps = [r for r in records if "time/step_s" in r]
+    if not steps:
+        raise ValueError("metrics.jsonl holds no step record")
+    return sum(learner_busy_s(r) for r in steps) / len(steps)
 
-    slug = "".join(c if c.isalnum() else "_" for c in label)
-    cfg = load([*overrides, f"run_dir={out_dir / slug}", "progress=false"])
-    print(f"[bench_async] {label}: asyncgrpo train {' '.join(overrides)}", file=sys.stderr, flush=True)
-    summary = train(cfg)
-    learner, generators = summary["learner"], summary["generators"]
-    histogram = {int(k): v for k, v in learner["staleness_histogram"].items()}
+
+def run_figures(summary: dict[str, Any], records: Sequence[dict[str, Any]], groups_per_step: int) -> dict[str, Any]:
+    """One run's figures, from its summary.json and metrics.jsonl (module docstring: definitions)."""
+    steps = int(summary["steps"])
+    if steps <= 0 or float(summary["train_s"]) <= 0:
+        raise ValueError(f"the run trained no step (steps={steps}, train_s={summary['train_s']})")
+    step_s = float(summary["train_s"]) / steps
+    generators, learner = summary["generators"], summary["learner"]
+    t_gen, t_learn = t_gen_s(generators, groups_per_step), t_learn_s(records)
+    pipeline_s, serial_s = max(t_gen, t_learn), t_gen + t_learn
+    histogram = {int(k): int(v) for k, v in learner["staleness_histogram"].items()}
     groups = sum(histogram.values()) or 1
-    generated_tokens = sum(g["gen/tokens_generated"] for g in generators)
     return {
-        "mode": label,
-        "eta": cfg.train.max_staleness,
-        "steps": summary["steps"],
-        "samples": summary["samples"],
-        "train_s": summary["train_s"],
-        "samples_per_s": summary["samples_per_s"],
-        "gen_tokens_per_s": generated_tokens / summary["train_s"],
-        "learner_idle_frac": learner["idle_frac"],
-        "generator_idle_frac": sum(g["gen/idle_frac"] for g in generators) / len(generators),
+        "steps": steps,
+        "train_s": float(summary["train_s"]),
+        "samples_per_s": float(summary["samples_per_s"]),
+        "step_s": step_s,
+        "t_gen_s": t_gen,
+        "t_learn_s": t_learn,
+        "pipeline_limit_s": pipeline_s,
+        "sync_limit_s": serial_s,
+        "fraction_of_pipeline_limit": pipeline_s / step_s,
+        "overlap_limit": serial_s / pipeline_s,
+        "overlap": serial_s / step_s,
+        "gen_tokens_per_s": sum(float(g.get("gen/tokens_generated", 0)) for g in generators) / float(summary["train_s"]),
+        "learner_idle_frac": float(learner["idle_frac"]),
+        "generator_idle_frac": sum(float(g["gen/idle_frac"]) for g in generators) / len(generators),
         "staleness_mean": sum(k * v for k, v in histogram.items()) / groups,
-        "staleness_max": max(histogram),
-        "dropped_stale": summary.get("groups_dropped_stale", 0),
+        "staleness_max": max(histogram, default=0),
+        "dropped_stale": int(summary.get("groups_dropped_stale", 0)),
         "accuracy_start": summary.get("eval_accuracy_start"),
         "accuracy_end": summary.get("eval_accuracy_end"),
         "greedy_accuracy_end": summary.get("eval_greedy_accuracy_end"),
     }
 
 
-def print_table(limits: dict[str, float], rows: list[dict[str, Any]], baseline: float) -> None:
+# ---------------------------------------------------------------------------- across repeats
+
+# The per-run figures summarized per mode as median, min and max.
+SPREAD_KEYS = ("samples_per_s", "step_s", "t_gen_s", "t_learn_s", "fraction_of_pipeline_limit", "overlap_limit",
+               "overlap", "learner_idle_frac", "generator_idle_frac", "staleness_mean", "staleness_max",
+               "accuracy_end", "greedy_accuracy_end")
+
+
+def spread(values: Iterable[float | None]) -> dict[str, float] | None:
+    """{median, min, max} of the values given (None and NaN left out); None if there are none."""
+    present = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not present:
+        return None
+    return {"median": statistics.median(present), "min": min(present), "max": max(present)}
+
+
+def speedup(runs: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Median samples/s of `runs` over the baseline's; min/max of the ratios of runs paired by repeat."""
+    ours, theirs = spread(r["samples_per_s"] for r in runs), spread(r["samples_per_s"] for r in baseline)
+    if ours is None or theirs is None:
+        return None
+    by_repeat = {r["repeat"]: r["samples_per_s"] for r in baseline}
+    ratios = [r["samples_per_s"] / by_repeat[r["repeat"]]
+              for r in sorted(runs, key=lambda r: r["repeat"]) if r["repeat"] in by_repeat]
+    return {"median": ours["median"] / theirs["median"], "min": min(ratios, default=None),
+            "max": max(ratios, default=None), "per_repeat": ratios}
+
+
+def best_sync_mode(modes: dict[str, dict[str, Any]]) -> str | None:
+    """The sync mode (eta 0) with the highest median samples/s; the first listed on a tie."""
+    sync = [label for label, mode in modes.items() if mode["eta"] == 0 and mode["samples_per_s"] is not None]
+    return max(sync, key=lambda label: modes[label]["samples_per_s"]["median"], default=None)
+
+
+def summarize(runs: Sequence[dict[str, Any]], default_eta: int,
+              overrides: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """Per-mode spreads, the baseline, the speed-ups and the headline, from every run's figures
+    (each with its `mode`, `eta` and `repeat`). `overrides`: each mode's, to report beside it."""
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_mode.setdefault(run["mode"], []).append(run)
+    modes = {label: {"eta": group[0]["eta"], "overrides": list((overrides or {}).get(label, [])),
+                     "runs": len(group), **{key: spread(r.get(key) for r in group) for key in SPREAD_KEYS}}
+             for label, group in by_mode.items()}
+    baseline = best_sync_mode(modes)
+    for label, mode in modes.items():
+        mode["speedup_vs_sync"] = speedup(by_mode[label], by_mode[baseline]) if baseline else None
+    async_modes = {mode["eta"]: label for label, mode in modes.items() if mode["eta"] > 0}
+    headline = None
+    if default_eta in async_modes:
+        label = async_modes[default_eta]
+        mode = modes[label]
+        headline = {"eta": default_eta, "mode": label,
+                    **{key: mode[key] for key in ("speedup_vs_sync", "samples_per_s", "fraction_of_pipeline_limit",
+                                                  "overlap_limit", "overlap", "learner_idle_frac", "staleness_mean")}}
+    return {
+        "default_max_staleness": default_eta,
+        "headline": headline,
+        "sync_baseline_mode": baseline,
+        "speedup_vs_sync": {str(eta): modes[label]["speedup_vs_sync"] for eta, label in sorted(async_modes.items())},
+        "modes": modes,
+    }
+
+
+# ------------------------------------------------------------------------------------------ modes
+
+
+@dataclass(frozen=True)
+class Mode:
+    label: str
+    eta: int
+    overrides: tuple[str, ...]
+
+
+# --sync-configs names -> mode labels.
+SYNC_CONFIGS = {"default": "sync", "learner2": "sync, learner 2 cores", "vllm2": "sync, vLLM 2 cores",
+                "both2": "sync, both 2 cores"}
+
+
+def core_spec(cores: Sequence[int]) -> str:
+    """[0, 1, 3] -> '0-1,3', quoted for Hydra when it holds a comma (else a list to Hydra)."""
+    parts: list[str] = []
+    ordered = sorted(cores)
+    start = prev = ordered[0]
+    for core in [*ordered[1:], None]:
+        if core is not None and core == prev + 1:
+            prev = core
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if core is not None:
+            start = prev = core
+    spec = ",".join(parts)
+    return f"'{spec}'" if "," in spec else spec
+
+
+def two_core_obstacle(device: str, generator_cores: list[list[int]], learner_cores: list[list[int]]) -> str | None:
+    """Why the 2-core sync variants cannot be expressed from the default pinning (None: they can)."""
+    if device != "cpu":
+        return f"device={device}: the stages run on accelerators, not on the pinned cores"
+    if len(generator_cores) != 1 or len(learner_cores) != 1:
+        return (f"the 2-core variants need one generator and one learner rank ({len(generator_cores)} and "
+                f"{len(learner_cores)} here)")
+    gen, learn = generator_cores[0], learner_cores[0]
+    if len(gen) != 1 or len(learn) != 1 or gen == learn:
+        return f"the default pinning gives the generator cores {gen} and the learner {learn}, not one core each"
+    return None
+
+
+def sync_modes(wanted: Sequence[str], device: str, generator_cores: list[list[int]],
+               learner_cores: list[list[int]]) -> tuple[list[Mode], dict[str, str]]:
+    """The sync modes asked for (SYNC_CONFIGS keys) and, for those that cannot run here, why."""
+    modes: list[Mode] = []
+    skipped: dict[str, str] = {}
+    obstacle = two_core_obstacle(device, generator_cores, learner_cores)
+    variants: dict[str, tuple[str, ...]] = {}
+    if obstacle is None:
+        both = core_spec([*generator_cores[0], *learner_cores[0]])
+        gen_core, learner_core = core_spec(generator_cores[0]), core_spec(learner_cores[0])
+        threads = len(generator_cores[0]) + len(learner_cores[0])
+        # The Ray CPUs too: Ray sets each actor process's OMP_NUM_THREADS from them before torch or
+        # vLLM load, and vLLM's CPU attention fails when a thread's OpenMP count (Ray's 1) differs
+        # from the engine's (2, from the pinning): "cpu_attn_impl ... thread_num (1 vs. 2)".
+        learner = (f"learner.cpu_cores={both}", f"learner.torch_threads={threads}", f"learner.num_cpus_per_rank={threads}")
+        generator = (f"rollout.cpu_cores={both}", f"rollout.num_cpus_per_generator={threads}")
+        variants = {
+            "learner2": (f"rollout.cpu_cores={gen_core}", *learner),
+            "vllm2": (*generator, f"learner.cpu_cores={learner_core}"),
+            "both2": (*generator, *learner),
+        }
+    for key in wanted:
+        label = SYNC_CONFIGS[key]
+        if key == "default":
+            modes.append(Mode(label, 0, ("train.max_staleness=0",)))
+        elif obstacle is not None:
+            skipped[label] = obstacle
+        else:
+            modes.append(Mode(label, 0, ("train.max_staleness=0", *variants[key])))
+    return modes, skipped
+
+
+def async_modes(etas: Iterable[int], default_eta: int) -> list[Mode]:
+    """One mode per eta > 0, the default max_staleness always among them (the headline)."""
+    wanted = sorted({e for e in etas if e > 0} | ({default_eta} if default_eta > 0 else set()))
+    return [Mode(f"async eta={eta}", eta, (f"train.max_staleness={eta}",)) for eta in wanted]
+
+
+def interleaved(modes: Sequence[Mode], repeats: int) -> list[tuple[int, Mode]]:
+    """(repeat, mode) in running order: each repeat runs every mode once, rotated by one per repeat."""
+    order: list[tuple[int, Mode]] = []
+    for repeat in range(repeats):
+        shift = repeat % len(modes)
+        order.extend((repeat, mode) for mode in [*modes[shift:], *modes[:shift]])
+    return order
+
+
+def parse_etas(text: str) -> list[int]:
+    try:
+        etas = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--etas wants comma-separated integers, got {text!r}") from None
+    if any(e < 0 for e in etas):
+        raise argparse.ArgumentTypeError(f"--etas: max_staleness is never negative, got {text!r}")
+    return etas
+
+
+def parse_sync_configs(text: str) -> list[str]:
+    keys = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [k for k in keys if k not in SYNC_CONFIGS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--sync-configs: unknown {unknown}; choose from {', '.join(SYNC_CONFIGS)}")
+    return keys
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_once(mode: Mode, repeat: int, common: list[str], out_dir: Path) -> dict[str, Any]:
+    """One `asyncgrpo train` run of `mode`; its figures (run_figures) with mode, eta, repeat, run_dir."""
+    from asyncgrpo.config import load
+    from asyncgrpo.train import train
+
+    slug = "".join(c if c.isalnum() else "_" for c in mode.label)
+    run_dir = out_dir / f"r{repeat}_{slug}"
+    overrides = [*common, *mode.overrides]
+    cfg = load([*overrides, f"run_dir={run_dir}", "progress=false"])
+    print(f"[bench_async] repeat {repeat}, {mode.label}: asyncgrpo train {' '.join(overrides)}",
+          file=sys.stderr, flush=True)
+    summary = train(cfg)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    figures = run_figures(summary, records, cfg.train.groups_per_step)
+    return {"mode": mode.label, "eta": cfg.train.max_staleness, "repeat": repeat, **figures, "run_dir": str(run_dir)}
+
+
+def fmt_spread(s: dict[str, float] | None, fmt: str, scale: float = 1.0) -> str:
+    """'median [min-max]' (a lone value when min = max); '-' for nothing."""
+    if s is None:
+        return "-"
+    median = format(s["median"] * scale, fmt)
+    if s["min"] is None or s["max"] is None:  # a speed-up with no repeat paired
+        return median
+    low, high = format(s["min"] * scale, fmt), format(s["max"] * scale, fmt)
+    return median if low == high else f"{median} [{low}-{high}]"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    columns = [("mode", 22), ("eta", 3), ("samples/s", 19), ("x sync", 17), ("T_gen ms", 14), ("T_learn ms", 14),
+               ("of pipeline limit", 17), ("overlap", 16), ("overlap limit", 16), ("learner idle", 16),
+               ("stale mean", 16), ("acc end", 19)]
+    header = " ".join(f"{name:<{width}}" for name, width in columns)
     print()
-    print(f"limits (measured alone, {limits['gen_s_per_step'] * 1e3:.0f} ms generating and "
-          f"{limits['train_s_per_step'] * 1e3:.0f} ms training per step):")
-    print(f"  generation alone  {limits['gen_alone_samples_per_s']:8.0f} samples/s")
-    print(f"  training alone    {limits['train_alone_samples_per_s']:8.0f} samples/s")
-    print(f"  ideal sync        {limits['ideal_sync_samples_per_s']:8.0f} samples/s   (1 / (T_gen + T_train))")
-    print(f"  ideal async       {limits['ideal_async_samples_per_s']:8.0f} samples/s   (1 / max(T_gen, T_train)), "
-          f"overlap limit {limits['overlap_limit']:.2f}x")
-    print()
-    header = (f"{'mode':<18} {'eta':>3} {'samples/s':>9} {'vs sync':>7} {'of ideal':>8} {'gen tok/s':>9} "
-              f"{'learner idle':>12} {'gen idle':>8} {'stale mean':>10} {'max':>3} {'acc start':>9} {'acc end':>7} "
-              f"{'greedy':>6}")
     print(header)
     print("-" * len(header))
-    for r in rows:
-        print(f"{r['mode']:<18} {r['eta']:>3} {r['samples_per_s']:>9.0f} {r['samples_per_s'] / baseline:>6.2f}x "
-              f"{r['samples_per_s'] / limits['ideal_async_samples_per_s']:>7.0%} {r['gen_tokens_per_s']:>9.0f} "
-              f"{r['learner_idle_frac']:>12.1%} {r['generator_idle_frac']:>8.1%} {r['staleness_mean']:>10.2f} "
-              f"{r['staleness_max']:>3} {r['accuracy_start'] or 0:>9.3f} {r['accuracy_end'] or 0:>7.3f} "
-              f"{r['greedy_accuracy_end'] or 0:>6.3f}")
+    for label, m in result["modes"].items():
+        speed = m["speedup_vs_sync"]
+        cells = [label, str(m["eta"]), fmt_spread(m["samples_per_s"], ",.0f"),
+                 fmt_spread(speed, ".2f"),
+                 fmt_spread(m["t_gen_s"], ".1f", 1e3), fmt_spread(m["t_learn_s"], ".1f", 1e3),
+                 fmt_spread(m["fraction_of_pipeline_limit"], ".0%"), fmt_spread(m["overlap"], ".2f"),
+                 fmt_spread(m["overlap_limit"], ".2f"), fmt_spread(m["learner_idle_frac"], ".1%"),
+                 fmt_spread(m["staleness_mean"], ".2f"), fmt_spread(m["accuracy_end"], ".3f")]
+        print(" ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, columns)))
+    print()
+    print("median [min-max] over repeats; x sync: median samples/s / the baseline's [per-repeat ratios]; limits from")
+    print("each run's own busy time: T_gen, T_learn per step; of pipeline limit = max(T_gen, T_learn) / measured step;")
+    print("overlap = (T_gen + T_learn) / measured step; overlap limit = (T_gen + T_learn) / max(T_gen, T_learn)")
+    print(f"sync baseline: {result['sync_baseline_mode']} (highest median samples/s of the sync modes)")
+    for label, why in result["sync_skipped"].items():
+        print(f"not run: {label}: {why}")
+    head = result["headline"]
+    if head is not None:
+        print(f"headline (default max_staleness={head['eta']}): {fmt_spread(head['speedup_vs_sync'], '.2f')}x the "
+              f"sync baseline, {fmt_spread(head['fraction_of_pipeline_limit'], '.0%')} of its pipeline limit, "
+              f"learner idle {fmt_spread(head['learner_idle_frac'], '.1%')}")
+    else:
+        print(f"no headline: the default max_staleness={result['default_max_staleness']} was not run asynchronously")
     print()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300, help="learner steps per mode")
-    parser.add_argument("--etas", default="0,1,2,4", help="max_staleness values (0 = synchronous)")
-    parser.add_argument("--limit-steps", type=int, default=40, help="steps' worth of groups for the alone runs")
-    parser.add_argument("--no-sync-both-cores", action="store_true", help="skip the sync run with the learner on both cores")
+    parser.add_argument("--steps", type=int, default=300, help="learner steps per run")
+    parser.add_argument("--etas", type=parse_etas, default=parse_etas("0,1,2,4"),
+                        help="max_staleness values; 0 = the sync modes (default: 0,1,2,4; the default "
+                             "max_staleness is always added)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved (default: 3)")
+    parser.add_argument("--sync-configs", type=parse_sync_configs, default=list(SYNC_CONFIGS),
+                        help=f"which sync modes to run with eta 0 (default: all of {','.join(SYNC_CONFIGS)})")
+    parser.add_argument("--evals", action="store_true",
+                        help="held-out accuracy at the start and end of each run (off by default: time)")
     parser.add_argument("--out", default="runs/bench_async")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every mode, e.g. seed=1")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run, e.g. seed=1")
     args = parser.parse_args()
+    if args.repeats < 1 or args.steps < 1:
+        parser.error("--repeats and --steps must be at least 1")
 
-    from asyncgrpo.train import prepare_model, resolve_device
+    from asyncgrpo.config import load
+    from asyncgrpo.resources import plan_cores
+    from asyncgrpo.train import resolve_device
 
-    etas = [int(e) for e in args.etas.split(",")]
-    common = [*args.overrides, f"train.max_steps={args.steps}"]
+    # Not on the clock either way, but they cost minutes over many runs: the final export always,
+    # the evaluations unless asked for. The caller's overrides come after and win.
+    bench = ["train.export_at_end=false", *([] if args.evals else ["eval.at_start=false", "eval.at_end=false"])]
+    common = [*bench, *args.overrides, f"train.max_steps={args.steps}"]
+    base = load(common)
+    default_eta = base.train.max_staleness
+    device = resolve_device(base.device)
+    generator_cores, learner_cores = plan_cores(base.rollout.num_generators, base.learner.world_size,
+                                                base.rollout.cpu_cores, base.learner.cpu_cores)
+    sync, skipped = sync_modes(args.sync_configs if 0 in args.etas else [], device, generator_cores, learner_cores)
+    modes = [*sync, *async_modes(args.etas, default_eta)]
+
     out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    base = load([*common, f"run_dir={out_dir}/limits"])
-    base.device = resolve_device(base.device)
-    # The alone runs push over zmq whatever the modes use: the collective backend needs every
-    # generator in its group, and training alone has none.
-    base.weights.backend = "zmq"
-    model_dir = prepare_model(base)
-    limits = measure_limits(base, model_dir, args.limit_steps)
-    print(f"[bench_async] limits: {json.dumps(limits)}", file=sys.stderr, flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = interleaved(modes, args.repeats)
+    runs: list[dict[str, Any]] = []
+    for index, (repeat, mode) in enumerate(order, 1):
+        print(f"[bench_async] run {index}/{len(order)}", file=sys.stderr, flush=True)
+        run = run_once(mode, repeat, common, out_dir)
+        runs.append(run)
+        with (out_dir / "runs.jsonl").open("a") as f:  # kept as it goes: a failure later loses nothing
+            f.write(json.dumps(run) + "\n")
+        print(f"[bench_async] {mode.label}: {run['samples_per_s']:.0f} samples/s, T_gen {run['t_gen_s'] * 1e3:.1f} ms, "
+              f"T_learn {run['t_learn_s'] * 1e3:.1f} ms, step {run['step_s'] * 1e3:.1f} ms "
+              f"({run['fraction_of_pipeline_limit']:.0%} of its pipeline limit)", file=sys.stderr, flush=True)
 
-    rows = []
-    for eta in etas:
-        rows.append(run_mode("sync" if eta == 0 else f"async eta={eta}", [*common, f"train.max_staleness={eta}"], out_dir))
-        if eta == 0 and not args.no_sync_both_cores:
-            rows.append(run_mode("sync, 2-core lrn", [*common, "train.max_staleness=0", "learner.cpu_cores=0-1",
-                                                      "learner.torch_threads=2"], out_dir))
-    sync_rows = [r for r in rows if r["eta"] == 0]
-    async_rows = [r for r in rows if r["eta"] > 0]
-    baseline = max((r["samples_per_s"] for r in sync_rows), default=float("nan"))
-    print_table(limits, rows, baseline)
-    best_async = max(async_rows, key=lambda r: r["samples_per_s"]) if async_rows else None
-    at_eta2 = next((r for r in async_rows if r["eta"] == 2), async_rows[-1] if async_rows else None)
     result = {
         "steps": args.steps,
-        "speedup_vs_sync": best_async["samples_per_s"] / baseline if best_async and sync_rows else None,
-        "overlap_limit": limits["overlap_limit"],
-        # The speed-up over sync as a fraction of the overlap limit, and the async samples/s as a
-        # fraction of a perfect pipeline of the two stages measured alone.
-        "fraction_of_limit": (best_async["samples_per_s"] / baseline / limits["overlap_limit"]
-                              if best_async and sync_rows else None),
-        "fraction_of_ideal_async": (best_async["samples_per_s"] / limits["ideal_async_samples_per_s"]
-                                    if best_async else None),
-        "learner_idle_frac": at_eta2["learner_idle_frac"] if at_eta2 else None,
-        "accuracy_by_staleness": {str(r["eta"]): r["accuracy_end"] for r in rows if r["mode"] != "sync, 2-core lrn"},
-        "accuracy_greedy_by_staleness": {str(r["eta"]): r["greedy_accuracy_end"] for r in rows
-                                         if r["mode"] != "sync, 2-core lrn"},
-        "sync_baseline_mode": max(sync_rows, key=lambda r: r["samples_per_s"])["mode"] if sync_rows else None,
-        "best_async_eta": best_async["eta"] if best_async else None,
-        "limits": limits,
-        "modes": rows,
+        "repeats": args.repeats,
+        "evals": args.evals,
+        **summarize(runs, default_eta, {m.label: m.overrides for m in modes}),
+        "sync_skipped": skipped,
+        "runs": runs,
         "run_dir": str(out_dir),
     }
+    print_table(result)
     (out_dir / "bench_async.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0

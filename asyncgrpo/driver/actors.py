@@ -1,6 +1,11 @@
 """The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous,
 generator restarts, stop.
 
+Placement (asyncgrpo/placement.py): the named node resources are checked against the cluster
+before anything starts; each learner rank's bundle and each generator asks for a share of its
+role's resource; once up, every actor's node is recorded in run_dir/actors.json and each generator
+on another machine than learner rank 0 is checked to reach it, before the weight rendezvous.
+
 Both actor classes are plain Python classes; they become Ray actors here, with `ray.remote`, with a
 second concurrency group, `control`: a call there (`control`) runs on its own thread while the
 actor's long call (the learner's steps, the generator's run) goes on. Every wait on an actor has a
@@ -15,8 +20,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import groups_per_generator, learner_wait_timeout_s, use_curve
+from asyncgrpo.config import (
+    groups_per_generator,
+    learner_wait_timeout_s,
+    save_wait_timeout_s,
+    use_curve,
+)
 from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.placement import (
+    check_node_resources,
+    check_reach,
+    node_resources,
+    wire_transport,
+)
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.resources import plan_cores
 from asyncgrpo.rewards.errors import one_line
@@ -105,7 +121,7 @@ class Actors:
         self.restarts = [0] * cfg.rollout.num_generators  # per generator; its incarnation is this count
         # How a generator is started (`_start_generator`), kept for its restarts.
         self._generator_start: dict[str, Any] = {}
-        self._pids: dict[str, Any] = {}  # run_dir/actors.json
+        self._pids: dict[str, Any] = {}  # run_dir/actors.json: pids, cores, nodes, the wire
 
     @property
     def learner(self) -> Any:
@@ -118,6 +134,7 @@ class Actors:
         import ray
 
         cfg = self.cfg
+        check_node_resources(cfg, ray.nodes())  # before an actor waits for a node that never comes
         generator_cores, learner_cores = plan_cores(
             cfg.rollout.num_generators, cfg.learner.world_size, cfg.rollout.cpu_cores, cfg.learner.cpu_cores
         )
@@ -134,11 +151,17 @@ class Actors:
                            for i in range(cfg.rollout.num_generators)]
         ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,
                     "the generators starting (ready)")
-        self._join_weights()
         learner_pids = self.on_all_ranks("pid", timeout_s=learner_wait_timeout_s(cfg), all_results=True)
+        learner_nodes = self.on_all_ranks("node", timeout_s=learner_wait_timeout_s(cfg), all_results=True)
+        generator_nodes = get([g.node.remote() for g in self.generators], cfg.wire.timeout_s, "the generators (node)")
         self._pids = {"learner_pids": learner_pids, "generator_pids": [r["pid"] for r in ready],
-                      "generator_cores": generator_cores, "learner_cores": learner_cores}
-        self._write_pids()
+                      "generator_cores": generator_cores, "learner_cores": learner_cores,
+                      "learner_nodes": learner_nodes, "generator_nodes": generator_nodes,
+                      "wire": {"transport": wire_transport(cfg), "curve": keys is not None,
+                               "weights_backend": resolve_backend(cfg), "endpoints": endpoints}}
+        self._write_pids()  # first: where each actor landed is worth seeing when the check below fails
+        check_reach(cfg, learner_nodes[0], dict(enumerate(generator_nodes)))
+        self._join_weights()
 
     def _write_pids(self) -> None:
         (Path(self.cfg.run_dir) / "actors.json").write_text(json.dumps(self._pids, indent=2) + "\n")
@@ -153,7 +176,8 @@ class Actors:
 
         cfg = self.cfg
         world_size = cfg.learner.world_size
-        bundle = {"CPU": cfg.learner.num_cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        bundle = {"CPU": cfg.learner.num_cpus_per_rank, **({"GPU": gpus} if gpus else {}),
+                  **node_resources(cfg.learner.node_resource)}
         self.placement_group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
         get(self.placement_group.ready(), cfg.wire.startup_timeout_s,
             f"Ray placing {world_size} learner rank(s) of {bundle} (placement group)")
@@ -193,8 +217,10 @@ class Actors:
 
         cfg, start = self.cfg, self._generator_start
         keys, endpoints = start["keys"], start["endpoints"]
+        on_node = node_resources(cfg.rollout.node_resource)
         return remote_class(GeneratorActor).options(
             num_cpus=cfg.rollout.num_cpus_per_generator, num_gpus=start["gpus"], max_restarts=0,
+            **({"resources": on_node} if on_node else {}),
         ).remote(cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"],
                  groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None,
                  initial_version=start["initial_version"], skip_problems=skip_problems, incarnation=incarnation)
@@ -223,6 +249,9 @@ class Actors:
         ray.kill(self.generators[index], no_restart=True)  # whatever is left of the dead process
         self.generators[index] = generator = self._start_generator(index, incarnation=incarnation)
         ready = get(generator.ready.remote(), startup_s, f"generator {index} restarting (ready)")
+        node = get(generator.node.remote(), timeout_s, f"generator {index} restarting (node)")
+        self._pids["generator_nodes"][index] = node
+        check_reach(self.cfg, self._pids["learner_nodes"][0], {index: node})
         if self.weight_address:
             get(generator.join_weight_group.remote(self.weight_address), startup_s,
                 f"generator {index} joining the weight transport after its restart")
@@ -271,7 +300,7 @@ class Actors:
         """A checkpoint of the learner's current step in run_dir/checkpoints (after the step in
         progress: an actor runs one call at a time); its path."""
         directory = str(Path(self.cfg.run_dir).resolve() / "checkpoints")
-        return self.on_all_ranks("save_checkpoint", directory, timeout_s=learner_wait_timeout_s(self.cfg))
+        return self.on_all_ranks("save_checkpoint", directory, timeout_s=save_wait_timeout_s(self.cfg))
 
     def stop(self) -> None:
         """Kill every actor started so far and free the learners' placement group."""

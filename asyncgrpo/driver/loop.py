@@ -10,17 +10,19 @@ the Ray actors, a fake one in tests.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.config import learner_wait_timeout_s, steps_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import get
 from asyncgrpo.metrics import MetricsSink, SampleLogger
 from asyncgrpo.registry import RunStopped
+from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.schema import Config
 
 
@@ -153,10 +155,11 @@ class RemoteLearner:
     def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any], restart: Restart | None = None) -> None:
         self.ranks, self.runs, self.restart = ranks, runs, restart
         self.timeout_s = learner_wait_timeout_s(cfg)
+        self.steps_timeout_s = steps_wait_timeout_s(cfg)  # the steps may include a checkpoint save
 
     def train_steps(self, num_steps: int) -> list[dict[str, float]]:
         pending = [rank.train_steps.remote(num_steps) for rank in self.ranks]
-        return wait_for_ranks(pending, self.runs, self.timeout_s, self.restart)
+        return wait_for_ranks(pending, self.runs, self.steps_timeout_s, self.restart)
 
     def recent_samples(self, num_groups: int) -> list[dict[str, Any]]:
         return get(self.ranks[0].recent_samples.remote(num_groups), self.timeout_s, "learner rank 0 (recent_samples)")
@@ -180,7 +183,7 @@ def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float, restar
                 deadline = time.monotonic() + timeout_s  # the restart took its own (bounded) time
         for ref in ready:
             if ref in waiting:
-                get_rank_result(ref)
+                get_rank_result(ref, rank=pending.index(ref))
                 waiting.remove(ref)
     return ray.get(pending[0])
 
@@ -200,12 +203,26 @@ def generator_ended(index: int, run: Any, restart: Restart | None) -> Any:
     raise TrainingFailed(f"generator {index} stopped before the learner asked it to")
 
 
-def get_rank_result(ref: Any) -> Any:
-    """A rank's result, re-raising its own error; a run stopped by the generators' reports fails
-    with just the reason (one line for summary.json and the console, not the rank's traceback)."""
+def get_rank_result(ref: Any, rank: int = 0) -> Any:
+    """A rank's result, re-raising its own error. Failures whose reason is all there is to say end
+    the run with that reason on one line (summary.json, the console), not a rank's traceback: a run
+    stopped by the generators' reports, a rank whose process died (the steps since the last
+    checkpoint are lost with it), and an OSError of the rank's environment (a full disk during a
+    checkpoint save, a directory it may not write) or a wait of its that timed out (a TimeoutError,
+    which is an OSError: the replay queue's take, the acknowledgement wait)."""
     import ray
+    from ray.exceptions import RayActorError
 
     try:
         return ray.get(ref)
     except RunStopped as err:  # Ray raises a subclass of both RayTaskError and the rank's exception
         raise TrainingFailed(str(getattr(err, "cause", err))) from None
+    except RayActorError as died:  # killed, out of memory, crashed: not an exception in the rank's code
+        pid = re.search(r"\bpid: (\d+)", str(died))  # Ray's text spreads its details over several lines
+        who = f"learner rank {rank}" + (f" (pid {pid.group(1)})" if pid else "")
+        first = str(died).splitlines()[0] if str(died) else type(died).__name__
+        raise TrainingFailed(f"{who} died: {one_line(first).rstrip('.')}; the steps since the newest complete "
+                             "checkpoint are lost (resume=auto continues from it)") from None
+    except OSError as err:
+        cause = getattr(err, "cause", err)
+        raise TrainingFailed(one_line(f"learner rank {rank}: {type(cause).__name__}: {cause}", limit=500)) from None

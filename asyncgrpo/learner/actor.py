@@ -7,6 +7,7 @@ from typing import Any
 
 from asyncgrpo.learner.learner import Learner
 from asyncgrpo.learner.parts import learner_parts
+from asyncgrpo.placement import this_node
 from asyncgrpo.schema import Config
 from asyncgrpo.wire.security import CurveServerKeys
 
@@ -33,3 +34,7 @@ class LearnerActor(Learner):
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> dict[str, str]:
+        """The Ray node this rank runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
+        return this_node()

@@ -33,6 +33,7 @@ checked and are refused, like any other format this code does not write.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import logging
@@ -294,6 +295,7 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
     state (rank 0's are written). `keep`: complete checkpoints kept, 0 = all. `run`: the settings a
     resume must match (asyncgrpo/resume.py; rank 0's is written, None = not recorded). Returns the path."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     directory = directory.expanduser().resolve()
     final = directory / f"step_{version}"
@@ -306,8 +308,17 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
     _barrier(world_size)
     if delay_s := faults.value("checkpoint_save_delay_s"):
         time.sleep(float(delay_s))
-    _write_json(tmp / "rng" / f"rank_{rank}.json", rng_state())
-    dcp.save(sharded.state_dict(), checkpoint_id=str(tmp / "dcp"))
+    state = sharded.state_dict()
+    try:
+        _write_json(tmp / "rng" / f"rank_{rank}.json", rng_state())
+        if (full_from := faults.value("checkpoint_enospc")) is not None and version >= int(full_from):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "dcp"))
+        dcp.save(state, checkpoint_id=str(tmp / "dcp"))
+    except (Exception, CheckpointException) as err:
+        full = disk_full_error(err, tmp, needed_bytes=state_bytes(state))
+        if full is None:
+            raise
+        raise full from None
     _barrier(world_size)
     if rank == 0:
         copy_model_files(Path(model_dir), tmp / "model_files")
@@ -330,6 +341,57 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
         _prune(directory, keep)
     _barrier(world_size)  # no rank goes on (and perhaps loads) before the checkpoint is complete
     return final
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict, this rank's shards only: what a save writes."""
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state  # a DTensor's own shard
+        return local.numel() * local.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(value) for value in state)
+    return 0
+
+
+def _errors_in(err: BaseException) -> list[BaseException]:
+    """`err`, what caused it, and each rank's failure that a DCP CheckpointException carries."""
+    found: list[BaseException] = []
+    stack: list[Any] = [err]
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, BaseException) or any(current is seen for seen in found):
+            continue
+        found.append(current)
+        stack += [current.__cause__, current.__context__]
+        for failure in (getattr(current, "failures", None) or {}).values():  # DCP: rank -> (exception, trace)
+            stack.append(failure[0] if isinstance(failure, tuple) else failure)
+    return found
+
+
+def disk_full_error(err: BaseException, directory: Path, needed_bytes: int) -> OSError | None:
+    """A failed save's full disk as one OSError(ENOSPC) naming where, or None if it was not that.
+
+    The error itself rarely says so: DCP wraps each rank's failure in a CheckpointException whose
+    message is a traceback, and torch's zip writer reports a short write as "unexpected pos", the
+    OSError lost. So an ENOSPC (or EDQUOT) anywhere in the chain decides, and otherwise the free
+    space left: less than the save's tensors need means the save could not have fit."""
+    errors = _errors_in(err)
+    for found in errors:
+        if isinstance(found, OSError) and found.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), found.filename or str(directory))
+    try:
+        stat = os.statvfs(directory if directory.exists() else directory.parent)
+    except OSError:
+        return None
+    free = stat.f_bavail * stat.f_frsize
+    if free >= needed_bytes:
+        return None
+    root = errors[-1] if len(errors) > 1 else err  # the innermost: DCP's wrapper says nothing itself
+    said = " ".join(f"{type(root).__name__}: {root}".split())[:160]
+    return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the save failed with {said!r}; {free} bytes free, "
+                                 f"its tensors need {needed_bytes})", str(directory))
 
 
 def _before_marker(tmp: Path) -> None:

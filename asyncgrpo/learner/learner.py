@@ -36,7 +36,7 @@ from asyncgrpo.rewards.metrics import reward_term_metrics
 from asyncgrpo.schema import Config
 from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights.base import WeightSender
-from asyncgrpo.wire import ScoredGroup
+from asyncgrpo.wire import SaveNotice, ScoredGroup
 
 # While a restarted generator has not loaded the newest weights, they are published again this often.
 REPUBLISH_EVERY_S = 2.0
@@ -325,10 +325,22 @@ class Learner:
             states["registry"] = self.registry.state_dict()
         if self.source is not None and hasattr(self.source, "state_dict"):
             states["queue"] = self.source.state_dict()
-        path = checkpoint.save(Path(directory), self.version, self.policy, states, model_dir=self.model_dir,
-                               rank=self.rank, world_size=self.world_size, keep=self.cfg.train.keep_checkpoints,
-                               run=self.run_record() if self.rank == 0 else None)
+        # Nothing is pushed or taken while the save runs: the generators, told so, wait up to
+        # train.checkpoint_timeout_s instead of failing after wire.timeout_s.
+        self._announce_save(saving=True)
+        try:
+            path = checkpoint.save(Path(directory), self.version, self.policy, states, model_dir=self.model_dir,
+                                   rank=self.rank, world_size=self.world_size, keep=self.cfg.train.keep_checkpoints,
+                                   run=self.run_record() if self.rank == 0 else None)
+        finally:  # a failed save fails the run; until then the generators' waits are bounded as usual
+            self._announce_save(saving=False)
         return str(path)
+
+    def _announce_save(self, saving: bool) -> None:
+        """Rank 0: tell the generators that a checkpoint save of this version starts, or ended."""
+        if self.weights is not None:
+            timeout_s = self.cfg.train.checkpoint_timeout_s if saving else 0.0
+            self.weights.announce(SaveNotice(self.version, saving=saving, timeout_s=timeout_s))
 
     def run_record(self) -> dict[str, Any]:
         """What a resume checks against (asyncgrpo/resume.py); the data files are hashed at the first

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from asyncgrpo.config import collective_timeout_s, groups_per_generator, lend_steps
 from asyncgrpo.learner.policy import Policy
+from asyncgrpo.placement import wire_transport
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.replay import (
@@ -104,18 +105,20 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     if rank != 0:
         return LearnerParts(arguments, {})
     wire = cfg.wire
+    # auto decided from the whole config (tcp when actors may span nodes), not from wire.host alone.
+    transport = wire_transport(cfg)
     registry = GeneratorRegistry(RewardErrorWindow.from_config(cfg.reward))
     receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
-                        transport=wire.transport)
+                        transport=transport)
     eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES,
                                  full_policy=cfg.queue.full_policy)
     # Under the throttle each step takes each generator's share: the throttle's bound relies on it.
     shares = groups_per_generator(cfg) if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
                         shares=shares, registry=registry, lend_steps=lend_steps(cfg)).start()
-    publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=wire.transport)
+    publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
     arguments.update(source=queue, registry=registry, weights=weights, recorder=recorder)
-    # A wildcard bind is advertised under this node's address.
+    # A wildcard bind is advertised under this node's address as the cluster knows it (network.py).
     return LearnerParts(arguments, {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint)})

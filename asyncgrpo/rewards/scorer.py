@@ -16,7 +16,10 @@ Otherwise the batch runs on the Scorer's own event-loop thread: async user funct
 judge as coroutines (at most reward.concurrency / reward.judge.concurrency in flight), sync user
 functions and math equivalence on a pool of reward.threads threads, each call bounded by
 reward.timeout_s (the judge by its own timeout and retries). Async rewards therefore overlap the
-caller's next vLLM call; CPU-bound sync rewards overlap it as far as the GIL allows.
+caller's next vLLM call; CPU-bound sync rewards overlap it as far as the GIL allows. A sync call past
+its timeout cannot be stopped and keeps its thread until it returns; when every thread of the pool
+is held so, later calls go to a new pool (a function that hangs on some inputs costs threads, not
+the run).
 
 Errors. A term that raises, times out, returns NaN/inf or a non-number is an error: it counts in
 GroupScore.errors (logged as reward/errors) and then reward.on_error applies: `zero` scores that
@@ -210,6 +213,10 @@ class Scorer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        # Sync calls of the current pool still running past their timeout (`_abandon`), and how many
+        # pools were given up on because every thread was held so.
+        self._held: set[concurrent.futures.Future] = set()
+        self.pools_replaced = 0
         self._call_limit: asyncio.Semaphore | None = None
         self._start_lock = threading.Lock()
 
@@ -333,6 +340,28 @@ class Scorer:
                 self._loop = loop
             return self._loop
 
+    def _abandon(self, call: concurrent.futures.Future) -> None:
+        """Note a sync call still running past its timeout. A function that never returns on some
+        inputs would otherwise take the pool's threads one by one, after which every call only
+        queues and times out (and the run stops on the error rate): once every thread of the pool
+        is held so, later calls go to a fresh pool, and the held threads are left to finish, or not.
+        Called on the event-loop thread; the set's add and discard are atomic, so the worker thread
+        that finishes a held call may discard it without a lock."""
+        held = self._held
+        held.add(call)
+        call.add_done_callback(held.discard)  # a call that returns after all frees its thread
+        if len(held) < self.cfg.threads:
+            return
+        stuck, self._threads = self._threads, concurrent.futures.ThreadPoolExecutor(
+            self.cfg.threads, thread_name_prefix="reward")
+        self._held = set()
+        self.pools_replaced += 1
+        if stuck is not None:
+            stuck.shutdown(wait=False)
+        log.warning("reward.threads=%d threads are all held by reward calls running past reward.timeout_s=%s s; "
+                    "later calls go to a new pool (%d so far), the held threads stay until their calls return",
+                    self.cfg.threads, self.cfg.timeout_s, self.pools_replaced)
+
     async def _score_batch(self, problems: list[Problem], completions: list[list[str]]) -> list[GroupScore]:
         return list(await asyncio.gather(*(self._score_group(p, texts) for p, texts in zip(problems, completions))))
 
@@ -357,12 +386,16 @@ class Scorer:
                 # The judge limits its own requests (reward.judge.concurrency); user fns share reward.concurrency.
                 async with self._call_limit if term.judge is None else contextlib.nullcontext():
                     return _finite(await asyncio.wait_for(term.async_fn(problem, text), term.timeout_s)), ""
-            assert term.sync_fn is not None
-            loop = asyncio.get_running_loop()
+            assert term.sync_fn is not None and self._threads is not None
             # A sync call past its timeout is abandoned, not stopped (threads cannot be killed): it
-            # counts as an error and its thread returns to the pool when the call ends.
-            pending = loop.run_in_executor(self._threads, term.sync_fn, problem, text)
-            return _finite(await asyncio.wait_for(pending, term.timeout_s)), ""
+            # counts as an error and its thread returns to the pool when the call ends (`_abandon`).
+            call = self._threads.submit(term.sync_fn, problem, text)
+            try:
+                return _finite(await asyncio.wait_for(asyncio.wrap_future(call), term.timeout_s)), ""
+            except asyncio.TimeoutError:
+                if not call.cancel():  # it had started: its thread stays busy until it returns
+                    self._abandon(call)
+                raise
         except asyncio.TimeoutError:
             return math.nan, self._error(term, f"timed out after {term.timeout_s} s (reward.timeout_s)")
         except Exception as err:  # a failing reward never kills the run

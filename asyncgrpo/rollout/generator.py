@@ -34,7 +34,7 @@ from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, VLLMEngine
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.segments import InFlight, tag_versions
-from asyncgrpo.rollout.sink import GroupSink
+from asyncgrpo.rollout.sink import GroupSink, with_faults
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem, Task, make_task, train_stream
 from asyncgrpo.tasks.stream import PromptStream
@@ -94,6 +94,10 @@ class GeneratorStats:
     # Assembling and loading pushes into the engine, wherever it happens (top of the loop, while
     # throttled, between in-flight segments): the generator's side of a weight transfer.
     weight_load_s: float = 0.0
+    # The part of weight_load_s spent inside a wait (throttled, blocked on a full queue, out of
+    # data, rejoining), whose timer (gen_time/throttle_s, ...) therefore includes it: work done
+    # while otherwise waiting (tools/bench_async.py counts it as busy time).
+    weight_load_in_wait_s: float = 0.0
     exhausted: bool = False
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
@@ -106,6 +110,7 @@ class GeneratorStats:
             "gen/inflight_switches": self.inflight_switches,
             "gen/send_blocked_s": self.send_blocked_s,
             "gen/weight_load_s": self.weight_load_s,
+            "gen/weight_load_in_wait_s": self.weight_load_in_wait_s,
             **self.timer.metrics("gen_time/"),
         }
 
@@ -180,6 +185,7 @@ class Generator:
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
         self._reported_rejections = 0
+        self._save_logged: int | None = None  # the checkpoint save whose wait was logged (once per save)
 
     @classmethod
     def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
@@ -316,7 +322,7 @@ class Generator:
             self.stats.exhausted = True
             print(f"[generator {self.generator_id}] the training data is exhausted (data.epochs="
                   f"{self.cfg.data.epochs}); waiting for the learner to stop", flush=True)
-        self._load_newest_weights(wait_s=0.5)
+        self._load_newest_weights(wait_s=0.5, in_wait=True)
         self._heartbeat(periodic=True)
 
     @property
@@ -357,16 +363,13 @@ class Generator:
 
     def _send(self, group: ScoredGroup) -> None:
         """Send, waiting on a full queue; meanwhile new weights are loaded (a safe point) and a stop is heard."""
-        deadline = time.monotonic() + self.cfg.wire.timeout_s
+        started = time.monotonic()
         group.seq, group.incarnation = self.next_seq, self.incarnation
         blocked_since = None
         while not self.sink.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
             blocked_since = blocked_since or time.perf_counter()
-            self._load_newest_weights(wait_s=0.0)
-            if time.monotonic() > deadline:
-                raise WireTimeout(
-                    f"generator {self.generator_id}: the learner took no group for {self.cfg.wire.timeout_s:.0f} s"
-                )
+            self._load_newest_weights(wait_s=0.0, in_wait=True)
+            self._check_wait(started, "blocked on a full queue", "the learner took no group")
         if blocked_since is not None:
             self.stats.send_blocked_s += time.perf_counter() - blocked_since
         self.next_seq += 1
@@ -391,49 +394,68 @@ class Generator:
                                      reward_first_errors=self.scorer.first_errors(), incarnation=self.incarnation),
                            timeout_s=0.0)
 
-    def _apply_latest_weights(self) -> bool:
+    def _apply_latest_weights(self, in_wait: bool = False) -> bool:
         start = time.perf_counter()
         version = self.weights.apply_newest(self.engine)
         if version is None:
             return False
-        self.stats.weight_load_s += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.stats.weight_load_s += seconds
+        if in_wait:
+            self.stats.weight_load_in_wait_s += seconds
         self.version = version
+        self.weights.saves.weights_loaded(version)
         self.stats.weight_loads += 1
         self.sink.try_send(VersionAck(self.generator_id, version, self.incarnation), timeout_s=1.0)
         return True
 
-    def _load_newest_weights(self, wait_s: float) -> bool:
-        """Apply the newest complete push, if any (a safe point: no request is in flight)."""
+    def _load_newest_weights(self, wait_s: float, in_wait: bool = False) -> bool:
+        """Apply the newest complete push, if any (a safe point: no request is in flight). `in_wait`:
+        called from a wait, whose timer includes the load (GeneratorStats.weight_load_in_wait_s)."""
         self.weights.poll(wait_s)
         if self.weights.rejections()[0] > self._reported_rejections:
             self._heartbeat(periodic=False)  # the learner fails the run with the reason, at once
-        loaded = self._apply_latest_weights()
+        loaded = self._apply_latest_weights(in_wait)
         if self.weights.shutdown_reason is not None:
             raise GeneratorStopped(self.weights.shutdown_reason)
         return loaded
 
     def _wait_for_version(self, version: int) -> None:
         """Restarted: load the learner's newest weights (published again for us) before generating."""
-        deadline = time.monotonic() + self.cfg.wire.timeout_s
+        started = time.monotonic()
         while self.version < version:
-            self._load_newest_weights(wait_s=0.5)
+            self._load_newest_weights(wait_s=0.5, in_wait=True)
             self._heartbeat(periodic=True)
-            if time.monotonic() > deadline:
-                raise WireTimeout(f"generator {self.generator_id} (restarted, incarnation {self.incarnation}) did not "
-                                  f"receive weights version {version} within {self.cfg.wire.timeout_s:.0f} s; it holds "
-                                  f"version {self.version}")
+            self._check_wait(started, f"restarted, incarnation {self.incarnation}, holding version {self.version}",
+                             f"weights version {version} did not arrive")
 
     def _wait_for_new_weights(self) -> None:
         """Throttled: nothing may start until newer weights arrive."""
         self.stats.throttled_waits += 1
-        deadline = time.monotonic() + self.cfg.wire.timeout_s
-        while not self._load_newest_weights(wait_s=0.5):
+        started = time.monotonic()
+        while not self._load_newest_weights(wait_s=0.5, in_wait=True):
             self._heartbeat(periodic=True)
-            if time.monotonic() > deadline:
-                raise WireTimeout(
-                    f"generator {self.generator_id} (throttled at version {self.version}) received no new "
-                    f"weights for {self.cfg.wire.timeout_s:.0f} s"
-                )
+            self._check_wait(started, f"throttled at version {self.version}", "no new weights arrived")
+
+    def _check_wait(self, started: float, state: str, what: str) -> None:
+        """Fail a wait that began at `started` once it is past `wire.timeout_s`, or, while learner
+        rank 0 announced a checkpoint save, past that save's bound (`SaveWatch`): a save stops both
+        pushes and takes for longer than wire.timeout_s, and must not fail the run. `state`: what
+        the generator is doing, `what`: what did not happen, for the messages."""
+        now, timeout_s, saves = time.monotonic(), self.cfg.wire.timeout_s, self.weights.saves
+        if now <= started + timeout_s:
+            return
+        deadline = saves.deadline(started, timeout_s)
+        if now <= deadline:
+            if saves.notice is not None and self._save_logged != saves.notice.version:
+                self._save_logged = saves.notice.version
+                print(f"[generator {self.generator_id}] {state}: {what} for {now - started:.0f} s, as learner rank 0 "
+                      f"is saving a checkpoint of version {saves.notice.version}; waiting for it up to "
+                      f"{saves.notice.timeout_s:.0f} s from its announcement (train.checkpoint_timeout_s)", flush=True)
+            return
+        save = saves.describe() if deadline > started + timeout_s else ""
+        raise WireTimeout(f"generator {self.generator_id} ({state}): {what} for {now - started:.0f} s"
+                          + (f": {save}" if save else f" (wire.timeout_s={timeout_s:.0f})"))
 
     # ------------------------------------------------------------------------- eval and probes
 
@@ -470,6 +492,12 @@ class GeneratorActor(Generator):
     def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
         return cls(*args, **kwargs)  # this constructor already takes from_config's arguments
 
+    def node(self) -> dict[str, str]:
+        """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
+        from asyncgrpo.placement import this_node
+
+        return this_node()
+
 
 def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
                        quota_per_step: int, cores: list[int] | None, curve: CurveClientKeys | None,
@@ -497,7 +525,8 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
     # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
     # the learner's receiving thread, which competes with training for its core and the GIL.
     # Memory stays bounded: a call's groups in the socket buffers, the rest by the throttle.
-    sink = Sender(groups_endpoint, high_water_mark=max(8, groups_per_call(cfg, quota_per_step)), curve=curve)
+    sink = with_faults(Sender(groups_endpoint, high_water_mark=max(8, groups_per_call(cfg, quota_per_step)),
+                              curve=curve))  # with_faults: a chaos run's lost or corrupted groups
     subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from asyncgrpo.placement import weights_backend
 from asyncgrpo.schema import Config
 from asyncgrpo.weights.base import (
     BACKENDS,
@@ -20,17 +21,15 @@ from asyncgrpo.weights.shm import ShmWeightReceiver, ShmWeightSender, default_di
 from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype_for
 from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
-from asyncgrpo.wire.sockets import resolve_transport
 
 __all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
            "resolve_backend"]
 
 
 def resolve_backend(cfg: Config) -> str:
-    """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc)."""
-    if cfg.weights.backend != "auto":
-        return cfg.weights.backend
-    return "shm" if resolve_transport(cfg.wire.transport, cfg.wire.host) == "ipc" else "zmq"
+    """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc),
+    zmq otherwise, also whenever actors may span nodes (asyncgrpo/placement.py)."""
+    return weights_backend(cfg)
 
 
 def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch.device) -> WeightSender:

@@ -5,6 +5,7 @@
       wait_for_joins()   (both sides block until every generator has joined; no-op for zmq)
       push(version, named_tensors)  ------------------->        poll() / apply_newest(engine)
       shutdown(reason)  -------------------------------->       shutdown_reason
+      announce(SaveNotice)  (a checkpoint save) -------->       saves (SaveWatch)
       republish()  (a restarted generator joined late) -->      poll() / apply_newest(engine)
 
 Backends (`weights.backend`; auto = shm when every generator shares learner rank 0's node, else zmq):
@@ -22,11 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from asyncgrpo.wire.messages import SaveNotice
 
 BACKENDS = ("auto", "shm", "zmq", "nccl")
 # A tensor of the policy's state dict: Hugging Face name, shape, dtype.
@@ -80,6 +84,9 @@ class WeightSender(Protocol):
     def shutdown(self, reason: str) -> None:
         """Tell every generator to stop after loading what it has."""
 
+    def announce(self, notice: SaveNotice) -> None:
+        """Tell every generator that a checkpoint save starts or ended (`SaveWatch` on their side)."""
+
     def republish(self) -> None:
         """Make the newest version pushed available again, for a generator that joined after it was
         pushed (a restarted one): a subscriber receives nothing published before it connected.
@@ -99,6 +106,7 @@ class WeightReceiver(Protocol):
 
     shutdown_reason: str | None
     newest_version: int
+    saves: SaveWatch  # the checkpoint saves announced on the weight stream
 
     def rejections(self) -> tuple[int, str]:
         """Weight messages that could not be used, and the first reason (reported to the learner)."""
@@ -115,3 +123,59 @@ class WeightReceiver(Protocol):
         returns that version, or None if nothing new arrived."""
 
     def close(self) -> None: ...
+
+
+class SaveWatch:
+    """A generator's view of learner rank 0's checkpoint saves, from the `SaveNotice`s that arrive
+    with the weights. A save stops weight pushes and the queue's takes for as long as it takes
+    (minutes for a 7B model's shards), longer than `wire.timeout_s`; so while one is announced and
+    not over, a generator's waits may last until the save's bound (`deadline`), and once it is over,
+    `wire.timeout_s` from its end. It is over at its end notice or at a newer version's weights (the
+    learner went on: an end notice lost on the way does not keep the bound). A generator that missed
+    the announcement (it subscribed after it) waits `wire.timeout_s` as before."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.notice: SaveNotice | None = None  # the save in progress, if one was announced
+        self.announced_at = 0.0
+        self.ended: SaveNotice | None = None  # the last save that ended
+        self.ended_at = -math.inf
+
+    @property
+    def until(self) -> float:
+        """When the save in progress must be over (-inf: none in progress)."""
+        return self.announced_at + self.notice.timeout_s if self.notice is not None else -math.inf
+
+    def note(self, notice: SaveNotice) -> None:
+        """A notice arrived: a save starts (the newest replaces an older one), or one ends."""
+        now = self.clock()
+        if notice.saving:
+            if self.notice is None or notice.version >= self.notice.version:
+                self.notice, self.announced_at = notice, now
+        elif self.notice is not None and notice.version >= self.notice.version:
+            self._end(now)
+
+    def weights_loaded(self, version: int) -> None:
+        """Weights newer than the save's version: the learner is past the save."""
+        if self.notice is not None and version > self.notice.version:
+            self._end(self.clock())
+
+    def _end(self, now: float) -> None:
+        self.ended, self.ended_at, self.notice = self.notice, now, None
+
+    def deadline(self, started: float, timeout_s: float) -> float:
+        """Until when a wait that began at `started` (this clock) may last: `timeout_s`, or the bound
+        of the save in progress, or `timeout_s` after the last save ended, whichever is latest."""
+        return max(started + timeout_s, self.until, self.ended_at + timeout_s)
+
+    def describe(self) -> str:
+        """The save behind an extended wait, for its timeout's message."""
+        now = self.clock()
+        if self.notice is not None:
+            return (f"learner rank 0 announced a checkpoint save of version {self.notice.version} "
+                    f"{now - self.announced_at:.0f} s ago, to take at most {self.notice.timeout_s:.0f} s "
+                    "(train.checkpoint_timeout_s), and it has not ended")
+        if self.ended is not None:
+            return (f"learner rank 0's checkpoint save of version {self.ended.version} ended "
+                    f"{now - self.ended_at:.0f} s ago")
+        return ""

@@ -30,8 +30,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import TensorSpec, WeightTarget, fingerprint, model_spec
-from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
+from asyncgrpo.weights.base import (
+    SaveWatch,
+    TensorSpec,
+    WeightTarget,
+    fingerprint,
+    model_spec,
+)
+from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
 from asyncgrpo.wire.network import free_port
 
 SPEC_NAME = "__spec__"
@@ -138,6 +144,9 @@ class NcclWeightSender:
     def shutdown(self, reason: str) -> None:
         self.publisher.publish(Shutdown(reason=reason))
 
+    def announce(self, notice: SaveNotice) -> None:
+        self.publisher.publish(notice)
+
     def republish(self) -> None:
         # The group's size is fixed when it forms: a new process cannot join it (the driver refuses
         # restarts with this backend before it gets here).
@@ -161,6 +170,7 @@ class NcclWeightReceiver:
         self.announced: list[int] = []  # versions announced and not yet received, in order
         self.newest_version = -1
         self.shutdown_reason: str | None = None
+        self.saves = SaveWatch()
 
     def join(self, address: dict[str, Any]) -> None:
         """`address` from `NcclWeightSender.join_address`, plus this generator's group `rank` (>= 1)."""
@@ -180,6 +190,8 @@ class NcclWeightReceiver:
             if isinstance(message, Shutdown):
                 self.shutdown_reason = message.reason
                 changed = True
+            elif isinstance(message, SaveNotice):
+                self.saves.note(message)
             elif isinstance(message, WeightsChunk):
                 if message.names != [SPEC_NAME] or not np.array_equal(message.tensors[0], self.expected_fingerprint):
                     raise ValueError("weights.backend=nccl: the learner announced a different tensor list than "

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import TensorSpec, WeightTarget, fingerprint
-from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
+from asyncgrpo.weights.base import SaveWatch, TensorSpec, WeightTarget, fingerprint
+from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
 
 ANNOUNCEMENT_NAME = "__shm__"
 NUM_SLOTS = 2
@@ -194,6 +194,9 @@ class ShmWeightSender:
     def shutdown(self, reason: str) -> None:
         self.publisher.publish(Shutdown(reason=reason))
 
+    def announce(self, notice: SaveNotice) -> None:
+        self.publisher.publish(notice)
+
     def close(self) -> None:
         self.publisher.close()
         for slot in self.slots:
@@ -221,6 +224,7 @@ class ShmWeightReceiver:
         self.announced: tuple[int, int] | None = None  # newest (version, slot) not yet loaded
         self.newest_version = -1
         self.shutdown_reason: str | None = None
+        self.saves = SaveWatch()
         self.torn_loads = 0
 
     def join(self, address: dict[str, Any]) -> None:
@@ -247,6 +251,8 @@ class ShmWeightReceiver:
             if isinstance(message, Shutdown):
                 self.shutdown_reason = message.reason
                 changed = True
+            elif isinstance(message, SaveNotice):
+                self.saves.note(message)
             elif isinstance(message, WeightsChunk):
                 changed |= self._announce(message)
         return changed

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import TensorSpec, WeightTarget
-from asyncgrpo.wire import Publisher, Shutdown, Subscriber, WeightsChunk
+from asyncgrpo.weights.base import SaveWatch, TensorSpec, WeightTarget
+from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
 
 _TORCH_TO_WIRE = {
     torch.float32: ("float32", np.float32),
@@ -176,6 +176,9 @@ class ZmqWeightSender:
     def shutdown(self, reason: str) -> None:
         self.publisher.publish(Shutdown(reason=reason))
 
+    def announce(self, notice: SaveNotice) -> None:
+        self.publisher.publish(notice)
+
     def close(self) -> None:
         self.publisher.close()
 
@@ -227,6 +230,7 @@ class ZmqWeightReceiver:
         self.latest: tuple[int, list[tuple[str, torch.Tensor]]] | None = None
         self.newest_version = -1
         self.shutdown_reason: str | None = None
+        self.saves = SaveWatch()
 
     def join(self, address: dict[str, Any]) -> None:
         pass  # the subscription is the whole transport
@@ -248,6 +252,8 @@ class ZmqWeightReceiver:
             if isinstance(message, Shutdown):
                 self.shutdown_reason = message.reason
                 changed = True
+            elif isinstance(message, SaveNotice):
+                self.saves.note(message)
             elif isinstance(message, WeightsChunk):
                 try:
                     changed |= self._add(message)

@@ -21,6 +21,7 @@ from asyncgrpo.wire.messages import (
     Heartbeat,
     Message,
     MsgType,
+    SaveNotice,
     ScoredGroup,
     Shutdown,
     VersionAck,
@@ -112,6 +113,9 @@ def encode(message: Message) -> list[Frame]:
         return _pack(header, [])
     if isinstance(message, Shutdown):
         return _pack({"t": int(MsgType.SHUTDOWN), "reason": message.reason}, [])
+    if isinstance(message, SaveNotice):
+        return _pack({"t": int(MsgType.SAVE), "version": int(message.version), "saving": bool(message.saving),
+                      "timeout_s": float(message.timeout_s)}, [])
     raise TypeError(f"not a wire message: {type(message).__name__}")
 
 
@@ -378,12 +382,22 @@ def _decode_shutdown(header: dict[str, Any], arrays: list[np.ndarray]) -> Shutdo
     return Shutdown(reason=_field(header, "reason", str))
 
 
+def _decode_save(header: dict[str, Any], arrays: list[np.ndarray]) -> SaveNotice:
+    _no_arrays("save notice", arrays)
+    saving, timeout_s = _field(header, "saving", bool), _seconds_field(header, "timeout_s")
+    # A save announced without a bound would stretch no wait; an end with one is a confused sender.
+    if saving != (timeout_s > 0):
+        raise WireError("bad_field", f"timeout_s={timeout_s} must be > 0 exactly when saving (saving={saving})")
+    return SaveNotice(version=_int_field(header, "version"), saving=saving, timeout_s=timeout_s)
+
+
 _DECODERS: dict[int, Callable[[dict[str, Any], list[np.ndarray]], Message]] = {
     MsgType.GROUP: _decode_group,
     MsgType.WEIGHTS: _decode_weights,
     MsgType.ACK: _decode_ack,
     MsgType.HEARTBEAT: _decode_heartbeat,
     MsgType.SHUTDOWN: _decode_shutdown,
+    MsgType.SAVE: _decode_save,
 }
 
 

@@ -1,7 +1,7 @@
 """Typed messages that cross process boundaries.
 
 Upstream (generator -> learner, one PUSH/PULL stream): `ScoredGroup`, `VersionAck`, `Heartbeat`.
-Downstream (learner -> generators, one PUB/SUB stream): `WeightsChunk`, `Shutdown`.
+Downstream (learner -> generators, one PUB/SUB stream): `WeightsChunk`, `Shutdown`, `SaveNotice`.
 
 Arrays are numpy views on the received ZeroMQ frames; nothing here is pickled.
 """
@@ -20,6 +20,8 @@ import numpy as np
 # 5: heartbeats carry reward calls and each term's first error (reward outages stop the run).
 # 6: groups, acknowledgements and heartbeats carry the generator's incarnation (a restarted process
 #    counts again from sequence number 0); groups carry their position in the prompt stream.
+# `SaveNotice` (type 6) came later without a bump: a new type changes no existing layout or meaning
+# (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
 SCHEMA_VERSION = 6
 
 
@@ -29,6 +31,7 @@ class MsgType(IntEnum):
     ACK = 3
     HEARTBEAT = 4
     SHUTDOWN = 5
+    SAVE = 6
 
 
 @dataclass
@@ -133,4 +136,15 @@ class Shutdown:
     reason: str
 
 
-Message = ScoredGroup | WeightsChunk | VersionAck | Heartbeat | Shutdown
+@dataclass
+class SaveNotice:
+    """Learner rank 0 is saving a checkpoint of `version` (`saving`): no new weights and no room on the
+    group queue for up to `timeout_s` seconds from receipt (train.checkpoint_timeout_s); or
+    (`saving` false, `timeout_s` 0) that save is over. A duration, not a time: clocks differ across nodes."""
+
+    version: int
+    saving: bool
+    timeout_s: float
+
+
+Message = ScoredGroup | WeightsChunk | VersionAck | Heartbeat | Shutdown | SaveNotice

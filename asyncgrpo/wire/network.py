@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import sys
 
 # wire.transport: auto = ipc on a loopback host (every peer is on this node), tcp otherwise.
 TRANSPORTS = ("auto", "tcp", "ipc")
@@ -28,11 +29,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+# Any address outside this machine: connecting a UDP socket to it sends nothing, it only makes the
+# kernel pick the interface that routes off this machine.
+_PROBE_ADDRESS = ("10.254.254.254", 1)
+
+
 def advertised_host(host: str) -> str:
     """A wildcard bind address as peers on other nodes reach it: this node's address."""
     if host in _WILDCARDS:
-        return socket.gethostbyname(socket.gethostname())
+        return node_address()
     return host
+
+
+def node_address() -> str:
+    """This machine's address as other nodes reach it: in a Ray process, the node address the
+    cluster itself uses; else the address of the interface that routes off this machine, and
+    loopback on a machine without a route (only local peers then). Never the hostname's address:
+    Debian and Ubuntu map the hostname to 127.0.1.1 in /etc/hosts, which no other node reaches."""
+    ray = sys.modules.get("ray")  # only if this process already uses Ray: importing it costs seconds
+    if ray is not None and ray.is_initialized():
+        from ray.util import get_node_ip_address
+
+        return get_node_ip_address()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(_PROBE_ADDRESS)
+            address = probe.getsockname()[0]
+    except OSError:  # no route off this machine
+        return "127.0.0.1"
+    return "127.0.0.1" if is_loopback(address) or address in _WILDCARDS else address
 
 
 def advertised(endpoint: str) -> str:

@@ -38,6 +38,7 @@ from asyncgrpo.wire.codec import (
 from asyncgrpo.wire.messages import (
     Heartbeat,
     Message,
+    SaveNotice,
     ScoredGroup,
     Shutdown,
     VersionAck,
@@ -54,7 +55,7 @@ from asyncgrpo.wire.security import (
 log = logging.getLogger(__name__)
 
 UPSTREAM_TYPES = (ScoredGroup, VersionAck, Heartbeat)
-DOWNSTREAM_TYPES = (WeightsChunk, Shutdown)
+DOWNSTREAM_TYPES = (WeightsChunk, Shutdown, SaveNotice)
 
 # A Unix socket path must fit sockaddr_un.sun_path (108 bytes on Linux, 104 on macOS).
 _MAX_IPC_PATH = 100

@@ -1,6 +1,8 @@
-"""The real CLI with two learner ranks, periodic checkpoints, a resume from them, and the export."""
+"""The real CLI with two learner ranks, periodic checkpoints (slow ones, outlasting wire.timeout_s),
+a resume from them, and the export."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,15 +32,24 @@ def step_records(run_dir: Path) -> list[dict]:
 
 
 def test_two_ranks_checkpoint_resume_and_export(tmp_path):
+    # Every save sleeps 15 s (a failpoint: slow storage), past wire.timeout_s=8: told of each save,
+    # the generators wait it out (up to train.checkpoint_timeout_s) instead of failing the run.
+    slow_saves = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps({"checkpoint_save_delay_s": 15})}
     first = subprocess.run(cli(tmp_path, "first", "learner.world_size=2", "train.max_steps=5",
-                               "train.save_every_steps=2"), capture_output=True, text=True, timeout=900)
+                               "train.save_every_steps=2", "wire.timeout_s=8", "train.checkpoint_timeout_s=120"),
+                           capture_output=True, text=True, timeout=900, env=slow_saves)
     assert first.returncode == 0, first.stderr[-4000:]
     run = tmp_path / "first"
+    assert "WireTimeout" not in first.stdout + first.stderr
+    # The generator did wait on a save for longer than wire.timeout_s (logged once per save).
+    assert "learner rank 0 is saving a checkpoint of version" in first.stdout + first.stderr
+    assert [r["time/checkpoint_s"] >= 15 for r in step_records(run) if "time/checkpoint_s" in r] == [True, True]
     assert len(json.loads((run / "actors.json").read_text())["learner_pids"]) == 2
     assert [r["step"] for r in step_records(run)] == [1, 2, 3, 4, 5]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_4"]
     assert all((run / "checkpoints" / s / "COMPLETE").is_file() for s in ("step_2", "step_4"))
     summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["generator_restarts"] == 0
     assert summary["probe"]["generator_version"] == summary["probe"]["learner_version"] == 5
     assert summary["probe"]["max_abs_diff_vs_learner"] < 1e-3  # vLLM got the 2-rank learner's weights
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (run / "export").iterdir()}

@@ -21,6 +21,7 @@ from asyncgrpo.replay import GroupLimits, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import (
     Heartbeat,
     Receiver,
+    SaveNotice,
     ScoredGroup,
     Sender,
     Shutdown,
@@ -58,6 +59,7 @@ def seed_messages(rng: np.random.Generator) -> list[Frames]:
         VersionAck(generator_id=1, version=3),
         Heartbeat(generator_id=2, next_seq=5, version=1),
         Shutdown(reason="done"),
+        SaveNotice(version=4, saving=True, timeout_s=1800.0),
         WeightsChunk(version=1, chunk_index=0, num_chunks=1, names=["w"],
                      tensors=[np.ones(6, dtype=np.float32)], dtypes=["float32"], shapes=[[2, 3]], offsets=[0]),
     ]

@@ -41,6 +41,8 @@ def test_overrides_apply():
         ("learner.mixed_precision=fp8", "learner.mixed_precision"),
         ("algo.kl.reference_on=disk", "algo.kl.reference_on"),
         ("train.save_every_steps=-1", "train.save_every_steps"),
+        ("train.checkpoint_timeout_s=0", "train.checkpoint_timeout_s"),
+        ("train.checkpoint_timeout_s=inf", "train.checkpoint_timeout_s"),
         ("resume=/no/such/checkpoint", "resume"),
         ("algo.kl.kind=k9", "algo.kl.kind"),
         ("device=tpu", "device"),

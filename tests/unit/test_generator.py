@@ -28,6 +28,7 @@ from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
 from asyncgrpo.tasks.stream import PromptStream
+from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck, WireTimeout
 
 BASE_CONFIG = load([])
@@ -174,6 +175,7 @@ class PushesWhileWaiting:
         self.joined: list[dict[str, Any]] = []
         self.closed = False
         self.rejected, self.rejection = 0, ""
+        self.saves = SaveWatch()
 
     def join(self, address: dict[str, Any]) -> None:
         self.joined.append(address)

@@ -23,6 +23,7 @@ from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import Generator
 from asyncgrpo.tasks import make_task
 from asyncgrpo.tasks.stream import PromptStream
+from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import Heartbeat, VersionAck, example_group
 
 EOS = 2
@@ -75,6 +76,7 @@ class PushEverySegment:
     def __init__(self) -> None:
         self.newest_version = 0
         self.shutdown_reason = None
+        self.saves = SaveWatch()
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         return True

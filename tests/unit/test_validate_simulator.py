@@ -1,0 +1,92 @@
+"""tools/validate_simulator.py: the pure parts (one prediction beside a measurement, which run the
+"same generators" column calibrates from, the worst ratio per column, the table); no training."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from test_simulate import constant_run
+
+from asyncgrpo.simulate import Measured, simulate
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "validate_simulator.py"
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("validate_simulator", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["validate_simulator"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+vs = load_tool()
+
+
+def measured(samples_per_s: float) -> Measured:
+    return Measured(samples_per_s=samples_per_s, steady_samples_per_s=samples_per_s, learner_idle_frac=0.25,
+                    generator_idle_frac=0.5, staleness_mean=1.5, staleness_histogram={1: 4, 2: 4})
+
+
+def test_a_prediction_is_the_simulation_beside_the_run_as_a_ratio():
+    cal, s = constant_run(generate_s=1.0, train_s=2.0, max_staleness=0)
+    result = simulate(cal, s)  # 8 samples per 3 s step
+    column = vs.prediction(measured(2.0), result, "runs/ref")
+    assert column["calibrated_from"] == "runs/ref"
+    assert column["samples_per_s"] == pytest.approx(8 / 3, abs=0.01)
+    assert column["ratio"] == pytest.approx((8 / 3) / 2.0, abs=1e-4)
+    assert column["learner_idle_frac"] == pytest.approx(1 / 3, abs=1e-4)
+    assert column["staleness_mean"] == 0.0
+    assert vs.prediction(measured(0.0), result, "x")["ratio"] is None  # nothing measured: no ratio
+
+
+@pytest.mark.parametrize("available, key, reference_eta, expected", [
+    ([(2, 0), (2, 1), (2, 2), (2, 4)], (2, 0), 2, (2, 2)),  # the reference's eta
+    ([(2, 0), (2, 1), (2, 2), (2, 4)], (2, 2), 2, (2, 1)),  # the reference's eta itself: the nearest other
+    ([(2, 1), (2, 2), (2, 3)], (2, 2), 2, (2, 1)),  # a tie: the lower
+    ([(1, 0), (1, 2), (2, 0)], (2, 0), 2, None),  # 2 generators ran at no other eta
+    ([(1, 0), (1, 4)], (1, 0), 2, (1, 4)),  # the reference's eta not run with this many: the nearest
+])
+def test_the_same_generators_column_calibrates_from_another_eta_with_as_many_generators(available, key,
+                                                                                      reference_eta, expected):
+    assert vs.same_generators_source(available, *key, reference_eta) == expected
+
+
+def row(generators: int, eta: int, cross: float, same: float | None, own: float, source: bool = False) -> dict:
+    cell = {"calibrated_from": "r", "samples_per_s": 100.0, "learner_idle_frac": 0.1, "generator_idle_frac": 0.2,
+            "staleness_mean": 1.0}
+    return {"generators": generators, "max_staleness": eta,
+            "measured": {"samples_per_s": 100.0, "learner_idle_frac": 0.1, "generator_idle_frac": 0.2,
+                         "staleness_mean": 1.0},
+            "cross": {**cell, "ratio": cross, **({"is_source": True} if source else {})},
+            "same_generators": {**cell, "ratio": same} if same is not None else None,
+            "own": {**cell, "ratio": own}}
+
+
+def test_the_worst_ratio_is_the_farthest_from_one_and_leaves_the_reference_out_of_cross():
+    rows = [row(1, 0, 0.80, 1.05, 1.01), row(1, 2, 1.50, 0.99, 1.00, source=True), row(2, 0, 1.10, None, 0.97)]
+    assert vs.worst(rows, "cross") == {"ratio": 0.80, "generators": 1, "max_staleness": 0, "runs": 2,
+                                       "within_15pct": False}
+    assert vs.worst(rows, "same_generators") == {"ratio": 1.05, "generators": 1, "max_staleness": 0, "runs": 2,
+                                                 "within_15pct": True}
+    assert vs.worst(rows, "own")["ratio"] == 0.97 and vs.worst(rows, "own")["runs"] == 3
+    assert vs.worst([], "cross") is None
+
+
+def test_the_table_has_a_row_per_run_and_marks_the_reference():
+    table = vs.format_table([row(1, 0, 0.8, 1.05, 1.01), row(1, 2, 1.0, None, 1.0, source=True)]).splitlines()
+    assert table[0].startswith("| generators | max_staleness | measured samples/s | predicted (cross) | ratio cross |")
+    assert len(table) == 4
+    assert "| 1 | 0 | 100.0 | 100.0 | 0.800 | 1.050 | 1.010 |" in table[2]
+    assert "| 1.000* | - | 1.000 |" in table[3]
+
+
+def test_phase_times_are_what_a_prediction_carries_over_and_print_as_a_table():
+    cal, _ = constant_run(generate_s=1.5, train_s=[9.0, 2.0, 4.0, 3.0], push_s=0.5, warmup_steps=1)
+    phases = vs.phase_times(cal)
+    assert phases == {"call_s": 1.5, "call_groups": 4, "train_s": 3.0, "push_s": 0.5}  # the warm-up step left out
+    table = vs.format_phases([{"generators": 1, "max_staleness": 0, "phases": phases}]).splitlines()
+    assert table[2] == "| 1 | 0 | 1.5000 (4) | 3.0000 | 0.5000 |"
