@@ -61,7 +61,14 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from asyncgrpo.simulate import Calibration, Result, Settings, SimulationError, simulate
+from asyncgrpo.simulate import (
+    Calibration,
+    Result,
+    Settings,
+    SimulationError,
+    _rounded,
+    simulate,
+)
 
 
 @dataclass(frozen=True)
@@ -379,16 +386,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(_rounded(payload)))
     return 0
-
-
-def _rounded(value: Any) -> Any:
-    if isinstance(value, float):
-        return round(value, 6)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rounded(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":
