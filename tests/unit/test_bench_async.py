@@ -6,9 +6,7 @@ processes, no vLLM, no Ray."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,19 +14,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tool_modules import load_file, load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_module(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-ba = load_module("bench_async", ROOT / "tools" / "bench_async.py")
+ba = load_tool("bench_async")
 
 
 # ------------------------------------------------------------------ a synthetic run of the two loops
@@ -308,7 +299,7 @@ def test_the_table_prints_spreads_and_the_headline(capsys):
 def test_the_generator_counts_the_loads_done_inside_its_waits():
     """A synchronous generator loads each version inside its throttle wait; those loads are work
     its wait timer holds, reported apart so the busy time can count them."""
-    tg = load_module("bench_async_generator_fakes", ROOT / "tests" / "unit" / "test_generator.py")
+    tg = load_file("bench_async_generator_fakes", ROOT / "tests" / "unit" / "test_generator.py")
 
     class SlowLoads(tg.AddingEngine):
         def load_weights(self, named_tensors) -> None:

@@ -5,7 +5,6 @@ and a real TRL run only where TRL is installed (`pip install -e '.[peer]'`)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,19 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tool_modules import TOOLS, load_tool
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_peer.py"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("bench_peer", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_peer"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bp = load_tool()
+TOOL = TOOLS / "bench_peer.py"
+bp = load_tool("bench_peer")
 
 
 # ------------------------------------------------------------------------------------ arguments

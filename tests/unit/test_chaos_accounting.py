@@ -3,22 +3,9 @@ recording) and of what it counted, without running anything."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tool_modules import load_tool
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "chaos.py"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("chaos", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chaos"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-chaos = load_tool()
+chaos = load_tool("chaos")
 Consumed = chaos.Consumed
 
 

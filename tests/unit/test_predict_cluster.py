@@ -4,14 +4,12 @@ pipeline must (never faster than the learner alone, staleness within the bound).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from test_simulate import NO_MEASUREMENT, fake_run
+from tool_modules import load_tool
 
 from asyncgrpo.simulate import (
     Calibration,
@@ -21,18 +19,7 @@ from asyncgrpo.simulate import (
     simulate,
 )
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "predict_cluster.py"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("predict_cluster", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["predict_cluster"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-pc = load_tool()
+pc = load_tool("predict_cluster")
 
 
 def synthetic_calibration() -> Calibration:

@@ -3,27 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from test_simulate import constant_run
+from tool_modules import load_tool
 
 from asyncgrpo.simulate import Measured, simulate
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "validate_simulator.py"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("validate_simulator", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["validate_simulator"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-vs = load_tool()
+vs = load_tool("validate_simulator")
 
 
 def measured(samples_per_s: float) -> Measured:
