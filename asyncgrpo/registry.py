@@ -16,6 +16,13 @@ Positions (`position`, the checkpointed state): per generator, the prompt-stream
 the newest group the learner *consumed*. Each generator's groups are consumed oldest first, so
 every prompt before it was trained (or dropped, and counted); a resumed or restarted generator
 continues there, and a group queued but never trained is generated again rather than skipped.
+
+Write-offs (`write_off`, `written_off`): per generator incarnation, how many of its groups the
+learner will never take: lost in transit (gaps), rejected as untrainable, dropped as stale or from a
+full queue. The learner takes a fixed share of each generator's groups per step, so each write-off
+moves that generator's later groups one place earlier in the schedule; its throttle, which counts
+the groups it *started*, may start one more per write-off (the driver tells it, `credit`), or the
+losses would use up its lead for good (rollout/generator.py, `throttle_limit`).
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ class GeneratorState:
     rejected_before: int = 0
     rejection: str = ""
     down: bool = False  # its process died; the driver is starting the next incarnation
+    written_off: int = 0  # this incarnation's groups the learner will never take (module docstring)
 
 
 class GeneratorRegistry:
@@ -148,7 +156,7 @@ class GeneratorRegistry:
         nothing yet. What the old one announced but never delivered was counted lost by its
         heartbeats; what it did not announce is not known to have existed."""
         state.incarnation = incarnation
-        state.next_seq, state.acked_version, state.down = 0, -1, False
+        state.next_seq, state.acked_version, state.down, state.written_off = 0, -1, False, 0
         state.reported_before = dict(state.reported)
         state.rejected_before = state.weights_rejected
 
@@ -157,13 +165,28 @@ class GeneratorRegistry:
         if missing <= 0:
             return
         self.lost += missing
+        state.written_off += missing
         if not state.reported_loss:
             state.reported_loss = True
             log.warning("generator %d: %d group(s) lost in transit before sequence number %d; "
                         "later losses are only counted under queue/lost", generator_id, missing, next_seq)
         state.next_seq = next_seq
 
+    def write_off(self, generator_id: int, incarnation: int) -> None:
+        """One group of this incarnation that arrived will never be trained (rejected, or dropped
+        stale or from a full queue); a replaced incarnation's groups owe its successor nothing."""
+        with self._lock:
+            state = self.generators.get(generator_id)
+            if state is not None and state.incarnation == incarnation:
+                state.written_off += 1
+
     # ---------------------------------------------------------------------------------- learner
+
+    def written_off(self) -> dict[int, tuple[int, int]]:
+        """Per generator: (its current incarnation, how many of that incarnation's groups the learner
+        will never take), for the throttle's credit (module docstring)."""
+        with self._lock:
+            return {g: (s.incarnation, s.written_off) for g, s in sorted(self.generators.items())}
 
     def acked_versions(self, generator_ids: Sequence[int]) -> dict[int, int]:
         """The newest weight version each generator acknowledged (-1: none yet), leaving out those

@@ -306,6 +306,7 @@ class ReplayQueue:
                 # It takes no room: it never waits for any.
                 if self.registry.admit(message.generator_id, message.seq, message.incarnation):
                     self.rejected.record_error(*problem)
+                    self.registry.write_off(message.generator_id, message.incarnation)
             elif isinstance(message, ScoredGroup):
                 if not self._wait_for_room(deadline):
                     return False
@@ -336,8 +337,10 @@ class ReplayQueue:
         if len(self._buffer) >= self.capacity_groups:
             victim = self.policy.victim_when_full(self._buffer)
             assert victim is not None, "_wait_for_room made room"
+            dropped = self._buffer[victim]
             del self._buffer[victim]
             self.dropped_full += 1
+            self.registry.write_off(dropped.generator_id, dropped.incarnation)
         self._buffer.append(group)
         self.peak_depth = max(self.peak_depth, len(self._buffer))
         if self._waiting_takers and len(self._buffer) >= min(self._waiting_takers):
@@ -389,6 +392,7 @@ class ReplayQueue:
             g = group.generator_id
             if self.policy.too_stale(group, learner_version):
                 self.dropped_stale += 1
+                self.registry.write_off(g, group.incarnation)
             elif len(batch) < num_groups and (wanted is None or (wanted[g] > 0 and self._on_schedule(g, down))):
                 batch.append(group)
                 if wanted is not None:

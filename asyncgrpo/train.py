@@ -39,6 +39,7 @@ from asyncgrpo.metrics import (
     require_sink_packages,
 )
 from asyncgrpo.preflight import check_rewards, preflight
+from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.schema import Config, to_yaml
 
 # Importable from here, as before the driver became a package (cli, tools, tests).
@@ -132,7 +133,10 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             summary.update(evaluate(actors, eval_problems, "start", step=start_step, metrics=metrics))
         runs = [generator.run.remote() for generator in actors.generators]  # replaced in place on a restart
         try:
-            run_loop(cfg, RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator), metrics,
+            # Under a throttle, groups the learner writes off are credited back to their generator.
+            credit = actors.credit_write_offs if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
+            remote = RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator, credit=credit)
+            run_loop(cfg, remote, metrics,
                      SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned
             if cfg.train.checkpoint_on_interrupt:

@@ -823,23 +823,18 @@ def wire_fault(name: str, every: int, reason: str | None) -> Callable[[Context, 
 
 
 def wire_loss_beyond_headroom(ctx: Context, row: Row) -> None:
-    """A known limitation, pinned: it must fail loudly, not hang. The learner takes exactly its
-    share of each generator's groups per step, and the generator's throttle counts the groups it
-    started, lost ones included; so each group lost in transit (or rejected) takes one group of the
-    max_staleness x share (32 here) it may run ahead, for good. Past that the learner waits for
-    groups the throttle forbids, and the wait ends the run after wire.timeout_s."""
+    """More groups lost than the throttle's lead. The learner takes exactly its share of each
+    generator's groups per step and the throttle counts the groups it *started*, so without the
+    learner's credit (registry.py, Write-offs) each loss would use up one group of the
+    max_staleness x share (32 here) it may run ahead, and the run would stall after 32 losses."""
     steps, every, timeout_s = 240, 40, 30
     headroom = MAX_STALENESS * GROUPS_PER_STEP
-    started = time.monotonic()
     result = ctx.finish(ctx.train([f"train.max_steps={steps}", f"wire.timeout_s={timeout_s}"],
                                   faults={"wire_drop_every": every}))
-    stalled_at = max((int(r["step"]) for r in result.steps), default=0)
-    evaluate(ctx, row, None, [
-        *one_line_error(result, f"lost in transit: {headroom + 1}", f"wire.timeout_s={timeout_s}"),
-        (0 < stalled_at < steps, f"the run stalled before step {steps} (at {stalled_at})"),
-    ])
-    row.notes.append(f"stalled at step {stalled_at} after {headroom + 1} groups lost ({every * (headroom + 1)} sent); "
-                     f"failed {time.monotonic() - started:.0f} s after its start")
+    last = result.steps[-1] if result.steps else {}
+    lost = int(last.get("queue/lost", 0))
+    evaluate(ctx, row, steps, [(lost > headroom, f"more groups lost ({lost}) than the throttle's lead ({headroom})")])
+    row.notes.append(f"{lost} groups lost in transit, {headroom} of lead: each credited back to the throttle")
 
 
 def judge_outage(ctx: Context, row: Row) -> None:
@@ -947,10 +942,9 @@ SCENARIOS = [
              "finished; rejected under wire/rejected/bad_header and counted lost; 0 duplicates; no silent loss",
              wire_fault("wire_corrupt_every", 150, "bad_header")),
     Scenario("wire_loss_beyond_headroom", "every 40th group lost (wire_drop_every), wire.timeout_s=30: more losses "
-             "than the throttle's headroom of max_staleness x share = 32 groups",
-             "known limitation: the learner waits for groups the throttle forbids; failed after wire.timeout_s "
-             "with one line naming the 33 groups lost in transit (not a hang); 0 duplicates, no silent loss",
-             wire_loss_beyond_headroom),
+             "than the throttle's lead of max_staleness x share = 32 groups",
+             "finished: each loss credited back to the generator's throttle; queue/lost > 32; 0 duplicates; "
+             "no silent loss; staleness within the bound", wire_loss_beyond_headroom),
     Scenario("judge_outage", "the HTTP judge (reward.on_error=drop_group) answers 500 for 30 s from step 40",
              "finished; reward/errors and reward/groups_dropped count the outage; dropped prompts counted; "
              "0 duplicates", judge_outage),

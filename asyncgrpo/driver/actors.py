@@ -119,6 +119,7 @@ class Actors:
         self.endpoints: dict[str, str] = {}  # learner rank 0's bound sockets
         self.weight_address: dict[str, Any] = {}  # learner rank 0's weight transport (WeightSender.join_address)
         self.restarts = [0] * cfg.rollout.num_generators  # per generator; its incarnation is this count
+        self._credited: dict[int, tuple[int, int]] = {}  # generator -> (incarnation, write-offs it was told of)
         # How a generator is started (`_start_generator`), kept for its restarts.
         self._generator_start: dict[str, Any] = {}
         self._pids: dict[str, Any] = {}  # run_dir/actors.json: pids, cores, nodes, the wire
@@ -257,8 +258,8 @@ class Actors:
                 f"generator {index} joining the weight transport after its restart")
         rejoin = get(control(self.learner, "generator_rejoined", index, incarnation), timeout_s,
                      "learner rank 0 (generator_rejoined)")
-        get(generator.rejoin.remote(rejoin["position"], rejoin["base_version"], rejoin["newest_version"]), timeout_s,
-            f"generator {index} (rejoin)")
+        get(generator.rejoin.remote(rejoin["position"], rejoin["base_version"], rejoin["newest_version"],
+                                    rejoin["save"]), timeout_s, f"generator {index} (rejoin)")
         self._tell_leads(rejoin["leads"])
         self._pids["generator_pids"][index] = ready["pid"]
         self._write_pids()
@@ -277,6 +278,27 @@ class Actors:
                     f"generator {lender} (extend_lead)")
             except RayActorError:
                 pass  # it died meanwhile: the loop restarts it, and its next incarnation owes nothing
+
+    def credit_write_offs(self) -> None:
+        """Tell each generator how many of its current incarnation's groups the learner wrote off
+        (lost in transit, rejected, dropped; registry.py, Write-offs), when that changed: its
+        throttle may start as many more groups, or the losses would use up its lead for good."""
+        from ray.exceptions import RayActorError
+
+        timeout_s = self.cfg.wire.timeout_s
+        try:
+            counts = get(control(self.learner, "written_off"), timeout_s, "learner rank 0 (written_off)")
+        except RayActorError:
+            return  # rank 0 died: the steps' wait reports it (driver/loop.py, get_rank_result)
+        for index, (incarnation, groups) in counts.items():
+            if groups <= 0 or self._credited.get(index) == (incarnation, groups) or index >= len(self.generators):
+                continue
+            try:
+                get(control(self.generators[index], "credit_written_off", incarnation, groups), timeout_s,
+                    f"generator {index} (credit_written_off)")
+            except RayActorError:
+                continue  # it died meanwhile: the wait restarts it, and its next incarnation starts at 0
+            self._credited[index] = (incarnation, groups)
 
     def _join_weights(self) -> None:
         """The weight backend's rendezvous, if it has one (an empty address: none): learner rank 0 and

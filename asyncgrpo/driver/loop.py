@@ -145,37 +145,62 @@ def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_lo
 
 # Generator index, why its process died -> the `run()` reference of its next incarnation.
 Restart = Callable[[int, BaseException], Any]
+# How often the steps' waits run their `credit` (Actors.credit_write_offs).
+CREDIT_EVERY_S = 1.0
+
+
+class Periodic:
+    """`fn` at most once every `every_s`, on a schedule kept across calls (one call of the steps
+    often waits less than `every_s`)."""
+
+    def __init__(self, fn: Callable[[], None], every_s: float) -> None:
+        self.fn, self.every_s = fn, every_s
+        self._next = time.monotonic() + every_s
+
+    def run_if_due(self) -> float:
+        """Run `fn` if it is due; the seconds until it is due again."""
+        if time.monotonic() >= self._next:
+            self.fn()
+            self._next = time.monotonic() + self.every_s
+        return max(0.0, self._next - time.monotonic())
 
 
 class RemoteLearner:
     """`LearnerRanks` over the learner actors; a step's wait restarts a generator whose process
-    dies (`restart`; None: it fails the run) and fails the run as soon as a generator (one of
-    `runs`, their `run()` calls, replaced in place on a restart) otherwise ends or a rank fails."""
+    dies (`restart`; None: it fails the run), fails the run as soon as a generator (one of `runs`,
+    their `run()` calls, replaced in place on a restart) otherwise ends or a rank fails, and every
+    CREDIT_EVERY_S runs `credit` (the throttle's write-offs; None: nothing)."""
 
-    def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any], restart: Restart | None = None) -> None:
+    def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any], restart: Restart | None = None,
+                 credit: Callable[[], None] | None = None) -> None:
         self.ranks, self.runs, self.restart = ranks, runs, restart
+        self.credit = Periodic(credit, CREDIT_EVERY_S) if credit is not None else None
         self.timeout_s = learner_wait_timeout_s(cfg)
         self.steps_timeout_s = steps_wait_timeout_s(cfg)  # the steps may include a checkpoint save
 
     def train_steps(self, num_steps: int) -> list[dict[str, float]]:
         pending = [rank.train_steps.remote(num_steps) for rank in self.ranks]
-        return wait_for_ranks(pending, self.runs, self.steps_timeout_s, self.restart)
+        return wait_for_ranks(pending, self.runs, self.steps_timeout_s, self.restart, self.credit)
 
     def recent_samples(self, num_groups: int) -> list[dict[str, Any]]:
         return get(self.ranks[0].recent_samples.remote(num_groups), self.timeout_s, "learner rank 0 (recent_samples)")
 
 
-def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float, restart: Restart | None = None) -> Any:
+def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float, restart: Restart | None = None,
+                   credit: Periodic | None = None) -> Any:
     """Rank 0's result once every rank is done. A generator whose process dies first is restarted
     (`restart` replaces its entry of `runs`); one that raises or returns, or a rank that fails,
-    fails the run loudly."""
+    fails the run loudly. Meanwhile `credit` runs on its schedule."""
     import ray
 
     waiting = list(pending)
     deadline = time.monotonic() + timeout_s
     while waiting:
-        ready, _ = ray.wait([*waiting, *runs], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not ready:
+        wait_s = max(0.0, deadline - time.monotonic())
+        if credit is not None:
+            wait_s = min(wait_s, credit.run_if_due())
+        ready, _ = ray.wait([*waiting, *runs], num_returns=1, timeout=wait_s)
+        if not ready and time.monotonic() >= deadline:
             raise TrainingFailed(f"no learner progress for {timeout_s:.0f} s")
         for index, run in enumerate(runs):
             if run in ready:

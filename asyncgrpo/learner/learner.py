@@ -97,6 +97,7 @@ class Learner:
         self._run_record: dict[str, Any] | None = None
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
+        self._save_started: float | None = None  # time.monotonic() at the start of the save under way
         # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
         self._ring = VersionRing.from_config(cfg)
         # Rejoined generator -> the version it must load; written by the driver's thread
@@ -239,7 +240,7 @@ class Learner:
         return sent
 
     # ------------------------------------------------------------------------------- restarts
-    # The driver calls the first two on rank 0 from the actor's control group, i.e. on another
+    # The driver calls these three on rank 0 from the actor's control group, i.e. on another
     # thread while a step runs: they touch only the queue and the registry (both locked), and leave
     # publishing to the step's thread (a ZeroMQ socket belongs to one thread).
 
@@ -257,8 +258,15 @@ class Learner:
         with self._rejoin_lock:
             self._awaiting_weights[generator_id] = newest
             self._next_republish = 0.0
+        save = self.save_in_progress()
         return {"position": rejoin.position, "base_version": rejoin.base_version, "newest_version": newest,
-                "dropped": rejoin.dropped, "leads": rejoin.leads}
+                "dropped": rejoin.dropped, "leads": rejoin.leads,
+                "save": None if save is None else {"version": save.version, "timeout_s": save.timeout_s}}
+
+    def written_off(self) -> dict[int, tuple[int, int]]:
+        """Rank 0: per generator, (its incarnation, how many of that incarnation's groups will never
+        be trained: lost, rejected, dropped); the driver credits them to its throttle (registry.py)."""
+        return self.registry.written_off() if self.registry is not None else {}
 
     def _serve_rejoins(self) -> None:
         """On the step's thread: publish the newest weights again while a rejoined generator has
@@ -337,10 +345,21 @@ class Learner:
         return str(path)
 
     def _announce_save(self, saving: bool) -> None:
-        """Rank 0: tell the generators that a checkpoint save of this version starts, or ended."""
+        """Rank 0: tell the generators that a checkpoint save of this version starts, or ended; and
+        remember it for a generator that rejoins during the save (`save_in_progress`)."""
+        self._save_started = time.monotonic() if saving else None
         if self.weights is not None:
             timeout_s = self.cfg.train.checkpoint_timeout_s if saving else 0.0
             self.weights.announce(SaveNotice(self.version, saving=saving, timeout_s=timeout_s))
+
+    def save_in_progress(self) -> SaveNotice | None:
+        """The checkpoint save under way, its bound counted from now (None: none): a generator that
+        rejoins during a save subscribed after its announcement and must be told (`generator_rejoined`)."""
+        started = self._save_started
+        if started is None:
+            return None
+        remaining = max(0.0, self.cfg.train.checkpoint_timeout_s - (time.monotonic() - started))
+        return SaveNotice(self.version, saving=True, timeout_s=remaining)
 
     def run_record(self) -> dict[str, Any]:
         """What a resume checks against (asyncgrpo/resume.py); the data files are hashed at the first

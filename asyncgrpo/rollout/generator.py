@@ -12,7 +12,8 @@ within max_staleness versions of the learner that consumes it.
 A restarted generator (a new `incarnation` of the same generator id, started by the driver) is told
 by `rejoin` where its prompt stream continues, from which learner version its groups are counted
 and which weights it must load before generating; `extend_lead` tells a running generator how many
-groups the learner took from it beyond its shares while a peer was down (replay.py, Restarts).
+groups the learner took from it beyond its shares while a peer was down (replay.py, Restarts), and
+`credit_written_off` how many of its groups the learner will never take (registry.py, Write-offs).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights import WeightReceiver, make_receiver
 from asyncgrpo.wire import (
     Heartbeat,
+    SaveNotice,
     ScoredGroup,
     Sender,
     Subscriber,
@@ -122,7 +124,10 @@ def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int)
     generator's group k (0-based, in sending order) is trained at learner version k // quota
     exactly, however fast the other generators are. Starting it only while
     k < (max_staleness + v + 1) * quota, with weights v, gives k // quota - v <= max_staleness. A
-    group given back (reward.on_error=drop_group) only moves later groups to smaller k.
+    group given back (reward.on_error=drop_group) only moves later groups to smaller k, and so does
+    one the learner writes off (lost, rejected, dropped): group k then sits at place k - w in the
+    schedule, w of its predecessors written off, and the throttle adds the credit w it was told of
+    (w' <= w, as only groups already sent are written off), which keeps (k - w) // quota - v <= max_staleness.
     max_staleness = 0 gives lock-step synchronous GRPO.
     """
     return (max_staleness + loaded_version + 1) * quota_per_step
@@ -181,6 +186,10 @@ class Generator:
         # Groups the learner took from us beyond our shares (lent to a restarting peer): the throttle
         # lets us start as many more. Set from the driver's thread (`extend_lead`), read by run().
         self.lead = 0
+        # Groups of ours the learner will never take (lost in transit, rejected, dropped): its share
+        # comes from our later groups instead, so the throttle lets us start as many more. Set from
+        # the driver's thread (`credit_written_off`), read by run().
+        self.written_off = 0
         self._rejoin_version = initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
@@ -206,20 +215,33 @@ class Generator:
         return {"generator_id": self.generator_id, "pid": os.getpid(), "version": self.version,
                 "incarnation": self.incarnation}
 
-    def rejoin(self, position: int, base_version: int, newest_version: int) -> None:
+    def rejoin(self, position: int, base_version: int, newest_version: int,
+               save: dict[str, Any] | None = None) -> None:
         """A restarted generator, before `run`: continue the prompt stream at `position` (past the
         groups the learner consumed), count groups as if started from learner version
         `base_version` (from which the learner takes our share again, so group k is still trained
-        at k // quota) and load version `newest_version` before generating anything."""
+        at k // quota) and load version `newest_version` before generating anything. `save`: the
+        checkpoint save under way at learner rank 0 (`version`, `timeout_s` from now), whose
+        announcement went out before we subscribed: our waits may last as long as it."""
         self.problems.load_state_dict({"position": position})
         self.groups_started = base_version * self.quota_per_step
         self._rejoin_version = newest_version
+        if save is not None:
+            self.weights.saves.note(SaveNotice(int(save["version"]), saving=True, timeout_s=float(save["timeout_s"])))
 
     def extend_lead(self, groups: int) -> None:
         """The learner has taken `groups` of ours beyond our shares in all (lent to a restarting
         peer): they were trained earlier than their schedule, so the throttle may start as many more
         (called from the driver's thread while `run` goes on; an int assignment is atomic)."""
         self.lead = max(self.lead, groups)
+
+    def credit_written_off(self, incarnation: int, groups: int) -> None:
+        """The learner will never take `groups` of this incarnation's groups in all (registry.py,
+        Write-offs): each moves our later groups one place earlier in its schedule, so the throttle
+        may start as many more; otherwise every loss would use up one group of our lead for good.
+        A count for another incarnation (a predecessor's, arriving late) is ignored."""
+        if incarnation == self.incarnation:
+            self.written_off = max(self.written_off, groups)
 
     # ------------------------------------------------------------------------------------ the loop
 
@@ -281,7 +303,8 @@ class Generator:
         """How many more groups the throttle lets this generator start now (inf without it)."""
         if not self.throttle:
             return float("inf")
-        limit = throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step) + self.lead
+        limit = throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step)
+        limit += self.lead + self.written_off
         return limit - self.groups_started
 
     def _take_problems(self, room: float) -> list[Problem]:
@@ -430,10 +453,11 @@ class Generator:
                              f"weights version {version} did not arrive")
 
     def _wait_for_new_weights(self) -> None:
-        """Throttled: nothing may start until newer weights arrive."""
+        """Throttled: nothing may start until newer weights arrive, or the learner writes off groups
+        of ours (`credit_written_off`)."""
         self.stats.throttled_waits += 1
         started = time.monotonic()
-        while not self._load_newest_weights(wait_s=0.5, in_wait=True):
+        while not self._load_newest_weights(wait_s=0.5, in_wait=True) and self._room() <= 0:
             self._heartbeat(periodic=True)
             self._check_wait(started, f"throttled at version {self.version}", "no new weights arrived")
 

@@ -118,3 +118,18 @@ def test_a_restart_that_cannot_be_made_fails_the_run_naming_why(tmp_path, overri
     with pytest.raises(TrainingFailed, match=reason):
         actors.restart_generator(1, DiedError("killed"))
     assert actors.restarts == [0, 0]  # nothing was started
+
+
+def test_periodic_runs_at_most_once_per_period_on_a_schedule_kept_across_calls(monkeypatch):
+    from asyncgrpo.driver import loop
+
+    now = [100.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: now[0])
+    calls = []
+    periodic = loop.Periodic(lambda: calls.append(now[0]), every_s=1.0)
+    assert periodic.run_if_due() == 1.0 and calls == []  # not due yet: the whole period to wait
+    now[0] = 100.6
+    assert periodic.run_if_due() == pytest.approx(0.4) and calls == []
+    now[0] = 101.0
+    assert periodic.run_if_due() == 1.0 and calls == [101.0]
+    assert periodic.run_if_due() == 1.0 and calls == [101.0]  # twice at once: once

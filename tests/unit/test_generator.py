@@ -447,3 +447,33 @@ def test_waits_for_rewards_outlast_the_rewards_own_timeouts():
     assert groups_per_call(cfg, 5) == 5
     cfg.rollout.groups_per_call = 3
     assert groups_per_call(cfg, 5) == 3
+
+
+class CreditsWhileWaiting(PushesWhileWaiting):
+    """No new weights ever: at the first throttled wait the learner writes off `groups` of ours (the
+    driver's `credit_written_off`, here `credit`), at the next one it asks the generator to stop."""
+
+    def __init__(self, credit: Any) -> None:
+        super().__init__(versions=0)
+        self.credit, self.waits = credit, 0
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        if timeout_s <= 0:
+            return False
+        self.waits += 1
+        if self.waits == 1:
+            self.credit()
+            return False
+        self.shutdown_reason = "training finished"
+        return True
+
+
+@pytest.mark.parametrize("incarnation, more", [(0, 2), (1, 0)])
+def test_groups_written_off_by_the_learner_let_the_throttled_generator_start_as_many_more(incarnation, more):
+    cfg = config(train={"max_staleness": 0})
+    generator = make_generator(cfg, quota=2)
+    generator.weights = CreditsWhileWaiting(lambda: generator.credit_written_off(incarnation, 2))
+    stats = generator.run()
+    # Version 0 and max_staleness 0 allow 2 groups; a credit for another incarnation (a late count
+    # for a predecessor) moves nothing.
+    assert stats["gen/groups_sent"] == 2 + more

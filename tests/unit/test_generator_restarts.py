@@ -13,6 +13,7 @@ import copy
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -428,6 +429,9 @@ class RecordingSender:
     def republish(self) -> None:
         self.republished += 1
 
+    def announce(self, notice: Any) -> None:
+        self.announced = notice
+
 
 def learner_on(queue: ReplayQueue, timeout_s: float) -> Learner:
     cfg = load(["rollout.num_generators=1", "train.groups_per_step=2", f"wire.timeout_s={timeout_s}"])
@@ -513,3 +517,21 @@ def test_a_lead_told_to_a_running_generator_lets_it_start_as_many_more_groups():
     lender.extend_lead(3)
     lender.run()
     assert len(lender.sink.of(ScoredGroup)) == len(plain.sink.of(ScoredGroup)) + 3
+
+
+def test_a_generator_rejoining_during_a_checkpoint_save_is_told_of_it_and_waits_as_long():
+    queue = queue_of([2])
+    learner = learner_on(queue, timeout_s=0.3)
+    learner.version = 7
+    learner.generator_down(0)
+    learner._announce_save(saving=True)  # the announcement goes out before the newcomer subscribes
+    save = learner.generator_rejoined(0, incarnation=1)["save"]
+    assert save["version"] == 7 and 0 < save["timeout_s"] <= learner.cfg.train.checkpoint_timeout_s
+    generator = make_generator(generator_config(wire={"timeout_s": 0.3}), quota=2)
+    generator.rejoin(position=0, base_version=7, newest_version=7, save=save)
+    started = time.monotonic()
+    # Its waits may now last until the save's bound, not wire.timeout_s.
+    assert generator.weights.saves.deadline(started, 0.3) >= started + save["timeout_s"] - 1.0
+    learner._announce_save(saving=False)
+    learner.generator_down(0)
+    assert learner.generator_rejoined(0, incarnation=2)["save"] is None

@@ -128,3 +128,16 @@ def test_a_generator_that_rejected_weights_ends_the_run_with_its_reason():
     registry.on_heartbeat(Heartbeat(0, next_seq=0, version=0, weights_rejected=2, rejection="too_large: 300 bytes"))
     with pytest.raises(WeightsRejected, match="generator 0: 2 rejected, first: too_large"):
         registry.check_weights_accepted()
+
+
+def test_write_offs_count_this_incarnations_gaps_and_announced_losses_and_restart_from_zero():
+    registry = GeneratorRegistry()
+    assert registry.admit(0, 0) and registry.admit(0, 3)  # 1 and 2 lost in transit
+    registry.on_heartbeat(Heartbeat(0, next_seq=5, version=0))  # 4 announced, never arrived
+    registry.write_off(0, incarnation=0)  # one that arrived and will never be trained (rejected, dropped)
+    assert registry.written_off() == {0: (0, 4)}
+    registry.rejoin(0, incarnation=1)
+    registry.write_off(0, incarnation=0)  # the dead incarnation's group, dropped late: owed to nobody
+    assert registry.written_off() == {0: (1, 0)}
+    assert registry.admit(0, 1, incarnation=1)  # the newcomer's 0 lost
+    assert registry.written_off() == {0: (1, 1)}

@@ -283,3 +283,20 @@ def test_a_live_queue_stops_reading_when_full_under_the_block_policy() -> None:
     finally:
         sender.close()
         queue.close()
+
+
+def test_groups_lost_rejected_or_dropped_are_written_off_to_their_generator() -> None:
+    from asyncgrpo.replay import GroupLimits
+
+    queue = ReplayQueue(None, 3, eviction(max_staleness=1, full_policy="drop_oldest"),
+                        limits=GroupLimits(vocab_size=50_000, max_positions=256, max_samples=4), shares=None)
+    poison = group(generator_id=1, seq=0)
+    poison.tokens[0] = 60_000  # beyond the vocabulary: rejected
+    queue.put(poison)
+    queue.put(group(generator_id=0, seq=1, version=0))  # seq 0 of generator 0 lost in transit
+    for seq in range(2, 5):
+        queue.put(group(generator_id=0, seq=seq, version=3))  # the queue holds 3: seq 1 dropped full
+    assert queue.registry.written_off() == {0: (0, 2), 1: (0, 1)}
+    queue.put(group(generator_id=1, seq=1, version=0))  # seq 2 dropped full; this one too stale at the take
+    assert [g.seq for g in queue.take(2, learner_version=3, timeout_s=1)] == [3, 4]
+    assert queue.registry.written_off() == {0: (0, 3), 1: (0, 2)}

@@ -3,8 +3,9 @@ throttle (`throttle_limit`) with the real `ReplayQueue` taking each generator's 
 and, with the learner's delayed publication (train.fixed_staleness), staleness held exactly.
 
 A discrete simulation: each event is one generator starting, finishing, giving back (a group
-dropped for its rewards) or loading weights, or the learner taking a step; hypothesis picks the
-interleaving among the events possible at each point."""
+dropped for its rewards), losing a group in transit, heartbeating, receiving the learner's credit
+for written-off groups (`credit_written_off`) or loading weights, or the learner taking a step;
+hypothesis picks the interleaving among the events possible at each point."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from asyncgrpo.config import ConfigError, groups_per_generator, load
 from asyncgrpo.replay import QueueTimeout, ReplayQueue, StalenessEviction
 from asyncgrpo.rollout.generator import throttle_limit
-from asyncgrpo.wire import ScoredGroup
+from asyncgrpo.wire import Heartbeat, ScoredGroup
 
 
 def group(generator_id: int, seq: int, version: int) -> ScoredGroup:
@@ -29,19 +30,27 @@ def group(generator_id: int, seq: int, version: int) -> ScoredGroup:
                        rewards=np.array([1.0], dtype=np.float32), meta={})
 
 
+class _Unseen:
+    next_seq = 0  # a generator the registry has not heard from yet
+
+
 @dataclass
 class SimGenerator:
     quota: int
     loaded: int = 0
     started: int = 0
-    sent: int = 0
+    sent: int = 0  # sequence numbers used, lost groups included
+    credit: int = 0  # groups written off by the learner that the generator was told of
     in_flight: list[int] = field(default_factory=list)  # the weights version each group started with
 
 
 class Simulation:
-    def __init__(self, quotas: list[int], max_staleness: int, shares: bool, publish_delay: int = 0) -> None:
-        """`publish_delay` k: the learner at version v publishes version v - k (train.fixed_staleness)."""
+    def __init__(self, quotas: list[int], max_staleness: int, shares: bool, publish_delay: int = 0,
+                 losses: bool = False, credit: bool = True) -> None:
+        """`publish_delay` k: the learner at version v publishes version v - k (train.fixed_staleness).
+        `losses`: groups may be lost in transit; `credit`: the learner's write-offs reach the throttle."""
         self.max_staleness = max_staleness
+        self.losses, self.credit = losses, credit
         self.publish_delay = publish_delay
         self.steps_per_take = sum(quotas)
         self.generators = [SimGenerator(q) for q in quotas]
@@ -53,17 +62,26 @@ class Simulation:
         self.trained: list[tuple[int, int]] = []  # (learner version that took it, its staleness)
 
     @property
+    def lost(self) -> int:
+        return self.queue.registry.lost
+
+    @property
     def published(self) -> int:
         """The newest version a generator can load (the starting weights, 0, during the warm-up)."""
         return max(0, self.version - self.publish_delay)
 
     def actions(self) -> list[tuple[str, int]]:
         possible = [("learn", -1)]
+        written_off = self.queue.registry.written_off()
         for i, g in enumerate(self.generators):
-            if throttle_limit(self.max_staleness, g.loaded, g.quota) - g.started > 0:
+            if throttle_limit(self.max_staleness, g.loaded, g.quota) + g.credit - g.started > 0:
                 possible.append(("start", i))
             if g.in_flight:
-                possible += [("finish", i), ("give_back", i)]
+                possible += [("finish", i), ("give_back", i)] + ([("lose", i)] if self.losses else [])
+            if self.losses and g.sent > self.queue.registry.generators.get(i, _Unseen).next_seq:
+                possible.append(("heartbeat", i))
+            if self.credit and written_off.get(i, (0, 0))[1] > g.credit:
+                possible.append(("credit", i))
             if g.loaded < self.published:
                 possible.append(("load", i))
         return possible
@@ -80,6 +98,13 @@ class Simulation:
         elif action == "give_back":  # reward.on_error=drop_group: never sent, quota returned
             g.in_flight.pop(0)
             g.started -= 1
+        elif action == "lose":  # sent, never delivered: a gap in its sequence numbers
+            g.in_flight.pop(0)
+            g.sent += 1
+        elif action == "heartbeat":  # announces the groups sent: a gap at the tail is loss too
+            self.queue.put(Heartbeat(generator_id=i, next_seq=g.sent, version=g.loaded))
+        elif action == "credit":  # the driver forwards the learner's write-offs (Actors.credit_write_offs)
+            g.credit = self.queue.registry.written_off()[i][1]
         elif action == "load":
             g.loaded = self.published
         else:
@@ -109,6 +134,56 @@ def test_every_trained_group_is_within_max_staleness_for_any_generators_and_spee
     assert all(0 <= s <= max_staleness for s in sim.staleness), sim.staleness
     accounted = sum(g.sent for g in sim.generators)
     assert accounted == sim.version * sim.steps_per_take + sim.queue.depth  # nothing dropped or lost
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 3), st.integers(0, 2), st.data())
+def test_groups_lost_in_transit_are_credited_back_so_the_throttle_never_stalls_and_staleness_stays_bounded(
+        num_generators, max_staleness, extra_groups, data):
+    cfg = load([f"rollout.num_generators={num_generators}", f"train.groups_per_step={num_generators + extra_groups}",
+                "queue.capacity_groups=64"])
+    sim = Simulation(groups_per_generator(cfg), max_staleness, shares=True, losses=True)
+    for _ in range(250):
+        action, i = data.draw(st.sampled_from(sim.actions()))
+        sim.do(action, i)
+        # Never stuck, however many groups were lost: the learner, or some generator, can move.
+        assert len(sim.actions()) > 1 or sim.queue.depth >= sim.steps_per_take
+    assert all(0 <= s <= max_staleness for s in sim.staleness), sim.staleness
+    assert sim.queue.received == sim.version * sim.steps_per_take + sim.queue.depth
+    # Counted lost once a later group or a heartbeat shows the gap; never more than were lost.
+    assert sim.lost <= sum(g.sent for g in sim.generators) - sim.queue.received
+
+
+def lose_then_learn(credit: bool, losses: int) -> Simulation:
+    """One generator, one group per step, max_staleness 1: `losses` groups lost in transit first
+    (announced by a heartbeat), then as many steps as the throttle lets it deliver."""
+    sim = Simulation([1], max_staleness=1, shares=True, losses=True, credit=credit)
+    for _ in range(losses):
+        while ("start", 0) not in sim.actions() and ("credit", 0) in sim.actions():
+            sim.do("credit", 0)
+        if ("start", 0) not in sim.actions():
+            break
+        sim.do("start", 0)
+        sim.do("lose", 0)
+        sim.do("heartbeat", 0)
+    for _ in range(10):
+        for move in [("credit", 0), ("load", 0), ("start", 0), ("finish", 0)]:
+            while move in sim.actions():
+                sim.do(*move)
+        sim.do("learn", -1)
+    return sim
+
+
+def test_without_the_credit_losses_beyond_the_lead_stall_the_learner():
+    # The throttle lets it start max_staleness + 1 = 2 groups ahead; both lost, it may start none.
+    stalled = lose_then_learn(credit=False, losses=2)
+    assert stalled.version == 0 and stalled.actions() == [("learn", -1)]
+
+
+def test_with_the_credit_every_lost_group_is_replaced_and_training_goes_on():
+    sim = lose_then_learn(credit=True, losses=5)
+    assert sim.lost == 5 and sim.version == 10
+    assert max(sim.staleness) <= 1
 
 
 @settings(max_examples=60, deadline=None)
