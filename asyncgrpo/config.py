@@ -14,7 +14,7 @@ from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
 from asyncgrpo.placement import is_custom_resource, spans_nodes, wire_transport
 from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES, THROTTLING_STALE_POLICIES
-from asyncgrpo.resources import DEVICES
+from asyncgrpo.resources import DEVICES, parse_cores
 from asyncgrpo.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
@@ -124,6 +124,16 @@ def validate(cfg: Config) -> None:
         require(q.capacity_groups >= needed, "queue.capacity_groups",
                 f"must be >= (train.max_staleness + 1) x train.groups_per_step = {needed} with "
                 f"{r.num_generators} generators under train.stale_policy={t.stale_policy}", q.capacity_groups)
+    if cfg.device != "cuda" and r.cpu_cores not in ("auto", ""):
+        # vLLM on CPU runs one attention thread per core its process is pinned to, while Ray sets the
+        # actor's OMP_NUM_THREADS from its CPUs; vLLM stops when they differ ("thread_num (1 vs. 2)").
+        try:
+            widest = max(len(parse_cores(spec)) for spec in r.cpu_cores.split("|"))
+        except ValueError:
+            widest = 0  # a malformed spec is refused where the cores are planned, naming it
+        require(r.num_cpus_per_generator >= widest, "rollout.num_cpus_per_generator",
+                f"must be >= {widest} on CPU: rollout.cpu_cores={r.cpu_cores!r} pins a generator to {widest} cores "
+                "and vLLM's CPU attention needs a Ray CPU per pinned core", r.num_cpus_per_generator)
     require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
     require(learner.mixed_precision in MIXED_PRECISIONS, "learner.mixed_precision", _one_of(MIXED_PRECISIONS),
             learner.mixed_precision)

@@ -20,8 +20,8 @@ Modes. Same model, task, batch sizes, seed and number of learner steps in every 
                            count is the number of cores its process is pinned to
                            (resources.pin_to_cores sets torch's threads before the in-process engine
                            starts), and Ray sets the process's OMP_NUM_THREADS from its CPUs, which
-                           must agree (with 1 Ray CPU, vLLM's CPU attention stops: "thread_num (1
-                           vs. 2)"); the learner on its core
+                           must agree (with 1 Ray CPU, vLLM's CPU attention stopped: "thread_num (1
+                           vs. 2)"; the config now refuses it); the learner on its core
     sync, both 2 cores     both of the above: each stage on both cores while the other waits
   The 2-core variants need the default pinning to give one generator and one learner rank one core
   each (a CPU run); otherwise they are skipped and `sync_skipped` says why. The synchronous

@@ -179,3 +179,10 @@ def test_cispo_alone_may_drop_the_floor_of_its_is_weight():
 
 def test_mode_defaults_to_bypass():
     assert load([]).algo.mode == "bypass"
+
+
+def test_a_generator_pinned_to_more_cores_than_its_ray_cpus_is_refused_on_cpu_before_vllm_would_stop():
+    with pytest.raises(ConfigError, match=r"rollout.num_cpus_per_generator must be >= 2 on CPU"):
+        load(["device=cpu", "rollout.cpu_cores=0-1", "rollout.num_cpus_per_generator=1"])
+    assert load(["device=cpu", "rollout.cpu_cores=0-1", "rollout.num_cpus_per_generator=2"]).rollout.cpu_cores == "0-1"
+    assert load(["device=cpu", "rollout.cpu_cores=0", "rollout.num_cpus_per_generator=1"]).rollout.cpu_cores == "0"
