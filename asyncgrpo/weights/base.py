@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo.wire.messages import SaveNotice
+from asyncgrpo.wire.messages import SaveNotice, Shutdown, WeightsChunk
 
 BACKENDS = ("auto", "shm", "zmq", "nccl")
 # A tensor of the policy's state dict: Hugging Face name, shape, dtype.
@@ -123,6 +123,45 @@ class WeightReceiver(Protocol):
         returns that version, or None if nothing new arrived."""
 
     def close(self) -> None: ...
+
+
+class StreamReceiver:
+    """What every generator-side receiver shares: the subscription to learner rank 0's PUB socket,
+    whose `Shutdown` and `SaveNotice` mean the same whatever the backend, and the count of messages
+    it could not use. Each backend says what a `WeightsChunk` means (`_on_chunk`: a piece of a
+    version, or the announcement of one)."""
+
+    def __init__(self, subscriber: Any) -> None:
+        """`subscriber`: an `asyncgrpo.wire.Subscriber` (or a test's stand-in with `recv` and `rejected`)."""
+        self.subscriber = subscriber
+        self.newest_version = -1
+        self.shutdown_reason: str | None = None
+        self.saves = SaveWatch()
+
+    def rejections(self) -> tuple[int, str]:
+        """Weight messages that could not be used (malformed, too large, inconsistent), and the first reason."""
+        rejected = self.subscriber.rejected
+        return sum(rejected.counts().values()), rejected.first_error
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        """Read what has arrived (waiting up to `timeout_s` for the first message); True if a new
+        version (complete, or announced) or a shutdown arrived."""
+        changed = False
+        wait = timeout_s
+        while (message := self.subscriber.recv(wait)) is not None:
+            wait = 0.0
+            if isinstance(message, Shutdown):
+                self.shutdown_reason = message.reason
+                changed = True
+            elif isinstance(message, SaveNotice):
+                self.saves.note(message)
+            elif isinstance(message, WeightsChunk):
+                changed |= self._on_chunk(message)
+        return changed
+
+    def _on_chunk(self, chunk: WeightsChunk) -> bool:
+        """A weights message arrived: True if it completes or announces a newer version."""
+        raise NotImplementedError
 
 
 class SaveWatch:

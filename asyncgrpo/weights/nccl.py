@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from asyncgrpo.weights.base import (
-    SaveWatch,
+    StreamReceiver,
     TensorSpec,
     WeightTarget,
     fingerprint,
@@ -156,21 +156,19 @@ class NcclWeightSender:
         self.publisher.close()
 
 
-class NcclWeightReceiver:
+class NcclWeightReceiver(StreamReceiver):
     """Generator side: announcements over the subscription, tensors through the weight group."""
 
     def __init__(self, subscriber: Subscriber, model_dir: str, device: torch.device, timeout_s: float,
                  bucket_bytes: int = 256 << 20) -> None:
-        self.subscriber, self.device, self.timeout_s = subscriber, device, timeout_s
+        super().__init__(subscriber)
+        self.device, self.timeout_s = device, timeout_s
         self.bucket_bytes = bucket_bytes
         self.spec = model_spec(model_dir)
         self.expected_fingerprint = fingerprint(self.spec)
         self.buckets: list[list[int]] | None = None
         self.group: Broadcaster | None = None
         self.announced: list[int] = []  # versions announced and not yet received, in order
-        self.newest_version = -1
-        self.shutdown_reason: str | None = None
-        self.saves = SaveWatch()
 
     def join(self, address: dict[str, Any]) -> None:
         """`address` from `NcclWeightSender.join_address`, plus this generator's group `rank` (>= 1)."""
@@ -178,27 +176,12 @@ class NcclWeightReceiver:
         self.group = connect(address["host"], address["port"], address["rank"], address["world_size"],
                              self.device, self.timeout_s)
 
-    def rejections(self) -> tuple[int, str]:
-        rejected = self.subscriber.rejected
-        return sum(rejected.counts().values()), rejected.first_error
-
-    def poll(self, timeout_s: float = 0.0) -> bool:
-        changed = False
-        wait = timeout_s
-        while (message := self.subscriber.recv(wait)) is not None:
-            wait = 0.0
-            if isinstance(message, Shutdown):
-                self.shutdown_reason = message.reason
-                changed = True
-            elif isinstance(message, SaveNotice):
-                self.saves.note(message)
-            elif isinstance(message, WeightsChunk):
-                if message.names != [SPEC_NAME] or not np.array_equal(message.tensors[0], self.expected_fingerprint):
-                    raise ValueError("weights.backend=nccl: the learner announced a different tensor list than "
-                                     "this generator's model directory holds")
-                self.announced.append(message.version)
-                changed = True
-        return changed
+    def _on_chunk(self, message: WeightsChunk) -> bool:
+        if message.names != [SPEC_NAME] or not np.array_equal(message.tensors[0], self.expected_fingerprint):
+            raise ValueError("weights.backend=nccl: the learner announced a different tensor list than "
+                             "this generator's model directory holds")
+        self.announced.append(message.version)
+        return True
 
     def apply_newest(self, target: WeightTarget) -> int | None:
         """Receive every announced version in order (each is a collective every member must join);

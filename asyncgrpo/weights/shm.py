@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import SaveWatch, TensorSpec, WeightTarget, fingerprint
+from asyncgrpo.weights.base import StreamReceiver, TensorSpec, WeightTarget, fingerprint
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
 
 ANNOUNCEMENT_NAME = "__shm__"
@@ -210,21 +210,18 @@ def remove_directory(directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-class ShmWeightReceiver:
+class ShmWeightReceiver(StreamReceiver):
     """Generator side: announcements over the subscription, tensors read from the mapped slots."""
 
     def __init__(self, subscriber: Subscriber, spec: Sequence[TensorSpec], wire_dtype: torch.dtype,
                  timeout_s: float) -> None:
-        self.subscriber = subscriber
+        super().__init__(subscriber)
         self.entries, payload = layout(list(spec), wire_dtype)
         self.slot_size = HEADER_BYTES + payload
         self.fingerprint = fingerprint((e.name, e.shape, e.dtype) for e in self.entries)
         self.timeout_s = timeout_s
         self.slots: list[_Slot] = []
         self.announced: tuple[int, int] | None = None  # newest (version, slot) not yet loaded
-        self.newest_version = -1
-        self.shutdown_reason: str | None = None
-        self.saves = SaveWatch()
         self.torn_loads = 0
 
     def join(self, address: dict[str, Any]) -> None:
@@ -239,25 +236,7 @@ class ShmWeightReceiver:
         if version > max(self.newest_version, self.announced[0] if self.announced else -1):
             self.announced = (version, index)
 
-    def rejections(self) -> tuple[int, str]:
-        rejected = self.subscriber.rejected
-        return sum(rejected.counts().values()), rejected.first_error
-
-    def poll(self, timeout_s: float = 0.0) -> bool:
-        changed = False
-        wait = timeout_s
-        while (message := self.subscriber.recv(wait)) is not None:
-            wait = 0.0
-            if isinstance(message, Shutdown):
-                self.shutdown_reason = message.reason
-                changed = True
-            elif isinstance(message, SaveNotice):
-                self.saves.note(message)
-            elif isinstance(message, WeightsChunk):
-                changed |= self._announce(message)
-        return changed
-
-    def _announce(self, message: WeightsChunk) -> bool:
+    def _on_chunk(self, message: WeightsChunk) -> bool:
         body = message.tensors[0] if message.names == [ANNOUNCEMENT_NAME] and message.tensors else None
         if body is None or body.dtype != np.int64 or body.size != 1 + self.fingerprint.size \
                 or not 0 <= int(body[0]) < NUM_SLOTS:

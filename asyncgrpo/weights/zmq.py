@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgrpo.weights.base import SaveWatch, TensorSpec, WeightTarget
+from asyncgrpo.weights.base import StreamReceiver, TensorSpec, WeightTarget
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
 
 _TORCH_TO_WIRE = {
@@ -220,47 +220,25 @@ class _Assembly:
         return [(name, wire_to_tensor(flat, dtype).view(*shape)) for name, (flat, dtype, shape) in self.tensors.items()]
 
 
-class ZmqWeightReceiver:
+class ZmqWeightReceiver(StreamReceiver):
     """Generator side: drains the subscription, assembles the newest version, keeps the newest
     complete one. A chunk it cannot use is counted under `rejections` (reported to the learner)."""
 
     def __init__(self, subscriber: Subscriber) -> None:
-        self.subscriber = subscriber
+        super().__init__(subscriber)
         self._assembly: _Assembly | None = None
         self.latest: tuple[int, list[tuple[str, torch.Tensor]]] | None = None
-        self.newest_version = -1
-        self.shutdown_reason: str | None = None
-        self.saves = SaveWatch()
 
     def join(self, address: dict[str, Any]) -> None:
         pass  # the subscription is the whole transport
 
-    def rejections(self) -> tuple[int, str]:
-        """Weight messages that could not be used (malformed, too large, inconsistent), and the first reason."""
-        rejected = self.subscriber.rejected
-        return sum(rejected.counts().values()), rejected.first_error
-
-    def poll(self, timeout_s: float = 0.0) -> bool:
-        """Read what has arrived (waiting up to `timeout_s` for the first message).
-
-        Returns True if a new complete version or a shutdown arrived.
-        """
-        changed = False
-        wait = timeout_s
-        while (message := self.subscriber.recv(wait)) is not None:
-            wait = 0.0
-            if isinstance(message, Shutdown):
-                self.shutdown_reason = message.reason
-                changed = True
-            elif isinstance(message, SaveNotice):
-                self.saves.note(message)
-            elif isinstance(message, WeightsChunk):
-                try:
-                    changed |= self._add(message)
-                except ValueError as err:
-                    self._assembly = None
-                    self.subscriber.rejected.record_error("inconsistent_weights", str(err))
-        return changed
+    def _on_chunk(self, chunk: WeightsChunk) -> bool:
+        try:
+            return self._add(chunk)
+        except ValueError as err:
+            self._assembly = None
+            self.subscriber.rejected.record_error("inconsistent_weights", str(err))
+            return False
 
     def _add(self, chunk: WeightsChunk) -> bool:
         assembly = self._assembly
