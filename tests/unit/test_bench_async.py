@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tool_modules import load_file, load_tool
+from tool_modules import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -299,7 +299,7 @@ def test_the_table_prints_spreads_and_the_headline(capsys):
 def test_the_generator_counts_the_loads_done_inside_its_waits():
     """A synchronous generator loads each version inside its throttle wait; those loads are work
     its wait timer holds, reported apart so the busy time can count them."""
-    tg = load_file("bench_async_generator_fakes", ROOT / "tests" / "unit" / "test_generator.py")
+    import test_generator as tg  # the generator's fakes, as the other generator tests import them
 
     class SlowLoads(tg.AddingEngine):
         def load_weights(self, named_tensors) -> None:
