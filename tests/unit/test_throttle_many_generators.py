@@ -118,19 +118,26 @@ class Simulation:
         return True
 
 
+def random_run(num_generators: int, max_staleness: int, extra_groups: int, data: st.DataObject, events: int,
+               losses: bool = False) -> Simulation:
+    """`events` events drawn by hypothesis among those possible, checking after each that the run is
+    never stuck: the learner, or some generator, can always move (no deadlock), however many
+    groups were lost."""
+    cfg = load([f"rollout.num_generators={num_generators}", f"train.groups_per_step={num_generators + extra_groups}",
+                "queue.capacity_groups=64"])
+    sim = Simulation(groups_per_generator(cfg), max_staleness, shares=True, losses=losses)
+    for _ in range(events):
+        action, i = data.draw(st.sampled_from(sim.actions()))
+        sim.do(action, i)
+        assert len(sim.actions()) > 1 or sim.queue.depth >= sim.steps_per_take
+    return sim
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 8), st.integers(0, 3), st.integers(0, 2), st.data())
 def test_every_trained_group_is_within_max_staleness_for_any_generators_and_speeds(
         num_generators, max_staleness, extra_groups, data):
-    cfg = load([f"rollout.num_generators={num_generators}", f"train.groups_per_step={num_generators + extra_groups}",
-                "queue.capacity_groups=64"])
-    sim = Simulation(groups_per_generator(cfg), max_staleness, shares=True)
-    for _ in range(150):
-        possible = sim.actions()
-        action, i = data.draw(st.sampled_from(possible))
-        sim.do(action, i)
-        # Never stuck: the learner, or some generator, can always move (no deadlock).
-        assert len(sim.actions()) > 1 or sim.queue.depth >= sim.steps_per_take
+    sim = random_run(num_generators, max_staleness, extra_groups, data, events=150)
     assert all(0 <= s <= max_staleness for s in sim.staleness), sim.staleness
     accounted = sum(g.sent for g in sim.generators)
     assert accounted == sim.version * sim.steps_per_take + sim.queue.depth  # nothing dropped or lost
@@ -140,14 +147,7 @@ def test_every_trained_group_is_within_max_staleness_for_any_generators_and_spee
 @given(st.integers(1, 8), st.integers(0, 3), st.integers(0, 2), st.data())
 def test_groups_lost_in_transit_are_credited_back_so_the_throttle_never_stalls_and_staleness_stays_bounded(
         num_generators, max_staleness, extra_groups, data):
-    cfg = load([f"rollout.num_generators={num_generators}", f"train.groups_per_step={num_generators + extra_groups}",
-                "queue.capacity_groups=64"])
-    sim = Simulation(groups_per_generator(cfg), max_staleness, shares=True, losses=True)
-    for _ in range(250):
-        action, i = data.draw(st.sampled_from(sim.actions()))
-        sim.do(action, i)
-        # Never stuck, however many groups were lost: the learner, or some generator, can move.
-        assert len(sim.actions()) > 1 or sim.queue.depth >= sim.steps_per_take
+    sim = random_run(num_generators, max_staleness, extra_groups, data, events=250, losses=True)
     assert all(0 <= s <= max_staleness for s in sim.staleness), sim.staleness
     assert sim.queue.received == sim.version * sim.steps_per_take + sim.queue.depth
     # Counted lost once a later group or a heartbeat shows the gap; never more than were lost.
