@@ -5,7 +5,9 @@
     actors       start learner rank(s) and generators, weight rendezvous, stop
     evaluation   eval and probes at the start
     loop         learner.train_steps(k) in chunks; metrics, progress, samples; generators watched
-    finish       learner.finish() -> Shutdown; generators load the final weights and return
+    finish       learner.finish() -> Shutdown; generators load the final weights and return (one
+                 that died after the last step is left out: the evaluations use another, or a
+                 fresh engine on the final weights)
     evaluation   eval and probes at the end; export
     summary.json written whatever happened
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
-from asyncgrpo.driver.actors import Actors, get, gpus_per_actor
+from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
 from asyncgrpo.driver.loop import RemoteLearner, run_loop
 from asyncgrpo.driver.prepare import (
@@ -143,9 +145,7 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
                 summary["interrupt_checkpoint"] = save_on_interrupt(actors)
             raise
         summary["learner"] = actors.on_all_ranks("finish", "training finished", timeout_s=learner_wait_timeout_s(cfg))
-        summary["generators"] = get(runs, cfg.wire.timeout_s, "the generators (run, after the learner's Shutdown)")
-        for generator, restarts in zip(summary["generators"], actors.restarts):
-            generator["restarts"] = restarts
+        summary["generators"] = actors.generator_reports(runs, final_version=summary["learner"]["version"])
         if cfg.eval.at_end:
             summary.update(evaluate(actors, eval_problems, "end", step=summary["steps"], metrics=metrics))
         summary["probe"] = probes.compare(actors, learner_version=summary["learner"]["version"])

@@ -724,6 +724,23 @@ def generator_kill(ctx: Context, row: Row) -> None:
                      "generated again")
 
 
+def generator_kill_at_end(ctx: Context, row: Row) -> None:
+    steps = 120
+    train = ctx.train([f"train.max_steps={steps}", "eval.at_end=true"])
+    ctx.wait_for_step(train, steps)
+    ctx.signal(ctx.actors()["generator_pids"][0], signal.SIGKILL, f"generator 0 once step {steps} was logged")
+    result = ctx.finish(train)
+    evaluate(ctx, row, steps, [
+        # Before its run() returned (its report in summary.json says so) or during the evaluation.
+        ("[finish] generator 0 died after the last step" in result.output, "the driver says it died after the last step"),
+        ("[finish] no generator left: starting one on the final weights" in result.output,
+         "a fresh engine on the final weights took over"),
+        (result.summary.get("generator_restarts") == 0, "not restarted (nothing was left to generate)"),
+        ("eval_accuracy_end" in result.summary, "the final evaluation ran (on a fresh engine)"),
+        (not (ctx.run_dir / "evaluator_weights").exists(), "the fresh engine's weights were removed"),
+    ])
+
+
 def learner_kill(ctx: Context, row: Row) -> None:
     steps, every, kill_at = 300, 50, 120
     train = ctx.train([f"train.max_steps={steps}", f"train.save_every_steps={every}"])
@@ -925,6 +942,10 @@ class Scenario:
 SCENARIOS = [
     Scenario("generator_kill", "SIGKILL the generator at step 60 (mid-decode: it is in vLLM most of the time)",
              "finished; generator_restarts=1; 0 duplicates; no silent loss; staleness max <= 2", generator_kill),
+    Scenario("generator_kill_at_end", "SIGKILL the generator once the last step (120) is logged: during the "
+             "learner's finish or the final evaluation (eval.at_end=true)",
+             "finished; not restarted; the final evaluation and the probe on a fresh engine from the final weights; "
+             "0 duplicates", generator_kill_at_end),
     Scenario("learner_kill", "SIGKILL learner rank 0 at step 120 (checkpoints every 50), then resume=auto",
              "failed, exit 1, one-line error naming the learner; resumed from step_100; finished; 0 duplicates and "
              "no silent loss across the crash", learner_kill),

@@ -13,8 +13,8 @@ training wall-clock, start-up and evaluations not included) and an unreachable t
 Training starts when the loop does: the first step record's time/wall_s back from when it was seen.
 From there a generator process is SIGKILLed every K minutes (`kill_schedule`: K, 2K, ... up to
 END_MARGIN_S before the time bound, so that each kill lands while the loop still waits on steps: a
-generator that dies after the last step is not restarted, and the finish, the final evaluation or the
-probe fails the run), its pid read from run_dir/actors.json at that moment (a restart writes the new
+generator that dies after the last step is not restarted but left out of the evaluations, which
+tools/chaos.py's generator_kill_at_end covers; here it would not be a restart to count), its pid read from run_dir/actors.json at that moment (a restart writes the new
 one; generators in turn, 0 first). Each kill waits for its restart to be back (actors.json names a new
 pid, and a step is logged after that) before the next one may come: a kill whose time comes while the
 previous restart is still under way happens at its return, or not at all past the margin (reported).

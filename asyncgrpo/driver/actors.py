@@ -1,5 +1,6 @@
 """The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous,
-generator restarts, stop.
+generator restarts, the generators after the last step (a dead one is left out of the evaluations),
+stop.
 
 Placement (asyncgrpo/placement.py): the named node resources are checked against the cluster
 before anything starts; each learner rank's bundle and each generator asks for a share of its
@@ -17,6 +18,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +126,11 @@ class Actors:
         # How a generator is started (`_start_generator`), kept for its restarts.
         self._generator_start: dict[str, Any] = {}
         self._pids: dict[str, Any] = {}  # run_dir/actors.json: pids, cores, nodes, the wire
+        # After the last step: generators whose process died (not restarted: nothing is left to
+        # generate), and the directory of the final weights a fresh evaluator engine started from.
+        self.dead_after_training: set[int] = set()
+        self._evaluator_weights: Path | None = None
+        self._final_version = 0
 
     @property
     def learner(self) -> Any:
@@ -268,6 +276,73 @@ class Actors:
               f"{rejoin['dropped']} queued group(s) of its predecessor dropped", flush=True)
         return generator.run.remote()
 
+    # ------------------------------------------------------------------ after the last step
+
+    def generator_reports(self, runs: list[Any], final_version: int) -> list[dict[str, Any]]:
+        """Each generator's `run()` result once the learner has told them to stop (at `final_version`),
+        with its restarts.
+        A generator whose process died after the last step is not restarted (nothing is left to
+        generate; the run's result does not depend on it): its entry says why, and the evaluations
+        and the probe that follow use another generator (`on_evaluator`)."""
+        from ray.exceptions import RayActorError
+
+        self._final_version = final_version
+        deadline = time.monotonic() + self.cfg.wire.timeout_s
+        reports = []
+        for index, run in enumerate(runs):
+            what = f"generator {index} (run, after the learner's Shutdown)"
+            try:
+                report = get(run, max(0.0, deadline - time.monotonic()), what)
+            except RayActorError as died:
+                report = {"died_after_training": self._dead_after_training(index, died)}
+            reports.append({**report, "restarts": self.restarts[index]})
+        return reports
+
+    def _dead_after_training(self, index: int, cause: BaseException) -> str:
+        import ray
+
+        reason = one_line(f"{type(cause).__name__}: {cause}")
+        self.dead_after_training.add(index)
+        ray.kill(self.generators[index], no_restart=True)  # whatever is left of it; frees its Ray CPUs
+        print(f"[finish] generator {index} died after the last step ({reason}); the run goes on without it",
+              flush=True)
+        return reason
+
+    def on_evaluator(self, method: str, *args: Any, what: str) -> Any:
+        """`method(*args)` on a generator holding the final weights (the evaluations and the probe at
+        the end): the first one alive; if none is, a fresh engine started from the learner's final
+        weights. One that dies during the call is replaced, once."""
+        from ray.exceptions import RayActorError
+
+        for attempt in range(2):
+            index = self._evaluator_index()
+            try:
+                return get(getattr(self.generators[index], method).remote(*args), self.cfg.wire.timeout_s,
+                           f"generator {index} ({what})")
+            except RayActorError as died:
+                if attempt == 1:
+                    raise TrainingFailed(f"generator {index} died during the {what} at the end of the run, and so "
+                                         f"did the one before it: {one_line(str(died))}") from None
+                self._dead_after_training(index, died)
+        raise AssertionError("unreachable")
+
+    def _evaluator_index(self) -> int:
+        """The first generator alive after the last step; with none left, generator 0 started again
+        from the learner's final weights (written to run_dir/evaluator_weights, removed by `stop`)."""
+        alive = [i for i in range(len(self.generators)) if i not in self.dead_after_training]
+        if alive:
+            return alive[0]
+        cfg, version = self.cfg, self._final_version
+        self._evaluator_weights = Path(cfg.run_dir).resolve() / "evaluator_weights"
+        self.on_all_ranks("export_hf", str(self._evaluator_weights), timeout_s=cfg.wire.startup_timeout_s)
+        print(f"[finish] no generator left: starting one on the final weights (version {version}) for the "
+              "evaluations and the probe", flush=True)
+        self._generator_start.update(model_dir=str(self._evaluator_weights), initial_version=version)
+        self.generators[0] = self._start_generator(0, incarnation=self.restarts[0] + 1)
+        get(self.generators[0].ready.remote(), cfg.wire.startup_timeout_s, "generator 0 starting as the evaluator")
+        self.dead_after_training.discard(0)
+        return 0
+
     def _tell_leads(self, leads: dict[int, int]) -> None:
         """Each generator that lent groups to a down one may run as many further ahead (replay.py)."""
         from ray.exceptions import RayActorError
@@ -335,6 +410,8 @@ class Actors:
             remove_ipc_endpoint(endpoint)
         for path in self.weight_address.get("shm_paths", [])[:1]:  # and its shared-memory weight slots
             remove_shm_directory(os.path.dirname(path))
+        if self._evaluator_weights is not None:
+            shutil.rmtree(self._evaluator_weights, ignore_errors=True)
         if self.placement_group is not None:
             from ray.util.placement_group import remove_placement_group
 

@@ -1,5 +1,6 @@
 """Held-out accuracy (at the start and the end of a run) and the probes: log-probs of fixed
-sequences under vLLM (generator 0) at the start and the end, and under the learner at the end."""
+sequences under vLLM at the start (generator 0) and the end (a generator holding the final weights,
+`Actors.on_evaluator`), and under the learner at the end."""
 
 from __future__ import annotations
 
@@ -13,14 +14,22 @@ from asyncgrpo.tasks import Problem
 
 
 def evaluate(actors: Actors, problems: list[Problem], when: str, step: int, metrics: MetricsSink) -> dict[str, float]:
-    """Generator 0's accuracy on `problems`, sampled (temperature 1) and greedy; written to `metrics`,
+    """Accuracy on `problems`, sampled (temperature 1) and greedy, of generator 0 at the start and of
+    a generator holding the final weights at the end (`Actors.on_evaluator`); written to `metrics`,
     printed, and returned as summary entries."""
-    generator, timeout_s = actors.generators[0], actors.cfg.wire.timeout_s
-    sampled = get(generator.evaluate.remote(problems, 1.0), timeout_s, f"generator 0 (evaluate, {when})")
-    greedy = get(generator.evaluate.remote(problems, 0.0), timeout_s, f"generator 0 (greedy evaluate, {when})")
+    sampled = on_generator(actors, when, "evaluate", problems, 1.0, what=f"evaluate, {when}")
+    greedy = on_generator(actors, when, "evaluate", problems, 0.0, what=f"greedy evaluate, {when}")
     metrics.write({"step": step, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy, "eval/when": when})
     print(f"[eval {when}] sampled accuracy {sampled:.3f}, greedy {greedy:.3f}", flush=True)
     return {f"eval_accuracy_{when}": sampled, f"eval_greedy_accuracy_{when}": greedy}
+
+
+def on_generator(actors: Actors, when: str, method: str, *args: Any, what: str) -> Any:
+    """Generator 0's answer at the start; at the end, that of one holding the final weights, which
+    a generator's death after the last step does not prevent."""
+    if when == "end":
+        return actors.on_evaluator(method, *args, what=what)
+    return get(getattr(actors.generators[0], method).remote(*args), actors.cfg.wire.timeout_s, f"generator 0 ({what})")
 
 
 def probe_sequences(problems: list[Problem], tokenizer_dir: str, count: int = 4) -> list[list[int]]:
@@ -47,12 +56,10 @@ class Probes:
 
     def compare(self, actors: Actors, learner_version: int) -> dict[str, Any]:
         """Generator (vLLM) and learner log-probs of the sequences at the final version."""
-        generator, timeout_s = actors.generators[0], actors.cfg.wire.timeout_s
-        generator_logp = get(generator.sequence_logprobs.remote(self.sequences), timeout_s,
-                             "generator 0 (sequence_logprobs, end)")
+        generator_logp = actors.on_evaluator("sequence_logprobs", self.sequences, what="sequence_logprobs, end")
         learner_logp = actors.on_all_ranks("sequence_logprobs", self.sequences,
                                            timeout_s=learner_wait_timeout_s(actors.cfg))
-        generator_version = get(generator.loaded_version.remote(), timeout_s, "generator 0 (loaded_version)")
+        generator_version = actors.on_evaluator("loaded_version", what="loaded_version")
         return probe_report(generator_logp, learner_logp, self.start_logp, generator_version, learner_version)
 
 
