@@ -3,7 +3,6 @@
 import csv
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,9 +44,7 @@ def test_a_quick_study_runs_both_cells_reports_them_and_a_rerun_skips_both(tmp_p
     assert (study_dir / "plots" / "accuracy_vs_samples.png").stat().st_size > 0
     assert (study_dir / "plots" / "final_accuracy_vs_algo.mode.png").stat().st_size > 0
 
-    start = time.monotonic()
     again = subprocess.run(study_cli(tmp_path), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "2 finished before, 0 to run" in again.stdout
-    assert time.monotonic() - start < 120  # nothing trained: no Ray, no vLLM
     assert len(read_csv(study_dir / "results.csv")) == 2

@@ -7,7 +7,6 @@ nonsense, one rejecting the request, one requiring an API key.
 
 import asyncio
 import threading
-import time
 from collections import Counter
 
 import numpy as np
@@ -141,15 +140,13 @@ def test_concurrency_is_limited_and_scoring_overlaps_the_caller(server):
     server.delay_s = 0.1
     scorer = make_scorer(server, "ok", concurrency=3)
     try:
-        start = time.monotonic()
         future = scorer.submit([PROBLEM] * 4, [[str(80 + i) for i in range(6)]] * 4)
-        submitted_s = time.monotonic() - start
-        assert submitted_s < 0.05 and not future.done()  # the caller is free to generate meanwhile
+        # submit returned before the judge answered (24 requests of 0.1 s each): the caller is free
+        # to generate meanwhile.
+        assert not future.done()
         scores = future.result(timeout=30)
         assert [s.rewards.tolist().count(1.0) for s in scores] == [1, 1, 1, 1]
-        assert 1 < server.max_in_flight <= 3
-        # 24 requests at 0.1 s each, 3 at a time: about 0.8 s, not 2.4 s.
-        assert time.monotonic() - start < 2.0
+        assert 1 < server.max_in_flight <= 3  # requests overlapped, never more than judge.concurrency
     finally:
         scorer.close()
 
@@ -157,9 +154,7 @@ def test_concurrency_is_limited_and_scoring_overlaps_the_caller(server):
 def test_a_slow_judge_times_out_retries_and_counts_errors(server):
     scorer = make_scorer(server, "slow", timeout_s=0.2, retries=1)
     try:
-        start = time.monotonic()
         [score] = scorer.score([PROBLEM], [["85", "1"]], timeout_s=10)
-        assert time.monotonic() - start < 2.0
         assert score.rewards.tolist() == [0.0, 0.0] and score.errors == 2 and not score.dropped
         assert np.isnan(score.terms["judge"]).all()
         assert score.meta() == {"reward/errors": 2}

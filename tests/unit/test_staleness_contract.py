@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -256,9 +255,8 @@ def test_a_full_step_already_queued_is_trained_without_waiting_for_acks():
 
 def test_early_steps_need_no_acknowledgement():
     stub, wait = learner_stub(version=2, max_staleness=2, timeout_s=0.1)
-    start = time.monotonic()
     wait()
-    assert stub.ack_waits == 0 and time.monotonic() - start < 0.1 + 1.0
+    assert stub.ack_waits == 0
 
 
 # --------------------------------------------------------------------- generator idle attribution
