@@ -1,12 +1,12 @@
-"""Soak: one long run with a generator SIGKILLed every few minutes, then an undisturbed run of as many steps.
+"""Soak: one long run with a generator SIGKILLed every few minutes, then undisturbed runs of as many steps.
 
-    .venv/bin/python tools/soak.py                                  # 30 min, a kill every 5 (about an hour in all)
-    .venv/bin/python tools/soak.py --minutes 1.5 --kill-every-minutes 0.5 --out /tmp/soak_smoke   # smoke, ~4 min
-    .venv/bin/python tools/soak.py --minutes 60 rollout.num_generators=2   # key=value: overrides for both runs
+    .venv/bin/python tools/soak.py                 # 30 min, a kill every 5, 3 undisturbed runs (~1 h 45 min in all)
+    .venv/bin/python tools/soak.py --minutes 1.5 --kill-every-minutes 0.5 --references 1 --out /tmp/soak_smoke  # ~4 min
+    .venv/bin/python tools/soak.py --minutes 60 rollout.num_generators=2   # key=value: overrides for every run
 
-Both runs are `python -m asyncgrpo.cli train` on the embedded tiny default (tools/chaos.py's `Context`,
+Every run is `python -m asyncgrpo.cli train` on the embedded tiny default (tools/chaos.py's `Context`,
 `Train` and its base overrides, here with the evaluations at the start and at the end back on), with
-`wire.record_dir=<run>/stream`, the same `--seed` and the same overrides.
+`wire.record_dir=<run>/stream` and the same overrides.
 
 Phase 1, the disturbed run (<out>/disturbed/run): `train.max_train_minutes=M` (the loop's bound on
 training wall-clock, start-up and evaluations not included) and an unreachable train.max_steps.
@@ -19,8 +19,14 @@ one; generators in turn, 0 first). Each kill waits for its restart to be back (a
 pid, and a step is logged after that) before the next one may come: a kill whose time comes while the
 previous restart is still under way happens at its return, or not at all past the margin (reported).
 rollout.max_restarts = planned kills + 1.
-Phase 2, the undisturbed run (<out>/undisturbed/run): train.max_steps = S, the steps the disturbed run
-trained, no time bound, no kills: the same number of samples, from the same seed.
+Phase 2, the undisturbed runs: train.max_steps = S, the steps the disturbed run trained, no time
+bound, no kills: the same number of samples. The first (<out>/undisturbed/run) has the disturbed
+run's `--seed`; `--references K` (default 3) runs K of them, the others at seeds seed+1, ...
+(<out>/undisturbed_seed<s>/run). Why more than one: after its first kill the disturbed run's
+trajectory is another one (which weights sample which prompts, the sampler's state), and two
+trajectories of this many steps end apart by far more than one evaluation's sampling noise (the
+first full soak: 0.694 disturbed, 0.548 undisturbed, 2 SE of the evaluation 0.061); their spread
+across seeds is the noise a disturbed run must be within.
 
 Checks (each printed PASS or FAIL; the exit code is 0 only if all pass):
   finished          exit 0 and status finished; the disturbed run stopped on its time bound (train_s >= M
@@ -57,10 +63,14 @@ Checks (each printed PASS or FAIL; the exit code is 0 only if all pass):
   staleness         staleness/max of every step record, watched while the run goes and read again at its
                     end, and the recording's (learner version at the take - the group's oldest token
                     version), all <= train.max_staleness
-  same start        eval_accuracy_start of both runs identical (same seed, same weights)
-  accuracy          held-out sampled accuracy at the end (eval_accuracy_end) within noise of the undisturbed
-                    run's: |a - b| <= 2 x sqrt(a(1-a)/n + b(1-b)/n), the standard error of the difference of
-                    two binomial proportions, n = task.eval_size of the run's config.yaml
+  same start        eval_accuracy_start of the disturbed run and the undisturbed run of its seed identical
+                    (same seed, same weights)
+  accuracy          held-out sampled accuracy at the end (eval_accuracy_end) a of the disturbed run within
+                    noise of the undisturbed runs' mean m (`within_references`): |a - m| <= the larger of
+                    2 x sqrt(a(1-a)/n + m(1-m)/n), two standard errors of the difference of two binomial
+                    proportions (n = task.eval_size of the run's config.yaml), and with K >= 2 references
+                    the 95% prediction interval of one more run, t_0.975(K-1) x s x sqrt(1 + 1/K), s their
+                    standard deviation
   leftovers         each run ends with what it started (processes, private socket and /dev/shm directories,
                     chaos.Context.stop_everything); anything left is killed or removed and reported
 
@@ -70,8 +80,9 @@ accuracy start -> end, and status. The last line is one JSON object with everyth
 <out>/soak.json). Every wait is bounded: a run still going M minutes + RUN_MARGIN_S after it started is
 killed and reported. Run directories are removed when every check passes, unless --keep.
 
-Schedules tied to train.max_steps (learner.lr_schedule=cosine) would differ between the two runs: refused.
-On 2 cores a 30-minute soak trains ~20,000 steps; each run's recording takes ~0.25 GB under <out>.
+Schedules tied to train.max_steps (learner.lr_schedule=cosine) would differ between the runs: refused.
+On 2 cores a 30-minute soak trains ~22,000 steps (each undisturbed run then takes ~23 min); each run's
+recording takes ~0.25 GB under <out>.
 """
 
 from __future__ import annotations
@@ -139,6 +150,32 @@ def within_noise(acc_a: float, acc_b: float, n: int) -> tuple[bool, float, float
     return abs(diff) <= bound + 1e-12, diff, bound
 
 
+# Two-sided 95% quantiles of Student's t, t_0.975(df) for df = 1..30; beyond, the normal's 1.96.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_975(df: int) -> float:
+    return T_975[df - 1] if df <= len(T_975) else 1.96
+
+
+def within_references(acc: float, references: Sequence[float], n: int) -> tuple[bool, float, float]:
+    """(|acc - m| <= bound, acc - m, bound), m the references' mean final accuracy. With one reference,
+    bound = `within_noise`'s (the held-out sampling noise alone). With K >= 2, the larger of that and
+    the half-width of the 95% prediction interval for one more run drawn like the references,
+    t_0.975(K-1) x s x sqrt(1 + 1/K), s their sample standard deviation: the run-to-run spread of
+    training itself, which the sampling noise of one evaluation leaves out."""
+    if not references:
+        raise ValueError("no reference accuracy")
+    mean = sum(references) / len(references)
+    _, diff, bound = within_noise(acc, mean, n)
+    if len(references) >= 2:
+        k = len(references)
+        s = math.sqrt(sum((r - mean) ** 2 for r in references) / (k - 1))
+        bound = max(bound, t_975(k - 1) * s * math.sqrt(1 + 1 / k))
+    return abs(diff) <= bound + 1e-12, diff, bound
+
+
 def queue_identity(record: dict[str, Any]) -> tuple[bool, str]:
     """received == consumed + dropped_stale + dropped_full + dropped_restart + depth, in one record
     of the queue's counters (a step record, or the learner's finish)."""
@@ -188,13 +225,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0, help="training minutes of the disturbed run")
     parser.add_argument("--kill-every-minutes", type=float, default=5.0, help="minutes between generator kills")
-    parser.add_argument("--out", default="", help="directory for both runs (default: runs/soak/<date-time>)")
+    parser.add_argument("--out", default="", help="directory for every run (default: runs/soak/<date-time>)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (failed ones are kept anyway)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of both runs")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides for both runs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the disturbed run and the first undisturbed one")
+    parser.add_argument("--references", type=int, default=3,
+                        help="undisturbed runs, at seeds seed, seed+1, ...: their spread is the noise the disturbed "
+                             "run's final accuracy must be within (1: the evaluation's sampling noise only)")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args(argv)
     if not (args.minutes > 0 and args.kill_every_minutes > 0):
         parser.error("--minutes and --kill-every-minutes must be > 0")
+    if args.references < 1:
+        parser.error("--references must be >= 1")
     for override in args.overrides:
         key, equals, value = override.partition("=")
         key = key.lstrip("+~")
@@ -279,6 +321,11 @@ class Phase:
     leftovers: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+
+
+def reference_name(k: int, seed: int) -> str:
+    """The k-th undisturbed run's name (and directory): the first has the disturbed run's seed."""
+    return "undisturbed" if k == 0 else f"undisturbed_seed{seed + k}"
 
 
 def run_phase(phase: Phase, out: Path, bound: int, timeout_s: float, schedule: Sequence[float],
@@ -485,17 +532,27 @@ def figures(phase: Phase, result: RunResult, accounting: chaos.Accounting, recor
         "error": summary.get("error")}
 
 
-def compare(disturbed: Phase, undisturbed: Phase) -> list[Check]:
-    """The two runs' held-out accuracies: the same at the start, within noise at the end."""
-    a, b = disturbed.figures, undisturbed.figures
-    if None in (a.get("accuracy_start"), b.get("accuracy_start"), a.get("accuracy_end"), b.get("accuracy_end")):
-        return [(False, "both runs' eval_accuracy_start and eval_accuracy_end (missing)")]
+def compare(disturbed: Phase, references: Sequence[Phase]) -> list[Check]:
+    """Held-out accuracies: the disturbed run's the same at the start as the undisturbed run of its
+    seed (references[0]), and at the end within noise of the references' (`within_references`)."""
+    a = disturbed.figures
+    phases = [disturbed, *references]
+    if any(p.figures.get(key) is None for p in phases for key in ("accuracy_start", "accuracy_end", "eval_size")):
+        return [(False, "every run's eval_accuracy_start and eval_accuracy_end (missing: "
+                        f"{', '.join(p.name for p in phases if p.figures.get('accuracy_end') is None) or 'a start'})")]
+    b = references[0].figures
     n = int(b["eval_size"])
-    ok, diff, bound = within_noise(a["accuracy_end"], b["accuracy_end"], n)
+    ends = [float(p.figures["accuracy_end"]) for p in references]
+    ok, diff, bound = within_references(a["accuracy_end"], ends, n)
+    if len(ends) == 1:
+        how = f"|diff| <= 2 SE of the evaluation = {bound:.4f} (n = {n})"
+    else:
+        how = (f"|diff| <= {bound:.4f}, the larger of the 95% prediction interval from the {len(ends)} undisturbed "
+               f"runs' spread ({', '.join(f'{e:.4f}' for e in ends)}) and 2 SE of the evaluation (n = {n})")
+    mean = sum(ends) / len(ends)
     return [(a["accuracy_start"] == b["accuracy_start"],
              f"the same accuracy at the start: {a['accuracy_start']:.4f} and {b['accuracy_start']:.4f}"),
-            (ok, (f"final accuracy within noise: {a['accuracy_end']:.4f} - {b['accuracy_end']:.4f} = {diff:+.4f}, "
-                  f"|diff| <= 2 SE = {bound:.4f} (n = {n})"))]
+            (ok, f"final accuracy within noise: {a['accuracy_end']:.4f} - {mean:.4f} = {diff:+.4f}, {how}")]
 
 
 # ---------------------------------------------------------------------------------- output
@@ -532,9 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from asyncgrpo.config import ConfigError, load
 
-    base = [*args.overrides, f"seed={args.seed}", "eval.at_start=true", "eval.at_end=true"]
+    base = [*args.overrides, "eval.at_start=true", "eval.at_end=true"]
     try:
-        cfg = load([*chaos.BASE_OVERRIDES, *base])
+        cfg = load([*chaos.BASE_OVERRIDES, *base, f"seed={args.seed}"])
     except ConfigError as err:
         print(f"soak: {err}", file=sys.stderr)
         return 2
@@ -547,32 +604,37 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"runs in {out}", flush=True)
     start = time.monotonic()
     common = [*base, f"rollout.max_restarts={len(schedule) + 1}"]
-    disturbed = Phase("disturbed", [*common, f"train.max_train_minutes={args.minutes}",
+    disturbed = Phase("disturbed", [*common, f"seed={args.seed}", f"train.max_train_minutes={args.minutes}",
                                     f"train.max_steps={UNREACHABLE_STEPS}"])
     run_phase(disturbed, out, cfg.train.max_staleness, timeout_s, schedule, cutoff_s)
     assess(disturbed, cfg, None, args.minutes, len(schedule))
     steps = int(disturbed.figures.get("steps") or 0)
-    undisturbed = Phase("undisturbed", [*common, "train.max_train_minutes=0", f"train.max_steps={steps}"])
+    references = [Phase(reference_name(k, args.seed), [*common, f"seed={args.seed + k}", "train.max_train_minutes=0",
+                                                       f"train.max_steps={steps}"])
+                  for k in range(args.references)]
     if steps > 0:
-        run_phase(undisturbed, out, cfg.train.max_staleness, timeout_s, [], 0.0)
-        assess(undisturbed, cfg, steps, None, 0)
-        comparison = compare(disturbed, undisturbed)
+        for reference in references:
+            run_phase(reference, out, cfg.train.max_staleness, timeout_s, [], 0.0)
+            assess(reference, cfg, steps, None, 0)
+        comparison = compare(disturbed, references)
     else:
-        comparison = [(False, "the undisturbed run needs the disturbed run's steps: it trained none")]
-    sections = [(disturbed.name, disturbed.checks), (undisturbed.name, undisturbed.checks), ("both", comparison)]
+        comparison = [(False, "the undisturbed runs need the disturbed run's steps: it trained none")]
+    phases = [disturbed, *references]
+    sections = [*((p.name, p.checks) for p in phases), ("all", comparison)]
     passed = all(ok for _, checks in sections for ok, _ in checks)
     total_s = time.monotonic() - start
     if passed and not args.keep:
-        for phase in (disturbed, undisturbed):
+        for phase in phases:
             shutil.rmtree(out / phase.name, ignore_errors=True)
-    print(table([disturbed, undisturbed]))
+    print(table(phases))
     print(checks_text(sections))
     print(f"soak {'PASS' if passed else 'FAIL'} in {total_s / 60:.1f} min; runs in {out}")
     result = {"soak": "PASS" if passed else "FAIL", "minutes": args.minutes,
-              "kill_every_minutes": args.kill_every_minutes, "seed": args.seed, "overrides": args.overrides,
+              "kill_every_minutes": args.kill_every_minutes, "seed": args.seed, "references": args.references,
+              "overrides": args.overrides,
               "kill_schedule_s": schedule,
               "runs": {p.name: {"status": _status(p), "error": p.error, "overrides": p.overrides, **p.figures,
-                                "leftovers": p.leftovers} for p in (disturbed, undisturbed)},
+                                "leftovers": p.leftovers} for p in phases},
               "checks": {name: [{"ok": ok, "what": what} for ok, what in checks] for name, checks in sections},
               "total_s": round(total_s, 1), "out": str(out)}
     (out / "soak.json").write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -61,6 +61,65 @@ def test_identical_certain_accuracies_are_within_noise_and_different_ones_are_no
     assert not soak.within_noise(1.0, 0.0, 500)[0]
 
 
+def test_one_reference_is_compared_with_the_evaluations_sampling_noise_only():
+    assert soak.within_references(0.5, [0.4], 100) == soak.within_noise(0.5, 0.4, 100)
+
+
+def test_the_references_spread_widens_the_bound_to_a_prediction_interval():
+    # mean 0.6, s = 0.1, K = 3: t_0.975(2) x 0.1 x sqrt(4/3) = 4.303 x 0.11547 = 0.49687
+    ok, diff, bound = soak.within_references(0.69, [0.5, 0.6, 0.7], 500)
+    assert ok and diff == pytest.approx(0.09) and bound == pytest.approx(0.49687, abs=1e-4)
+    # the first full soak's pair, 0.694 against 0.548 alone, is beyond the evaluation's noise
+    assert not soak.within_references(0.694, [0.548], 500)[0]
+
+
+def test_references_that_agree_leave_the_evaluations_noise_as_the_bound_and_catch_a_shift():
+    ok, diff, bound = soak.within_references(0.4, [0.6, 0.6, 0.6], 500)
+    assert bound == pytest.approx(soak.within_noise(0.4, 0.6, 500)[2]) and not ok and diff == pytest.approx(-0.2)
+
+
+def test_more_references_narrow_the_interval_for_the_same_spread():
+    few = soak.within_references(0.6, [0.5, 0.7], 10_000)[2]
+    many = soak.within_references(0.6, [0.5, 0.7] * 5, 10_000)[2]
+    assert many < few
+
+
+def test_the_t_quantiles_fall_toward_the_normals():
+    assert soak.t_975(1) == pytest.approx(12.706) and soak.t_975(4) == pytest.approx(2.776)
+    assert all(a > b for a, b in zip(soak.T_975, soak.T_975[1:])) and soak.t_975(100) == 1.96
+
+
+def test_no_reference_is_an_error():
+    with pytest.raises(ValueError):
+        soak.within_references(0.5, [], 100)
+
+
+def phase_with(name: str, start: float | None, end: float | None) -> object:
+    return soak.Phase(name, [], figures={"accuracy_start": start, "accuracy_end": end, "eval_size": 500})
+
+
+def test_the_comparison_takes_the_start_from_the_same_seed_and_the_end_from_every_reference():
+    disturbed = phase_with("disturbed", 0.014, 0.694)
+    references = [phase_with("undisturbed", 0.014, 0.548), phase_with("undisturbed_seed1", 0.02, 0.70),
+                  phase_with("undisturbed_seed2", 0.01, 0.62)]
+    (same_start, ok), (within, text) = soak.compare(disturbed, references)
+    assert same_start and within and "3 undisturbed runs" in text
+    (same_start, _), (within, _) = soak.compare(disturbed, references[:1])
+    assert same_start and not within
+    (same_start, _), _ = soak.compare(phase_with("disturbed", 0.02, 0.6), references)
+    assert not same_start  # the start is compared with the run of the same seed, not another's
+
+
+def test_a_reference_without_its_accuracies_fails_the_comparison_naming_it():
+    checks = soak.compare(phase_with("disturbed", 0.0, 0.5), [phase_with("undisturbed", 0.0, 0.5),
+                                                              phase_with("undisturbed_seed1", 0.0, None)])
+    assert checks == [(False, checks[0][1])] and "undisturbed_seed1" in checks[0][1]
+
+
+def test_the_references_are_named_by_seed_after_the_first():
+    assert [soak.reference_name(k, 4) for k in range(3)] == ["undisturbed", "undisturbed_seed5", "undisturbed_seed6"]
+
+
 # --------------------------------------------------------------------------- queue identity
 
 
@@ -141,6 +200,7 @@ def test_the_command_line_defaults_to_thirty_minutes_a_kill_every_five():
     args = soak.parse_args([])
     assert (args.minutes, args.kill_every_minutes, args.seed, args.keep, args.out, args.overrides) == (
         30.0, 5.0, 0, False, "", [])
+    assert args.references == 3
 
 
 def test_the_command_line_takes_fractional_minutes_and_passes_overrides_through():
@@ -158,6 +218,7 @@ def test_the_command_line_takes_fractional_minutes_and_passes_overrides_through(
     ["learner.lr_schedule=cosine"],  # tied to train.max_steps: the two runs would differ
     ["--minutes", "0"],
     ["--kill-every-minutes", "-1"],
+    ["--references", "0"],
 ])
 def test_the_command_line_refuses_what_the_soak_controls_or_cannot_compare(argv):
     with pytest.raises(SystemExit) as exit_info:
