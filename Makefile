@@ -30,7 +30,7 @@ train: $(STAMP)
 	$(VENV)/bin/asyncgrpo train $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
