@@ -15,11 +15,11 @@ which then returns an already-completed Future: the default arithmetic run pays 
 Otherwise the batch runs on the Scorer's own event-loop thread: async user functions and the HTTP
 judge as coroutines (at most reward.concurrency / reward.judge.concurrency in flight), sync user
 functions and math equivalence on a pool of reward.threads threads, each call bounded by
-reward.timeout_s (the judge by its own timeout and retries). Async rewards therefore overlap the
-caller's next vLLM call; CPU-bound sync rewards overlap it as far as the GIL allows. A sync call past
-its timeout cannot be stopped and keeps its thread until it returns; when every thread of the pool
-is held so, later calls go to a new pool (a function that hangs on some inputs costs threads, not
-the run).
+reward.timeout_s from when a thread takes it (the judge by its own timeout and retries). Async
+rewards therefore overlap the caller's next vLLM call; CPU-bound sync rewards overlap it as far as
+the GIL allows. A sync call past its timeout cannot be stopped and keeps its thread until it
+returns; when every thread of the pool is held so, later calls and those still queued go to a new
+pool (a function that hangs on some inputs costs threads, not the run).
 
 Errors. A term that raises, times out, returns NaN/inf or a non-number is an error: it counts in
 GroupScore.errors (logged as reward/errors) and then reward.on_error applies: `zero` scores that
@@ -356,11 +356,45 @@ class Scorer:
             self.cfg.threads, thread_name_prefix="reward")
         self._held = set()
         self.pools_replaced += 1
-        if stuck is not None:
-            stuck.shutdown(wait=False)
+        if stuck is not None:  # its queued calls are cancelled, and `_call_on_thread` submits them again
+            stuck.shutdown(wait=False, cancel_futures=True)
         log.warning("reward.threads=%d threads are all held by reward calls running past reward.timeout_s=%s s; "
                     "later calls go to a new pool (%d so far), the held threads stay until their calls return",
                     self.cfg.threads, self.cfg.timeout_s, self.pools_replaced)
+
+    async def _call_on_thread(self, term: RewardTerm, problem: Problem, text: str) -> Any:
+        """term.sync_fn(problem, text) on the pool. reward.timeout_s counts from when a thread takes
+        the call, not from its submission: a call queued behind slow ones is not failed for their
+        time. A call still queued when its pool is given up on (`_abandon` cancels what it holds)
+        moves to the new pool. A call past its timeout is abandoned, not stopped (threads cannot be
+        killed): it counts as an error and its thread returns to the pool when the call ends."""
+        assert term.sync_fn is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            assert self._threads is not None, "the scorer is closed"
+            started: asyncio.Future[None] = loop.create_future()
+
+            def run(started: asyncio.Future[None] = started) -> Any:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                    loop.call_soon_threadsafe(lambda: started.done() or started.set_result(None))
+                return term.sync_fn(problem, text)
+
+            call = self._threads.submit(run)
+            result = asyncio.wrap_future(call)
+            try:
+                await asyncio.wait({started, result}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            if not call.cancelled():
+                break
+            started.cancel()  # its pool was replaced before a thread took it: submit it again
+        try:
+            return await asyncio.wait_for(asyncio.shield(result), term.timeout_s)
+        except asyncio.TimeoutError:
+            if not call.cancel():  # it had started: its thread stays busy until it returns
+                self._abandon(call)
+            raise
 
     async def _score_batch(self, problems: list[Problem], completions: list[list[str]]) -> list[GroupScore]:
         return list(await asyncio.gather(*(self._score_group(p, texts) for p, texts in zip(problems, completions))))
@@ -386,16 +420,8 @@ class Scorer:
                 # The judge limits its own requests (reward.judge.concurrency); user fns share reward.concurrency.
                 async with self._call_limit if term.judge is None else contextlib.nullcontext():
                     return _finite(await asyncio.wait_for(term.async_fn(problem, text), term.timeout_s)), ""
-            assert term.sync_fn is not None and self._threads is not None
-            # A sync call past its timeout is abandoned, not stopped (threads cannot be killed): it
-            # counts as an error and its thread returns to the pool when the call ends (`_abandon`).
-            call = self._threads.submit(term.sync_fn, problem, text)
-            try:
-                return _finite(await asyncio.wait_for(asyncio.wrap_future(call), term.timeout_s)), ""
-            except asyncio.TimeoutError:
-                if not call.cancel():  # it had started: its thread stays busy until it returns
-                    self._abandon(call)
-                raise
+            assert term.sync_fn is not None
+            return _finite(await self._call_on_thread(term, problem, text)), ""
         except asyncio.TimeoutError:
             return math.nan, self._error(term, f"timed out after {term.timeout_s} s (reward.timeout_s)")
         except Exception as err:  # a failing reward never kills the run

@@ -68,3 +68,44 @@ def test_a_slow_call_that_returns_after_its_timeout_gives_its_thread_back(hangin
         assert not scorer._held and scorer.pools_replaced == 0
     finally:
         scorer.close()
+
+
+def test_calls_queued_behind_hung_threads_move_to_the_new_pool_and_score(hanging):
+    # Two hangs take both threads; the two calls queued behind them used to wait in the given-up
+    # pool until they timed out too (tools/chaos.py's reward_hang: 9 hangs cost 265 errors).
+    task = ArithmeticTask(num_digits=2, eval_size=10)
+    scorer = Scorer(task, RewardConfig(fn="hanging_reward:reward", timeout_s=0.3, threads=2))
+    problem = task.eval_problems()[:1]
+    try:
+        score = scorer.score(problem, [["hang", "hang", "12", "7"]], timeout_s=10)[0]
+        assert scorer.pools_replaced == 1
+        assert score.errors == 2, score.error_messages
+        assert list(score.rewards) == [0.0, 0.0, 1.0, 1.0]
+    finally:
+        scorer.close()
+
+
+SLOW = '''
+import time
+
+def reward(prompt, completion, answer=None, **extra):
+    time.sleep(0.2)
+    return 1.0
+'''
+
+
+def test_time_queued_behind_other_calls_does_not_count_against_the_timeout(tmp_path, monkeypatch):
+    # One thread, four calls of 0.2 s each under a 0.5 s timeout: the last waits 0.6 s in the queue,
+    # more than the timeout, and still scores, because reward.timeout_s bounds a call's own run.
+    (tmp_path / "slow_reward.py").write_text(textwrap.dedent(SLOW))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_reward", raising=False)
+    task = ArithmeticTask(num_digits=2, eval_size=10)
+    scorer = Scorer(task, RewardConfig(fn="slow_reward:reward", timeout_s=0.5, threads=1))
+    problem = task.eval_problems()[:1]
+    try:
+        score = scorer.score(problem, [["a", "b", "c", "d"]], timeout_s=30)[0]
+        assert score.errors == 0, score.error_messages
+        assert list(score.rewards) == [1.0] * 4
+    finally:
+        scorer.close()
