@@ -116,7 +116,7 @@ class RewardConfig:
     # 1 = never stop.
     max_error_rate: float = 0.5
     error_window_steps: int = 20
-    timeout_s: float = 30.0  # one call of a user fn
+    timeout_s: float = 30.0  # one call of a user fn (a sync one from when a thread takes it)
     concurrency: int = 64  # user fn calls in flight
     threads: int = 4  # threads for sync user fns and math equivalence
     judge: JudgeConfig = field(default_factory=JudgeConfig)
