@@ -420,7 +420,6 @@ class Scorer:
                 # The judge limits its own requests (reward.judge.concurrency); user fns share reward.concurrency.
                 async with self._call_limit if term.judge is None else contextlib.nullcontext():
                     return _finite(await asyncio.wait_for(term.async_fn(problem, text), term.timeout_s)), ""
-            assert term.sync_fn is not None
             return _finite(await self._call_on_thread(term, problem, text)), ""
         except asyncio.TimeoutError:
             return math.nan, self._error(term, f"timed out after {term.timeout_s} s (reward.timeout_s)")

@@ -89,23 +89,24 @@ SLOW = '''
 import time
 
 def reward(prompt, completion, answer=None, **extra):
-    time.sleep(0.2)
+    time.sleep(0.4)
     return 1.0
 '''
 
 
 def test_time_queued_behind_other_calls_does_not_count_against_the_timeout(tmp_path, monkeypatch):
-    # One thread, four calls of 0.2 s each under a 0.5 s timeout: the last waits 0.6 s in the queue,
-    # more than the timeout, and still scores, because reward.timeout_s bounds a call's own run.
+    # One thread, five calls of 0.4 s each under a 1.2 s timeout: the last waits 1.6 s in the queue,
+    # more than the timeout, and still scores, because reward.timeout_s bounds a call's own run
+    # (each run leaves 0.8 s of slack for a loaded machine).
     (tmp_path / "slow_reward.py").write_text(textwrap.dedent(SLOW))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "slow_reward", raising=False)
     task = ArithmeticTask(num_digits=2, eval_size=10)
-    scorer = Scorer(task, RewardConfig(fn="slow_reward:reward", timeout_s=0.5, threads=1))
+    scorer = Scorer(task, RewardConfig(fn="slow_reward:reward", timeout_s=1.2, threads=1))
     problem = task.eval_problems()[:1]
     try:
-        score = scorer.score(problem, [["a", "b", "c", "d"]], timeout_s=30)[0]
+        score = scorer.score(problem, [["a", "b", "c", "d", "e"]], timeout_s=30)[0]
         assert score.errors == 0, score.error_messages
-        assert list(score.rewards) == [1.0] * 4
+        assert list(score.rewards) == [1.0] * 5
     finally:
         scorer.close()
