@@ -6,6 +6,12 @@ is little left to learn). Supervised accuracy on this task takes off abruptly at
 seed-dependent step (between ~250 and ~900 steps of 64 problems), so training stops as
 soon as the held-out expected sampled accuracy reaches the target rather than after a
 fixed number of steps.
+
+Only a warm start that reached its target is cached under the key of its inputs: that model is
+the same whatever the machine's speed. One stopped by `max_seconds` first depends on how many
+steps fitted in that time, so it is cached apart, under a key that names `max_seconds` too, and
+never stands in for a complete one (a short test run's partial model would otherwise become every
+later default run's starting point).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from asyncgrpo.tasks.problem import Problem
 
 # Bump whenever a change here would produce a different model for the same inputs, so
 # stale cache entries are not reused.
-WARMSTART_VERSION = 2
+# 3: partial warm starts (stopped by max_seconds) are cached apart from complete ones.
+WARMSTART_VERSION = 3
 WARMSTART_RECORD = "warmstart.json"
 
 BATCH_SIZE = 64
@@ -84,18 +91,21 @@ def ensure_warm_model(
     """
     model_spec = TinyModelSpec(**model_kwargs)
     cache_root = Path(cache_root)
-    model_dir = (
-        cache_root / f"tiny-qwen2-{warm_model_cache_key(model_spec, task, seed, target_accuracy)}"
-    )
-    if (model_dir / WARMSTART_RECORD).is_file():
-        return model_dir
+    key = warm_model_cache_key(model_spec, task, seed, target_accuracy)
+    complete_dir, partial_dir = cache_root / f"tiny-qwen2-{key}", cache_root / partial_entry_name(key, max_seconds)
+    if _reached_target(complete_dir):
+        return complete_dir
+    if (partial_dir / WARMSTART_RECORD).is_file():
+        log(f"WARNING: reusing a warm start that stopped short of its target after {max_seconds:g}s: {partial_dir}")
+        return partial_dir
 
     cache_root.mkdir(parents=True, exist_ok=True)
-    staging_dir = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=cache_root))
+    staging_dir = Path(tempfile.mkdtemp(prefix=f".tiny-qwen2-{key}.", dir=cache_root))
     try:
         record = _train_and_save(
             staging_dir, model_spec, task, seed, target_accuracy, max_seconds, log
         )
+        model_dir = complete_dir if record["reached_target"] else partial_dir
         try:
             os.rename(staging_dir, model_dir)
         except OSError:
@@ -114,6 +124,18 @@ def ensure_warm_model(
         f"{record['steps']} steps, {record['seconds']:.1f}s"
     )
     return model_dir
+
+
+def partial_entry_name(key: str, max_seconds: float) -> str:
+    """The cache entry of a warm start that `max_seconds` stopped before its target."""
+    return f"tiny-qwen2-{key}-partial-{max_seconds:g}s"
+
+
+def _reached_target(model_dir: Path) -> bool:
+    try:
+        return bool(json.loads((model_dir / WARMSTART_RECORD).read_text())["reached_target"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _train_and_save(

@@ -95,5 +95,6 @@ def test_missed_target_is_saved_with_a_warning(tmp_path: Path) -> None:
     )
     record = json.loads((model_dir / "warmstart.json").read_text())
     assert record["reached_target"] is False
+    assert model_dir.name.endswith("-partial-1s"), "a partial warm start must not take the complete entry's name"
     assert (model_dir / "model.safetensors").is_file()
     assert any(line.startswith("WARNING") for line in logs)
