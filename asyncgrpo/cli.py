@@ -238,11 +238,15 @@ def main(argv: list[str] | None = None) -> int:
                               help="check the spec, list the runs and which are finished; run nothing")
     study_parser.add_argument("--report-only", action="store_true",
                               help="rewrite results.csv, report.md and plots/ from the runs so far; run nothing")
+    study_parser.add_argument("--fresh-engines", action="store_true",
+                              help="every run starts its own Ray cluster and vLLM engines (default: the study starts "
+                                   "one Ray cluster and the runs keep the generator engines between them)")
     args = parser.parse_args(argv)
     if args.command == "study":
         from asyncgrpo.study import command as study_command
 
-        return study_command(args.spec, args.overrides, dry_run=args.dry_run, report_only=args.report_only)
+        return study_command(args.spec, args.overrides, dry_run=args.dry_run, report_only=args.report_only,
+                             keep_engines=not args.fresh_engines)
     if args.command == "replay":
         return _replay(args.recording, args.overrides)
     if args.command == "simulate":

@@ -4,6 +4,7 @@ reject what cannot work, before anything starts. The schema itself is `asyncgrpo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,15 @@ def _validate_placement(cfg: Config, require: Any) -> None:
     require(address in ("", "auto") or (bool(host) and port.isdigit() and 0 < int(port) < 65536), "ray.address",
             "must be empty (start a local cluster), auto or HOST:PORT of a running cluster's head (ray start --head)",
             address)
+    pool = cfg.rollout.engine_pool
+    require(not pool or re.fullmatch(r"[A-Za-z0-9_-]+", pool) is not None, "rollout.engine_pool",
+            "must be letters, digits, '_' and '-'", pool)
+    # A local cluster stops with the run, and the engines with it: nothing would be kept.
+    require(not pool or bool(address), "rollout.engine_pool",
+            "needs ray.address: a cluster that outlives the run (asyncgrpo study starts one)", pool)
+    require(not pool or cfg.weights.backend != "nccl", "rollout.engine_pool",
+            "cannot be used with weights.backend=nccl (a kept engine cannot leave one run's weight group for the "
+            "next's): use shm or zmq", pool)
 
 
 def _validate_task_data_reward(cfg: Config, require: Any) -> None:

@@ -150,6 +150,12 @@ class RolloutConfig:
     # with `ray start --resources='{"NAME": 1}'` takes many. Set: the wire is tcp with CURVE and
     # weights go over zmq unless wire.transport / weights.backend say otherwise.
     node_resource: str = ""
+    # Keep the generators' engines between runs in the Ray cluster at ray.address, as a pool of this
+    # name (letters, digits, '_', '-'): a run takes the pool's generators when their engine settings
+    # match (model architecture, rollout engine settings, cores), loads its own starting weights and
+    # seed into them, and leaves them running when it finishes; a run that fails or is interrupted
+    # kills them. asyncgrpo study sets it (docs/STUDIES.md). "" = each run starts and kills its own.
+    engine_pool: str = ""
 
 
 @dataclass

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,16 +200,19 @@ class Spec:
             spec.baseline = _parse_baseline(data["baseline"], factors, fail)
         return spec
 
-    def check_configs(self) -> None:
-        """Compose each cell's config as its first seed's run would (`config.load`); the first one
-        the config refuses raises SpecError naming the cell."""
+    def check_configs(self, before: Sequence[str] = ()) -> list[Any]:
+        """Compose each cell's config as its first seed's run would (`config.load`), with `before`
+        ahead of the run's own overrides (the engine cluster's); the first one the config refuses
+        raises SpecError naming the cell. Returns the configs."""
         from asyncgrpo.config import ConfigError, load
 
+        configs = []
         for plan in self.runs(Path(STUDY_DIR_ROOT) / self.name, seeds=self.seeds[:1]):
             try:
-                load(plan.train_overrides(), config_name=self.config_name)
+                configs.append(load([*before, *plan.train_overrides()], config_name=self.config_name))
             except ConfigError as err:
                 raise SpecError(f"{self.source}: cell {plan.cell.label}: {err}") from None
+        return configs
 
     # -------------------------------------------------------------------------- the plan
 
@@ -388,25 +391,28 @@ the run's summary.json. On Ctrl-C it stops the run (which writes its own summary
 
 
 class SubprocessRunner:
-    """Each run as `python -m asyncgrpo.cli train ...`, output to run_dir/train.log.
+    """Each run as `python -m asyncgrpo.cli train ...`, output to run_dir/train.log; `before`:
+    overrides ahead of the run's own (the engine cluster's, which the run's own may override),
+    `env`: the run's environment (None: the study's).
 
     The child gets its own session, so a Ctrl-C at the terminal reaches only the study, which passes
     exactly one SIGINT on: the run finishes its step, writes summary.json (status interrupted) and
     stops its Ray cluster and engines. A second Ctrl-C passes another SIGINT; a third kills the
     child's process group."""
 
-    def __init__(self, log: Callable[[str], None] = print) -> None:
-        self.log = log
+    def __init__(self, log: Callable[[str], None] = print, before: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> None:
+        self.log, self.before, self.env = log, list(before), env
 
     def command(self, plan: RunPlan) -> list[str]:
         return [sys.executable, "-m", "asyncgrpo.cli", "train", "--config-name", plan.config_name,
-                *plan.train_overrides()]
+                *self.before, *plan.train_overrides()]
 
     def __call__(self, plan: RunPlan) -> int:
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         with open(plan.run_dir / RUN_LOG, "ab") as out:
             process = subprocess.Popen(self.command(plan), stdin=subprocess.DEVNULL, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
                                        preexec_fn=_interrupt_when_parent_dies)
             try:
                 return process.wait()
@@ -463,14 +469,61 @@ def default_study_dir(spec: Spec) -> Path:
     return Path(STUDY_DIR_ROOT) / spec.name
 
 
+def engine_cluster_cpus(spec: Spec) -> int | None:
+    """The CPUs of a study's own Ray cluster, whose generator engines its runs keep between them:
+    the most any cell's run would give a local cluster. Checks every cell's config with the
+    cluster's overrides. None when the runs join a cluster the spec names (ray.address in base):
+    they start and stop their own engines."""
+    from asyncgrpo.driver.prepare import local_cpus
+    from asyncgrpo.engine_cluster import cluster_overrides
+
+    placeholder = "127.0.0.1:1"
+    configs = spec.check_configs(before=cluster_overrides(placeholder, engine_pool_name(spec)))
+    if any(cfg.ray.address != placeholder for cfg in configs):
+        return None
+    return max(local_cpus(cfg) for cfg in configs)
+
+
+def engine_pool_name(spec: Spec) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", spec.name)
+
+
 def run_study(spec: Spec, study_dir: str | Path | None = None, runner: Runner | None = None,
-              log: Callable[[str], None] = print) -> StudyOutcome:
+              log: Callable[[str], None] = print, keep_engines: bool = True) -> StudyOutcome:
     """Every run of the spec not finished yet, one after another, then `aggregate`. Ctrl-C stops
     the run in progress (it writes its own interrupted summary), starts no other, and still writes
-    the results of what finished; the outcome then says interrupted."""
+    the results of what finished; the outcome then says interrupted. `keep_engines` (without a
+    `runner`): the runs share a Ray cluster the study starts, and the generator engines in it."""
     study_dir = Path(study_dir or default_study_dir(spec))
     study_dir.mkdir(parents=True, exist_ok=True)
-    runner = runner or SubprocessRunner(log)
+    with ExitStack() as stack:
+        if runner is None:
+            cpus = engine_cluster_cpus(spec) if keep_engines else None
+            if cpus is None:
+                runner = SubprocessRunner(log)
+            else:
+                runner = _LazyClusterRunner(stack, cpus, engine_pool_name(spec), log)
+        return _run_all(spec, study_dir, runner, log)
+
+
+class _LazyClusterRunner:
+    """A `SubprocessRunner` on the study's engine cluster, started before the first run (a study
+    with nothing left to run starts none)."""
+
+    def __init__(self, stack: ExitStack, cpus: int, pool: str, log: Callable[[str], None]) -> None:
+        self.stack, self.cpus, self.pool, self.log = stack, cpus, pool, log
+        self.runner: SubprocessRunner | None = None
+
+    def __call__(self, plan: RunPlan) -> int:
+        if self.runner is None:
+            from asyncgrpo.engine_cluster import EngineCluster
+
+            cluster = self.stack.enter_context(EngineCluster(self.cpus, self.pool, self.log))
+            self.runner = SubprocessRunner(self.log, before=cluster.overrides, env=cluster.env)
+        return self.runner(plan)
+
+
+def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], None]) -> StudyOutcome:
     outcome = StudyOutcome()
     with _study_lock(study_dir):
         plans = spec.runs(study_dir)
@@ -1101,8 +1154,9 @@ def _save_figure(fig: Any, path: Path) -> Path:
 
 
 def command(spec_path: str, arguments: Sequence[str], dry_run: bool = False, report_only: bool = False,
-            log: Callable[[str], None] = print) -> int:
-    """`asyncgrpo study`: arguments are `study_dir=DIR` and key=value overrides added to the spec's base.
+            keep_engines: bool = True, log: Callable[[str], None] = print) -> int:
+    """`asyncgrpo study`: arguments are `study_dir=DIR` and key=value overrides added to the spec's base;
+    `keep_engines`: False for --fresh-engines.
     Exit codes: 0 every run finished, 1 some run failed, 2 the spec or study_dir cannot be used,
     130 interrupted."""
     study_dir: str | None = None
@@ -1127,7 +1181,7 @@ def command(spec_path: str, arguments: Sequence[str], dry_run: bool = False, rep
                 state = FINISHED if is_finished(plan.run_dir) else "to run"
                 log(f"{state:>8}  {plan.label}  ({plan.run_dir})")
             return 0
-        outcome = run_study(spec, directory, log=log)
+        outcome = run_study(spec, directory, log=log, keep_engines=keep_engines)
     except (SpecError, StudyError) as err:
         print(f"asyncgrpo: study: {err}", file=sys.stderr)
         return 2

@@ -154,6 +154,9 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             actors.on_all_ranks("export_hf", str(export_dir), timeout_s=cfg.wire.startup_timeout_s)
             summary["export"] = str(export_dir)
         check_probe(summary["probe"], cfg.train.probe_tolerance)
+        actors.keep_engines()
+        if actors.pool is not None:
+            summary["engines_reused"] = sorted(actors.pool.reused)
     finally:
         summary["generator_restarts"] = sum(actors.restarts)
         with interrupts_deferred():

@@ -30,6 +30,8 @@ from asyncgrpo.config import (
     use_curve,
 )
 from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.driver.engine_pool import EnginePool, engine_key
+from asyncgrpo.driver.remote import CONTROL_GROUP, control, get, remote_class  # noqa: F401 - importable from here
 from asyncgrpo.placement import (
     check_node_resources,
     check_reach,
@@ -45,33 +47,6 @@ from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.wire.network import free_port
 from asyncgrpo.wire.security import WireKeys
 from asyncgrpo.wire.sockets import remove_ipc_endpoint
-
-
-def get(refs: Any, timeout_s: float, what: str) -> Any:
-    """`ray.get(refs)` within `timeout_s`; past it the run fails, naming `what` it waited for."""
-    import ray
-    from ray.exceptions import GetTimeoutError
-
-    try:
-        return ray.get(refs, timeout=timeout_s)
-    except GetTimeoutError:
-        raise TrainingFailed(f"no answer from {what} within {timeout_s:.0f} s") from None
-
-
-# The concurrency group of the calls made while an actor's long call runs (`control`).
-CONTROL_GROUP = "control"
-
-
-def remote_class(cls: type) -> Any:
-    """`cls` as a Ray actor class with a `control` concurrency group of one thread."""
-    import ray
-
-    return ray.remote(concurrency_groups={CONTROL_GROUP: 1})(cls)
-
-
-def control(actor: Any, method: str, *args: Any) -> Any:
-    """Call `method` on `actor` in its control group: it runs beside the call in progress."""
-    return getattr(actor, method).options(concurrency_group=CONTROL_GROUP).remote(*args)
 
 
 def gpus_per_actor(cfg: Config, gpus_in_cluster: float) -> float:
@@ -131,6 +106,10 @@ class Actors:
         self.dead_after_training: set[int] = set()
         self._evaluator_weights: Path | None = None
         self._final_version = 0
+        # rollout.engine_pool: generators taken from (and left in) the cluster's pool; kept at `stop`
+        # only once the run has ended cleanly (`keep_engines`).
+        self.pool = EnginePool(cfg) if cfg.rollout.engine_pool else None
+        self._keep_engines = False
 
     @property
     def learner(self) -> Any:
@@ -227,12 +206,16 @@ class Actors:
         cfg, start = self.cfg, self._generator_start
         keys, endpoints = start["keys"], start["endpoints"]
         on_node = node_resources(cfg.rollout.node_resource)
-        return remote_class(GeneratorActor).options(
-            num_cpus=cfg.rollout.num_cpus_per_generator, num_gpus=start["gpus"], max_restarts=0,
-            **({"resources": on_node} if on_node else {}),
-        ).remote(cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"],
-                 groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None,
-                 initial_version=start["initial_version"], skip_problems=skip_problems, incarnation=incarnation)
+        options = {"num_cpus": cfg.rollout.num_cpus_per_generator, "num_gpus": start["gpus"], "max_restarts": 0,
+                   **({"resources": on_node} if on_node else {})}
+        args = (cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"],
+                groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None)
+        kwargs = {"initial_version": start["initial_version"], "skip_problems": skip_problems,
+                  "incarnation": incarnation}
+        if self.pool is not None:
+            key = engine_key(cfg, start["model_dir"], start["cores"][index], start["gpus"])
+            return self.pool.take(index, key, options, args, kwargs)
+        return remote_class(GeneratorActor).options(**options).remote(*args, **kwargs)
 
     def restart_generator(self, index: int, cause: BaseException) -> Any:
         """Generator `index`'s process died (`cause`): start its next incarnation and bring it back
@@ -399,11 +382,23 @@ class Actors:
         directory = str(Path(self.cfg.run_dir).resolve() / "checkpoints")
         return self.on_all_ranks("save_checkpoint", directory, timeout_s=save_wait_timeout_s(self.cfg))
 
+    def keep_engines(self) -> None:
+        """The run ended cleanly: `stop` leaves the generators in the engine pool (if there is one)
+        for the next run instead of killing them."""
+        self._keep_engines = self.pool is not None
+
     def stop(self) -> None:
-        """Kill every actor started so far and free the learners' placement group."""
+        """Kill every actor started so far (but release pooled generators after a clean run: they
+        stay for the next) and free the learners' placement group."""
         import ray
 
-        for actor in [*self.generators, *self.learners]:
+        kill = list(self.learners)
+        for index, generator in enumerate(self.generators):
+            kept = (self._keep_engines and index not in self.dead_after_training
+                    and self.pool is not None and self.pool.release(generator, index))
+            if not kept:
+                kill.append(generator)
+        for actor in kill:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
         for endpoint in self.endpoints.values():  # a killed learner leaves its Unix-socket directories

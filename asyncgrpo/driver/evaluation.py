@@ -8,7 +8,8 @@ from typing import Any
 
 from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
-from asyncgrpo.driver.actors import Actors, get
+from asyncgrpo.driver.actors import Actors
+from asyncgrpo.driver.remote import get
 from asyncgrpo.metrics import MetricsSink
 from asyncgrpo.tasks import Problem
 

@@ -80,6 +80,17 @@ def _keep_cpu_weights_unpacked() -> bool:
     return True
 
 
+def _seed_worker(worker, seed: int) -> None:
+    # Runs where the sampler runs: requests without a seed of their own draw from these generators.
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
 def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
     # The rotary cos/sin cache is derived, not a checkpoint weight: vLLM keeps its own copy on
     # every reload and warns about it each time.
@@ -202,6 +213,24 @@ class VLLMEngine:
             log.warning("in-place weight loads unavailable (%s); using vLLM's reload_weights", err)
             return False
         return True
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampler's random streams from `seed`: a run on a reused engine draws the same
+        samples as one on a fresh engine with the same seed (both reseed before their first call)."""
+        self.llm.collective_rpc(_seed_worker, args=(seed,))
+
+    def load_model_dir(self, model_dir: str) -> None:
+        """Replace the weights with those of a Hugging Face directory of the same architecture (a
+        reused engine taking the next run's starting model)."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+        for file in files:
+            self.load_weights(load_file(file).items())
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         load = _copy_named_weights if self.weight_load_path == "in_place" else _load_named_weights

@@ -516,6 +516,31 @@ class GeneratorActor(Generator):
     def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
         return cls(*args, **kwargs)  # this constructor already takes from_config's arguments
 
+    # ------------------------------------------------------------- kept between runs (engine_pool)
+
+    _pool_key: str = ""
+
+    def pool_key(self) -> str:
+        """The engine settings this actor was started with (`driver.engine_pool.engine_key`)."""
+        return self._pool_key
+
+    def set_pool_key(self, key: str) -> None:
+        self._pool_key = key
+
+    def release(self) -> None:
+        """The run is over and this engine stays for the next: close its sockets and reward threads."""
+        self.close()
+
+    def reset(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
+              quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
+              initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0) -> None:
+        """Become a new run's generator (the constructor's arguments) on the running engine: its
+        starting weights, seed, prompt stream, rewards, sockets and counters; vLLM is not restarted."""
+        self.close()  # idempotent: release() may have closed them already
+        Generator.__init__(self, **_built_from_config(
+            cfg, generator_id, model_dir, groups_endpoint, weights_endpoint, quota_per_step, cores, curve,
+            initial_version, skip_problems, incarnation, engine=self.engine))
+
     def node(self) -> dict[str, str]:
         """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
         from asyncgrpo.placement import this_node
@@ -525,8 +550,10 @@ class GeneratorActor(Generator):
 
 def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
                        quota_per_step: int, cores: list[int] | None, curve: CurveClientKeys | None,
-                       initial_version: int, skip_problems: int, incarnation: int = 0) -> dict[str, Any]:
-    """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`)."""
+                       initial_version: int, skip_problems: int, incarnation: int = 0,
+                       engine: VLLMEngine | None = None) -> dict[str, Any]:
+    """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`);
+    `engine`: a running one to take `model_dir`'s weights instead of a new one (rollout.engine_pool)."""
     pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
     from transformers import (
         AutoTokenizer,  # slow to import; only where a real generator is built
@@ -538,14 +565,20 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
     problems.load_state_dict({"position": skip_problems})
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
-    engine = VLLMEngine(
-        model_dir,
-        seed=cfg.seed * 1000 + generator_id,
-        max_model_len=cfg.model.max_positions,
-        dtype=cfg.rollout.dtype,
-        kv_cache_gib=cfg.rollout.kv_cache_gib,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-    )
+    seed = cfg.seed * 1000 + generator_id
+    if engine is None:
+        engine = VLLMEngine(
+            model_dir,
+            seed=seed,
+            max_model_len=cfg.model.max_positions,
+            dtype=cfg.rollout.dtype,
+            kv_cache_gib=cfg.rollout.kv_cache_gib,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        )
+    else:
+        engine.load_model_dir(model_dir)
+    # Also a new engine: its start-up drew from the random streams, a reused one's last run did.
+    engine.reseed(seed)
     # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
     # the learner's receiving thread, which competes with training for its core and the GIL.
     # Memory stays bounded: a call's groups in the socket buffers, the rest by the throttle.

@@ -1,10 +1,13 @@
 """`asyncgrpo study` end to end: real `asyncgrpo train` runs (vLLM, Ray), tiny budgets."""
 
 import csv
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -26,13 +29,26 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def test_a_quick_study_runs_both_cells_reports_them_and_a_rerun_skips_both(tmp_path):
+def test_a_quick_study_runs_both_cells_on_one_kept_engine_reports_them_and_a_rerun_skips_both(tmp_path):
     result = subprocess.run(study_cli(tmp_path), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study_dir = tmp_path / "study"
     rows = read_csv(study_dir / "results.csv")
     assert [(r["algo.mode"], r["seed"], r["status"]) for r in rows] == [("bypass", "0", "finished"),
                                                                          ("decoupled", "0", "finished")]
+    # The second run took the first one's generator process (vLLM not restarted) and reset it to the
+    # same starting weights and seed: its held-out evaluation before training is the first one's.
+    first, second = (json.loads((Path(r["run_dir"]) / "summary.json").read_text()) for r in rows)
+    pids = [json.loads((Path(r["run_dir"]) / "actors.json").read_text())["generator_pids"] for r in rows]
+    assert pids[0] == pids[1]
+    assert (first["engines_reused"], second["engines_reused"]) == ([], [0])
+    assert second["eval_accuracy_start"] == first["eval_accuracy_start"]
+    assert second["eval_greedy_accuracy_start"] == first["eval_greedy_accuracy_start"]
+    # The study's Ray cluster, and the engine in it, are gone with the study.
+    port = int(re.search(r"Ray cluster at 127\.0\.0\.1:(\d+)", result.stdout).group(1))
+    assert not any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                   for c in psutil.net_connections(kind="inet"))
+    assert not psutil.pid_exists(pids[0][0])
     for row in rows:
         assert row["steps"] == "2" and float(row["samples_per_s"]) > 0 and row["eval_accuracy_end"] != ""
         assert float(row["accuracy_auc"]) == pytest.approx(
@@ -47,4 +63,5 @@ def test_a_quick_study_runs_both_cells_reports_them_and_a_rerun_skips_both(tmp_p
     again = subprocess.run(study_cli(tmp_path), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "2 finished before, 0 to run" in again.stdout
+    assert "Ray cluster" not in again.stdout  # nothing to run: no cluster started
     assert len(read_csv(study_dir / "results.csv")) == 2

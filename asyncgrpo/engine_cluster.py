@@ -1,0 +1,123 @@
+"""A Ray cluster on this machine that outlives a study's runs, so that their generator engines can
+be kept between them (`rollout.engine_pool`, asyncgrpo/driver/engine_pool.py).
+
+It runs in a helper process of its own (`python -m asyncgrpo.engine_cluster`), which starts a local
+cluster with `ray.init` (every listener on 127.0.0.1, token authentication, a private temporary
+directory so that no other driver on this machine finds it with `ray.address=auto`), prints its
+address and waits until its stdin closes; then it shuts the cluster down, and the pooled engines
+with it. The study dying closes that pipe too, and the helper also gets SIGTERM from the kernel
+when its parent dies (Linux).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+# How long the helper may take to bring the cluster up.
+START_TIMEOUT_S = 180.0
+# How long it may take to shut it down before it is killed.
+STOP_TIMEOUT_S = 60.0
+
+
+class EngineCluster:
+    """`with EngineCluster(num_cpus, pool) as cluster:` the runs get `cluster.env` as their
+    environment and `cluster.overrides` before their own overrides."""
+
+    def __init__(self, num_cpus: int, pool: str, log: Callable[[str], None] = print) -> None:
+        self.num_cpus, self.pool, self.log = num_cpus, pool, log
+        self.address = ""
+        self.env: dict[str, str] = {}
+        self._helper: subprocess.Popen | None = None
+        self._tmp = ""
+
+    @property
+    def overrides(self) -> list[str]:
+        return cluster_overrides(self.address, self.pool)
+
+    def __enter__(self) -> EngineCluster:
+        # Ray's Unix sockets live under its temporary directory, whose path must stay short.
+        self._tmp = tempfile.mkdtemp(prefix="agec", dir="/tmp")
+        self.env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": self._tmp,
+                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+                    "RAY_USAGE_STATS_ENABLED": "0"}
+        self._helper = subprocess.Popen(
+            [sys.executable, "-m", "asyncgrpo.engine_cluster", json.dumps({"num_cpus": self.num_cpus})],
+            env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=True, preexec_fn=_terminate_when_parent_dies)
+        try:
+            ready, _, _ = select.select([self._helper.stdout], [], [], START_TIMEOUT_S)
+            line = self._helper.stdout.readline() if ready else ""
+            if not line:
+                raise RuntimeError(f"the study's Ray cluster did not start within {START_TIMEOUT_S:.0f} s"
+                                   + ("" if self._helper.poll() is None else f" (exit code {self._helper.returncode})"))
+            self.address = json.loads(line)["address"]
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        self.log(f"[study] Ray cluster at {self.address} for every run; generator engines are kept between runs "
+                 f"(engine pool {self.pool})")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            try:
+                helper.stdin.close()
+                helper.wait(STOP_TIMEOUT_S)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            if helper.poll() is None:
+                try:
+                    os.killpg(helper.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                helper.wait()
+            helper.stdout.close()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def cluster_overrides(address: str, pool: str) -> list[str]:
+    """A run's overrides on the cluster at `address`: join it, keep the engines in `pool`, and keep
+    the wire on Unix sockets (and so the weights in shared memory) as on a run's own local cluster:
+    joining an address would otherwise mean tcp with CURVE, for actors that could be on other
+    machines. The run's own overrides come after these and may change them."""
+    return [f"ray.address={address}", f"rollout.engine_pool={pool}", "wire.transport=ipc"]
+
+
+def _terminate_when_parent_dies() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _serve(spec: dict[str, Any]) -> None:
+    """The helper: start the cluster, print its address, keep it until stdin closes or SIGTERM."""
+    import ray
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # through the finally below
+    context = ray.init(num_cpus=int(spec["num_cpus"]), include_dashboard=False, _node_ip_address="127.0.0.1",
+                       log_to_driver=False)
+    print(json.dumps({"address": context.address_info["gcs_address"]}), flush=True)
+    try:
+        sys.stdin.read()
+    except (OSError, ValueError):
+        pass
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    _serve(json.loads(sys.argv[1]))
