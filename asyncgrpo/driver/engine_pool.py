@@ -2,8 +2,8 @@
 run, and a study runs a hundred of them one after another on the same engine settings.
 
 The pool is a set of named, detached Ray actors in the cluster at `ray.address`, one per generator
-index. A run takes generator i's actor when the engine settings it was started with (`engine_key`)
-are this run's, and resets it (`GeneratorActor.reset`: the run's starting weights, seed, prompt
+index. A run takes generator i's actor when the run before released it and the engine settings it
+was started with (`engine_key`) are this run's, and resets it (`GeneratorActor.reset`: the run's starting weights, seed, prompt
 stream, rewards, sockets and counters, on the running engine); otherwise it kills it and starts a
 new one under the same name. A run that ends cleanly releases its generators (sockets and reward
 threads closed, engine kept); one that fails or is interrupted kills them, as their state is then
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.driver import TrainingFailed
-from asyncgrpo.driver.remote import get, remote_class
+from asyncgrpo.driver.remote import control, get, remote_class
 from asyncgrpo.schema import Config
 
 # Every pool's actors live in this Ray namespace, apart from the runs' own (anonymous) ones.
@@ -73,12 +73,14 @@ class EnginePool:
         actor = self._lookup(name)
         if actor is not None:
             try:
-                if get(actor.pool_key.remote(), timeout_s, f"pooled generator {index} (pool_key)") == key:
+                # In the control group: a call that a generator left running by a dead driver cannot hold up.
+                found = get(control(actor, "reusable_key"), timeout_s, f"pooled generator {index} (reusable_key)")
+                if found == key:
                     get(actor.reset.remote(*args, **kwargs), timeout_s, f"pooled generator {index} (reset)")
                     self.reused.add(index)
                     return actor
-                print(f"[engine_pool] generator {index}: the pool's engine was built for other settings; "
-                      "starting a new one", flush=True)
+                why = "was not released by its last run" if not found else "was built for other settings"
+                print(f"[engine_pool] generator {index}: the pool's engine {why}; starting a new one", flush=True)
             except (RayActorError, TrainingFailed) as err:
                 print(f"[engine_pool] generator {index}: the pool's engine cannot be reused ({type(err).__name__}: "
                       f"{str(err).splitlines()[0] if str(err) else ''}); starting a new one", flush=True)

@@ -519,10 +519,13 @@ class GeneratorActor(Generator):
     # ------------------------------------------------------------- kept between runs (engine_pool)
 
     _pool_key: str = ""
+    _released = False
 
-    def pool_key(self) -> str:
-        """The engine settings this actor was started with (`driver.engine_pool.engine_key`)."""
-        return self._pool_key
+    def reusable_key(self) -> str:
+        """The engine settings this actor was started with (`driver.engine_pool.engine_key`) once a
+        run has released it; "" while a run holds it (a driver that died without releasing it leaves
+        it in an unknown state, perhaps still generating): then it is not to be reused."""
+        return self._pool_key if self._released else ""
 
     def set_pool_key(self, key: str) -> None:
         self._pool_key = key
@@ -530,13 +533,15 @@ class GeneratorActor(Generator):
     def release(self) -> None:
         """The run is over and this engine stays for the next: close its sockets and reward threads."""
         self.close()
+        self._released = True
 
     def reset(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
               quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
               initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0) -> None:
         """Become a new run's generator (the constructor's arguments) on the running engine: its
         starting weights, seed, prompt stream, rewards, sockets and counters; vLLM is not restarted."""
-        self.close()  # idempotent: release() may have closed them already
+        self._released = False
+        self.close()  # idempotent: release() has closed them already
         Generator.__init__(self, **_built_from_config(
             cfg, generator_id, model_dir, groups_endpoint, weights_endpoint, quota_per_step, cores, curve,
             initial_version, skip_problems, incarnation, engine=self.engine))
