@@ -260,6 +260,8 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
     task, data, reward = cfg.task, cfg.data, cfg.reward
     require(task.name in TASK_NAMES, "task.name", _one_of(TASK_NAMES), task.name)
     require(task.eval_size >= 1, "task.eval_size", "must be >= 1", task.eval_size)
+    require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0: at the start and the end only)",
+            cfg.eval.every_steps)
     if task.name == "countdown":
         require(MIN_NUMBERS <= task.countdown_numbers <= MAX_NUMBERS, "task.countdown_numbers",
                 f"must be between {MIN_NUMBERS} and {MAX_NUMBERS}", task.countdown_numbers)

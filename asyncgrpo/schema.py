@@ -322,6 +322,11 @@ class WeightsConfig:
 class EvalConfig:
     at_start: bool = True
     at_end: bool = True
+    # Also during training: generator 0 evaluates (sampled and greedy, on the same held-out problems)
+    # the first weights it loads of each version at or past a multiple of this; written to
+    # metrics.jsonl as eval/when=periodic at that version's step. It pauses generator 0's sampling
+    # meanwhile. 0 = at the start and the end only.
+    every_steps: int = 0
 
 
 @dataclass

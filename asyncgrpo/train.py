@@ -23,7 +23,7 @@ from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
-from asyncgrpo.driver.loop import RemoteLearner, run_loop
+from asyncgrpo.driver.loop import RemoteLearner, periodic_eval_line, run_loop
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
     interrupts_deferred,
@@ -138,14 +138,17 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             # Under a throttle, groups the learner writes off are credited back to their generator.
             credit = actors.credit_write_offs if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
             remote = RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator, credit=credit)
-            run_loop(cfg, remote, metrics,
-                     SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume)
+            run_loop(cfg, remote, metrics, SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume,
+                     evaluations=actors.take_evaluations if cfg.eval.every_steps else None)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned
             if cfg.train.checkpoint_on_interrupt:
                 summary["interrupt_checkpoint"] = save_on_interrupt(actors)
             raise
         summary["learner"] = actors.on_all_ranks("finish", "training finished", timeout_s=learner_wait_timeout_s(cfg))
         summary["generators"] = actors.generator_reports(runs, final_version=summary["learner"]["version"])
+        for record in actors.take_evaluations():  # those of the last chunk's versions
+            metrics.write(record)
+            print(periodic_eval_line(record), flush=True)
         if cfg.eval.at_end:
             summary.update(evaluate(actors, eval_problems, "end", step=summary["steps"], metrics=metrics))
         summary["probe"] = probes.compare(actors, learner_version=summary["learner"]["version"])

@@ -358,6 +358,19 @@ class Actors:
                 continue  # it died meanwhile: the wait restarts it, and its next incarnation starts at 0
             self._credited[index] = (incarnation, groups)
 
+    def take_evaluations(self) -> list[dict[str, Any]]:
+        """Generator 0's periodic evaluations (eval.every_steps) since the last call; none while it
+        is down (what it had not handed over dies with it)."""
+        from ray.exceptions import RayActorError
+
+        if not self.cfg.eval.every_steps or not self.generators or 0 in self.dead_after_training:
+            return []
+        try:
+            return get(control(self.generators[0], "take_evaluations"), self.cfg.wire.timeout_s,
+                       "generator 0 (take_evaluations)")
+        except RayActorError:
+            return []
+
     def _join_weights(self) -> None:
         """The weight backend's rendezvous, if it has one (an empty address: none): learner rank 0 and
         every generator join one group, together."""

@@ -117,9 +117,11 @@ class SampleSchedule:
 
 
 def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_logger: SampleLogger,
-             summary: dict[str, Any], resume: dict[str, Any] | None = None) -> None:
+             summary: dict[str, Any], resume: dict[str, Any] | None = None,
+             evaluations: Callable[[], list[dict[str, Any]]] | None = None) -> None:
     """Train up to train.max_steps (or train.max_train_minutes); the loop's figures go into `summary`,
-    also when it fails."""
+    also when it fails. `evaluations`: the periodic evaluations done since it was last called
+    (eval.every_steps), written after each chunk of steps."""
     from tqdm import tqdm
 
     budget_s = cfg.train.max_train_minutes * 60 or float("inf")
@@ -135,12 +137,20 @@ def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_lo
                 metrics.write(record)
             bar.update(len(records))
             bar.set_postfix(**progress.postfix(), refresh=False)
+            for record in evaluations() if evaluations is not None else []:
+                metrics.write(record)
+                tqdm.write(periodic_eval_line(record))
             if samples.due(progress.steps):
                 # tqdm.write keeps the progress bar intact below the table.
                 tqdm.write(sample_logger.log(progress.steps, learner.recent_samples(cfg.log.samples_per_log)))
     finally:
         bar.close()
         summary.update(progress.summary(resume))
+
+
+def periodic_eval_line(record: dict[str, Any]) -> str:
+    return (f"[eval step {record['step']}] sampled accuracy {record['eval/accuracy']:.3f}, "
+            f"greedy {record['eval/greedy_accuracy']:.3f}")
 
 
 # Generator index, why its process died -> the `run()` reference of its next incarnation.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -133,6 +134,11 @@ def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int)
     return (max_staleness + loaded_version + 1) * quota_per_step
 
 
+def next_multiple(version: int, every: int) -> int:
+    """The first multiple of `every` after `version` (eval.every_steps); 0 when `every` is 0."""
+    return (version // every + 1) * every if every else 0
+
+
 def score_timeout_s(cfg: Config, num_groups: int) -> float:
     """How long to wait for a batch's rewards. Generous: every reward call is bounded by its own
     timeout and retries; this only catches a hang."""
@@ -195,6 +201,13 @@ class Generator:
         self._last_heartbeat = 0.0
         self._reported_rejections = 0
         self._save_logged: int | None = None  # the checkpoint save whose wait was logged (once per save)
+        # eval.every_steps (generator 0 only): held-out evaluations of the loaded weights, taken by
+        # the driver (`take_evaluations`, from the control thread).
+        self.eval_every = cfg.eval.every_steps if generator_id == 0 else 0
+        self._next_eval_version = next_multiple(initial_version, self.eval_every)
+        self._evaluations: list[dict[str, float]] = []
+        self._evaluations_lock = threading.Lock()
+        self._eval_problems: list[Problem] | None = None
 
     @classmethod
     def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
@@ -262,6 +275,9 @@ class Generator:
             while True:
                 with timer("weights"):
                     self._load_newest_weights(wait_s=0.0)
+                if self.eval_every and self.version >= self._next_eval_version:
+                    with timer("eval"):
+                        self._evaluate_loaded_version()
                 room = self._room()
                 problems = self._take_problems(room)
                 if not problems:
@@ -488,6 +504,25 @@ class Generator:
         completions = self._sample(self._tokenize(problems), temperature, n=1)
         texts = decode_completions(self.tokenizer, [group[0] for group in completions])
         return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
+
+    def _evaluate_loaded_version(self) -> None:
+        """eval.every_steps: sampled and greedy held-out accuracy of the weights loaded now."""
+        if self._eval_problems is None:
+            self._eval_problems = self.task.eval_problems()
+        started = time.perf_counter()
+        sampled = self.evaluate(self._eval_problems, 1.0)
+        greedy = self.evaluate(self._eval_problems, 0.0)
+        record = {"step": self.version, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy,
+                  "eval/when": "periodic", "eval/seconds": time.perf_counter() - started}
+        with self._evaluations_lock:
+            self._evaluations.append(record)
+        self._next_eval_version = next_multiple(self.version, self.eval_every)
+
+    def take_evaluations(self) -> list[dict[str, float]]:
+        """The periodic evaluations since the last call (the driver's, in the control group)."""
+        with self._evaluations_lock:
+            taken, self._evaluations = self._evaluations, []
+        return taken
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
         return self.engine.sequence_logprobs(sequences, temperature=self.cfg.rollout.temperature)

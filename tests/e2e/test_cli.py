@@ -103,8 +103,8 @@ def test_train_runs_end_to_end(tmp_path):
     # Every sink on, and a sample table every 3 steps (logged at chunk ends 4 and 6: steps_per_call=2).
     log = ["log.tensorboard=true", "log.wandb=true", "log.samples_every_steps=3", "log.samples_per_log=2"]
     dirs_before = private_dirs()
-    result = subprocess.run(cli(tmp_path, f"train.max_steps={steps}", *log), capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(cli(tmp_path, f"train.max_steps={steps}", "eval.every_steps=2", *log),
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "run"
     # The learner's Unix-socket directories and weight slots are gone with the run.
@@ -117,7 +117,13 @@ def test_train_runs_end_to_end(tmp_path):
         assert REQUIRED_STEP_KEYS <= record.keys()
         assert record["staleness/max"] <= 2
     evals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
-    assert [e["eval/when"] for e in evals] == ["start", "end"]
+    assert evals[0]["eval/when"] == "start" and evals[-1]["eval/when"] == "end"
+    # eval.every_steps=2: generator 0 evaluated the first weights it loaded at or past version 2, 4, ...
+    # (it holds version >= 3 before it may sample for step 6: max_staleness 2), once per multiple.
+    periodic = [e["step"] for e in evals[1:-1]]
+    assert [e["eval/when"] for e in evals[1:-1]] == ["periodic"] * len(periodic) and periodic
+    assert all(step >= 2 * (i + 1) and step <= steps for i, step in enumerate(periodic))
+    assert all(0.0 <= e["eval/accuracy"] <= 1.0 and 0.0 <= e["eval/greedy_accuracy"] <= 1.0 for e in evals)
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()

@@ -133,3 +133,16 @@ def test_periodic_runs_at_most_once_per_period_on_a_schedule_kept_across_calls(m
     now[0] = 101.0
     assert periodic.run_if_due() == 1.0 and calls == [101.0]
     assert periodic.run_if_due() == 1.0 and calls == [101.0]  # twice at once: once
+
+
+def test_periodic_evaluations_are_written_after_the_chunk_that_brought_them(tmp_path):
+    cfg = config(tmp_path, "train.max_steps=8", "train.steps_per_call=4", "log.samples_every_steps=0",
+                 "eval.every_steps=2")
+    learner, metrics = FakeLearner(), ListSink()
+    handed = iter([[{"step": 2, "eval/accuracy": 0.5, "eval/greedy_accuracy": 0.6, "eval/when": "periodic"}],
+                   [{"step": 4, "eval/accuracy": 0.7, "eval/greedy_accuracy": 0.8, "eval/when": "periodic"},
+                    {"step": 6, "eval/accuracy": 0.75, "eval/greedy_accuracy": 0.8, "eval/when": "periodic"}]])
+    run_loop(cfg, learner, metrics, never_logs(tmp_path), {}, evaluations=lambda: next(handed))
+    written = [(r.get("eval/when", "step"), r["step"]) for r in metrics.records]
+    assert written == [*[("step", s) for s in range(1, 5)], ("periodic", 2),
+                       *[("step", s) for s in range(5, 9)], ("periodic", 4), ("periodic", 6)]

@@ -477,3 +477,34 @@ def test_groups_written_off_by_the_learner_let_the_throttled_generator_start_as_
     # Version 0 and max_staleness 0 allow 2 groups; a credit for another incarnation (a late count
     # for a predecessor) moves nothing.
     assert stats["gen/groups_sent"] == 2 + more
+
+
+# --------------------------------------------------------------------------- periodic evaluation
+
+
+@pytest.mark.parametrize("every, evaluated", [(2, [2, 4]), (3, [3]), (0, [])])
+def test_generator_0_evaluates_the_first_loaded_version_at_or_past_each_multiple(every, evaluated):
+    cfg = config(train={"max_staleness": 0}, eval={"every_steps": every}, task={"eval_size": 20})
+    generator = make_generator(cfg, versions=5, quota=2)
+    stats = generator.run()
+    records = generator.take_evaluations()
+    assert [r["step"] for r in records] == evaluated
+    for record in records:  # the adding engine's sample 0 is right: every answer, sampled or greedy
+        assert record["eval/accuracy"] == record["eval/greedy_accuracy"] == 1.0
+        assert record["eval/when"] == "periodic"
+    assert generator.take_evaluations() == []  # handed over once
+    assert ("gen_time/eval_s" in stats) == bool(evaluated)
+
+
+def test_other_generators_do_not_evaluate():
+    cfg = config(train={"max_staleness": 0}, eval={"every_steps": 1}, task={"eval_size": 20})
+    generator = make_generator(cfg, versions=3, quota=2, generator_id=1)
+    generator.run()
+    assert generator.take_evaluations() == []
+
+
+def test_a_resumed_generator_evaluates_from_the_next_multiple_after_its_version():
+    cfg = config(train={"max_staleness": 0}, eval={"every_steps": 2}, task={"eval_size": 20})
+    generator = make_generator(cfg, versions=3, quota=2, initial_version=4)
+    generator.run()
+    assert [r["step"] for r in generator.take_evaluations()] == [6]
