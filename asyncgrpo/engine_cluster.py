@@ -68,6 +68,13 @@ class EngineCluster:
                  f"(engine pool {self.pool})")
         return self
 
+    def check_alive(self) -> None:
+        """Raise if the helper, and so the cluster, has stopped (every run would fail to join it)."""
+        if self._helper is None or self._helper.poll() is not None:
+            code = None if self._helper is None else self._helper.returncode
+            raise RuntimeError(f"the study's Ray cluster at {self.address} has stopped (its helper exited with "
+                               f"code {code}); run the same command again to continue the study")
+
     def __exit__(self, *exc: Any) -> None:
         helper, self._helper = self._helper, None
         if helper is not None:

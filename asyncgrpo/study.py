@@ -512,14 +512,22 @@ class _LazyClusterRunner:
 
     def __init__(self, stack: ExitStack, cpus: int, pool: str, log: Callable[[str], None]) -> None:
         self.stack, self.cpus, self.pool, self.log = stack, cpus, pool, log
+        self.cluster: Any = None  # an EngineCluster once started
         self.runner: SubprocessRunner | None = None
 
     def __call__(self, plan: RunPlan) -> int:
-        if self.runner is None:
+        if self.cluster is None:
             from asyncgrpo.engine_cluster import EngineCluster
 
-            cluster = self.stack.enter_context(EngineCluster(self.cpus, self.pool, self.log))
-            self.runner = SubprocessRunner(self.log, before=cluster.overrides, env=cluster.env)
+            try:
+                self.cluster = self.stack.enter_context(EngineCluster(self.cpus, self.pool, self.log))
+            except RuntimeError as err:
+                raise StudyError(str(err)) from None
+            self.runner = SubprocessRunner(self.log, before=self.cluster.overrides, env=self.cluster.env)
+        try:
+            self.cluster.check_alive()
+        except RuntimeError as err:
+            raise StudyError(str(err)) from None
         return self.runner(plan)
 
 

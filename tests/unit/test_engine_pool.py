@@ -78,3 +78,16 @@ def test_a_studys_runs_on_its_own_cluster_keep_unix_sockets_and_shared_memory_we
 def test_a_runs_own_wire_transport_wins_over_the_clusters():
     cfg = load([*cluster_overrides("127.0.0.1:6379", "study"), "wire.transport=tcp"])
     assert wire_transport(cfg) == "tcp"
+
+
+def test_a_stopped_study_cluster_is_reported_before_a_run_would_fail_to_join_it():
+    import subprocess
+
+    from asyncgrpo.engine_cluster import EngineCluster
+
+    cluster = EngineCluster(num_cpus=2, pool="p")
+    cluster.address = "127.0.0.1:1"
+    cluster._helper = subprocess.Popen(["sh", "-c", "exit 3"])
+    cluster._helper.wait()
+    with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:1 has stopped .*code 3"):
+        cluster.check_alive()
