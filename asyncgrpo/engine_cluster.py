@@ -102,12 +102,17 @@ def cluster_overrides(address: str, pool: str) -> list[str]:
     return [f"ray.address={address}", f"rollout.engine_pool={pool}", "wire.transport=ipc"]
 
 
-def _terminate_when_parent_dies() -> None:
+def signal_when_parent_dies(signum: int) -> None:
+    """In a child, before exec (Linux; elsewhere nothing): the kernel sends `signum` when the parent dies."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+def _terminate_when_parent_dies() -> None:
+    signal_when_parent_dies(signal.SIGTERM)
 
 
 def _serve(spec: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from asyncgrpo.engine_cluster import signal_when_parent_dies
 from asyncgrpo.schema import CONFIG_DIR
 
 # ------------------------------------------------------------------------------------------ defaults
@@ -443,11 +444,7 @@ def _interrupt_when_parent_dies() -> None:
     """In the child, before exec (Linux): if the study dies without passing Ctrl-C on (killed, its
     terminal closed), the run gets a SIGINT and stops as it would on Ctrl-C, instead of running on
     unwatched into a directory the next study invocation reuses."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+    signal_when_parent_dies(signal.SIGINT)
 
 
 @dataclass
