@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 # How long the helper may take to bring the cluster up.
 START_TIMEOUT_S = 180.0
@@ -44,7 +44,7 @@ class EngineCluster:
     def overrides(self) -> list[str]:
         return cluster_overrides(self.address, self.pool)
 
-    def __enter__(self) -> EngineCluster:
+    def __enter__(self) -> Self:
         # Ray's Unix sockets live under its temporary directory, whose path must stay short.
         self._tmp = tempfile.mkdtemp(prefix="agec", dir="/tmp")
         self.env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": self._tmp,
@@ -75,7 +75,7 @@ class EngineCluster:
             raise RuntimeError(f"the study's Ray cluster at {self.address} has stopped (its helper exited with "
                                f"code {code}); run the same command again to continue the study")
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         helper, self._helper = self._helper, None
         if helper is not None:
             try:

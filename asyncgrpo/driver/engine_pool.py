@@ -95,7 +95,6 @@ class EnginePool:
         could not be released (then the caller kills it)."""
         from ray.exceptions import RayActorError
 
-
         try:
             get(actor.release.remote(), self.cfg.wire.timeout_s, f"pooled generator {index} (release)")
         except (RayActorError, TrainingFailed):
