@@ -799,6 +799,9 @@ class RunResult:
     row: dict[str, Any]  # results.csv
     eval_curve: list[tuple[float, float]]  # (samples, held-out sampled accuracy)
     reward_curve: list[tuple[float, float]]  # (samples, training reward/mean) per step
+    # summary.json's engines_reused: generator indices that ran on an engine kept from an earlier run;
+    # None when the run kept none in a pool (its own Ray cluster and engines: --fresh-engines).
+    engines_reused: list[int] | None = None
 
     @property
     def finished(self) -> bool:
@@ -855,7 +858,7 @@ def load_run_result(plan: RunPlan) -> RunResult | None:
     })
     reward_curve = [(float(r["samples"]), float(r["reward/mean"])) for r in steps
                     if _is_number(r.get("samples")) and _is_number(r.get("reward/mean"))]
-    return RunResult(plan, row, eval_curve, reward_curve)
+    return RunResult(plan, row, eval_curve, reward_curve, summary.get("engines_reused"))
 
 
 def eval_points(evals: list[dict[str, Any]], steps: list[dict[str, Any]],
@@ -951,9 +954,7 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
         f"Every run: preset `{spec.config_name}`, the study's defaults `{' '.join(RUN_DEFAULTS)}`, the spec's "
         f"base `{' '.join(spec.base) or '(none)'}`, its cell's values, then `seed`.",
         "",
-        "**Engines are not reused across runs**: each run is its own `asyncgrpo train` process, which starts a "
-        "local Ray cluster and its vLLM engine(s) and stops them at its end"
-        + _overhead_note(finished) + ".",
+        _engines_note(finished) + _overhead_note(finished) + ".",
         "",
         f"**Statistics**: per cell, the mean over seeds with a {percent}% confidence interval [low, high] = "
         f"mean +- t({(1 + CONFIDENCE) / 2:g}, n-1) s / sqrt(n) (Student's t, s the sample standard deviation); no "
@@ -1005,6 +1006,19 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
     lines += ["", "Per run: `results.csv`; figures: `plots/`.", ""]
     _write_atomic(path, "\n".join(lines))
     return path
+
+
+def _engines_note(finished: list[RunResult]) -> str:
+    """Whether the runs kept their generator engines between them, and how many started on a kept one."""
+    pooled = [r for r in finished if r.engines_reused is not None]
+    if not pooled:
+        return ("**Engines are not reused across runs**: each run is its own `asyncgrpo train` process, which "
+                "starts a local Ray cluster and its vLLM engine(s) and stops them at its end")
+    kept = sum(1 for r in pooled if r.engines_reused)
+    return (f"**Engines are kept between runs**: each run is its own `asyncgrpo train` process on the study's Ray "
+            f"cluster; {kept} of the {len(finished)} finished runs started on generator engines kept from the run "
+            "before (the others started new ones: the first run of an invocation, one after a run that did not "
+            "finish, or with other engine settings)")
 
 
 def _overhead_note(finished: list[RunResult]) -> str:

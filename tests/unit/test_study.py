@@ -201,7 +201,8 @@ def fake_accuracy(plan: RunPlan) -> float:
     return 0.30 - 0.02 * staleness + (0.05 if plan.cell.values["mode"] == "tis" else 0.0) + 0.01 * plan.seed
 
 
-def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3) -> None:
+def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3,
+                  engines_reused: list[int] | None = None) -> None:
     """What `asyncgrpo train` leaves in a run_dir: metrics.jsonl (step and eval records) and summary.json."""
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     staleness = int(plan.cell.values["train.fixed_staleness"])
@@ -221,6 +222,8 @@ def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3) -> No
     summary = {"status": status, "steps": steps, "samples": 128 * steps, "wall_s": 60.0 + plan.seed,
                "train_s": 20.0, "samples_per_s": 500.0 + plan.seed, "eval_accuracy_start": 0.1,
                "eval_greedy_accuracy_start": 0.3, "staleness_max": min(steps - 1, staleness)}
+    if engines_reused is not None:
+        summary["engines_reused"] = engines_reused
     if status == "finished":
         summary.update(eval_accuracy_end=end, eval_greedy_accuracy_end=end + 0.2)
     else:
@@ -232,9 +235,9 @@ class FakeRunner:
     """Records the runs it is asked for; writes a finished run, or a failed one for `fail`, or
     raises KeyboardInterrupt (after writing an interrupted summary, as the real run does) at `interrupt_at`."""
 
-    def __init__(self, fail: set[str] = frozenset(), interrupt_at: int | None = None) -> None:
+    def __init__(self, fail: set[str] = frozenset(), interrupt_at: int | None = None, pooled: bool = False) -> None:
         self.calls: list[str] = []
-        self.fail, self.interrupt_at = fail, interrupt_at
+        self.fail, self.interrupt_at, self.pooled = fail, interrupt_at, pooled
 
     def __call__(self, plan: RunPlan) -> int:
         self.calls.append(plan.label)
@@ -243,7 +246,9 @@ class FakeRunner:
             fabricate_run(plan, status="interrupted", steps=1)
             raise KeyboardInterrupt
         failed = plan.label in self.fail
-        fabricate_run(plan, status="failed" if failed else "finished")
+        # A pool's first run starts the engine; every later one takes it.
+        reused = ([0] if len(self.calls) > 1 else []) if self.pooled else None
+        fabricate_run(plan, status="failed" if failed else "finished", engines_reused=reused)
         return 1 if failed else 0
 
 
@@ -480,3 +485,10 @@ def test_the_example_specs_in_configs_studies_load(tmp_path):
 
 def test_a_study_name_finds_its_spec_in_configs_studies():
     assert study.find_spec("quick") == study.STUDY_SPECS_DIR / "quick.yaml"
+
+
+def test_report_says_how_many_runs_started_on_a_kept_engine(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(pooled=True), log=lambda _: None)
+    report = (tmp_path / "report.md").read_text()
+    assert "**Engines are kept between runs**" in report and "Engines are not reused" not in report
+    assert "11 of the 12 finished runs started on generator engines kept from the run before" in report
