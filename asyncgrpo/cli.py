@@ -241,12 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     study_parser.add_argument("--fresh-engines", action="store_true",
                               help="every run starts its own Ray cluster and vLLM engines (default: the study starts "
                                    "one Ray cluster and the runs keep the generator engines between them)")
+    study_parser.add_argument("--concurrent", type=int, default=1, metavar="N",
+                              help="N runs at a time (on a Ray cluster with room for them: ray.address in the spec's "
+                                   "base, or the study's own cluster sized for N runs; default 1)")
     args = parser.parse_args(argv)
     if args.command == "study":
         from asyncgrpo.study import command as study_command
 
         return study_command(args.spec, args.overrides, dry_run=args.dry_run, report_only=args.report_only,
-                             keep_engines=not args.fresh_engines)
+                             keep_engines=not args.fresh_engines, concurrent=args.concurrent)
     if args.command == "replay":
         return _replay(args.recording, args.overrides)
     if args.command == "simulate":

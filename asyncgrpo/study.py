@@ -404,6 +404,8 @@ class SubprocessRunner:
     def __init__(self, log: Callable[[str], None] = print, before: Sequence[str] = (),
                  env: dict[str, str] | None = None) -> None:
         self.log, self.before, self.env = log, list(before), env
+        self._running: set[subprocess.Popen] = set()  # runs in progress (several with --concurrent)
+        self._lock = threading.Lock()
 
     def command(self, plan: RunPlan) -> list[str]:
         return [sys.executable, "-m", "asyncgrpo.cli", "train", "--config-name", plan.config_name,
@@ -415,11 +417,30 @@ class SubprocessRunner:
             process = subprocess.Popen(self.command(plan), stdin=subprocess.DEVNULL, stdout=out,
                                        stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
                                        preexec_fn=_interrupt_when_parent_dies)
+            with self._lock:
+                self._running.add(process)
             try:
                 return process.wait()
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # in the main thread: one run at a time
                 self._stop(process)
                 raise
+            finally:
+                with self._lock:
+                    self._running.discard(process)
+
+    def interrupt(self, presses: int) -> None:
+        """Ctrl-C number `presses` (1, 2, ...) while runs go on in other threads (--concurrent):
+        a SIGINT to each for the first two, then their process groups killed."""
+        with self._lock:
+            running = list(self._running)
+        for process in running:
+            try:
+                if presses <= 2:
+                    process.send_signal(signal.SIGINT)
+                else:
+                    os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _stop(self, process: subprocess.Popen) -> None:
         self.log(f"[study] interrupt: stopping the current run (pid {process.pid}); Ctrl-C again to hurry it, "
@@ -486,11 +507,14 @@ def engine_pool_name(spec: Spec) -> str:
 
 
 def run_study(spec: Spec, study_dir: str | Path | None = None, runner: Runner | None = None,
-              log: Callable[[str], None] = print, keep_engines: bool = True) -> StudyOutcome:
-    """Every run of the spec not finished yet, one after another, then `aggregate`. Ctrl-C stops
-    the run in progress (it writes its own interrupted summary), starts no other, and still writes
-    the results of what finished; the outcome then says interrupted. `keep_engines` (without a
-    `runner`): the runs share a Ray cluster the study starts, and the generator engines in it."""
+              log: Callable[[str], None] = print, keep_engines: bool = True, concurrent: int = 1) -> StudyOutcome:
+    """Every run of the spec not finished yet, `concurrent` at a time (in plan order), then
+    `aggregate`. Ctrl-C stops the runs in progress (each writes its own interrupted summary),
+    starts no other, and still writes the results of what finished; the outcome then says
+    interrupted. `keep_engines` (without a `runner`): the runs share a Ray cluster the study starts,
+    and the generator engines in it (a pool per concurrent slot)."""
+    if concurrent < 1:
+        raise StudyError(f"--concurrent must be >= 1, got {concurrent}")
     study_dir = Path(study_dir or default_study_dir(spec))
     study_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -499,8 +523,8 @@ def run_study(spec: Spec, study_dir: str | Path | None = None, runner: Runner | 
             if cpus is None:
                 runner = SubprocessRunner(log)
             else:
-                runner = _LazyClusterRunner(stack, cpus, engine_pool_name(spec), log)
-        return _run_all(spec, study_dir, runner, log)
+                runner = _LazyClusterRunner(stack, cpus * concurrent, engine_pool_name(spec), log)
+        return _run_all(spec, study_dir, runner, log, concurrent)
 
 
 class _LazyClusterRunner:
@@ -510,25 +534,44 @@ class _LazyClusterRunner:
     def __init__(self, stack: ExitStack, cpus: int, pool: str, log: Callable[[str], None]) -> None:
         self.stack, self.cpus, self.pool, self.log = stack, cpus, pool, log
         self.cluster: Any = None  # an EngineCluster once started
-        self.runner: SubprocessRunner | None = None
+        self.runners: dict[int, SubprocessRunner] = {}  # per concurrent slot: its own engine pool
+        self._lock = threading.Lock()
 
     def __call__(self, plan: RunPlan) -> int:
-        if self.cluster is None:
-            from asyncgrpo.engine_cluster import EngineCluster
+        slot = getattr(_SLOT, "index", 0)
+        with self._lock:
+            if self.cluster is None:
+                from asyncgrpo.engine_cluster import EngineCluster
 
-            try:
-                self.cluster = self.stack.enter_context(EngineCluster(self.cpus, self.pool, self.log))
-            except RuntimeError as err:
-                raise StudyError(str(err)) from None
-            self.runner = SubprocessRunner(self.log, before=self.cluster.overrides, env=self.cluster.env)
+                try:
+                    self.cluster = self.stack.enter_context(EngineCluster(self.cpus, self.pool, self.log))
+                except RuntimeError as err:
+                    raise StudyError(str(err)) from None
+            if slot not in self.runners:
+                from asyncgrpo.engine_cluster import cluster_overrides
+
+                pool = self.pool if slot == 0 else f"{self.pool}-{slot}"
+                self.runners[slot] = SubprocessRunner(self.log, before=cluster_overrides(self.cluster.address, pool),
+                                                      env=self.cluster.env)
         try:
             self.cluster.check_alive()
         except RuntimeError as err:
             raise StudyError(str(err)) from None
-        return self.runner(plan)
+        return self.runners[slot](plan)
+
+    def interrupt(self, presses: int) -> None:
+        with self._lock:
+            runners = list(self.runners.values())
+        for runner in runners:
+            runner.interrupt(presses)
 
 
-def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], None]) -> StudyOutcome:
+# The concurrent slot the current thread runs plans for (`_run_concurrently`); 0 in the main thread.
+_SLOT = threading.local()
+
+
+def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], None],
+             concurrent: int = 1) -> StudyOutcome:
     outcome = StudyOutcome()
     with _study_lock(study_dir):
         plans = spec.runs(study_dir)
@@ -537,34 +580,12 @@ def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], N
         todo = [plan for plan in plans if not is_finished(plan.run_dir)]
         outcome.skipped = [plan for plan in plans if is_finished(plan.run_dir)]
         log(f"[study] {spec.name}: {len(spec.cells())} cells x {len(spec.seeds)} seeds = {len(plans)} runs; "
-            f"{len(outcome.skipped)} finished before, {len(todo)} to run; in {study_dir}")
-        running: RunPlan | None = None
-        try:
-            for index, plan in enumerate(todo, 1):
-                _set_aside(plan.run_dir, log)
-                plan.run_dir.mkdir(parents=True)
-                _write_atomic(plan.run_dir / RUN_RECORD, json.dumps(_run_record(plan), indent=2) + "\n")
-                log(f"[study] {index}/{len(todo)} {plan.label}: started ({plan.run_dir / RUN_LOG})")
-                start = time.monotonic()
-                running = plan
-                code = runner(plan)
-                running = None
-                outcome.ran.append(plan)
-                summary = read_summary(plan.run_dir)
-                status = summary.get("status", "no summary")
-                log(f"[study] {index}/{len(todo)} {plan.label}: {status} in {time.monotonic() - start:.0f} s"
-                    + _result_note(summary))
-                if status != FINISHED:
-                    outcome.not_finished.append(plan)
-                if code == EXIT_INTERRUPTED or status == "interrupted":
-                    # Stopped from outside the study (a signal to the run itself): stop here too.
-                    outcome.interrupted = True
-                    break
-        except KeyboardInterrupt:
-            outcome.interrupted = True
-            if running is not None:  # the run in progress: the runner stopped it, it wrote its summary
-                outcome.ran.append(running)
-                outcome.not_finished.append(running)
+            f"{len(outcome.skipped)} finished before, {len(todo)} to run; in {study_dir}"
+            + (f"; {concurrent} at a time" if concurrent > 1 else ""))
+        if concurrent > 1:
+            _run_concurrently(todo, runner, log, outcome, concurrent)
+        else:
+            _run_in_turn(todo, runner, log, outcome)
         if outcome.interrupted:
             log("[study] interrupted: no further runs; writing the results of the finished ones "
                 "(run the same command again to continue)")
@@ -572,6 +593,100 @@ def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], N
             outcome.written = aggregate(study_dir)
     log(f"[study] results: {study_dir / 'results.csv'}, report: {study_dir / 'report.md'}")
     return outcome
+
+
+def _start_run(plan: RunPlan, index: int, total: int, log: Callable[[str], None]) -> float:
+    _set_aside(plan.run_dir, log)
+    plan.run_dir.mkdir(parents=True)
+    _write_atomic(plan.run_dir / RUN_RECORD, json.dumps(_run_record(plan), indent=2) + "\n")
+    log(f"[study] {index}/{total} {plan.label}: started ({plan.run_dir / RUN_LOG})")
+    return time.monotonic()
+
+
+def _end_run(plan: RunPlan, index: int, total: int, code: int, started: float, log: Callable[[str], None],
+             outcome: StudyOutcome) -> bool:
+    """Record a run that ended; True if it was interrupted from outside the study (then stop too)."""
+    outcome.ran.append(plan)
+    summary = read_summary(plan.run_dir)
+    status = summary.get("status", "no summary")
+    log(f"[study] {index}/{total} {plan.label}: {status} in {time.monotonic() - started:.0f} s"
+        + _result_note(summary))
+    if status != FINISHED:
+        outcome.not_finished.append(plan)
+    return code == EXIT_INTERRUPTED or status == "interrupted"
+
+
+def _run_in_turn(todo: list[RunPlan], runner: Runner, log: Callable[[str], None], outcome: StudyOutcome) -> None:
+    running: RunPlan | None = None
+    try:
+        for index, plan in enumerate(todo, 1):
+            started = _start_run(plan, index, len(todo), log)
+            running = plan
+            code = runner(plan)
+            running = None
+            if _end_run(plan, index, len(todo), code, started, log, outcome):
+                outcome.interrupted = True  # stopped from outside the study (a signal to the run itself)
+                break
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        if running is not None:  # the run in progress: the runner stopped it, it wrote its summary
+            outcome.ran.append(running)
+            outcome.not_finished.append(running)
+
+
+def _run_concurrently(todo: list[RunPlan], runner: Runner, log: Callable[[str], None], outcome: StudyOutcome,
+                      slots: int) -> None:
+    """`slots` worker threads take the plans in order, each running one at a time. Ctrl-C arrives in
+    this (the main) thread: no further run starts, and each press goes to every run in progress
+    (`runner.interrupt`: SIGINT, SIGINT, then kill), as with one run at a time."""
+    queue = list(enumerate(todo, 1))
+    lock, stop = threading.Lock(), threading.Event()
+    errors: list[BaseException] = []
+
+    def work(slot: int) -> None:
+        _SLOT.index = slot
+        while not stop.is_set():
+            with lock:
+                if not queue:
+                    return
+                index, plan = queue.pop(0)
+                started = _start_run(plan, index, len(todo), log)
+            try:
+                code = runner(plan)
+            except BaseException as err:  # noqa: BLE001 - a runner's failure stops the study, reported below
+                with lock:
+                    outcome.ran.append(plan)
+                    outcome.not_finished.append(plan)
+                    errors.append(err)
+                stop.set()
+                return
+            with lock:
+                if _end_run(plan, index, len(todo), code, started, log, outcome):
+                    outcome.interrupted = True
+                    stop.set()
+
+    workers = [threading.Thread(target=work, args=(slot,), name=f"study-slot-{slot}", daemon=True)
+               for slot in range(slots)]
+    for worker in workers:
+        worker.start()
+    presses = 0
+    while True:
+        try:
+            if not any(worker.is_alive() for worker in workers):
+                break
+            for worker in workers:
+                worker.join(timeout=0.2)
+        except KeyboardInterrupt:
+            presses += 1
+            outcome.interrupted = True
+            stop.set()
+            if presses == 1:
+                log("[study] interrupt: stopping the runs in progress; Ctrl-C again to hurry them, twice to kill them")
+            interrupt = getattr(runner, "interrupt", None)
+            if interrupt is not None:
+                interrupt(presses)
+    if errors:
+        raise errors[0]
 
 
 def check_earlier_runs(plans: list[RunPlan]) -> None:
@@ -1173,9 +1288,9 @@ def _save_figure(fig: Any, path: Path) -> Path:
 
 
 def command(spec_path: str, arguments: Sequence[str], dry_run: bool = False, report_only: bool = False,
-            keep_engines: bool = True, log: Callable[[str], None] = print) -> int:
+            keep_engines: bool = True, concurrent: int = 1, log: Callable[[str], None] = print) -> int:
     """`asyncgrpo study`: arguments are `study_dir=DIR` and key=value overrides added to the spec's base;
-    `keep_engines`: False for --fresh-engines.
+    `keep_engines`: False for --fresh-engines; `concurrent`: --concurrent.
     Exit codes: 0 every run finished, 1 some run failed, 2 the spec or study_dir cannot be used,
     130 interrupted."""
     study_dir: str | None = None
@@ -1200,7 +1315,7 @@ def command(spec_path: str, arguments: Sequence[str], dry_run: bool = False, rep
                 state = FINISHED if is_finished(plan.run_dir) else "to run"
                 log(f"{state:>8}  {plan.label}  ({plan.run_dir})")
             return 0
-        outcome = run_study(spec, directory, log=log, keep_engines=keep_engines)
+        outcome = run_study(spec, directory, log=log, keep_engines=keep_engines, concurrent=concurrent)
     except (SpecError, StudyError) as err:
         print(f"asyncgrpo: study: {err}", file=sys.stderr)
         return 2

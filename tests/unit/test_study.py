@@ -492,3 +492,69 @@ def test_report_says_how_many_runs_started_on_a_kept_engine(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "**Engines are kept between runs**" in report and "Engines are not reused" not in report
     assert "11 of the 12 finished runs started on generator engines kept from the run before" in report
+
+
+class SlowRunner(FakeRunner):
+    """A FakeRunner whose runs last a moment, counting how many run at once; with `block`, each run
+    waits until `interrupt` (a Ctrl-C passed on) and then ends interrupted, as a real run does."""
+
+    def __init__(self, block: bool = False) -> None:
+        super().__init__()
+        self.block, self.now, self.most, self.presses = block, 0, 0, []
+        self.lock, self.released = threading.Lock(), threading.Event()
+
+    def __call__(self, plan: RunPlan) -> int:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            if self.block:
+                self.calls.append(plan.label)
+                self.released.wait(30)
+                fabricate_run(plan, status="interrupted", steps=1)
+                return study.EXIT_INTERRUPTED
+            time.sleep(0.05)
+            return super().__call__(plan)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+    def interrupt(self, presses: int) -> None:
+        self.presses.append(presses)
+        self.released.set()
+
+
+def test_concurrent_runs_go_n_at_a_time_and_report_as_one_after_another_would(tmp_path):
+    runner = SlowRunner()
+    outcome = run_study(Spec.parse(GRID_SPEC), tmp_path / "concurrent", runner=runner, log=lambda _: None,
+                        concurrent=3)
+    assert outcome.exit_code == 0 and len(outcome.ran) == 12 and runner.most == 3
+    run_study(Spec.parse(GRID_SPEC), tmp_path / "in_turn", runner=FakeRunner(), log=lambda _: None)
+
+    def rows(directory):
+        return sorted((r["train.fixed_staleness"], r["mode"], r["seed"], r["eval_accuracy_end"], r["status"])
+                      for r in read_csv(directory / "results.csv"))
+
+    assert rows(tmp_path / "concurrent") == rows(tmp_path / "in_turn")
+
+
+def test_ctrl_c_during_concurrent_runs_reaches_every_run_and_starts_no_other(tmp_path):
+    runner = SlowRunner(block=True)
+    logs: list[str] = []
+
+    def press_ctrl_c_once_both_run() -> None:
+        while len(runner.calls) < 2:
+            time.sleep(0.01)
+        signal.raise_signal(signal.SIGINT)  # handled in the main thread, as a terminal's Ctrl-C is
+
+    threading.Thread(target=press_ctrl_c_once_both_run, daemon=True).start()
+    outcome = run_study(Spec.parse(GRID_SPEC), tmp_path, runner=runner, log=logs.append, concurrent=2)
+    assert outcome.interrupted and outcome.exit_code == study.EXIT_INTERRUPTED
+    assert runner.presses == [1] and len(runner.calls) == 2  # both runs told once; no third started
+    assert len(outcome.not_finished) == 2 and (tmp_path / "results.csv").is_file()
+    assert any("interrupt: stopping the runs in progress" in line for line in logs)
+
+
+def test_concurrent_below_one_is_refused(tmp_path):
+    with pytest.raises(StudyError, match="--concurrent"):
+        run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(), log=lambda _: None, concurrent=0)
