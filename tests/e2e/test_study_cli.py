@@ -65,3 +65,17 @@ def test_a_quick_study_runs_both_cells_on_one_kept_engine_reports_them_and_a_rer
     assert "2 finished before, 0 to run" in again.stdout
     assert "Ray cluster" not in again.stdout  # nothing to run: no cluster started
     assert len(read_csv(study_dir / "results.csv")) == 2
+
+
+def test_a_quick_study_with_two_concurrent_runs_runs_them_at_once_each_on_its_own_engine(tmp_path):
+    result = subprocess.run([*study_cli(tmp_path), "--concurrent", "2"], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 to run; in" in result.stdout and "2 at a time" in result.stdout
+    rows = read_csv(tmp_path / "study" / "results.csv")
+    assert [(r["algo.mode"], r["status"]) for r in rows] == [("bypass", "finished"), ("decoupled", "finished")]
+    # Both started before either finished, each on an engine of its own slot's pool.
+    lines = result.stdout.splitlines()
+    first_end = next(i for i, line in enumerate(lines) if ": finished in" in line)
+    assert sum(": started (" in line for line in lines[:first_end]) == 2
+    pids = [json.loads((Path(r["run_dir"]) / "actors.json").read_text())["generator_pids"] for r in rows]
+    assert pids[0] != pids[1]
