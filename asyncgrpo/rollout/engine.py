@@ -91,6 +91,18 @@ def _seed_worker(worker, seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+def _saved_tensors(model_dir: str) -> list[dict[str, torch.Tensor]]:
+    """Each *.safetensors file of a Hugging Face directory, as name -> tensor."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    return [load_file(file) for file in files]
+
+
 def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
     # The rotary cos/sin cache is derived, not a checkpoint weight: vLLM keeps its own copy on
     # every reload and warns about it each time.
@@ -186,10 +198,6 @@ class VLLMEngine:
         weights in place changes the log-probs (no layer computes with a stale copy); copying the
         model's own weights back restores them bit for bit. Any surprise (another vLLM version,
         another layer type) falls back to vLLM's reload, with a warning."""
-        from pathlib import Path
-
-        from safetensors.torch import load_file
-
         log = logging.getLogger(__name__)
         try:
             if not all(self.llm.collective_rpc(_unpacked_linear_weights)):
@@ -197,7 +205,7 @@ class VLLMEngine:
             probe = [list(range(1, min(self.max_model_len, 9)))]
             # Any temperature shows whether the weights changed; 1.0 reads the raw distribution.
             before = self.sequence_logprobs(probe, temperature=1.0)
-            saved = [load_file(file) for file in sorted(Path(model_dir).glob("*.safetensors"))]
+            saved = _saved_tensors(model_dir)
             for scale in (0.5, 1.0):
                 for tensors in saved:
                     named = [(name, tensor * scale) for name, tensor in tensors.items()]
@@ -222,15 +230,8 @@ class VLLMEngine:
     def load_model_dir(self, model_dir: str) -> None:
         """Replace the weights with those of a Hugging Face directory of the same architecture (a
         reused engine taking the next run's starting model)."""
-        from pathlib import Path
-
-        from safetensors.torch import load_file
-
-        files = sorted(Path(model_dir).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
-        for file in files:
-            self.load_weights(load_file(file).items())
+        for tensors in _saved_tensors(model_dir):
+            self.load_weights(tensors.items())
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         load = _copy_named_weights if self.weight_load_path == "in_place" else _load_named_weights
