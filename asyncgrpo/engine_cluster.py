@@ -31,7 +31,8 @@ STOP_TIMEOUT_S = 60.0
 
 class EngineCluster:
     """`with EngineCluster(num_cpus, pool) as cluster:` the runs get `cluster.env` as their
-    environment and `cluster.overrides` before their own overrides."""
+    environment and `cluster.overrides(pool)` before their own overrides (`pool`: the engine pool
+    of the runs' slot; the cluster's own name for the first)."""
 
     def __init__(self, num_cpus: int, pool: str, log: Callable[[str], None] = print) -> None:
         self.num_cpus, self.pool, self.log = num_cpus, pool, log
@@ -40,9 +41,8 @@ class EngineCluster:
         self._helper: subprocess.Popen | None = None
         self._tmp = ""
 
-    @property
-    def overrides(self) -> list[str]:
-        return cluster_overrides(self.address, self.pool)
+    def overrides(self, pool: str) -> list[str]:
+        return cluster_overrides(self.address, pool)
 
     def __enter__(self) -> Self:
         # Ray's Unix sockets live under its temporary directory, whose path must stay short.

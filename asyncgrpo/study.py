@@ -40,7 +40,11 @@ from typing import Any
 
 import yaml
 
-from asyncgrpo.engine_cluster import signal_when_parent_dies
+from asyncgrpo.engine_cluster import (
+    EngineCluster,
+    cluster_overrides,
+    signal_when_parent_dies,
+)
 from asyncgrpo.schema import CONFIG_DIR
 
 # ------------------------------------------------------------------------------------------ defaults
@@ -493,7 +497,6 @@ def engine_cluster_cpus(spec: Spec) -> int | None:
     cluster's overrides. None when the runs join a cluster the spec names (ray.address in base):
     they start and stop their own engines."""
     from asyncgrpo.driver.prepare import local_cpus
-    from asyncgrpo.engine_cluster import cluster_overrides
 
     placeholder = "127.0.0.1:1"
     configs = spec.check_configs(before=cluster_overrides(placeholder, engine_pool_name(spec)))
@@ -533,7 +536,7 @@ class _LazyClusterRunner:
 
     def __init__(self, stack: ExitStack, cpus: int, pool: str, log: Callable[[str], None]) -> None:
         self.stack, self.cpus, self.pool, self.log = stack, cpus, pool, log
-        self.cluster: Any = None  # an EngineCluster once started
+        self.cluster: EngineCluster | None = None  # once the first run needs it
         self.runners: dict[int, SubprocessRunner] = {}  # per concurrent slot: its own engine pool
         self._lock = threading.Lock()
 
@@ -541,17 +544,13 @@ class _LazyClusterRunner:
         slot = getattr(_SLOT, "index", 0)
         with self._lock:
             if self.cluster is None:
-                from asyncgrpo.engine_cluster import EngineCluster
-
                 try:
                     self.cluster = self.stack.enter_context(EngineCluster(self.cpus, self.pool, self.log))
                 except RuntimeError as err:
                     raise StudyError(str(err)) from None
             if slot not in self.runners:
-                from asyncgrpo.engine_cluster import cluster_overrides
-
                 pool = self.pool if slot == 0 else f"{self.pool}-{slot}"
-                self.runners[slot] = SubprocessRunner(self.log, before=cluster_overrides(self.cluster.address, pool),
+                self.runners[slot] = SubprocessRunner(self.log, before=self.cluster.overrides(pool),
                                                       env=self.cluster.env)
         try:
             self.cluster.check_alive()
