@@ -1,6 +1,5 @@
 """The real CLI end to end: vLLM, Ray, ZeroMQ and torch.distributed, tiny budgets."""
 
-import ipaddress
 import json
 import os
 import signal
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from process_tree import loopback
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -75,11 +75,6 @@ def listening_sockets_started_after(start: float) -> list[tuple[int, str, str, i
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
-
-
-def loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip)
-    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 too
 
 
 def private_dirs() -> set[Path]:

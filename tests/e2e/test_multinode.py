@@ -11,7 +11,6 @@ listens on loopback only.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
@@ -27,6 +26,7 @@ from contextlib import contextmanager
 
 import psutil
 import pytest
+from process_tree import listening, loopback, tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -46,31 +46,6 @@ print(json.dumps({"address": cluster.address, "head": cluster.head_node.node_id,
 sys.stdin.read()
 cluster.shutdown()
 """
-
-
-def loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip)
-    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 too
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def listening(processes: list[psutil.Process]) -> list[tuple[int, str, str, int]]:
-    """(pid, name, ip, port) of every listening TCP socket of `processes`."""
-    found = []
-    for proc in processes:
-        try:
-            found += [(proc.pid, proc.name(), c.laddr.ip, c.laddr.port)
-                      for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
 
 
 @contextmanager

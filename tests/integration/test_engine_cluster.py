@@ -4,28 +4,17 @@ when the study leaves it."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import subprocess
 import sys
 
 import psutil
 import pytest
+from process_tree import listening, loopback, tree
 
 from asyncgrpo.engine_cluster import EngineCluster
 
 pytestmark = pytest.mark.slow
-
-
-def loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip)
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, an IPv6 socket's IPv4 loopback
-    return (mapped or address).is_loopback
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
 
 
 def test_the_study_cluster_is_joinable_listens_on_loopback_only_and_leaves_nothing():
@@ -38,10 +27,9 @@ def test_the_study_cluster_is_joinable_listens_on_loopback_only_and_leaves_nothi
             env={**cluster.env, "ADDR": cluster.address}, capture_output=True, text=True, timeout=180)
         assert joined.returncode == 0, joined.stderr[-2000:]
         assert joined.stdout.strip().splitlines()[-1] == "2"
-        listeners = [(p.pid, c.laddr.ip, c.laddr.port) for p in processes if p.is_running()
-                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        listeners = listening(processes)
         assert listeners, "no listener found: the cluster's processes were not seen"
-        assert all(loopback(ip) for _, ip, _ in listeners), listeners
+        assert all(loopback(ip) for _, _, ip, _ in listeners), listeners
         tmp = cluster.env["RAY_TMPDIR"]
     gone, alive = psutil.wait_procs(processes, timeout=30)
     assert not alive, [p.pid for p in alive]
