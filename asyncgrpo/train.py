@@ -139,7 +139,7 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             credit = actors.credit_write_offs if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
             remote = RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator, credit=credit)
             run_loop(cfg, remote, metrics, SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume,
-                     evaluations=actors.take_evaluations if cfg.eval.every_steps else None)
+                     evaluations=actors.take_evaluations)  # none without eval.every_steps
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned
             if cfg.train.checkpoint_on_interrupt:
                 summary["interrupt_checkpoint"] = save_on_interrupt(actors)
