@@ -80,6 +80,28 @@ def two_node_cluster(env: dict[str, str], seen: dict[int, psutil.Process]) -> It
         psutil.wait_procs(list(seen.values()), timeout=15)
 
 
+def learner_listening(cluster_pid: int, cli: subprocess.Popen, run_dir, seen: dict[int, psutil.Process],
+                      timeout_s: float = 30.0) -> list[tuple[int, str, str, int]]:
+    """The listening sockets of the cluster's and the driver's processes (all of them into `seen`),
+    sampled until learner rank 0's (run_dir/actors.json) are among them, the run ends or `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        processes = [*tree(cluster_pid), *tree(cli.pid)]
+        seen.update((p.pid, p) for p in processes)
+        sockets = listening(processes)
+        try:
+            actors = json.loads((run_dir / "actors.json").read_text())
+            learner_pid = actors["learner_pids"][0]
+            ports = {int(e.rpartition(":")[2]) for e in actors["wire"]["endpoints"].values()}
+        except (OSError, ValueError, KeyError, IndexError):
+            return sockets
+        if ports <= {port for pid, _, _, port in sockets if pid == learner_pid}:
+            return sockets
+        if cli.poll() is not None or time.monotonic() > deadline:
+            return sockets
+        time.sleep(0.5)
+
+
 def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_all_on_loopback(tmp_path):
     # Ray's Unix sockets live under its temp dir, whose paths must stay short; private, so that
     # no other cluster on this machine (nor `ray.init(address="auto")` elsewhere) sees this one.
@@ -107,9 +129,9 @@ def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_al
                 deadline = time.monotonic() + 420
                 while not (run_dir / "actors.json").is_file() and cli.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.5)
-                processes = [*tree(cluster["pid"]), *tree(cli.pid)]
-                seen.update((p.pid, p) for p in processes)
-                sockets = listening(processes)
+                # One snapshot can miss the learner's sockets (seen once in a clean-clone run): look
+                # again, while the run goes on, until learner rank 0's are among them.
+                sockets = learner_listening(cluster["pid"], cli, run_dir, seen)
                 returncode = cli.wait(300)
             finally:
                 if cli.poll() is None:
