@@ -45,6 +45,7 @@ from asyncgrpo.engine_cluster import (
     cluster_overrides,
     signal_when_parent_dies,
 )
+from asyncgrpo.files import write_atomic
 from asyncgrpo.schema import CONFIG_DIR
 
 # ------------------------------------------------------------------------------------------ defaults
@@ -575,7 +576,7 @@ def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], N
     with _study_lock(study_dir):
         plans = spec.runs(study_dir)
         check_earlier_runs(plans)
-        _write_atomic(study_dir / "spec.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
+        write_atomic(study_dir / "spec.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
         todo = [plan for plan in plans if not is_finished(plan.run_dir)]
         outcome.skipped = [plan for plan in plans if is_finished(plan.run_dir)]
         log(f"[study] {spec.name}: {len(spec.cells())} cells x {len(spec.seeds)} seeds = {len(plans)} runs; "
@@ -597,7 +598,7 @@ def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], N
 def _start_run(plan: RunPlan, index: int, total: int, log: Callable[[str], None]) -> float:
     _set_aside(plan.run_dir, log)
     plan.run_dir.mkdir(parents=True)
-    _write_atomic(plan.run_dir / RUN_RECORD, json.dumps(_run_record(plan), indent=2) + "\n")
+    write_atomic(plan.run_dir / RUN_RECORD, json.dumps(_run_record(plan), indent=2) + "\n")
     log(f"[study] {index}/{total} {plan.label}: started ({plan.run_dir / RUN_LOG})")
     return time.monotonic()
 
@@ -778,12 +779,6 @@ def _interrupts_deferred() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------ statistics
@@ -1020,7 +1015,7 @@ def write_results_csv(spec: Spec, results: list[RunResult], path: Path) -> Path:
     writer.writeheader()
     for result in results:
         writer.writerow({k: "" if result.row.get(k) is None else result.row[k] for k in columns})
-    _write_atomic(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
     return path
 
 
@@ -1118,7 +1113,7 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
             error = f": {summary['error']}" if summary.get("error") else ""
             lines.append(f"- {result.plan.label}: {result.row['status']}{error} ({result.plan.run_dir})")
     lines += ["", "Per run: `results.csv`; figures: `plots/`.", ""]
-    _write_atomic(path, "\n".join(lines))
+    write_atomic(path, "\n".join(lines))
     return path
 
 

@@ -34,6 +34,7 @@ from asyncgrpo.driver.prepare import (
     start_ray,
     starting_model,
 )
+from asyncgrpo.files import write_atomic
 from asyncgrpo.metrics import (
     MetricsSink,
     SampleLogger,
@@ -83,7 +84,7 @@ def train(cfg: Config) -> dict[str, Any]:
     finally:
         with interrupts_deferred():
             summary["wall_s"] = time.monotonic() - wall_start
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=float) + "\n")
             if metrics is not None:
                 metrics.close()
             if started_ray:

@@ -32,6 +32,7 @@ from asyncgrpo.config import (
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
 from asyncgrpo.driver.remote import CONTROL_GROUP, control, get, remote_class  # noqa: F401 - importable from here
+from asyncgrpo.files import write_atomic
 from asyncgrpo.placement import (
     check_node_resources,
     check_reach,
@@ -152,7 +153,7 @@ class Actors:
         self._join_weights()
 
     def _write_pids(self) -> None:
-        (Path(self.cfg.run_dir) / "actors.json").write_text(json.dumps(self._pids, indent=2) + "\n")
+        write_atomic(Path(self.cfg.run_dir) / "actors.json", json.dumps(self._pids, indent=2) + "\n")
 
     def _start_learners(self, gpus: float, cores: list[list[int]], curve: Any) -> None:
         """`learner.world_size` ranks, one placement-group bundle each, packed onto as few nodes as

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from asyncgrpo.files import write_atomic
 from asyncgrpo.recording.stream import (
     CONFIG_DEFAULTS,
     CONFIG_FILE,
@@ -42,15 +43,6 @@ from asyncgrpo.wire import SCHEMA_VERSION, ScoredGroup, encode_group
 def recording_config(cfg: Config) -> str:
     """config.yaml of a recording: the resolved config, composable by `config.load` as a preset."""
     return CONFIG_DEFAULTS + to_yaml(cfg)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    tmp.replace(path)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -95,14 +87,14 @@ class StreamRecorder:
         self.directory.mkdir(parents=True, exist_ok=True)
         stream = self.directory / STREAM_FILE
         cut = self._continue_at(version) if (self.directory / HEADER_FILE).exists() else None
-        _write_atomic(self.directory / CONFIG_FILE, self.config_yaml)  # this run's: it records from here on
+        write_atomic(self.directory / CONFIG_FILE, self.config_yaml, durable=True)  # this run's: it records from here on
         if cut is None:
             header = {"format": FORMAT_VERSION, "wire_schema": SCHEMA_VERSION, "model_dir": self.model_dir,
                       "checkpoint": str(Path(self.checkpoint).resolve()) if self.checkpoint else None,
                       "start_version": version,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stream": STREAM_FILE,
                       "fsync_every_steps": self.fsync_every_steps}
-            _write_atomic(self.directory / HEADER_FILE, json.dumps(header, indent=2) + "\n")
+            write_atomic(self.directory / HEADER_FILE, json.dumps(header, indent=2) + "\n", durable=True)
             cut = 0
         if cut < len(PREAMBLE):  # a new stream, or one whose preamble a crash cut short
             file = stream.open("wb")

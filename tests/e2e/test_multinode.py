@@ -80,26 +80,19 @@ def two_node_cluster(env: dict[str, str], seen: dict[int, psutil.Process]) -> It
         psutil.wait_procs(list(seen.values()), timeout=15)
 
 
-def learner_listening(cluster_pid: int, cli: subprocess.Popen, run_dir, seen: dict[int, psutil.Process],
-                      timeout_s: float = 30.0) -> list[tuple[int, str, str, int]]:
-    """The listening sockets of the cluster's and the driver's processes (all of them into `seen`),
-    sampled until learner rank 0's (run_dir/actors.json) are among them, the run ends or `timeout_s`."""
+def listening_until_exit(cluster_pid: int, cli: subprocess.Popen, seen: dict[int, psutil.Process],
+                         timeout_s: float) -> set[tuple[int, str, str, int]]:
+    """Every listening socket any process of the cluster or the driver held at any sample, sampled
+    every 0.3 s until the run ends or `timeout_s` (all those processes go into `seen`). A union over
+    the whole run, not one snapshot: a snapshot could fall before a socket was bound or after it closed."""
     deadline = time.monotonic() + timeout_s
-    while True:
+    sockets: set[tuple[int, str, str, int]] = set()
+    while cli.poll() is None and time.monotonic() < deadline:
         processes = [*tree(cluster_pid), *tree(cli.pid)]
         seen.update((p.pid, p) for p in processes)
-        sockets = listening(processes)
-        try:
-            actors = json.loads((run_dir / "actors.json").read_text())
-            learner_pid = actors["learner_pids"][0]
-            ports = {int(e.rpartition(":")[2]) for e in actors["wire"]["endpoints"].values()}
-        except (OSError, ValueError, KeyError, IndexError):
-            return sockets
-        if ports <= {port for pid, _, _, port in sockets if pid == learner_pid}:
-            return sockets
-        if cli.poll() is not None or time.monotonic() > deadline:
-            return sockets
-        time.sleep(0.5)
+        sockets.update(listening(processes))
+        time.sleep(0.3)
+    return sockets
 
 
 def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_all_on_loopback(tmp_path):
@@ -125,13 +118,7 @@ def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_al
             with open(tmp_path / "cli.log", "w") as log:
                 cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                # Once actors.json is there, every actor is up and learner rank 0 has bound its sockets.
-                deadline = time.monotonic() + 420
-                while not (run_dir / "actors.json").is_file() and cli.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                # One snapshot can miss the learner's sockets (seen once in a clean-clone run): look
-                # again, while the run goes on, until learner rank 0's are among them.
-                sockets = learner_listening(cluster["pid"], cli, run_dir, seen)
+                sockets = listening_until_exit(cluster["pid"], cli, seen, timeout_s=600)
                 returncode = cli.wait(300)
             finally:
                 if cli.poll() is None:
@@ -159,8 +146,8 @@ def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_al
     ports = {int(endpoint.rpartition(":")[2]) for endpoint in wire["endpoints"].values()}
     assert all(endpoint.startswith("tcp://127.0.0.1:") for endpoint in wire["endpoints"].values()), wire
 
-    # Every listening socket of the cluster's processes and the driver's is on loopback, the
-    # learner's two ZeroMQ sockets among them.
+    # Every listening socket the cluster's processes and the driver's held during the run was on
+    # loopback, the learner's two ZeroMQ sockets among them.
     assert sockets and all(loopback(ip) for _, _, ip, _ in sockets), sockets
     learner_pid = actors["learner_pids"][0]
     assert ports <= {port for pid, _, _, port in sockets if pid == learner_pid}, (ports, sockets)
