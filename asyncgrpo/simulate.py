@@ -29,6 +29,8 @@ from typing import Any, Union
 
 import yaml
 
+from asyncgrpo.dispatch import Dispatcher
+
 # The real run's choice lists and formulas, mirrored here because their modules import torch or
 # ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.replay, asyncgrpo.config and
 # asyncgrpo.rollout.generator.
@@ -36,6 +38,7 @@ STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
 FULL_POLICIES = ("block", "drop_oldest")
+DISPATCHES = ("quotas", "tickets")
 
 
 def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int) -> int:
@@ -89,6 +92,13 @@ class Settings:
     train_scale: float = 1.0  # x every step's prepare + train time
     generate_cv: float = 0.0  # coefficient of variation of a call's time (gamma noise, mean kept)
     call_size_exponent: float = 1.0  # a call of n groups takes (n / measured n) ** this x measured
+    # Relative speed of each generator's calls, comma-separated ("1,0.5": the second takes twice as
+    # long); "" = all 1. Models uneven generators (other hardware, a smaller core share).
+    generator_speeds: str = ""
+    # How groups are shared: "quotas", the real run's fixed share of every step per generator; or
+    # "tickets", the dynamic dispatch of asyncgrpo/dispatch.py, not yet in the real run (a design
+    # prediction: docs/SIMULATOR.md).
+    dispatch: str = "quotas"
 
     @property
     def throttles(self) -> bool:
@@ -104,6 +114,20 @@ class Settings:
 
     def quotas(self) -> list[int]:
         return groups_per_generator(self.num_generators, self.groups_per_step)
+
+    def speeds(self) -> list[float]:
+        """Each generator's relative speed (sim.generator_speeds)."""
+        if not self.generator_speeds.strip():
+            return [1.0] * self.num_generators
+        try:
+            values = [float(v) for v in self.generator_speeds.split(",")]
+        except ValueError:
+            raise SimulationError(f"sim.generator_speeds must be comma-separated numbers (got {self.generator_speeds!r})") \
+                from None
+        if len(values) != self.num_generators or min(values) <= 0:
+            raise SimulationError(f"sim.generator_speeds must give {self.num_generators} speeds > 0, one per generator "
+                                  f"(rollout.num_generators) (got {self.generator_speeds!r})")
+        return values
 
     def check(self) -> None:
         """Refuse what the real config validation (config.validate) refuses, and meaningless knobs."""
@@ -140,6 +164,8 @@ class Settings:
         require(self.train_scale > 0, "sim.train_scale", "must be > 0", self.train_scale)
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
+        require(self.dispatch in DISPATCHES, "sim.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
+        self.speeds()
 
 
 # Command-line key -> Settings field. The config keys keep the names `asyncgrpo train` uses.
@@ -156,7 +182,7 @@ CONFIG_KEYS = {
 }
 SIM_KEYS = {f"sim.{name}": name for name in (
     "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",
-    "train_scale", "generate_cv", "call_size_exponent")}
+    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds", "dispatch")}
 OVERRIDE_KEYS = {**CONFIG_KEYS, **SIM_KEYS}
 
 
@@ -553,6 +579,7 @@ class SimGenerator:
 class SimGroup:
     generator: int
     version: int  # of the weights that generated it
+    slot: int = -1  # its ticket's slot (sim.dispatch=tickets)
 
 
 @dataclass(frozen=True)
@@ -610,7 +637,12 @@ class Model:
             SimGenerator(i, quota, settings.groups_per_call or quota,
                          calibration.generators[i % len(calibration.generators)]) for i, quota in enumerate(quotas)]
         # Under a throttling policy the queue hands each step each generator's share (replay.py).
-        self.shares = quotas if settings.throttles else None
+        self.shares = quotas if settings.throttles and settings.dispatch == "quotas" else None
+        self.speeds = settings.speeds()
+        # sim.dispatch=tickets: slots granted to whichever generator asks (asyncgrpo/dispatch.py).
+        self.dispatcher = (Dispatcher(settings.groups_per_step, settings.max_staleness, settings.throttles,
+                                      settings.capacity_groups)
+                           if settings.dispatch == "tickets" else None)
         self.queue: deque[SimGroup] = deque()
         # Kept up to date as groups enter and leave the queue, because whether a step is ready is
         # asked after every event: walking a queue of thousands of groups each time made a
@@ -642,6 +674,9 @@ class Model:
     # ---- a generator (Generator.run)
 
     def generator(self, g: SimGenerator) -> Process:
+        if self.dispatcher is not None:
+            yield from self.ticket_generator(g)
+            return
         while True:
             if self.newest > g.loaded:
                 yield from self.load(g)
@@ -662,6 +697,31 @@ class Model:
                 yield from self.busy(g.clock, "send", g.times.send_s_per_group)
                 yield from self.enqueue(g, SimGroup(g.index, version))
 
+    def ticket_generator(self, g: SimGenerator) -> Process:
+        """The same loop under tickets: ask for a call's worth, generate what was granted."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        while True:
+            if self.newest > g.loaded:
+                yield from self.load(g)
+            _, tickets = dispatcher.grant((g.index, 0), g.loaded, g.call_groups)
+            if not tickets:  # nothing within the bound: newer weights, or a slot given back, will do
+                yield from self.wait(g.clock, "throttle",
+                                     lambda: self.newest > g.loaded or dispatcher.can_grant(g.loaded))
+                continue
+            n = len(tickets)
+            warmup = g.times.first_call_extra_s if g.started == 0 else 0.0
+            g.started += n
+            version = g.loaded
+            yield from self.busy(g.clock, "generate", warmup + self.generate_s(g, n))
+            yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
+            yield from self.busy(g.clock, "score_wait", g.times.score_wait_s)
+            yield from self.busy(g.clock, "other", g.times.other_s)
+            for ticket in tickets:
+                yield from self.busy(g.clock, "send", g.times.send_s_per_group)
+                dispatcher.arrived((g.index, 0), ticket.slot)
+                yield from self.enqueue(g, SimGroup(g.index, version, ticket.slot))
+
     def load(self, g: SimGenerator) -> Process:
         target = self.newest  # a push arriving during the load waits for the next safe point
         seconds = self.s.weight_load_s if self.s.weight_load_s is not None else g.times.weight_load_s
@@ -670,7 +730,8 @@ class Model:
         self.loop.changed(VERSIONS)
 
     def generate_s(self, g: SimGenerator, n: int) -> float:
-        seconds = g.times.generate_s * (n / g.times.call_groups) ** self.s.call_size_exponent * self.s.generate_scale
+        seconds = (g.times.generate_s * (n / g.times.call_groups) ** self.s.call_size_exponent * self.s.generate_scale
+                   / self.speeds[g.index])
         if self.s.generate_cv > 1e-3:  # below, the gamma's shape overflows and the noise is nil anyway
             shape = 1.0 / self.s.generate_cv ** 2
             seconds *= self.rng.gammavariate(shape, 1.0 / shape)  # mean 1
@@ -679,8 +740,11 @@ class Model:
     def enqueue(self, g: SimGenerator, group: SimGroup) -> Process:
         while len(self.queue) >= self.s.capacity_groups:
             if self.s.full_policy == "drop_oldest":
-                self.unqueued(self.queue.popleft())
+                dropped = self.queue.popleft()
+                self.unqueued(dropped)
                 self.dropped_full += 1
+                if self.dispatcher is not None:
+                    self.dispatcher.release(dropped.slot)
                 break
             # Blocked on a full queue the generator still loads pushes (a safe point).
             yield from self.wait(g.clock, "blocked",
@@ -741,6 +805,8 @@ class Model:
 
     def acks_ok(self, floor: int) -> bool:
         # As wait_for_generators: a full step already queued waits on nobody.
+        if self.dispatcher is not None and self.dispatcher.ready():
+            return True
         return all(g.loaded >= floor for g in self.generators) or len(self.queue) >= self.s.groups_per_step
 
     def step_ready(self) -> bool:
@@ -750,7 +816,13 @@ class Model:
                 and self.version - min(self.queued_per_version) > self.s.max_staleness):
             fresh = deque(g for g in self.queue if not self.too_stale(g))
             self.dropped_stale += len(self.queue) - len(fresh)
+            if self.dispatcher is not None:
+                for group in self.queue:
+                    if self.too_stale(group):
+                        self.dispatcher.release(group.slot)
             self.set_queue(fresh)
+        if self.dispatcher is not None:
+            return self.dispatcher.ready()
         if self.shares is None:
             return len(self.queue) >= self.s.groups_per_step
         return all(h >= share for h, share in zip(self.queued_per_generator, self.shares))
@@ -760,6 +832,11 @@ class Model:
 
     def take(self) -> list[SimGroup]:
         """Each generator's share, each one's oldest first (or the oldest groups, without shares)."""
+        if self.dispatcher is not None:  # the next step's slots, in slot order
+            slots = {slot for slot, _, _ in self.dispatcher.take()}
+            batch = [group for group in self.queue if group.slot in slots]
+            self.set_queue(deque(group for group in self.queue if group.slot not in slots))
+            return batch
         wanted = list(self.shares) if self.shares is not None else None
         batch: list[SimGroup] = []
         kept: deque[SimGroup] = deque()

@@ -135,6 +135,34 @@ def test_a_seed_makes_a_noisy_simulation_repeatable():
 # ------------------------------------------------------------------ the bound, any settings
 
 
+def test_tickets_give_a_half_speed_generator_half_the_work_where_fixed_shares_wait_for_it():
+    # 16 groups a step, 0.5 s a group at speed 1, one group per call; a fast learner (0.1 s a step).
+    # Shares: the half-speed generator's 8 groups take 8 s a step, so 16 groups / 8 s = 2 groups/s.
+    # Tickets: each asks when free, 2 + 1 = 3 groups/s, the sum of their speeds alone.
+    cal, s = constant_run(generate_s=8.0, train_s=0.1, groups_per_step=16, max_staleness=2, steps=60,
+                          num_generators=2, warmup_steps=2)
+    uneven = replace(s, groups_per_call=1, generator_speeds="1,0.5")
+    groups_per_s = {dispatch: simulate(cal, replace(uneven, dispatch=dispatch)).steady_samples_per_s / 2
+                    for dispatch in sim.DISPATCHES}
+    assert groups_per_s["quotas"] == pytest.approx(2.0, rel=0.03)
+    assert groups_per_s["tickets"] == pytest.approx(3.0, rel=0.05)
+    # Equal speeds: the same throughput either way.
+    even = [simulate(cal, replace(s, groups_per_call=1, dispatch=d)).steady_samples_per_s for d in sim.DISPATCHES]
+    assert even[0] == pytest.approx(even[1], rel=0.02)
+
+
+def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_line():
+    cal, s = constant_run(generate_s=2.0, train_s=0.5, max_staleness=0, steps=10)
+    half = simulate(cal, replace(s, generator_speeds="0.5"))
+    assert half.samples_per_s == pytest.approx(s.samples_per_step / (4.0 + 0.5))
+    for bad, match in [("1,x", "comma-separated numbers"), ("1,1", "must give 1 speeds > 0"),
+                       ("0", "must give 1 speeds > 0")]:
+        with pytest.raises(SimulationError, match=match):
+            apply_overrides(s, [f"sim.generator_speeds={bad}"])
+    with pytest.raises(SimulationError, match=r"sim.dispatch must be one of \('quotas', 'tickets'\)"):
+        apply_overrides(s, ["sim.dispatch=lottery"])
+
+
 @st.composite
 def random_run(draw: st.DrawFn) -> tuple[Calibration, Settings]:
     num_generators = draw(st.integers(1, 5))
@@ -149,7 +177,9 @@ def random_run(draw: st.DrawFn) -> tuple[Calibration, Settings]:
         full_policy=draw(st.sampled_from(sim.FULL_POLICIES)),
         push_every_steps=draw(st.integers(1, max_staleness + 1)), steps=draw(st.integers(1, 25)),
         seed=draw(st.integers(0, 3)), warmup_steps=draw(st.integers(0, 2)), replay=draw(st.booleans()),
-        scaling_efficiency=draw(st.floats(0.3, 1.0)), generate_cv=draw(st.floats(0.0, 1.0)))
+        scaling_efficiency=draw(st.floats(0.3, 1.0)), generate_cv=draw(st.floats(0.0, 1.0)),
+        dispatch=draw(st.sampled_from(sim.DISPATCHES)),
+        generator_speeds=",".join(str(draw(st.sampled_from([0.25, 0.5, 1.0, 2.0]))) for _ in range(num_generators)))
     seconds = st.floats(0.0, 2.0)
     generators = [GeneratorTimes(generate_s=draw(st.floats(0.01, 3.0)), call_groups=draw(st.integers(1, 8)),
                                  score_s_per_group=draw(seconds) / 8, score_wait_s=draw(seconds),

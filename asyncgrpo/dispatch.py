@@ -1,0 +1,211 @@
+"""Dynamic dispatch by tickets: prompts go to whichever generator asks, within the staleness budget.
+
+Not yet used by the real run (issue 16, item 2): the simulator runs it (`asyncgrpo simulate RUN_DIR
+sim.dispatch=tickets`, docs/SIMULATOR.md) to size the design before the generators, the queue and
+the registry move onto it. Today's run gives each generator a fixed share of every step
+(config.groups_per_generator), so one slow generator holds every step back.
+
+A ticket is a slot and a prompt. Slots number the groups in training order: the learner at
+version u trains exactly slots u*G .. u*G + G - 1 (G = train.groups_per_step), whoever generated
+them, in whatever order they arrived. A generator asks for tickets with the version w of the
+weights in its engine; under a throttling stale policy it is granted slot s only if
+s < (w + max_staleness + 1) * G, so the slot is trained at s // G <= w + max_staleness: every
+group within the bound, for any number of generators at any relative speeds, with no shares. A
+faster generator simply asks more often and gets more slots.
+
+A slot whose group will never be trained goes back to the pool and is granted again, lowest
+first (the learner waits for it): when its holder dies (`holder_down`), when its group is lost in
+transit (`heard_from`: the holder's report, sent after its groups on the same ordered socket, no
+longer lists it), and when the group is dropped (`release`: stale, a full queue, a reward failure).
+A prompt whose group never arrived is given again (death, loss); one whose group was dropped for
+what it is (its rewards failed, it came too stale) is not, as today.
+
+Positions number the run's prompt stream; `state_dict` is what a checkpoint needs to continue:
+the next step, the next new position and every position granted but not yet trained (they are
+given again first).
+
+Pure Python, no torch: the simulator imports it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+Holder = tuple[int, int]  # (generator id, incarnation): a restarted generator is a new holder
+
+
+@dataclass(frozen=True)
+class Ticket:
+    slot: int  # place in the training order: trained at learner version slot // groups_per_step
+    position: int  # the prompt's position in the run's prompt stream
+
+
+@dataclass
+class _Held:
+    holder: Holder
+    position: int
+    grant: int  # the holder's grant number that carried it (reports name the newest grant received)
+    version: int  # the weights the holder said it had when granted (for the bound's check)
+
+
+class Dispatcher:
+    """Grants tickets, takes their groups back in slot order, and re-grants what will never arrive.
+    One owner (learner rank 0's queue thread); not thread-safe."""
+
+    def __init__(self, groups_per_step: int, max_staleness: int, throttle: bool = True,
+                 capacity_groups: int | None = None, first_step: int = 0, first_position: int = 0,
+                 retry_positions: Iterable[int] = ()) -> None:
+        """`capacity_groups`: the queue's; no slot is granted that the queue could not hold beside
+        the next step's (None: no such limit). Without it, and without the throttle, a queue full of
+        later slots could block the very group the next step waits for."""
+        if groups_per_step < 1 or max_staleness < 0 or first_step < 0 or first_position < 0 \
+                or (capacity_groups is not None and capacity_groups < groups_per_step):
+            raise ValueError(f"bad dispatcher settings: groups_per_step={groups_per_step}, "
+                             f"max_staleness={max_staleness}, capacity_groups={capacity_groups}, "
+                             f"first_step={first_step}, first_position={first_position}")
+        self.groups_per_step, self.max_staleness, self.throttle = groups_per_step, max_staleness, throttle
+        self.capacity_groups = capacity_groups
+        self.step = first_step  # the next step to take: its slots are step*G .. step*G + G - 1
+        self._next_slot = first_step * groups_per_step  # never granted at or beyond this
+        self._next_position = first_position
+        self._free: list[int] = []  # slots granted before and given back: granted again first, lowest first
+        self._retry: deque[int] = deque(sorted(set(retry_positions)))  # prompts to give again before new ones
+        self._held: dict[int, _Held] = {}  # slot -> granted, its group not arrived
+        self._filled: dict[int, tuple[Holder, int]] = {}  # slot -> (holder, position): arrived, not taken
+        self._grants: dict[Holder, int] = {}  # holder -> how many grants it has been given
+        self.counts = {"granted": 0, "regranted": 0, "lost": 0, "down": 0, "released": 0, "refused_arrivals": 0}
+
+    # ---- generators ask
+
+    def slot_limit(self, loaded_version: int) -> float:
+        """Slots below this may go to a generator holding `loaded_version`: the bound (under the
+        throttle), and what the queue can hold from the next step on (with a capacity)."""
+        bound = (loaded_version + self.max_staleness + 1) * self.groups_per_step if self.throttle else math.inf
+        room = self.step * self.groups_per_step + self.capacity_groups if self.capacity_groups is not None else math.inf
+        return min(bound, room)
+
+    def can_grant(self, loaded_version: int) -> bool:
+        """Whether a generator holding `loaded_version` would be granted anything now."""
+        limit = self.slot_limit(loaded_version)
+        return bool(self._free and self._free[0] < limit) or self._next_slot < limit
+
+    def grant(self, holder: Holder, loaded_version: int, wanted: int) -> tuple[int, list[Ticket]]:
+        """Up to `wanted` tickets for `holder`, lowest slots first; (grant number, tickets). Fewer
+        (or none) when the bound allows no more: the holder asks again with newer weights."""
+        limit = self.slot_limit(loaded_version)
+        grant = self._grants.get(holder, 0) + 1
+        tickets: list[Ticket] = []
+        while len(tickets) < wanted:
+            if self._free and self._free[0] < limit:
+                slot = heapq.heappop(self._free)
+                self.counts["regranted"] += 1
+            elif self._next_slot < limit:
+                slot, self._next_slot = self._next_slot, self._next_slot + 1
+            else:
+                break
+            if self._retry:
+                position = self._retry.popleft()
+            else:
+                position, self._next_position = self._next_position, self._next_position + 1
+            self._held[slot] = _Held(holder, position, grant, loaded_version)
+            tickets.append(Ticket(slot, position))
+        if tickets:
+            self._grants[holder] = grant
+            self.counts["granted"] += len(tickets)
+        return (grant if tickets else self._grants.get(holder, 0)), tickets
+
+    # ---- groups arrive, or never will
+
+    def arrived(self, holder: Holder, slot: int) -> bool:
+        """`holder`'s group for `slot` has come in. True: it fills the slot (queue it). False: the
+        slot is not this holder's (given to another after a death or a loss, or never granted):
+        drop it, counted."""
+        held = self._held.get(slot)
+        if held is None or held.holder != holder:
+            self.counts["refused_arrivals"] += 1
+            return False
+        del self._held[slot]
+        self._filled[slot] = (holder, held.position)
+        return True
+
+    def heard_from(self, holder: Holder, newest_grant: int, unsent: Iterable[int]) -> list[int]:
+        """`holder`'s report, sent after all its groups so far on the same ordered socket: it has
+        received grants up to `newest_grant` and not yet sent the groups of `unsent`. A slot it was
+        granted by then, not in `unsent` and not arrived, was lost in transit: granted again (the
+        prompt too). Returns the lost slots."""
+        still = set(unsent)
+        lost = [slot for slot, held in self._held.items()
+                if held.holder == holder and held.grant <= newest_grant and slot not in still]
+        for slot in sorted(lost):
+            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
+        self.counts["lost"] += len(lost)
+        return sorted(lost)
+
+    def holder_down(self, holder: Holder) -> list[int]:
+        """`holder`'s process died: its slots not arrived are granted again, with their prompts.
+        What it queued stays: those groups are valid and trained in their slots."""
+        gone = sorted(slot for slot, held in self._held.items() if held.holder == holder)
+        for slot in gone:
+            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
+        self.counts["down"] += len(gone)
+        return gone
+
+    def release(self, slot: int, retry_prompt: bool = False) -> None:
+        """The group of `slot` will not be trained (dropped stale or from a full queue, or given back
+        for failed rewards while still held): grant the slot again; the prompt only if `retry_prompt`."""
+        if slot in self._filled:
+            _, position = self._filled.pop(slot)
+        elif slot in self._held:
+            position = self._held.pop(slot).position
+        else:
+            raise KeyError(f"slot {slot} is neither granted nor queued")
+        self._give_back(slot, position, retry_prompt)
+        self.counts["released"] += 1
+
+    def _give_back(self, slot: int, position: int, retry_prompt: bool) -> None:
+        heapq.heappush(self._free, slot)
+        if retry_prompt:
+            self._retry.append(position)
+
+    # ---- the learner takes
+
+    def step_slots(self, step: int | None = None) -> range:
+        first = (self.step if step is None else step) * self.groups_per_step
+        return range(first, first + self.groups_per_step)
+
+    def ready(self) -> bool:
+        """Every slot of the next step has its group."""
+        return all(slot in self._filled for slot in self.step_slots())
+
+    def missing(self) -> list[int]:
+        """The next step's slots still without a group (for a wait's message)."""
+        return [slot for slot in self.step_slots() if slot not in self._filled]
+
+    def take(self) -> list[tuple[int, Holder, int]]:
+        """The next step's (slot, holder, position), in slot order; the step moves on."""
+        if not self.ready():
+            raise RuntimeError(f"step {self.step} is missing slots {self.missing()}")
+        taken = [(slot, *self._filled.pop(slot)) for slot in self.step_slots()]
+        self.step += 1
+        return taken
+
+    # ---- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs: the next step, and the prompts to give (again) first: every
+        position granted or queued but not trained, and those already waiting to be retried."""
+        pending = {held.position for held in self._held.values()} | {pos for _, pos in self._filled.values()}
+        return {"step": self.step, "next_position": self._next_position,
+                "retry_positions": sorted(pending | set(self._retry))}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], groups_per_step: int, max_staleness: int,
+                   throttle: bool = True, capacity_groups: int | None = None) -> Dispatcher:
+        return cls(groups_per_step, max_staleness, throttle, capacity_groups, first_step=int(state["step"]),
+                   first_position=int(state["next_position"]),
+                   retry_positions=[int(p) for p in state["retry_positions"]])

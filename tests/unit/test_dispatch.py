@@ -1,0 +1,246 @@
+"""Tickets (asyncgrpo/dispatch.py): the staleness bound, exactly-once prompts and liveness for any
+number of generators at any relative speeds, with deaths, losses in transit, late grants and drops;
+then the small cases by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncgrpo.dispatch import Dispatcher, Ticket
+
+
+@dataclass
+class Gen:
+    index: int
+    incarnation: int = 0
+    loaded: int = 0
+    inbox: list[tuple[int, list[Ticket]]] = field(default_factory=list)  # grants on their way
+    newest_grant: int = 0
+    unsent: list[tuple[Ticket, int]] = field(default_factory=list)  # (ticket, version it was granted with)
+    in_transit: list[tuple[tuple[int, int], int]] = field(default_factory=list)  # (holder, slot) sent, not arrived
+
+    @property
+    def holder(self) -> tuple[int, int]:
+        return self.index, self.incarnation
+
+
+class World:
+    """Generators, the wire between them and the dispatcher, and the learner, driven one event at a time."""
+
+    def __init__(self, generators: int, groups_per_step: int, max_staleness: int) -> None:
+        self.d = Dispatcher(groups_per_step, max_staleness)
+        self.gens = [Gen(i) for i in range(generators)]
+        self.version = 0  # the learner's, and the newest weights published
+        self.granted_version: dict[tuple[tuple[int, int], int], int] = {}  # (holder, slot) -> version at grant
+        self.trained: list[int] = []  # positions, in training order
+        self.staleness: list[int] = []
+        self.dropped_for_good: set[int] = set()  # positions released without retry
+
+    def ask(self, g: Gen, wanted: int) -> None:
+        number, tickets = self.d.grant(g.holder, g.loaded, wanted)
+        for ticket in tickets:
+            self.granted_version[(g.holder, ticket.slot)] = g.loaded
+        if tickets:
+            g.inbox.append((number, tickets))
+
+    def deliver(self, g: Gen) -> None:
+        if g.inbox:
+            number, tickets = g.inbox.pop(0)
+            g.newest_grant = number
+            g.unsent += [(t, self.granted_version[(g.holder, t.slot)]) for t in tickets]
+
+    def send(self, g: Gen, lose: bool = False) -> None:
+        if g.unsent:
+            ticket, _ = g.unsent.pop(0)
+            if not lose:
+                g.in_transit.append((g.holder, ticket.slot))
+
+    def arrive(self, g: Gen) -> None:
+        if g.in_transit:
+            holder, slot = g.in_transit.pop(0)
+            self.d.arrived(holder, slot)
+
+    def heartbeat(self, g: Gen) -> None:
+        # Sent after every group so far on the same ordered socket: what is in transit arrives first.
+        while g.in_transit:
+            self.arrive(g)
+        self.d.heard_from(g.holder, g.newest_grant, [t.slot for t, _ in g.unsent])
+
+    def give_back(self, g: Gen) -> None:  # reward.on_error=drop_group: the prompt is not retried
+        if g.unsent:
+            ticket, _ = g.unsent.pop(0)
+            self.d.release(ticket.slot)
+            self.dropped_for_good.add(ticket.position)
+
+    def die(self, g: Gen) -> None:
+        self.d.holder_down(g.holder)
+        g.incarnation += 1
+        g.loaded, g.inbox, g.newest_grant, g.unsent = self.version, [], 0, []
+        # What the dead process sent may still arrive, under its old name: in_transit is kept.
+
+    def load(self, g: Gen) -> None:
+        g.loaded = self.version
+
+    def step(self) -> bool:
+        if not self.d.ready():
+            return False
+        for slot, holder, position in self.d.take():
+            self.staleness.append(self.version - self.granted_version[(holder, slot)])
+            self.trained.append(position)
+        self.version += 1
+        return True
+
+
+EVENTS = ("ask", "deliver", "send", "lose", "arrive", "heartbeat", "give_back", "die", "load", "step")
+
+
+@settings(max_examples=150, deadline=None)
+@given(generators=st.integers(1, 8), groups_per_step=st.integers(1, 8), max_staleness=st.integers(0, 4),
+       script=st.lists(st.tuples(st.sampled_from(EVENTS), st.integers(0, 7), st.integers(1, 4)), max_size=400),
+       data=st.data())
+def test_any_interleaving_keeps_the_bound_trains_each_prompt_once_and_never_deadlocks(
+        generators, groups_per_step, max_staleness, script, data):
+    world = World(generators, groups_per_step, max_staleness)
+    for event, who, wanted in script:
+        g = world.gens[who % generators]
+        if event == "ask":
+            world.ask(g, wanted)
+        elif event == "lose":
+            world.send(g, lose=True)
+        elif event == "step":
+            world.step()
+        else:
+            getattr(world, event)(g)
+
+    # Then everyone behaves: the learner must reach 3 more steps (a lost slot is re-granted once its
+    # holder reports, a dead holder's at once; nobody waits on a slot no one will fill).
+    target = world.version + 3
+    for _ in range(500):
+        if world.version >= target:
+            break
+        for g in world.gens:
+            world.load(g)
+            world.ask(g, data.draw(st.integers(1, 4), label="wanted"))
+            while g.inbox:
+                world.deliver(g)
+            while g.unsent:
+                world.send(g)
+            world.heartbeat(g)
+        while world.step():
+            pass
+    assert world.version >= target, f"stuck at step {world.version}, missing {world.d.missing()}"
+
+    # The bound: every group trained within max_staleness of the weights that started it.
+    assert all(0 <= s <= max_staleness for s in world.staleness), world.staleness
+    # Exactly once: no prompt trained twice; every prompt handed out was trained, dropped for what
+    # it is (given back), or is still pending (what a checkpoint would give again).
+    assert len(world.trained) == len(set(world.trained))
+    pending = set(world.d.state_dict()["retry_positions"])
+    handed_out = set(range(world.d.state_dict()["next_position"]))
+    assert handed_out == set(world.trained) | world.dropped_for_good | pending
+    assert not set(world.trained) & pending
+
+
+def test_a_generator_is_granted_only_slots_within_max_staleness_of_its_weights():
+    d = Dispatcher(groups_per_step=4, max_staleness=1)
+    _, tickets = d.grant((0, 0), loaded_version=0, wanted=100)
+    assert [t.slot for t in tickets] == list(range(8))  # steps 0 and 1: slot // 4 - 0 <= 1
+    assert [t.position for t in tickets] == list(range(8))
+    assert d.grant((1, 0), loaded_version=0, wanted=1) == (0, [])  # nothing left within its bound
+    _, more = d.grant((1, 0), loaded_version=1, wanted=100)
+    assert [t.slot for t in more] == [8, 9, 10, 11]
+
+
+def test_a_faster_generator_gets_more_of_a_step_instead_of_a_fixed_share():
+    d = Dispatcher(groups_per_step=6, max_staleness=0)
+    fast, slow = (0, 0), (1, 0)
+    _, first_slow = d.grant(slow, 0, 2)
+    served = {fast: [], slow: [t.slot for t in first_slow]}
+    for _ in range(2):  # the fast one finishes two calls while the slow one is on its first
+        served[fast] += [t.slot for t in d.grant(fast, 0, 2)[1]]
+    for holder, slots in served.items():
+        for slot in slots:
+            assert d.arrived(holder, slot)
+    assert d.ready() and len(served[fast]) == 4 and len(served[slow]) == 2
+    assert [slot for slot, _, _ in d.take()] == list(range(6))
+
+
+def test_slots_of_a_dead_generator_go_to_others_lowest_first_with_their_prompts():
+    d = Dispatcher(groups_per_step=4, max_staleness=0)
+    _, dead = d.grant((0, 0), 0, 2)
+    _, alive = d.grant((1, 0), 0, 2)
+    assert d.arrived((1, 0), alive[0].slot)
+    assert d.holder_down((0, 0)) == [0, 1]
+    _, again = d.grant((1, 0), 0, 4)
+    assert [(t.slot, t.position) for t in again] == [(0, 0), (1, 1)]  # the same prompts, nothing new
+    assert not d.arrived((0, 0), 0)  # the dead process's group, arriving late, is refused
+    assert d.counts["refused_arrivals"] == 1
+
+
+def test_a_report_declares_lost_only_slots_from_grants_the_generator_has_received():
+    d = Dispatcher(groups_per_step=4, max_staleness=1)
+    number, first = d.grant((0, 0), 0, 2)
+    later, second = d.grant((0, 0), 0, 2)  # still on its way to the generator
+    assert (number, later) == (1, 2)
+    assert d.arrived((0, 0), first[0].slot)
+    # The report knows grant 1 only: slot 1 of it is neither unsent nor arrived, so lost; grant 2's
+    # slots are not judged.
+    assert d.heard_from((0, 0), newest_grant=1, unsent=[]) == [first[1].slot]
+    assert d.heard_from((0, 0), newest_grant=2, unsent=[t.slot for t in second]) == []
+    _, regranted = d.grant((1, 0), 0, 1)
+    assert regranted == [Ticket(first[1].slot, first[1].position)]
+
+
+def test_a_released_group_is_regranted_and_its_prompt_retried_only_when_asked():
+    d = Dispatcher(groups_per_step=2, max_staleness=0)
+    _, tickets = d.grant((0, 0), 0, 2)
+    assert d.arrived((0, 0), 0)
+    d.release(0)  # dropped (a full queue): a new prompt for the slot
+    d.release(1, retry_prompt=True)  # given back while held, its prompt to be tried again
+    _, again = d.grant((0, 0), 0, 2)
+    assert [(t.slot, t.position) for t in again] == [(0, 1), (1, 2)]
+    with pytest.raises(KeyError):
+        d.release(5)
+
+
+def test_without_the_throttle_any_slot_the_queue_can_hold_may_be_granted():
+    assert len(Dispatcher(groups_per_step=2, max_staleness=0, throttle=False).grant((0, 0), 0, 50)[1]) == 50
+    d = Dispatcher(groups_per_step=2, max_staleness=0, throttle=False, capacity_groups=6)
+    assert [t.slot for t in d.grant((0, 0), 0, 50)[1]] == [0, 1, 2, 3, 4, 5]
+    for slot in (0, 1):
+        d.arrived((0, 0), slot)
+    d.take()
+    assert [t.slot for t in d.grant((0, 0), 0, 50)[1]] == [6, 7]  # room for two more once step 0 is taken
+
+
+def test_take_refuses_an_incomplete_step_and_names_the_missing_slots():
+    d = Dispatcher(groups_per_step=3, max_staleness=0)
+    d.grant((0, 0), 0, 3)
+    d.arrived((0, 0), 1)
+    assert d.missing() == [0, 2]
+    with pytest.raises(RuntimeError, match=r"missing slots \[0, 2\]"):
+        d.take()
+
+
+def test_a_checkpoints_state_resumes_at_its_step_and_gives_untrained_prompts_first():
+    d = Dispatcher(groups_per_step=2, max_staleness=1)
+    d.grant((0, 0), 0, 4)  # positions 0..3 in slots 0..3
+    for slot in (0, 1, 3):
+        d.arrived((0, 0), slot)
+    d.take()  # step 0 trains positions 0, 1
+    state = d.state_dict()
+    assert state == {"step": 1, "next_position": 4, "retry_positions": [2, 3]}
+    resumed = Dispatcher.from_state(state, groups_per_step=2, max_staleness=1)
+    _, tickets = resumed.grant((0, 1), 1, 3)
+    assert [(t.slot, t.position) for t in tickets] == [(2, 2), (3, 3), (4, 4)]
+
+
+def test_bad_settings_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="groups_per_step=0"):
+        Dispatcher(0, 1)
+    with pytest.raises(ValueError, match="capacity_groups=3"):
+        Dispatcher(4, 1, capacity_groups=3)

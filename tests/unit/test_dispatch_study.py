@@ -1,0 +1,37 @@
+"""tools/dispatch_study.py: its rows on a synthetic calibration (tickets reach the sum of uneven
+generators' speeds where fixed shares do not), and the command's table and last JSON line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from test_simulate import constant_run, fake_run
+from tool_modules import TOOLS, load_tool
+
+ds = load_tool("dispatch_study")
+
+
+def test_rows_compare_both_dispatches_against_the_sum_of_each_generator_alone():
+    cal, _ = constant_run(generate_s=8.0, train_s=0.1, groups_per_step=16, max_staleness=2, steps=10)
+    (row,) = ds.study(cal, speeds=[1.0, 0.5], etas=[2], calls=[1], seeds=2, cv=0.0, steps=60)
+    assert row["alone"][0] > row["alone"][1] > 0 and row["limit"] == sum(row["alone"])
+    assert row["quotas"]["ratio"] < 0.75 < 0.9 < row["tickets"]["ratio"] <= 1.0 + 1e-9
+    assert row["tickets"]["ratio_min"] <= row["tickets"]["ratio"] <= row["tickets"]["ratio_max"]
+
+
+def test_the_command_prints_a_table_and_a_last_json_line(tmp_path):
+    out = subprocess.run([sys.executable, str(TOOLS / "dispatch_study.py"), str(fake_run(tmp_path)), "--etas", "1",
+                          "--calls", "1", "--seeds", "1", "--steps", "20"], capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("speeds [1.0, 0.5]")
+    payload = json.loads(lines[-1])
+    assert [r["max_staleness"] for r in payload["rows"]] == [1]
+
+
+def test_a_bad_argument_is_one_line_and_a_nonzero_exit(tmp_path):
+    out = subprocess.run([sys.executable, str(TOOLS / "dispatch_study.py"), str(fake_run(tmp_path)), "--speeds",
+                          "1,fast"], capture_output=True, text=True)
+    assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
+    assert out.stderr.startswith("dispatch_study:")

@@ -1,0 +1,94 @@
+"""Uneven generators: fixed shares (today's run) against tickets (asyncgrpo/dispatch.py), simulated.
+
+    .venv/bin/python tools/dispatch_study.py runs/validate_simulator/g2_eta1
+    .venv/bin/python tools/dispatch_study.py RUN_DIR --speeds 1,0.5 --etas 0,1,2,4 --calls 8,2 --seeds 5
+
+Issue 16 asks that a generator half as fast get half the work: samples/s of two uneven generators
+at least 90% of the sum of their speeds alone. This predicts it for both dispatches before the real
+run moves onto tickets. From one finished run's phase times (`asyncgrpo simulate`'s calibration),
+per max_staleness and call size (groups per vLLM call, the same alone and together):
+
+- alone_i: generator i alone (its speed from --speeds), one step's groups from it only;
+- quotas: all of them together, each with its fixed share of every step (config.groups_per_generator);
+- tickets: together, each granted slots when it asks, within the staleness bound.
+
+Ratios are against the sum of the alone figures (the issue's limit). Each is the median over
+--seeds simulations with gamma noise on every call (--cv), with min-max beside it. Simulated, not
+measured: the model's assumptions are docs/SIMULATOR.md's. Last line: JSON with every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from asyncgrpo.simulate import Calibration, Settings, SimulationError, simulate
+
+
+def samples_per_s(calibration: Calibration, settings: Settings, seeds: int) -> list[float]:
+    return [simulate(calibration, replace(settings, seed=seed)).samples_per_s for seed in range(seeds)]
+
+
+def study(calibration: Calibration, speeds: list[float], etas: list[int], calls: list[int], seeds: int, cv: float,
+          steps: int) -> list[dict[str, Any]]:
+    base = calibration.settings
+    n, groups = len(speeds), base.groups_per_step
+    rows = []
+    for eta in etas:
+        for call in calls:
+            common = replace(base, max_staleness=eta, groups_per_call=call, generate_cv=cv, steps=steps,
+                             capacity_groups=(eta + 1) * groups, stale_policy="both", push_every_steps=1)
+            alone = [statistics.median(samples_per_s(calibration, replace(
+                common, num_generators=1, generator_speeds=str(speed)), seeds)) for speed in speeds]
+            together = replace(common, num_generators=n, generator_speeds=",".join(map(str, speeds)))
+            row: dict[str, Any] = {"max_staleness": eta, "groups_per_call": call, "alone": alone, "limit": sum(alone)}
+            for dispatch in ("quotas", "tickets"):
+                values = samples_per_s(calibration, replace(together, dispatch=dispatch), seeds)
+                ratios = [v / row["limit"] for v in values]
+                row[dispatch] = {"samples_per_s": statistics.median(values), "ratio": statistics.median(ratios),
+                                 "ratio_min": min(ratios), "ratio_max": max(ratios)}
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]], speeds: list[float]) -> str:
+    lines = [f"speeds {speeds}; ratio = together / sum alone (median [min, max] over seeds)",
+             f"{'eta':>4}{'call':>6}{'sum alone':>11}{'quotas':>9}{'ratio':>22}{'tickets':>9}{'ratio':>22}"]
+    for r in rows:
+        cells = [f"{r['max_staleness']:>4}{r['groups_per_call']:>6}{r['limit']:>11.1f}"]
+        for dispatch in ("quotas", "tickets"):
+            d = r[dispatch]
+            cells.append(f"{d['samples_per_s']:>9.1f}{d['ratio']:>8.3f} [{d['ratio_min']:.3f}, {d['ratio_max']:.3f}]")
+        lines.append("".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="a finished run to calibrate from (asyncgrpo simulate's RUN_DIR)")
+    parser.add_argument("--speeds", default="1,0.5", help="relative speed of each generator (default 1,0.5)")
+    parser.add_argument("--etas", default="0,1,2,4", help="train.max_staleness values")
+    parser.add_argument("--calls", default="8,2", help="rollout.groups_per_call values (groups per vLLM call)")
+    parser.add_argument("--seeds", type=int, default=3, help="simulations per figure, each with its own noise")
+    parser.add_argument("--cv", type=float, default=0.3, help="coefficient of variation of each call's time")
+    parser.add_argument("--steps", type=int, default=200, help="learner steps per simulation")
+    args = parser.parse_args()
+    try:
+        speeds = [float(s) for s in args.speeds.split(",")]
+        etas = [int(e) for e in args.etas.split(",")]
+        calls = [int(c) for c in args.calls.split(",")]
+        calibration = Calibration.from_run(args.run_dir)
+        calibration = replace(calibration, settings=replace(calibration.settings, replay=False, warmup_steps=1))
+        rows = study(calibration, speeds, etas, calls, args.seeds, args.cv, args.steps)
+    except (ValueError, SimulationError) as err:
+        raise SystemExit(f"dispatch_study: {err}") from None
+    print(table(rows, speeds))
+    print(json.dumps({"run_dir": args.run_dir, "speeds": speeds, "seeds": args.seeds, "cv": args.cv,
+                      "steps": args.steps, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
