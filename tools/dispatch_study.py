@@ -12,9 +12,12 @@ per max_staleness and call size (groups per vLLM call, the same alone and togeth
 - quotas: all of them together, each with its fixed share of every step (config.groups_per_generator);
 - tickets: together, each granted slots when it asks, within the staleness bound.
 
-Ratios are against the sum of the alone figures (the issue's limit). Each is the median over
---seeds simulations with gamma noise on every call (--cv), with min-max beside it. Simulated, not
-measured: the model's assumptions are docs/SIMULATOR.md's. Last line: JSON with every row.
+Ratios are against the sum of the alone figures (the issue's limit). No dispatch can pass the
+learner either: `learner bound` is the same settings with generation taking no time, and
+`of reachable` is tickets against the smaller of the two. Each figure is the median over --seeds
+simulations with gamma noise on every call (--cv), with min-max beside the ratios. Simulated, not
+measured: the model's assumptions are docs/SIMULATOR.md's. --train-scale multiplies the learner's
+step time (below 1: a learner that keeps up with more generators). Last line: JSON with every row.
 """
 
 from __future__ import annotations
@@ -33,35 +36,41 @@ def samples_per_s(calibration: Calibration, settings: Settings, seeds: int) -> l
 
 
 def study(calibration: Calibration, speeds: list[float], etas: list[int], calls: list[int], seeds: int, cv: float,
-          steps: int) -> list[dict[str, Any]]:
+          steps: int, train_scale: float = 1.0) -> list[dict[str, Any]]:
     base = calibration.settings
     n, groups = len(speeds), base.groups_per_step
     rows = []
     for eta in etas:
         for call in calls:
             common = replace(base, max_staleness=eta, groups_per_call=call, generate_cv=cv, steps=steps,
-                             capacity_groups=(eta + 1) * groups, stale_policy="both", push_every_steps=1)
+                             capacity_groups=(eta + 1) * groups, stale_policy="both", push_every_steps=1,
+                             train_scale=train_scale)
             alone = [statistics.median(samples_per_s(calibration, replace(
                 common, num_generators=1, generator_speeds=str(speed)), seeds)) for speed in speeds]
             together = replace(common, num_generators=n, generator_speeds=",".join(map(str, speeds)))
-            row: dict[str, Any] = {"max_staleness": eta, "groups_per_call": call, "alone": alone, "limit": sum(alone)}
+            learner_bound = statistics.median(samples_per_s(calibration, replace(together, generate_scale=1e-9), seeds))
+            row: dict[str, Any] = {"max_staleness": eta, "groups_per_call": call, "alone": alone, "limit": sum(alone),
+                                   "learner_bound": learner_bound}
             for dispatch in ("quotas", "tickets"):
                 values = samples_per_s(calibration, replace(together, dispatch=dispatch), seeds)
                 ratios = [v / row["limit"] for v in values]
                 row[dispatch] = {"samples_per_s": statistics.median(values), "ratio": statistics.median(ratios),
                                  "ratio_min": min(ratios), "ratio_max": max(ratios)}
+            row["tickets_of_reachable"] = row["tickets"]["samples_per_s"] / min(row["limit"], learner_bound)
             rows.append(row)
     return rows
 
 
 def table(rows: list[dict[str, Any]], speeds: list[float]) -> str:
     lines = [f"speeds {speeds}; ratio = together / sum alone (median [min, max] over seeds)",
-             f"{'eta':>4}{'call':>6}{'sum alone':>11}{'quotas':>9}{'ratio':>22}{'tickets':>9}{'ratio':>22}"]
+             f"{'eta':>4}{'call':>6}{'sum alone':>11}{'learner bound':>15}{'quotas':>9}{'ratio':>22}{'tickets':>9}"
+             f"{'ratio':>22}{'of reachable':>14}"]
     for r in rows:
-        cells = [f"{r['max_staleness']:>4}{r['groups_per_call']:>6}{r['limit']:>11.1f}"]
+        cells = [f"{r['max_staleness']:>4}{r['groups_per_call']:>6}{r['limit']:>11.1f}{r['learner_bound']:>15.1f}"]
         for dispatch in ("quotas", "tickets"):
             d = r[dispatch]
             cells.append(f"{d['samples_per_s']:>9.1f}{d['ratio']:>8.3f} [{d['ratio_min']:.3f}, {d['ratio_max']:.3f}]")
+        cells.append(f"{r['tickets_of_reachable']:>14.3f}")
         lines.append("".join(cells))
     return "\n".join(lines)
 
@@ -75,6 +84,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="simulations per figure, each with its own noise")
     parser.add_argument("--cv", type=float, default=0.3, help="coefficient of variation of each call's time")
     parser.add_argument("--steps", type=int, default=200, help="learner steps per simulation")
+    parser.add_argument("--train-scale", type=float, default=1.0, help="x the learner's step time (default 1)")
     args = parser.parse_args()
     try:
         speeds = [float(s) for s in args.speeds.split(",")]
@@ -82,12 +92,12 @@ def main() -> None:
         calls = [int(c) for c in args.calls.split(",")]
         calibration = Calibration.from_run(args.run_dir)
         calibration = replace(calibration, settings=replace(calibration.settings, replay=False, warmup_steps=1))
-        rows = study(calibration, speeds, etas, calls, args.seeds, args.cv, args.steps)
+        rows = study(calibration, speeds, etas, calls, args.seeds, args.cv, args.steps, args.train_scale)
     except (ValueError, SimulationError) as err:
         raise SystemExit(f"dispatch_study: {err}") from None
     print(table(rows, speeds))
     print(json.dumps({"run_dir": args.run_dir, "speeds": speeds, "seeds": args.seeds, "cv": args.cv,
-                      "steps": args.steps, "rows": rows}))
+                      "steps": args.steps, "train_scale": args.train_scale, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from test_simulate import constant_run, fake_run
 from tool_modules import TOOLS, load_tool
 
@@ -19,6 +20,16 @@ def test_rows_compare_both_dispatches_against_the_sum_of_each_generator_alone():
     assert row["alone"][0] > row["alone"][1] > 0 and row["limit"] == sum(row["alone"])
     assert row["quotas"]["ratio"] < 0.75 < 0.9 < row["tickets"]["ratio"] <= 1.0 + 1e-9
     assert row["tickets"]["ratio_min"] <= row["tickets"]["ratio"] <= row["tickets"]["ratio_max"]
+    # 0.1 s of training a step: 16 groups x 2 samples / 0.1 s with generation free
+    assert row["learner_bound"] == pytest.approx(320, rel=0.02)
+    assert row["tickets_of_reachable"] == pytest.approx(row["tickets"]["samples_per_s"] / row["limit"])
+
+
+def test_a_faster_learner_raises_the_learner_bound():
+    cal, _ = constant_run(generate_s=8.0, train_s=0.1, groups_per_step=16, max_staleness=2, steps=10)
+    (slow,) = ds.study(cal, speeds=[1.0], etas=[2], calls=[1], seeds=1, cv=0.0, steps=40)
+    (fast,) = ds.study(cal, speeds=[1.0], etas=[2], calls=[1], seeds=1, cv=0.0, steps=40, train_scale=0.5)
+    assert fast["learner_bound"] == pytest.approx(2 * slow["learner_bound"], rel=0.02)
 
 
 def test_the_command_prints_a_table_and_a_last_json_line(tmp_path):
