@@ -686,16 +686,21 @@ class Model:
                 yield from self.wait(g.clock, "throttle", lambda: self.newest > g.loaded, reads=VERSIONS_ONLY)
                 continue
             n = min(g.call_groups, room)
-            warmup = g.times.first_call_extra_s if g.started == 0 else 0.0
-            g.started += n
             version = g.loaded
-            yield from self.busy(g.clock, "generate", warmup + self.generate_s(g, n))
-            yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
-            yield from self.busy(g.clock, "score_wait", g.times.score_wait_s)
-            yield from self.busy(g.clock, "other", g.times.other_s)
+            yield from self.call(g, n)
             for _ in range(n):
                 yield from self.busy(g.clock, "send", g.times.send_s_per_group)
                 yield from self.enqueue(g, SimGroup(g.index, version))
+
+    def call(self, g: SimGenerator, n: int) -> Process:
+        """One vLLM call of `n` groups, their scoring and the loop's other time (its first call
+        pays the engine's warm-up)."""
+        warmup = g.times.first_call_extra_s if g.started == 0 else 0.0
+        g.started += n
+        yield from self.busy(g.clock, "generate", warmup + self.generate_s(g, n))
+        yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
+        yield from self.busy(g.clock, "score_wait", g.times.score_wait_s)
+        yield from self.busy(g.clock, "other", g.times.other_s)
 
     def ticket_generator(self, g: SimGenerator) -> Process:
         """The same loop under tickets: ask for a call's worth, generate what was granted."""
@@ -710,13 +715,8 @@ class Model:
                                      lambda: self.newest > g.loaded or dispatcher.can_grant(g.loaded))
                 continue
             n = len(tickets)
-            warmup = g.times.first_call_extra_s if g.started == 0 else 0.0
-            g.started += n
             version = g.loaded
-            yield from self.busy(g.clock, "generate", warmup + self.generate_s(g, n))
-            yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
-            yield from self.busy(g.clock, "score_wait", g.times.score_wait_s)
-            yield from self.busy(g.clock, "other", g.times.other_s)
+            yield from self.call(g, n)
             for ticket in tickets:
                 yield from self.busy(g.clock, "send", g.times.send_s_per_group)
                 dispatcher.arrived((g.index, 0), ticket.slot)
