@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 from process_tree import loopback
+from shared_cache import warm_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -28,12 +29,13 @@ SUMMARY_KEYS = {
 RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py")
 
 
-def cli(tmp_path: Path, *overrides: str) -> list[str]:
+def cli(tmp_path: Path, *overrides: str, cache: Path | None = None) -> list[str]:
     return [
         sys.executable, "-m", "asyncgrpo.cli", "train",
         f"run_dir={tmp_path / 'run'}",
-        # A short warm start into a private cache: these runs test the plumbing, not learning.
-        f"model.cache_dir={tmp_path / 'cache'}",
+        # A short warm start, shared by the session's end-to-end runs (`cache`: another one): they
+        # test the plumbing, not learning.
+        f"model.cache_dir={cache or warm_cache(tmp_path)}",
         "model.warmstart_max_seconds=5",
         "progress=false",
         "train.steps_per_call=2",
@@ -382,8 +384,10 @@ def test_sigterm_during_set_up_writes_an_interrupted_summary_and_leaves_no_ray_p
     start = time.time()
     run_dir = tmp_path / "run"
     with (tmp_path / "output.log").open("w") as output:
-        proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000"), stdout=output, stderr=subprocess.STDOUT,
-                                text=True)
+        # The warm start must happen: a private, empty cache.
+        cache = tmp_path / "cache" if phase == "warm_start" else None
+        proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000", cache=cache), stdout=output,
+                                stderr=subprocess.STDOUT, text=True)
     reached = (lambda: (run_dir / "config.yaml").is_file()) if phase == "warm_start" else (lambda: ray_children(proc))
     try:
         wait_for(lambda: reached() or proc.poll() is not None, 600, f"the run's {phase}")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_cache import warm_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -16,7 +17,7 @@ def cli(tmp_path: Path, run: str, *overrides: str) -> list[str]:
     return [
         sys.executable, "-m", "asyncgrpo.cli", "train",
         f"run_dir={tmp_path / run}",
-        f"model.cache_dir={tmp_path / 'cache'}",
+        f"model.cache_dir={warm_cache(tmp_path)}",
         "model.warmstart_max_seconds=5",
         "progress=false",
         "train.steps_per_call=2",

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 import psutil
 import pytest
 from process_tree import listening, loopback, tree
+from shared_cache import warm_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -109,7 +110,7 @@ def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_al
             cluster_up_s = time.monotonic() - started
             command = [
                 sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}",
-                f"model.cache_dir={tmp_path / 'cache'}", "model.warmstart_max_seconds=5", "progress=false",
+                f"model.cache_dir={warm_cache(tmp_path)}", "model.warmstart_max_seconds=5", "progress=false",
                 f"train.max_steps={STEPS}", "train.steps_per_call=1", "eval.at_start=false", "eval.at_end=false",
                 "train.export_at_end=false", "wire.startup_timeout_s=300",
                 f"ray.address={cluster['address']}",

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_cache import warm_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -22,7 +23,7 @@ def asyncgrpo(*argv: str) -> subprocess.CompletedProcess:
 
 def test_a_recorded_training_run_replays_with_its_own_losses_and_runs_under_another_correction(tmp_path):
     recording = tmp_path / "rec"
-    trained = asyncgrpo("train", f"run_dir={tmp_path / 'run'}", f"model.cache_dir={tmp_path / 'cache'}",
+    trained = asyncgrpo("train", f"run_dir={tmp_path / 'run'}", f"model.cache_dir={warm_cache(tmp_path)}",
                         "model.warmstart_max_seconds=5", "progress=false", "train.steps_per_call=2",
                         "train.max_steps=4", "train.groups_per_step=4", "eval.at_start=false", "eval.at_end=false",
                         "train.export_at_end=false", f"wire.record_dir={recording}")

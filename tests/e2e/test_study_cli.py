@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from shared_cache import warm_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -17,8 +18,8 @@ def study_cli(tmp_path: Path, *overrides: str) -> list[str]:
     return [
         sys.executable, "-m", "asyncgrpo.cli", "study", "quick",  # configs/studies/quick.yaml: 2 cells x 1 seed
         f"study_dir={tmp_path / 'study'}",
-        # A short warm start into a private cache: these runs test the plumbing, not learning.
-        f"model.cache_dir={tmp_path / 'cache'}",
+        # A short warm start, shared by the session's end-to-end runs: they test the plumbing, not learning.
+        f"model.cache_dir={warm_cache(tmp_path)}",
         "model.warmstart_max_seconds=5",
         *overrides,
     ]
