@@ -6,16 +6,21 @@ command-line entry point."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
+import os
 import signal
 import sys
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from asyncgrpo.config import CONFIG_DIR, Config, ConfigError, load
 from asyncgrpo.driver.prepare import interrupt_on_sigterm
 from asyncgrpo.models.shapes import SHAPES
+
+# 128 + SIGINT, as a shell reports Ctrl-C; an interrupted study run reports it too (study.EXIT_INTERRUPTED).
+EXIT_INTERRUPTED = 130
 
 USAGE_EXAMPLES = """examples:
   asyncgrpo train                                    # the embedded default (CPU, tiny model)
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"asyncgrpo: interrupted; metrics and summary are in {cfg.run_dir}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except TrainingFailed as err:  # its message is the whole reason, on one line: a traceback adds nothing
         print(f"asyncgrpo: training failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
@@ -375,7 +380,7 @@ def _replay(directory: str, overrides: list[str]) -> int:
         return 2
     except KeyboardInterrupt:
         print("asyncgrpo: interrupted; metrics and summary are in the replay's run_dir", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     print(json.dumps({k: summary.get(k) for k in ("run_dir", "steps", "samples", "wall_s", "torn_tail_records")}))
     return 0
 
@@ -397,5 +402,20 @@ def _make_model(shape: str, out_dir: str, seed: int, vocab_train_size: int | Non
     return 0
 
 
+def entry() -> NoReturn:
+    """The console script (`asyncgrpo`) and `python -m asyncgrpo.cli`: main(), exiting with its status."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        # CPython remembers a KeyboardInterrupt that escaped Python code run by a C extension
+        # (PyRun_*), even one caught later, and after a normal exit kills the process with SIGINT
+        # instead: status -2 where 130 was meant (seen when SIGTERM landed in the warm start's
+        # imports, about 1 in 15). Run what interpreter exit would, then leave with our status.
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
