@@ -103,6 +103,11 @@ def validate(cfg: Config) -> None:
     require(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", "must be >= 2: GRPO compares samples of a prompt", r.samples_per_prompt)
     require(1 <= r.num_generators <= t.groups_per_step, "rollout.num_generators",
             f"must be between 1 and train.groups_per_step={t.groups_per_step}", r.num_generators)
+    if r.generator_shares:
+        shares = list(r.generator_shares)
+        require(len(shares) == r.num_generators and min(shares) >= 1 and sum(shares) == t.groups_per_step,
+                "rollout.generator_shares", f"must give each of rollout.num_generators={r.num_generators} generators "
+                f">= 1 groups, {t.groups_per_step} in all (train.groups_per_step), or be [] for an even split", shares)
     require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", r.max_new_tokens)
     require(cfg.model.max_positions > r.max_new_tokens, "model.max_positions",
             f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)
@@ -325,7 +330,10 @@ def use_curve(cfg: Config) -> bool:
 
 
 def groups_per_generator(cfg: Config) -> list[int]:
-    """How one step's groups are shared among generators (the throttle's per-generator quota)."""
+    """How one step's groups are shared among generators (the throttle's per-generator quota):
+    rollout.generator_shares, or as even as possible."""
+    if cfg.rollout.generator_shares:
+        return [int(share) for share in cfg.rollout.generator_shares]
     n, total = cfg.rollout.num_generators, cfg.train.groups_per_step
     return [total // n + (1 if i < total % n else 0) for i in range(n)]
 

@@ -125,6 +125,11 @@ class RewardConfig:
 @dataclass
 class RolloutConfig:
     num_generators: int = 1
+    # Groups of each step each generator makes, one per generator, summing to train.groups_per_step
+    # (e.g. [11, 5] for a generator half as fast as the other); [] = as even as possible. Each step
+    # waits for every generator's share, so uneven generators given even shares run at the slowest's
+    # pace (docs/SIMULATOR.md, Uneven generators).
+    generator_shares: list[int] = field(default_factory=list)
     samples_per_prompt: int = 8
     max_new_tokens: int = 5
     temperature: float = 1.0

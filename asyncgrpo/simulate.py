@@ -46,8 +46,11 @@ def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int)
     return (max_staleness + loaded_version + 1) * quota_per_step
 
 
-def groups_per_generator(num_generators: int, groups_per_step: int) -> list[int]:
-    """Each generator's share of a step (config.groups_per_generator)."""
+def groups_per_generator(num_generators: int, groups_per_step: int, shares: list[int] | None = None) -> list[int]:
+    """Each generator's share of a step (config.groups_per_generator): `shares`
+    (rollout.generator_shares) or as even as possible."""
+    if shares:
+        return list(shares)
     return [groups_per_step // num_generators + (1 if i < groups_per_step % num_generators else 0)
             for i in range(num_generators)]
 
@@ -92,6 +95,8 @@ class Settings:
     train_scale: float = 1.0  # x every step's prepare + train time
     generate_cv: float = 0.0  # coefficient of variation of a call's time (gamma noise, mean kept)
     call_size_exponent: float = 1.0  # a call of n groups takes (n / measured n) ** this x measured
+    # rollout.generator_shares, comma-separated ("11,5"); "" = as even as possible.
+    generator_shares: str = ""
     # Relative speed of each generator's calls, comma-separated ("1,0.5": the second takes twice as
     # long); "" = all 1. Models uneven generators (other hardware, a smaller core share).
     generator_speeds: str = ""
@@ -113,7 +118,18 @@ class Settings:
         return self.groups_per_step * self.samples_per_prompt
 
     def quotas(self) -> list[int]:
-        return groups_per_generator(self.num_generators, self.groups_per_step)
+        return groups_per_generator(self.num_generators, self.groups_per_step, self.shares())
+
+    def shares(self) -> list[int]:
+        """rollout.generator_shares as a list ([] for an even split)."""
+        text = self.generator_shares.strip().strip("[]")
+        if not text:
+            return []
+        try:
+            return [int(v) for v in text.split(",")]
+        except ValueError:
+            raise SimulationError(f"rollout.generator_shares must be comma-separated integers "
+                                  f"(got {self.generator_shares!r})") from None
 
     def speeds(self) -> list[float]:
         """Each generator's relative speed (sim.generator_speeds)."""
@@ -165,12 +181,18 @@ class Settings:
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
         require(self.dispatch in DISPATCHES, "sim.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
+        shares = self.shares()
+        require(not shares or (len(shares) == self.num_generators and min(shares) >= 1
+                               and sum(shares) == self.groups_per_step), "rollout.generator_shares",
+                f"must give each of rollout.num_generators={self.num_generators} generators >= 1 groups, "
+                f"{self.groups_per_step} in all (train.groups_per_step), or be empty for an even split", shares)
         self.speeds()
 
 
 # Command-line key -> Settings field. The config keys keep the names `asyncgrpo train` uses.
 CONFIG_KEYS = {
     "rollout.num_generators": "num_generators",
+    "rollout.generator_shares": "generator_shares",
     "rollout.groups_per_call": "groups_per_call",
     "train.groups_per_step": "groups_per_step",
     "train.max_staleness": "max_staleness",
@@ -336,13 +358,17 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
             value = value[part]
         return value
 
+    rollout = config.get("rollout")
+    shares = (rollout.get("generator_shares") if isinstance(rollout, dict) else None) or []  # absent in older runs
+    if not isinstance(shares, list):
+        raise SimulationError(f"config.yaml: rollout.generator_shares is not a list (got {shares!r})")
     settings = Settings(
         num_generators=int(get("rollout.num_generators")), groups_per_step=int(get("train.groups_per_step")),
         samples_per_prompt=int(get("rollout.samples_per_prompt")), max_staleness=int(get("train.max_staleness")),
         stale_policy=str(get("train.stale_policy")), groups_per_call=int(get("rollout.groups_per_call")),
         world_size=int(get("learner.world_size")), capacity_groups=int(get("queue.capacity_groups")),
         full_policy=str(get("queue.full_policy")), push_every_steps=int(get("weights.push_every_steps")),
-        steps=steps)
+        steps=steps, generator_shares=",".join(str(v) for v in shares))
     settings.check()
     return settings
 

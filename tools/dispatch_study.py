@@ -9,7 +9,9 @@ run moves onto tickets. From one finished run's phase times (`asyncgrpo simulate
 per max_staleness and call size (groups per vLLM call, the same alone and together):
 
 - alone_i: generator i alone (its speed from --speeds), one step's groups from it only;
-- quotas: all of them together, each with its fixed share of every step (config.groups_per_generator);
+- quotas: all of them together, each with an even fixed share of every step (config.groups_per_generator);
+- proportional: fixed shares proportional to the speeds (rollout.generator_shares, set by hand:
+  what a user who knows the speeds can do today);
 - tickets: together, each granted slots when it asks, within the staleness bound.
 
 Ratios are against the sum of the alone figures (the issue's limit). No dispatch can pass the
@@ -35,6 +37,20 @@ def samples_per_s(calibration: Calibration, settings: Settings, seeds: int) -> l
     return [simulate(calibration, replace(settings, seed=seed)).samples_per_s for seed in range(seeds)]
 
 
+def proportional_shares(speeds: list[float], groups_per_step: int) -> list[int]:
+    """Shares of `groups_per_step` proportional to `speeds` (largest remainder), each at least 1."""
+    if groups_per_step < len(speeds):
+        raise ValueError(f"{groups_per_step} groups per step cannot give each of {len(speeds)} generators one")
+    exact = [groups_per_step * v / sum(speeds) for v in speeds]
+    shares = [max(1, int(x)) for x in exact]
+    while sum(shares) < groups_per_step:  # the largest remainders get the rest
+        i = max(range(len(shares)), key=lambda j: exact[j] - shares[j])
+        shares[i] += 1
+    while sum(shares) > groups_per_step:  # a 1 raised from below took one too many: the largest gives it back
+        shares[shares.index(max(shares))] -= 1
+    return shares
+
+
 def study(calibration: Calibration, speeds: list[float], etas: list[int], calls: list[int], seeds: int, cv: float,
           steps: int, train_scale: float = 1.0) -> list[dict[str, Any]]:
     base = calibration.settings
@@ -50,9 +66,12 @@ def study(calibration: Calibration, speeds: list[float], etas: list[int], calls:
             together = replace(common, num_generators=n, generator_speeds=",".join(map(str, speeds)))
             learner_bound = statistics.median(samples_per_s(calibration, replace(together, generate_scale=1e-9), seeds))
             row: dict[str, Any] = {"max_staleness": eta, "groups_per_call": call, "alone": alone, "limit": sum(alone),
-                                   "learner_bound": learner_bound}
-            for dispatch in ("quotas", "tickets"):
-                values = samples_per_s(calibration, replace(together, dispatch=dispatch), seeds)
+                                   "learner_bound": learner_bound,
+                                   "proportional_shares": proportional_shares(speeds, groups)}
+            shares = ",".join(map(str, proportional_shares(speeds, groups)))
+            for dispatch, settings in (("quotas", together), ("proportional", replace(together, generator_shares=shares)),
+                                       ("tickets", replace(together, dispatch="tickets"))):
+                values = samples_per_s(calibration, settings, seeds)
                 ratios = [v / row["limit"] for v in values]
                 row[dispatch] = {"samples_per_s": statistics.median(values), "ratio": statistics.median(ratios),
                                  "ratio_min": min(ratios), "ratio_max": max(ratios)}
@@ -62,12 +81,13 @@ def study(calibration: Calibration, speeds: list[float], etas: list[int], calls:
 
 
 def table(rows: list[dict[str, Any]], speeds: list[float]) -> str:
-    lines = [f"speeds {speeds}; ratio = together / sum alone (median [min, max] over seeds)",
-             f"{'eta':>4}{'call':>6}{'sum alone':>11}{'learner bound':>15}{'quotas':>9}{'ratio':>22}{'tickets':>9}"
-             f"{'ratio':>22}{'of reachable':>14}"]
+    lines = [f"speeds {speeds}; proportional shares {rows[0]['proportional_shares'] if rows else []}; "
+             "ratio = together / sum alone (median [min, max] over seeds)",
+             f"{'eta':>4}{'call':>6}{'sum alone':>11}{'learner bound':>15}{'quotas':>9}{'ratio':>22}"
+             f"{'proport.':>9}{'ratio':>22}{'tickets':>9}{'ratio':>22}{'of reachable':>14}"]
     for r in rows:
         cells = [f"{r['max_staleness']:>4}{r['groups_per_call']:>6}{r['limit']:>11.1f}{r['learner_bound']:>15.1f}"]
-        for dispatch in ("quotas", "tickets"):
+        for dispatch in ("quotas", "proportional", "tickets"):
             d = r[dispatch]
             cells.append(f"{d['samples_per_s']:>9.1f}{d['ratio']:>8.3f} [{d['ratio_min']:.3f}, {d['ratio_max']:.3f}]")
         cells.append(f"{r['tickets_of_reachable']:>14.3f}")

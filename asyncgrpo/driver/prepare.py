@@ -144,7 +144,8 @@ def load_data(cfg: Config, model_dir: str, summary: dict[str, Any]) -> list[Prob
 def steps_in_data(cfg: Config, num_train_problems: int) -> int | None:
     """Full steps that data.epochs over the training prompts fill; None for endless data (epochs = 0).
 
-    Each generator streams its own shard, so a shard's remainder smaller than its quota is lost."""
+    Each generator streams its own equal shard, so a shard's remainder smaller than its quota is
+    lost, and with uneven rollout.generator_shares the largest share's shard sets the steps."""
     if cfg.data.epochs <= 0:
         return None
     per_generator = num_train_problems // cfg.rollout.num_generators * cfg.data.epochs
@@ -160,8 +161,10 @@ def fit_steps_to_data(cfg: Config, num_train_problems: int) -> None:
         raise TrainingFailed(f"data.epochs={cfg.data.epochs} over {num_train_problems} training prompts is less "
                              f"than one step of train.groups_per_step={cfg.train.groups_per_step} groups")
     if cfg.train.max_steps > available:
-        print(f"[data] {cfg.data.epochs} epoch(s) of {num_train_problems} prompts fill {available} steps: "
-              f"train.max_steps {cfg.train.max_steps} -> {available}", flush=True)
+        uneven = len(set(groups_per_generator(cfg))) > 1
+        print(f"[data] {cfg.data.epochs} epoch(s) of {num_train_problems} prompts fill {available} steps"
+              + (" (equal shards per generator: the largest of rollout.generator_shares sets the steps)" if uneven else "")
+              + f": train.max_steps {cfg.train.max_steps} -> {available}", flush=True)
         cfg.train.max_steps = available
 
 

@@ -422,14 +422,17 @@ def test_a_dead_generator_beyond_max_restarts_fails_the_run_loudly(tmp_path):
     assert summary["status"] == "failed" and summary["generator_restarts"] == 0
 
 
-def test_a_sigkilled_generator_is_restarted_and_the_run_finishes_exactly_accounted_within_the_bound(tmp_path):
-    # Two throttled generators (stale_policy=throttle: no drop backstop): while generator 0 restarts, generator 1 lends its share; the
-    # restarted one continues from the consumed prompts, loads the newest weights (re-announced in
-    # the shared-memory slots), and the final probe reads it at the learner's last version.
-    steps, max_staleness = 30, 2
+def test_a_sigkilled_generator_of_two_with_uneven_shares_is_restarted_and_the_run_finishes_exactly_accounted_within_the_bound(
+        tmp_path):
+    # Two throttled generators (stale_policy=throttle: no drop backstop) with shares 10 and 6: while
+    # generator 0 restarts, generator 1 lends its share; the restarted one continues from the consumed
+    # prompts, loads the newest weights (re-announced in the shared-memory slots), and the final probe
+    # reads it at the learner's last version.
+    steps, max_staleness, shares = 30, 2, (10, 6)
     run_dir = tmp_path / "run"
     proc, actors = start_long_run(tmp_path, f"train.max_steps={steps}", f"train.max_staleness={max_staleness}",
-                                  "rollout.num_generators=2", "train.stale_policy=throttle", "eval.at_end=false")
+                                  "rollout.num_generators=2", f"rollout.generator_shares=[{shares[0]},{shares[1]}]",
+                                  "train.stale_policy=throttle", "eval.at_end=false")
     try:
         os.kill(actors["generator_pids"][0], signal.SIGKILL)
         proc.wait(timeout=900)
@@ -453,5 +456,10 @@ def test_a_sigkilled_generator_is_restarted_and_the_run_finishes_exactly_account
     assert last["queue/received"] == (last["queue/consumed"] + last["queue/dropped_stale"] + last["queue/dropped_full"]
                                       + last["queue/dropped_restart"] + last["queue/depth"]), last
     assert last["queue/consumed"] == steps * 16
+    # Generator 1 (never restarted) made its share of every step, plus at most what it lent
+    # (max_staleness - push_every_steps + 1 steps of its share) and its throttle's lead at the end:
+    # fewer than an even share (8 a step) would have taken.
+    sent = summary["generators"][1]["gen/groups_sent"]
+    assert shares[1] * steps <= sent <= shares[1] * (steps + max_staleness + 1) + max_staleness * shares[1] < 8 * steps
     probe = summary["probe"]
     assert probe["generator_version"] == probe["learner_version"] == steps

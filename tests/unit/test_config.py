@@ -101,6 +101,16 @@ def test_step_quota_is_shared_exactly(groups, generators):
     assert sum(quotas) == groups and len(quotas) == generators and max(quotas) - min(quotas) <= 1
 
 
+def test_generator_shares_set_each_generators_quota_and_must_fill_the_step_exactly():
+    base = ["rollout.num_generators=2", "queue.capacity_groups=64"]
+    assert groups_per_generator(load([*base, "rollout.generator_shares=[11,5]"])) == [11, 5]
+    assert groups_per_generator(load(base)) == [8, 8]
+    for shares in ("[10,5]", "[16,0]", "[16]", "[6,5,5]"):
+        with pytest.raises(ConfigError, match=r"^rollout.generator_shares must give each of rollout.num_generators=2 "
+                                              r"generators >= 1 groups, 16 in all"):
+            load([*base, f"rollout.generator_shares={shares}"])
+
+
 def test_no_signature_default_shadows_config():
     """Parameters that carry a config key have no default of their own: config's is the only one."""
     import inspect

@@ -151,6 +151,19 @@ def test_tickets_give_a_half_speed_generator_half_the_work_where_fixed_shares_wa
     assert even[0] == pytest.approx(even[1], rel=0.02)
 
 
+def test_shares_proportional_to_uneven_speeds_recover_what_even_shares_lose():
+    # As the tickets test: 2 groups/s with even shares; shares of 11 and 5 make a step 5.5 s (the
+    # fast one's 11 x 0.5 s) against the slow one's 5 s: 16 / 5.5 = 2.9 groups/s.
+    cal, s = constant_run(generate_s=8.0, train_s=0.1, groups_per_step=16, max_staleness=2, steps=60,
+                          num_generators=2, warmup_steps=2)
+    uneven = replace(s, groups_per_call=1, generator_speeds="1,0.5", generator_shares="11,5")
+    assert simulate(cal, uneven).steady_samples_per_s / 2 == pytest.approx(16 / 5.5, rel=0.03)
+    with pytest.raises(SimulationError, match=r"rollout.generator_shares must give each of rollout.num_generators=2"):
+        apply_overrides(s, ["rollout.generator_shares=10,5"])
+    with pytest.raises(SimulationError, match="comma-separated integers"):
+        apply_overrides(s, ["rollout.generator_shares=eleven,5"])
+
+
 def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_line():
     cal, s = constant_run(generate_s=2.0, train_s=0.5, max_staleness=0, steps=10)
     half = simulate(cal, replace(s, generator_speeds="0.5"))
@@ -218,6 +231,8 @@ def test_the_mirrored_formulas_and_choices_are_the_real_ones():
         cfg = load([f"rollout.num_generators={n}", f"train.groups_per_step={total}",
                     f"queue.capacity_groups={3 * total}"])
         assert sim.groups_per_generator(n, total) == real_shares(cfg)
+    cfg = load(["rollout.num_generators=3", "rollout.generator_shares=[9,4,3]", "queue.capacity_groups=64"])
+    assert sim.groups_per_generator(3, 16, [9, 4, 3]) == real_shares(cfg) == [9, 4, 3]
     for args in [(0, 0, 4), (2, 5, 3), (4, 1, 16)]:
         assert sim.throttle_limit(*args) == real_limit(*args)
 
@@ -287,6 +302,18 @@ def test_calibration_derives_per_call_and_per_step_times_from_a_run_directory(tm
     assert m.generator_idle_frac == pytest.approx(0.3)
     assert m.staleness_mean == pytest.approx(12 / 18)
     assert m.steady_samples_per_s == pytest.approx(48 / 1.6)  # steps after the first
+
+
+def test_a_runs_generator_shares_set_each_generators_calls_in_the_calibration(tmp_path):
+    run = fake_run(tmp_path)
+    config = (run / "config.yaml").read_text().replace("groups_per_call: 0}", "groups_per_call: 0, generator_shares: [4, 2]}")
+    (run / "config.yaml").write_text(config)
+    cal = Calibration.from_run(run)
+    assert cal.settings.generator_shares == "4,2" and cal.settings.quotas() == [4, 2]
+    first, second = cal.generators
+    assert (first.call_groups, second.call_groups) == (4, 2)
+    assert first.generate_s == pytest.approx(2.0 / 3)  # 10 groups = 3 calls of 4
+    assert second.generate_s == pytest.approx(2.0 / 5)  # 9 groups = 5 calls of 2
 
 
 def test_an_engine_warm_up_seen_in_the_first_steps_wait_is_taken_out_of_the_mean_call(tmp_path):

@@ -123,8 +123,12 @@ def random_run(num_generators: int, max_staleness: int, extra_groups: int, data:
     """`events` events drawn by hypothesis among those possible, checking after each that the run is
     never stuck: the learner, or some generator, can always move (no deadlock), however many
     groups were lost."""
+    # Shares as hypothesis likes them: even, or any rollout.generator_shares (each >= 1).
+    shares = [1] * num_generators
+    for i in data.draw(st.lists(st.integers(0, num_generators - 1), min_size=extra_groups, max_size=extra_groups)):
+        shares[i] += 1
     cfg = load([f"rollout.num_generators={num_generators}", f"train.groups_per_step={num_generators + extra_groups}",
-                "queue.capacity_groups=64"])
+                f"rollout.generator_shares=[{','.join(map(str, shares))}]", "queue.capacity_groups=64"])
     sim = Simulation(groups_per_generator(cfg), max_staleness, shares=True, losses=losses)
     for _ in range(events):
         action, i = data.draw(st.sampled_from(sim.actions()))
