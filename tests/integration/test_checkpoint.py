@@ -105,7 +105,10 @@ KILLED_SAVE = textwrap.dedent("""
 
 def test_a_save_killed_midway_is_never_resumed_from(model_dir, tmp_path):
     out = tmp_path / "checkpoints"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    # The killed process cannot remove its learner's Unix-socket directories: they go under tmp_path.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+           "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, model_dir, str(out)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
