@@ -50,7 +50,6 @@ class _Held:
     holder: Holder
     position: int
     grant: int  # the holder's grant number that carried it (reports name the newest grant received)
-    version: int  # the weights the holder said it had when granted (for the bound's check)
 
 
 class Dispatcher:
@@ -112,7 +111,7 @@ class Dispatcher:
                 position = self._retry.popleft()
             else:
                 position, self._next_position = self._next_position, self._next_position + 1
-            self._held[slot] = _Held(holder, position, grant, loaded_version)
+            self._held[slot] = _Held(holder, position, grant)
             tickets.append(Ticket(slot, position))
         if tickets:
             self._grants[holder] = grant
@@ -174,8 +173,9 @@ class Dispatcher:
 
     # ---- the learner takes
 
-    def step_slots(self, step: int | None = None) -> range:
-        first = (self.step if step is None else step) * self.groups_per_step
+    def step_slots(self) -> range:
+        """The next step's slots."""
+        first = self.step * self.groups_per_step
         return range(first, first + self.groups_per_step)
 
     def ready(self) -> bool:

@@ -840,12 +840,14 @@ class Model:
         # version says whether anything is, without walking the queue.
         if (self.s.drops_stale and self.queued_per_version
                 and self.version - min(self.queued_per_version) > self.s.max_staleness):
-            fresh = deque(g for g in self.queue if not self.too_stale(g))
-            self.dropped_stale += len(self.queue) - len(fresh)
-            if self.dispatcher is not None:
-                for group in self.queue:
-                    if self.too_stale(group):
-                        self.dispatcher.release(group.slot)
+            fresh: deque[SimGroup] = deque()
+            stale: list[SimGroup] = []
+            for group in self.queue:
+                (stale if self.too_stale(group) else fresh).append(group)
+            self.dropped_stale += len(stale)
+            if self.dispatcher is not None:  # a stale group's slot is granted again
+                for group in stale:
+                    self.dispatcher.release(group.slot)
             self.set_queue(fresh)
         if self.dispatcher is not None:
             return self.dispatcher.ready()

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.config import load
+from asyncgrpo.files import write_atomic
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
 from asyncgrpo.recording.stream import RecordingError
@@ -161,7 +162,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
         metrics.close()
         stack.close()
         summary["wall_s"] = time.monotonic() - wall_start
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=float) + "\n")
     return summary
 
 
