@@ -644,6 +644,12 @@ def _run_concurrently(todo: list[RunPlan], runner: Runner, log: Callable[[str], 
     errors: list[BaseException] = []
 
     def work(slot: int) -> None:
+        try:
+            run_plans(slot)
+        finally:
+            done[slot].set()
+
+    def run_plans(slot: int) -> None:
         _SLOT.index = slot
         while not stop.is_set():
             with lock:
@@ -665,17 +671,18 @@ def _run_concurrently(todo: list[RunPlan], runner: Runner, log: Callable[[str], 
                     outcome.interrupted = True
                     stop.set()
 
-    workers = [threading.Thread(target=work, args=(slot,), name=f"study-slot-{slot}", daemon=True)
-               for slot in range(slots)]
-    for worker in workers:
-        worker.start()
+    # Each worker says it is done by its own event: Thread.join interrupted by Ctrl-C can mark a live
+    # thread as stopped (CPython 3.11's _wait_for_tstate_lock releases the lock the thread holds),
+    # and the study would then report while a run still goes on.
+    done = [threading.Event() for _ in range(slots)]
+    for slot in range(slots):
+        threading.Thread(target=work, args=(slot,), name=f"study-slot-{slot}", daemon=True).start()
     presses = 0
     while True:
         try:
-            if not any(worker.is_alive() for worker in workers):
+            if all(event.is_set() for event in done):
                 break
-            for worker in workers:
-                worker.join(timeout=0.2)
+            time.sleep(0.1)
         except KeyboardInterrupt:
             presses += 1
             outcome.interrupted = True

@@ -498,9 +498,9 @@ class SlowRunner(FakeRunner):
     """A FakeRunner whose runs last a moment, counting how many run at once; with `block`, each run
     waits until `interrupt` (a Ctrl-C passed on) and then ends interrupted, as a real run does."""
 
-    def __init__(self, block: bool = False) -> None:
+    def __init__(self, block: bool = False, wrap_up_s: float = 0.0) -> None:
         super().__init__()
-        self.block, self.now, self.most, self.presses = block, 0, 0, []
+        self.block, self.wrap_up_s, self.now, self.most, self.presses = block, wrap_up_s, 0, 0, []
         self.lock, self.released = threading.Lock(), threading.Event()
 
     def __call__(self, plan: RunPlan) -> int:
@@ -510,7 +510,9 @@ class SlowRunner(FakeRunner):
         try:
             if self.block:
                 self.calls.append(plan.label)
+                nth = len(self.calls)
                 self.released.wait(30)
+                time.sleep(self.wrap_up_s if nth == 1 else 0.0)  # the first run takes longer to stop
                 fabricate_run(plan, status="interrupted", steps=1)
                 return study.EXIT_INTERRUPTED
             time.sleep(0.05)
@@ -553,6 +555,24 @@ def test_ctrl_c_during_concurrent_runs_reaches_every_run_and_starts_no_other(tmp
     assert runner.presses == [1] and len(runner.calls) == 2  # both runs told once; no third started
     assert len(outcome.not_finished) == 2 and (tmp_path / "results.csv").is_file()
     assert any("interrupt: stopping the runs in progress" in line for line in logs)
+
+
+def test_ctrl_c_during_concurrent_runs_reports_only_after_the_slowest_run_has_stopped(tmp_path):
+    # Regression: waiting by Thread.join, a Ctrl-C could mark a worker thread whose run was still
+    # stopping as ended (CPython 3.11), and the study reported without that run.
+    for attempt in range(5):
+        runner = SlowRunner(block=True, wrap_up_s=0.3)
+
+        def press_ctrl_c_once_both_run() -> None:
+            while len(runner.calls) < 2:
+                time.sleep(0.01)
+            signal.raise_signal(signal.SIGINT)
+
+        threading.Thread(target=press_ctrl_c_once_both_run, daemon=True).start()
+        outcome = run_study(Spec.parse(GRID_SPEC), tmp_path / str(attempt), runner=runner, log=lambda _: None,
+                            concurrent=2)
+        assert runner.now == 0, "the study returned while a run was still stopping"
+        assert outcome.interrupted and len(outcome.ran) == 2 and len(outcome.not_finished) == 2
 
 
 def test_concurrent_below_one_is_refused(tmp_path):
