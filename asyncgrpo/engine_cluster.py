@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -90,8 +91,41 @@ class EngineCluster:
                     pass
                 helper.wait()
             helper.stdout.close()
+            _reap_session(helper.pid, STOP_TIMEOUT_S)
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _reap_session(session_id: int, timeout_s: float) -> None:
+    """Wait until every process of the helper's session (raylet, workers, the engines and their
+    EngineCore children) has exited, killing what is left after `timeout_s`: Ray's workers notice
+    the raylet's end on their own, a moment later, and an engine holds its memory until then."""
+    deadline = time.monotonic() + timeout_s
+    while (left := session_processes(session_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def session_processes(session_id: int) -> list[int]:
+    """The pids of the live (not zombie) processes in session `session_id` (Linux /proc; elsewhere none)."""
+    pids = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[3]) == session_id:
+            pids.append(int(entry.name))
+    return pids
 
 
 def cluster_overrides(address: str, pool: str) -> list[str]:
