@@ -12,12 +12,14 @@ from asyncgrpo.wire.codec import (
 )
 from asyncgrpo.wire.messages import (
     SCHEMA_VERSION,
+    Grant,
     Heartbeat,
     Message,
     MsgType,
     SaveNotice,
     ScoredGroup,
     Shutdown,
+    TicketRequest,
     VersionAck,
     WeightsChunk,
 )
@@ -29,12 +31,15 @@ from asyncgrpo.wire.security import (
     WireKeys,
 )
 from asyncgrpo.wire.sockets import (
+    GrantDealer,
+    GrantRouter,
     Publisher,
     Receiver,
     Rejections,
     Sender,
     Subscriber,
     WireTimeout,
+    holder_identity,
 )
 
 __all__ = [
@@ -44,6 +49,9 @@ __all__ = [
     "CurveClientKeys",
     "CurveKeypair",
     "CurveServerKeys",
+    "Grant",
+    "GrantDealer",
+    "GrantRouter",
     "Heartbeat",
     "Message",
     "MsgType",
@@ -55,6 +63,7 @@ __all__ = [
     "Sender",
     "Shutdown",
     "Subscriber",
+    "TicketRequest",
     "VersionAck",
     "WeightsChunk",
     "WireError",
@@ -65,5 +74,6 @@ __all__ = [
     "encode",
     "encode_group",
     "example_group",
+    "holder_identity",
     "is_loopback",
 ]

@@ -18,12 +18,14 @@ import numpy as np
 
 from asyncgrpo.wire.messages import (
     SCHEMA_VERSION,
+    Grant,
     Heartbeat,
     Message,
     MsgType,
     SaveNotice,
     ScoredGroup,
     Shutdown,
+    TicketRequest,
     VersionAck,
     WeightsChunk,
 )
@@ -37,6 +39,8 @@ _MAX_INT = 1 << 62
 # A heartbeat's rejection reason is for a person to read, not a payload.
 MAX_REJECTION_CHARS = 300
 _MAX_DIM = (1 << 31) - 1
+# Slots listed in one ticket request or grant: a generator holds at most the queue's capacity.
+MAX_TICKETS = 1 << 16
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # Wire dtype name -> numpy dtype of the frame. bfloat16 has no numpy dtype: it travels as uint16.
@@ -116,6 +120,16 @@ def encode(message: Message) -> list[Frame]:
     if isinstance(message, SaveNotice):
         return _pack({"t": int(MsgType.SAVE), "version": int(message.version), "saving": bool(message.saving),
                       "timeout_s": float(message.timeout_s)}, [])
+    if isinstance(message, TicketRequest):
+        return _pack({"t": int(MsgType.TICKETS), "gen": int(message.generator_id), "inc": int(message.incarnation),
+                      "request": int(message.request), "version": int(message.version),
+                      "wanted": int(message.wanted), "newest_grant": int(message.newest_grant),
+                      "unsent": [int(s) for s in message.unsent],
+                      "given_back": [int(s) for s in message.given_back]}, [])
+    if isinstance(message, Grant):
+        return _pack({"t": int(MsgType.GRANT), "request": int(message.request), "grant": int(message.grant),
+                      "slots": [int(s) for s in message.slots],
+                      "positions": [int(p) for p in message.positions]}, [])
     raise TypeError(f"not a wire message: {type(message).__name__}")
 
 
@@ -391,6 +405,30 @@ def _decode_save(header: dict[str, Any], arrays: list[np.ndarray]) -> SaveNotice
     return SaveNotice(version=_int_field(header, "version"), saving=saving, timeout_s=timeout_s)
 
 
+def _index_list(header: dict[str, Any], key: str) -> list[int]:
+    values = _field(header, key, list)
+    if len(values) > MAX_TICKETS or not all(type(v) is int and 0 <= v < _MAX_INT for v in values):
+        raise WireError("bad_field", f"{key} must be at most {MAX_TICKETS} non-negative integers")
+    return values
+
+
+def _decode_tickets(header: dict[str, Any], arrays: list[np.ndarray]) -> TicketRequest:
+    _no_arrays("ticket request", arrays)
+    return TicketRequest(generator_id=_int_field(header, "gen"), incarnation=_int_field(header, "inc"),
+                         request=_int_field(header, "request"), version=_int_field(header, "version"),
+                         wanted=_int_field(header, "wanted"), newest_grant=_int_field(header, "newest_grant"),
+                         unsent=_index_list(header, "unsent"), given_back=_index_list(header, "given_back"))
+
+
+def _decode_grant(header: dict[str, Any], arrays: list[np.ndarray]) -> Grant:
+    _no_arrays("grant", arrays)
+    slots, positions = _index_list(header, "slots"), _index_list(header, "positions")
+    if len(slots) != len(positions):
+        raise WireError("bad_field", f"{len(slots)} slots for {len(positions)} positions")
+    return Grant(request=_int_field(header, "request"), grant=_int_field(header, "grant"), slots=slots,
+                 positions=positions)
+
+
 _DECODERS: dict[int, Callable[[dict[str, Any], list[np.ndarray]], Message]] = {
     MsgType.GROUP: _decode_group,
     MsgType.WEIGHTS: _decode_weights,
@@ -398,6 +436,8 @@ _DECODERS: dict[int, Callable[[dict[str, Any], list[np.ndarray]], Message]] = {
     MsgType.HEARTBEAT: _decode_heartbeat,
     MsgType.SHUTDOWN: _decode_shutdown,
     MsgType.SAVE: _decode_save,
+    MsgType.TICKETS: _decode_tickets,
+    MsgType.GRANT: _decode_grant,
 }
 
 

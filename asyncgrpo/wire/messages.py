@@ -1,7 +1,9 @@
 """Typed messages that cross process boundaries.
 
-Upstream (generator -> learner, one PUSH/PULL stream): `ScoredGroup`, `VersionAck`, `Heartbeat`.
-Downstream (learner -> generators, one PUB/SUB stream): `WeightsChunk`, `Shutdown`, `SaveNotice`.
+Upstream (generator -> learner, one PUSH/PULL stream): `ScoredGroup`, `VersionAck`, `Heartbeat`,
+`TicketRequest` (rollout.dispatch=tickets).
+Downstream (learner -> generators, one PUB/SUB stream): `WeightsChunk`, `Shutdown`, `SaveNotice`;
+and to one generator (ROUTER/DEALER, rollout.dispatch=tickets): `Grant`.
 
 Arrays are numpy views on the received ZeroMQ frames; nothing here is pickled.
 """
@@ -20,7 +22,7 @@ import numpy as np
 # 5: heartbeats carry reward calls and each term's first error (reward outages stop the run).
 # 6: groups, acknowledgements and heartbeats carry the generator's incarnation (a restarted process
 #    counts again from sequence number 0); groups carry their position in the prompt stream.
-# `SaveNotice` (type 6) came later without a bump: a new type changes no existing layout or meaning
+# `SaveNotice` (type 6), `TicketRequest` (7) and `Grant` (8) came later without a bump: a new type changes no existing layout or meaning
 # (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
 SCHEMA_VERSION = 6
 
@@ -32,6 +34,8 @@ class MsgType(IntEnum):
     HEARTBEAT = 4
     SHUTDOWN = 5
     SAVE = 6
+    TICKETS = 7
+    GRANT = 8
 
 
 @dataclass
@@ -147,4 +151,35 @@ class SaveNotice:
     timeout_s: float
 
 
-Message = ScoredGroup | WeightsChunk | VersionAck | Heartbeat | Shutdown | SaveNotice
+@dataclass
+class TicketRequest:
+    """A generator holding weights `version` asks for up to `wanted` tickets (asyncgrpo/dispatch.py).
+    Sent on the groups stream, after every group sent so far, it is also a report: the newest grant
+    received (`newest_grant`; a later one never reached it), the slots granted and not sent yet
+    (`unsent`; any other slot of those grants that has not arrived was lost in transit) and the
+    slots whose groups it will not send (`given_back`: rewards failed, reward.on_error=drop_group).
+    `request` numbers the requests of this incarnation: only the grant answering the newest counts."""
+
+    generator_id: int
+    incarnation: int
+    request: int
+    version: int
+    wanted: int
+    newest_grant: int
+    unsent: list[int] = field(default_factory=list)
+    given_back: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Grant:
+    """The answer to request `request`: grant number `grant` (0 and no tickets: nothing now, ask
+    again with newer weights or once the learner has taken a step), one (slot, prompt position)
+    per ticket."""
+
+    request: int
+    grant: int
+    slots: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+
+Message = ScoredGroup | WeightsChunk | VersionAck | Heartbeat | Shutdown | SaveNotice | TicketRequest | Grant

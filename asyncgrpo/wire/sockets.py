@@ -36,11 +36,13 @@ from asyncgrpo.wire.codec import (
     encode,
 )
 from asyncgrpo.wire.messages import (
+    Grant,
     Heartbeat,
     Message,
     SaveNotice,
     ScoredGroup,
     Shutdown,
+    TicketRequest,
     VersionAck,
     WeightsChunk,
 )
@@ -54,7 +56,7 @@ from asyncgrpo.wire.security import (
 
 log = logging.getLogger(__name__)
 
-UPSTREAM_TYPES = (ScoredGroup, VersionAck, Heartbeat)
+UPSTREAM_TYPES = (ScoredGroup, VersionAck, Heartbeat, TicketRequest)
 DOWNSTREAM_TYPES = (WeightsChunk, Shutdown, SaveNotice)
 
 # A Unix socket path must fit sockaddr_un.sun_path (108 bytes on Linux, 104 on macOS).
@@ -299,3 +301,33 @@ class Subscriber(_Connected, _Receiving):
         super().__init__(zmq.SUB, {zmq.RCVHWM: 0}, endpoint, curve)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._init_receiving(max_message_bytes, DOWNSTREAM_TYPES)
+
+
+def holder_identity(generator_id: int, incarnation: int) -> bytes:
+    """The ZeroMQ routing id of a generator's ticket channel: one per process of it."""
+    return f"g{generator_id}.{incarnation}".encode()
+
+
+class GrantRouter(_Bound):
+    """Learner rank 0's side of the ticket channel (rollout.dispatch=tickets): answers each
+    generator by its routing id. A grant for a generator not connected (dead, or not yet there) is
+    dropped: the generator asks again, reporting the newest grant it received."""
+
+    def __init__(self, host: str = "127.0.0.1", curve: CurveServerKeys | None = None, insecure: bool = False,
+                 transport: str = "auto") -> None:
+        super().__init__(zmq.ROUTER, {zmq.ROUTER_MANDATORY: 1, zmq.SNDHWM: 64}, host, curve, insecure, transport)
+
+    def send_to(self, identity: bytes, grant: Grant) -> bool:
+        try:
+            self.socket.send_multipart([identity, *encode(grant)], copy=False, flags=zmq.NOBLOCK)
+            return True
+        except (zmq.Again, zmq.ZMQError):  # unroutable (not connected) or its buffer full
+            return False
+
+
+class GrantDealer(_Connected, _Receiving):
+    """A generator's side of the ticket channel: receives the grants for its routing id."""
+
+    def __init__(self, endpoint: str, identity: bytes, curve: CurveClientKeys | None = None) -> None:
+        super().__init__(zmq.DEALER, {zmq.ROUTING_ID: identity}, endpoint, curve)  # type: ignore[dict-item]
+        self._init_receiving(1 << 20, (Grant,))

@@ -10,6 +10,9 @@ import pytest
 from asyncgrpo.wire import (
     CurveClientKeys,
     CurveKeypair,
+    Grant,
+    GrantDealer,
+    GrantRouter,
     Heartbeat,
     Publisher,
     Receiver,
@@ -18,6 +21,7 @@ from asyncgrpo.wire import (
     Subscriber,
     WireKeys,
     example_group,
+    holder_identity,
 )
 from asyncgrpo.wire.sockets import resolve_transport
 
@@ -84,4 +88,28 @@ def test_curve_over_ipc_admits_only_the_launchers_clients() -> None:
         assert receiver.recv(timeout_s=0.3) is None
     finally:
         for channel in (trusted, intruder, plain, receiver):
+            channel.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_a_grant_reaches_only_the_generator_process_it_is_addressed_to_over_curve(transport: str) -> None:
+    keys = WireKeys.generate(num_clients=2)
+    router = GrantRouter(curve=keys.server(), transport=transport)
+    first = GrantDealer(router.endpoint, holder_identity(0, 0), curve=keys.client(0))
+    second = GrantDealer(router.endpoint, holder_identity(1, 0), curve=keys.client(1))
+    try:
+        grant = Grant(request=3, grant=2, slots=[8, 9], positions=[20, 21])
+        sent = False
+        for _ in range(100):  # a routing id is known once its connection is up
+            sent = router.send_to(holder_identity(1, 0), grant)
+            if sent:
+                break
+            second.recv(timeout_s=0.05)
+        assert sent
+        assert second.recv(timeout_s=5) == grant
+        assert first.recv(timeout_s=0.3) is None
+        # A process that is not (or no longer) connected: the grant is dropped, not queued for nobody.
+        assert not router.send_to(holder_identity(1, 1), grant)
+    finally:
+        for channel in (first, second, router):
             channel.close()

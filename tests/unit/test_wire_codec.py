@@ -19,10 +19,12 @@ from hypothesis.extra import numpy as hnp
 import asyncgrpo.wire
 from asyncgrpo.wire import (
     SCHEMA_VERSION,
+    Grant,
     Heartbeat,
     MsgType,
     ScoredGroup,
     Shutdown,
+    TicketRequest,
     VersionAck,
     WeightsChunk,
     WireError,
@@ -146,6 +148,11 @@ def test_example_group_is_valid_and_seeded() -> None:
     Heartbeat(generator_id=1, next_seq=42, version=5, reward_errors=3, reward_calls=64,
               reward_first_errors={"judge": "JudgeError: judge failed 4 tries", "fn": "KeyError: 'x'"}),
     Shutdown(reason="training finished"),
+    TicketRequest(generator_id=2, incarnation=1, request=9, version=4, wanted=8, newest_grant=3),
+    TicketRequest(generator_id=0, incarnation=0, request=1, version=0, wanted=2, newest_grant=0,
+                  unsent=[5, 7], given_back=[6]),
+    Grant(request=9, grant=4),
+    Grant(request=9, grant=4, slots=[16, 17], positions=[30, 31]),
 ])
 def test_control_messages_round_trip(message: Any) -> None:
     assert decode(encode(message)) == message
@@ -159,6 +166,22 @@ def test_a_heartbeat_whose_first_errors_are_not_texts_by_term_is_refused(first_e
     with pytest.raises(WireError) as raised:
         decode([msgpack.packb(header), *frames])
     assert raised.value.reason == "bad_field"
+
+
+@pytest.mark.parametrize(("message", "field", "value"), [
+    (TicketRequest(0, 0, 1, 0, 2, 0), "unsent", [-1]),
+    (TicketRequest(0, 0, 1, 0, 2, 0), "given_back", ["3"]),
+    (TicketRequest(0, 0, 1, 0, 2, 0), "unsent", list(range(70000))),
+    (TicketRequest(0, 0, 1, 0, 2, 0), "wanted", -2),
+    (Grant(1, 1, [3], [4]), "positions", [4, 5]),
+    (Grant(1, 1, [3], [4]), "slots", 3),
+])
+def test_a_malformed_ticket_request_or_grant_is_refused_as_a_bad_field(message, field, value) -> None:
+    frames = encode(message)
+    header = msgpack.unpackb(frames[0])
+    header[field] = value
+    with pytest.raises(WireError, match="bad_field"):
+        decode([msgpack.packb(header), *frames[1:]])
 
 
 def test_a_heartbeats_first_errors_are_truncated_like_its_rejection() -> None:
