@@ -77,7 +77,8 @@ class Dispatcher:
         self._held: dict[int, _Held] = {}  # slot -> granted, its group not arrived
         self._filled: dict[int, tuple[Holder, int]] = {}  # slot -> (holder, position): arrived, not taken
         self._grants: dict[Holder, int] = {}  # holder -> how many grants it has been given
-        self.counts = {"granted": 0, "regranted": 0, "lost": 0, "down": 0, "released": 0, "refused_arrivals": 0}
+        self.counts = {"granted": 0, "regranted": 0, "lost": 0, "down": 0, "released": 0, "refused_arrivals": 0,
+                       "unreceived": 0}
 
     # ---- generators ask
 
@@ -131,6 +132,37 @@ class Dispatcher:
         del self._held[slot]
         self._filled[slot] = (holder, held.position)
         return True
+
+    def slot_of(self, holder: Holder, position: int) -> int | None:
+        """The slot `holder` holds for the prompt at `position` (a group names its prompt, not its
+        slot), or None: not granted to it, or given to another since."""
+        for slot, held in self._held.items():
+            if held.holder == holder and held.position == position:
+                return slot
+        return None
+
+    def grants_unreceived(self, holder: Holder, newest_received: int) -> list[int]:
+        """`holder` asks again having received grants up to `newest_received` only: a later grant
+        never reached it (and never will count: it takes only the answer to its newest request).
+        Those slots are granted again, with their prompts. Returns them."""
+        gone = sorted(slot for slot, held in self._held.items()
+                      if held.holder == holder and held.grant > newest_received)
+        for slot in gone:
+            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
+        self.counts["unreceived"] += len(gone)
+        return gone
+
+    def given_back(self, holder: Holder, slots: Iterable[int]) -> int:
+        """`holder` will not send the groups of `slots` (their rewards failed): grant the slots
+        again, not the prompts. A slot it no longer holds is ignored. Returns how many it held."""
+        count = 0
+        for slot in slots:
+            held = self._held.get(slot)
+            if held is not None and held.holder == holder:
+                self._give_back(slot, self._held.pop(slot).position, retry_prompt=False)
+                count += 1
+        self.counts["released"] += count
+        return count
 
     def heard_from(self, holder: Holder, newest_grant: int, unsent: Iterable[int]) -> list[int]:
         """`holder`'s report, sent after all its groups so far on the same ordered socket: it has

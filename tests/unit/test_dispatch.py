@@ -41,11 +41,19 @@ class World:
         self.dropped_for_good: set[int] = set()  # positions released without retry
 
     def ask(self, g: Gen, wanted: int) -> None:
+        # As the real generator: a new request reports the newest grant received; answers to older
+        # requests still on their way will be ignored when they come.
+        g.inbox.clear()
+        self.d.grants_unreceived(g.holder, g.newest_grant)
         number, tickets = self.d.grant(g.holder, g.loaded, wanted)
         for ticket in tickets:
             self.granted_version[(g.holder, ticket.slot)] = g.loaded
         if tickets:
             g.inbox.append((number, tickets))
+
+    def lose_grant(self, g: Gen) -> None:
+        if g.inbox:
+            g.inbox.pop(0)
 
     def deliver(self, g: Gen) -> None:
         if g.inbox:
@@ -57,12 +65,15 @@ class World:
         if g.unsent:
             ticket, _ = g.unsent.pop(0)
             if not lose:
-                g.in_transit.append((g.holder, ticket.slot))
+                g.in_transit.append((g.holder, ticket.position))
 
     def arrive(self, g: Gen) -> None:
+        # A group names its prompt's position; the slot is the one its sender holds for it, if any.
         if g.in_transit:
-            holder, slot = g.in_transit.pop(0)
-            self.d.arrived(holder, slot)
+            holder, position = g.in_transit.pop(0)
+            slot = self.d.slot_of(holder, position)
+            if slot is not None:
+                assert self.d.arrived(holder, slot)
 
     def heartbeat(self, g: Gen) -> None:
         # Sent after every group so far on the same ordered socket: what is in transit arrives first.
@@ -73,7 +84,7 @@ class World:
     def give_back(self, g: Gen) -> None:  # reward.on_error=drop_group: the prompt is not retried
         if g.unsent:
             ticket, _ = g.unsent.pop(0)
-            self.d.release(ticket.slot)
+            assert self.d.given_back(g.holder, [ticket.slot]) == 1
             self.dropped_for_good.add(ticket.position)
 
     def die(self, g: Gen) -> None:
@@ -95,7 +106,7 @@ class World:
         return True
 
 
-EVENTS = ("ask", "deliver", "send", "lose", "arrive", "heartbeat", "give_back", "die", "load", "step")
+EVENTS = ("ask", "deliver", "lose_grant", "send", "lose", "arrive", "heartbeat", "give_back", "die", "load", "step")
 
 
 @settings(max_examples=150, deadline=None)
