@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from asyncgrpo.dispatch import DISPATCHES
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
@@ -108,6 +109,15 @@ def validate(cfg: Config) -> None:
         require(len(shares) == r.num_generators and min(shares) >= 1 and sum(shares) == t.groups_per_step,
                 "rollout.generator_shares", f"must give each of rollout.num_generators={r.num_generators} generators "
                 f">= 1 groups, {t.groups_per_step} in all (train.groups_per_step), or be [] for an even split", shares)
+    require(r.dispatch in DISPATCHES, "rollout.dispatch", _one_of(DISPATCHES), r.dispatch)
+    if r.dispatch == "tickets":
+        require(not r.generator_shares, "rollout.generator_shares",
+                "must be [] with rollout.dispatch=tickets (no shares: whoever asks first gets the next slots)",
+                list(r.generator_shares))
+        # The generators read the run's one prompt stream at the positions granted; a finite one
+        # would need its end agreed on between them (not done yet).
+        require(cfg.data.epochs == 0, "data.epochs", "must be 0 (endless) with rollout.dispatch=tickets",
+                cfg.data.epochs)
     require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", r.max_new_tokens)
     require(cfg.model.max_positions > r.max_new_tokens, "model.max_positions",
             f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)

@@ -36,6 +36,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+# rollout.dispatch: fixed shares per generator (config.groups_per_generator), or tickets (this module).
+DISPATCHES = ("shares", "tickets")
+
 Holder = tuple[int, int]  # (generator id, incarnation): a restarted generator is a new holder
 
 
@@ -77,10 +80,35 @@ class Dispatcher:
         self._held: dict[int, _Held] = {}  # slot -> granted, its group not arrived
         self._filled: dict[int, tuple[Holder, int]] = {}  # slot -> (holder, position): arrived, not taken
         self._grants: dict[Holder, int] = {}  # holder -> how many grants it has been given
+        self._incarnations: dict[int, int] = {}  # generator id -> its newest process seen asking
         self.counts = {"granted": 0, "regranted": 0, "lost": 0, "down": 0, "released": 0, "refused_arrivals": 0,
-                       "unreceived": 0}
+                       "unreceived": 0, "stale_requests": 0}
 
     # ---- generators ask
+
+    def request(self, holder: Holder, loaded_version: int, wanted: int, newest_grant: int,
+                unsent: Iterable[int], given_back: Iterable[int]) -> tuple[int, list[Ticket]]:
+        """One ticket request (wire TicketRequest), read after every group its holder sent before
+        it: take its report (given back, grants that never reached it, groups lost in transit),
+        then grant. A request from a replaced process (an older incarnation) gets nothing; the
+        first from a newer one retires its predecessors (`holder_down`)."""
+        generator_id, incarnation = holder
+        newest = self._incarnations.get(generator_id, -1)
+        if incarnation < newest:
+            self.counts["stale_requests"] += 1
+            return 0, []
+        if incarnation > newest:
+            self._incarnations[generator_id] = incarnation
+            self.generator_down(generator_id, keep=holder)
+        self.given_back(holder, given_back)
+        self.grants_unreceived(holder, newest_grant)
+        self.heard_from(holder, newest_grant, unsent)
+        return self.grant(holder, loaded_version, wanted)
+
+    def generator_down(self, generator_id: int, keep: Holder | None = None) -> list[int]:
+        """Every process of `generator_id` (but `keep`) is gone: `holder_down` for each."""
+        holders = {held.holder for held in self._held.values() if held.holder[0] == generator_id}
+        return sorted(slot for holder in holders - {keep} for slot in self.holder_down(holder))
 
     def slot_limit(self, loaded_version: int) -> float:
         """Slots below this may go to a generator holding `loaded_version`: the bound (under the
@@ -234,6 +262,11 @@ class Dispatcher:
         pending = {held.position for held in self._held.values()} | {pos for _, pos in self._filled.values()}
         return {"step": self.step, "next_position": self._next_position,
                 "retry_positions": sorted(pending | set(self._retry))}
+
+    def restored(self, state: dict[str, Any]) -> Dispatcher:
+        """A dispatcher with these settings, continuing from `state` (a checkpoint's)."""
+        return Dispatcher.from_state(state, self.groups_per_step, self.max_staleness, self.throttle,
+                                     self.capacity_groups)
 
     @classmethod
     def from_state(cls, state: dict[str, Any], groups_per_step: int, max_staleness: int,

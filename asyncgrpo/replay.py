@@ -8,7 +8,7 @@ senders' ZeroMQ high-water marks then fill and the generators' sends block, so m
 bounded whatever the producer rate (see docs/WIRE.md for the bound).
 
 Every group that enters is accounted for exactly once:
-    received == consumed + dropped_stale + dropped_full + dropped_restart + depth
+    received == consumed + dropped_stale + dropped_full + dropped_restart + dropped_unheld + depth
 Acknowledgements and heartbeats go to the `GeneratorRegistry`, which also checks each group's
 sequence number: a group whose number its generator already used (or that a heartbeat declared
 lost) does not enter and is counted under `duplicates`; gaps are `lost`; a message of a replaced
@@ -38,6 +38,14 @@ so it generates them again, and every prompt is still trained once. From the nex
 version B (`Rejoin.base_version`), the queue takes i's share again; the newcomer counts its groups
 from B x q_i, so its group k is again trained at k // q_i exactly.
 
+Tickets (rollout.dispatch=tickets, `dispatcher`; asyncgrpo/dispatch.py): no shares. A generator asks
+for tickets on the same stream as its groups (`TicketRequest`, answered through `grants`); a group
+fills the slot its sender holds for its prompt, and a take waits for the step's slots, in slot order.
+The dispatcher grants only slots the buffer can hold beside the next step's, so nothing here waits
+for room; a group whose slot is no longer its sender's (lost, then granted again; a replaced process)
+is counted under `dropped_unheld`. A dead generator's slots are granted again at once
+(`generator_down`), and nothing is lent or dropped at a rejoin: the restarted process just asks.
+
 The learner takes groups from a `GroupSource`: this queue, or a `ListSource` of fixed groups
 (tests, offline benchmarks).
 """
@@ -53,8 +61,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.wire import Heartbeat, Receiver, Rejections, ScoredGroup, VersionAck
+from asyncgrpo.wire import (
+    Grant,
+    GrantRouter,
+    Heartbeat,
+    Receiver,
+    Rejections,
+    ScoredGroup,
+    TicketRequest,
+    VersionAck,
+    holder_identity,
+)
 
 # queue.full_policy: block the producers, or drop the oldest group to admit a new one.
 FULL_POLICIES = ("block", "drop_oldest")
@@ -217,9 +236,15 @@ class ReplayQueue:
         registry: GeneratorRegistry | None = None,
         poll_interval_s: float = 0.05,
         lend_steps: int = 0,
+        dispatcher: Dispatcher | None = None,
+        grants: GrantRouter | None = None,
     ) -> None:
         """`lend_steps`: how many steps of its share a generator may lend to a down one (module
-        docstring; 0: none, the learner waits for the restart)."""
+        docstring; 0: none, the learner waits for the restart). `dispatcher` (with `shares` None):
+        tickets instead of shares, answered through `grants` (None: answers are dropped, as for a
+        generator not connected; in-process tests)."""
+        if dispatcher is not None and shares is not None:
+            raise ValueError("a queue takes either shares or tickets, not both")
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
         if shares is not None and (not shares or min(shares) < 0 or sum(shares) > capacity_groups):
@@ -237,7 +262,9 @@ class ReplayQueue:
         self.registry = registry if registry is not None else GeneratorRegistry()
         self.counters_at_resume: dict[str, float] = {}
         self.received = self.consumed = self.dropped_stale = self.dropped_full = self.peak_depth = 0
-        self.dropped_restart = 0
+        self.dropped_restart = self.dropped_unheld = 0
+        self.dispatcher, self.grants = dispatcher, grants
+        self._filled: dict[int, ScoredGroup] = {}  # tickets: slot -> its group, not taken yet
         # Shares only: per generator, groups consumed beyond its shares over the steps (> 0: lent to a
         # down generator; < 0: a down generator's steps that came short), and how much of what it
         # lent its throttle has been told (`Rejoin.leads`).
@@ -307,6 +334,7 @@ class ReplayQueue:
                 if self.registry.admit(message.generator_id, message.seq, message.incarnation):
                     self.rejected.record_error(*problem)
                     self.registry.write_off(message.generator_id, message.incarnation)
+                    self._release_unfilled(message)
             elif isinstance(message, ScoredGroup):
                 if not self._wait_for_room(deadline):
                     return False
@@ -315,13 +343,17 @@ class ReplayQueue:
                 self.registry.on_ack(message)
             elif isinstance(message, Heartbeat):
                 self.registry.on_heartbeat(message)
+            elif isinstance(message, TicketRequest):
+                self._answer(message)
             else:
-                raise TypeError(f"the replay queue takes groups, acks and heartbeats, not {type(message).__name__}")
+                raise TypeError(f"the replay queue takes groups, acks, heartbeats and ticket requests, "
+                                f"not {type(message).__name__}")
         return True
 
     def _wait_for_room(self, deadline: float | None) -> bool:
-        """With the lock held: True once a group may be admitted; False at `deadline` or on stop."""
-        while len(self._buffer) >= self.capacity_groups and self.policy.victim_when_full(self._buffer) is None:
+        """With the lock held: True once a group may be admitted; False at `deadline` or on stop.
+        With tickets always: the dispatcher grants no slot the buffer could not hold."""
+        while self.dispatcher is None and len(self._buffer) >= self.capacity_groups and self.policy.victim_when_full(self._buffer) is None:
             if self._stop.is_set():
                 return False
             wait_s = self.poll_interval_s if deadline is None else deadline - time.monotonic()
@@ -334,6 +366,9 @@ class ReplayQueue:
         if not self.registry.admit(group.generator_id, group.seq, group.incarnation):
             return  # the stream is ordered: an old sequence number is a replay; or a replaced process's
         self.received += 1
+        if self.dispatcher is not None:
+            self._fill(group)
+            return
         if len(self._buffer) >= self.capacity_groups:
             victim = self.policy.victim_when_full(self._buffer)
             assert victim is not None, "_wait_for_room made room"
@@ -345,6 +380,66 @@ class ReplayQueue:
         self.peak_depth = max(self.peak_depth, len(self._buffer))
         if self._waiting_takers and len(self._buffer) >= min(self._waiting_takers):
             self._groups_ready.notify_all()
+
+    # ------------------------------------------------------------------------------- tickets
+
+    def _answer(self, request: TicketRequest) -> None:
+        """With the lock held: a generator's ticket request (its report first), answered at once."""
+        if self.dispatcher is None:
+            self.rejected.record_error("unexpected_type", "a ticket request under rollout.dispatch=shares")
+            return
+        holder = (request.generator_id, request.incarnation)
+        grant, tickets = self.dispatcher.request(holder, request.version, request.wanted, request.newest_grant,
+                                                 request.unsent, request.given_back)
+        if self.grants is not None:
+            # Not delivered (the process is gone): its next request, if any, reports it unreceived.
+            self.grants.send_to(holder_identity(*holder), Grant(request.request, grant, [t.slot for t in tickets],
+                                                                [t.position for t in tickets]))
+
+    def _fill(self, group: ScoredGroup) -> None:
+        """With the lock held: the group fills the slot its sender holds for its prompt, if it still does."""
+        assert self.dispatcher is not None
+        holder = (group.generator_id, group.incarnation)
+        slot = self.dispatcher.slot_of(holder, group.pos)
+        if slot is None or not self.dispatcher.arrived(holder, slot):
+            self.dropped_unheld += 1
+            return
+        self._filled[slot] = group
+        self.peak_depth = max(self.peak_depth, len(self._filled))
+        if self._waiting_takers:
+            self._groups_ready.notify_all()
+
+    def _release_unfilled(self, group: ScoredGroup) -> None:
+        """With the lock held: a rejected group's slot is granted again (not its prompt: it was
+        rejected for what it is)."""
+        if self.dispatcher is not None:
+            slot = self.dispatcher.slot_of((group.generator_id, group.incarnation), group.pos)
+            if slot is not None:
+                self.dispatcher.release(slot)
+
+    def _take_step(self, num_groups: int, learner_version: int) -> list[ScoredGroup] | None:
+        """With the lock held, tickets: the step's groups in slot order once all are in; None before.
+        A group of the step too stale for the policy is dropped and its slot granted again."""
+        d = self.dispatcher
+        assert d is not None
+        if num_groups != d.groups_per_step:
+            raise ValueError(f"with tickets a take is one step of {d.groups_per_step} groups, not {num_groups}")
+        if d.step != learner_version:
+            raise RuntimeError(f"the learner takes at version {learner_version} but the dispatcher is at step "
+                               f"{d.step}: every version takes exactly one step of slots")
+        for slot in d.step_slots():
+            group = self._filled.get(slot)
+            if group is not None and self.policy.too_stale(group, learner_version):
+                del self._filled[slot]
+                d.release(slot)
+                self.dropped_stale += 1
+                self.registry.write_off(group.generator_id, group.incarnation)
+        if not d.ready():
+            return None
+        batch = [self._filled.pop(slot) for slot, _, _ in d.take()]
+        self.consumed += num_groups
+        self.registry.on_consumed(batch)
+        return batch
 
     # ------------------------------------------------------------------------------- consumer side
 
@@ -364,7 +459,12 @@ class ReplayQueue:
                 while True:
                     if self._error is not None:
                         raise RuntimeError("replay queue receiver thread failed") from self._error
-                    if len(self._buffer) >= num_groups:
+                    if self.dispatcher is not None:
+                        batch = self._take_step(num_groups, learner_version)
+                        if batch is not None:
+                            self._last_take_version = learner_version
+                            return batch
+                    elif len(self._buffer) >= num_groups:
                         batch = self._pop_fresh(num_groups, learner_version)
                         if batch is not None:
                             self._last_take_version = learner_version
@@ -451,6 +551,8 @@ class ReplayQueue:
         """Generator `generator_id`'s process died and a restart is under way: its share may be lent."""
         self.registry.mark_down(generator_id)
         with self._lock:
+            if self.dispatcher is not None:  # its slots go to whoever asks next
+                self.dispatcher.generator_down(generator_id)
             self._groups_ready.notify_all()  # a waiting take may be complete with lent groups
 
     def rejoin(self, generator_id: int, incarnation: int, learner_version: int) -> Rejoin:
@@ -458,6 +560,9 @@ class ReplayQueue:
         queued groups, take its share again from the next take on; where it starts, and what each
         lender lent. `learner_version`: the learner's version now (before any take it is the next)."""
         with self._lock:
+            if self.dispatcher is not None:  # its queued groups hold their slots; it just asks for more
+                return Rejoin(position=self.registry.rejoin(generator_id, incarnation),
+                              base_version=self._next_take_version(learner_version), dropped=0, leads={})
             mine = [group for group in self._buffer if group.generator_id == generator_id]
             if mine:
                 self._buffer = deque(group for group in self._buffer if group.generator_id != generator_id)
@@ -486,20 +591,24 @@ class ReplayQueue:
         rejected = self.rejected.counts()
         return (
             f"waited {timeout_s:.0f} s for {num_groups} groups at learner version {learner_version}, "
-            f"the queue holds {len(self._buffer)} (capacity {self.capacity_groups}); "
-            f"generators last seen: {self.registry.last_seen()}; lost in transit: {self.registry.lost}; "
+            f"the queue holds {self._depth()} (capacity {self.capacity_groups}); "
+            + (f"the step still misses slots {self.dispatcher.missing()}; " if self.dispatcher is not None else "")
+            + f"generators last seen: {self.registry.last_seen()}; lost in transit: {self.registry.lost}; "
             f"rejected messages: {rejected or 'none'}"
         )
+
+    def _depth(self) -> int:
+        return len(self._filled) if self.dispatcher is not None else len(self._buffer)
 
     @property
     def depth(self) -> int:
         with self._lock:
-            return len(self._buffer)
+            return self._depth()
 
     def stats(self) -> dict[str, float]:
         with self._lock:
             stats: dict[str, float] = {
-                "queue/depth": len(self._buffer),
+                "queue/depth": self._depth(),
                 "queue/peak_depth": self.peak_depth,
                 "queue/capacity": self.capacity_groups,
                 "queue/received": self.received,
@@ -509,6 +618,9 @@ class ReplayQueue:
                 "queue/dropped_restart": self.dropped_restart,
                 **self.registry.stats(),
             }
+            if self.dispatcher is not None:
+                stats["queue/dropped_unheld"] = self.dropped_unheld
+                stats.update({f"dispatch/{key}": value for key, value in self.dispatcher.counts.items()})
         rejected = self.rejected.counts()
         stats["wire/rejected"] = sum(rejected.values())
         stats.update({f"wire/rejected/{reason}": count for reason, count in sorted(rejected.items())})
@@ -516,11 +628,22 @@ class ReplayQueue:
 
     def state_dict(self) -> dict[str, Any]:
         """The counters, for the record: groups in the buffer are not saved (their generators'
-        prompt positions are, in the registry); a resumed run's queue counts from the resume."""
-        return {"counters": self.stats()}
+        prompt positions are, in the registry; with tickets, the dispatcher's state gives their
+        prompts again first); a resumed run's queue counts from the resume."""
+        state: dict[str, Any] = {"counters": self.stats()}
+        if self.dispatcher is not None:
+            with self._lock:
+                state["dispatch"] = self.dispatcher.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counters_at_resume = dict(state.get("counters", {}))
+        if self.dispatcher is not None:
+            if "dispatch" not in state:
+                raise ValueError("the checkpoint was written under rollout.dispatch=shares: resume it with "
+                                 "rollout.dispatch=shares")
+            with self._lock:
+                self.dispatcher = self.dispatcher.restored(state["dispatch"])
 
     def close(self) -> None:
         self._stop.set()

@@ -255,3 +255,24 @@ def test_bad_settings_are_refused_in_one_line():
         Dispatcher(0, 1)
     with pytest.raises(ValueError, match="capacity_groups=3"):
         Dispatcher(4, 1, capacity_groups=3)
+
+
+def test_a_request_from_a_restarted_process_retires_its_predecessor_whose_late_requests_get_nothing():
+    d = Dispatcher(groups_per_step=4, max_staleness=0)
+    assert [t.slot for t in d.request((0, 0), 0, 3, 0, [], [])[1]] == [0, 1, 2]
+    assert d.arrived((0, 0), 0)
+    # Incarnation 1 asks before anyone said incarnation 0 died: 0's slots not arrived go back, lowest first.
+    _, tickets = d.request((0, 1), 0, 4, 0, [], [])
+    assert [t.slot for t in tickets] == [1, 2, 3]
+    assert d.request((0, 0), 0, 4, 1, [1, 2], []) == (0, [])  # a late request of the dead process
+    assert d.counts["stale_requests"] == 1 and d.counts["down"] == 2
+
+
+def test_a_request_reports_before_it_is_granted():
+    d = Dispatcher(groups_per_step=2, max_staleness=0)
+    _, first = d.request((0, 0), 0, 2, 0, [], [])
+    # Received grant 1, sent slot 0 (lost: it never arrived), gives back slot 1 (rewards failed):
+    # both slots are granted again at once, slot 0 with its prompt, slot 1 with a new one.
+    grant, again = d.request((0, 0), 0, 2, 1, [], [1])
+    assert grant == 2 and [(t.slot, t.position) for t in again] == [(0, 0), (1, 2)]
+    assert d.counts["lost"] == 1 and d.counts["released"] == 1
