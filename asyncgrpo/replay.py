@@ -653,3 +653,5 @@ class ReplayQueue:
             self._thread.join(timeout=5)
         if self.receiver is not None:
             self.receiver.close()
+        if self.grants is not None:
+            self.grants.close()

@@ -212,7 +212,7 @@ class Actors:
         args = (cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"],
                 groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None)
         kwargs = {"initial_version": start["initial_version"], "skip_problems": skip_problems,
-                  "incarnation": incarnation}
+                  "incarnation": incarnation, "tickets_endpoint": endpoints.get("tickets", "")}
         if self.pool is not None:
             key = engine_key(cfg, start["model_dir"], start["cores"][index], start["gpus"])
             return self.pool.take(index, key, options, args, kwargs)

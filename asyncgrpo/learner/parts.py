@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from asyncgrpo.config import collective_timeout_s, groups_per_generator, lend_steps
+from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.placement import wire_transport
 from asyncgrpo.recording.recorder import StreamRecorder
@@ -28,7 +29,7 @@ from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.rewards.errors import RewardErrorWindow
 from asyncgrpo.schema import Config
 from asyncgrpo.weights import make_sender
-from asyncgrpo.wire import Publisher, Receiver
+from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
 from asyncgrpo.wire.security import CurveServerKeys
 
@@ -112,13 +113,23 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
                         transport=transport)
     eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES,
                                  full_policy=cfg.queue.full_policy)
-    # Under the throttle each step takes each generator's share: the throttle's bound relies on it.
-    shares = groups_per_generator(cfg) if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
+    throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
+    dispatcher = grants = None
+    if cfg.rollout.dispatch == "tickets":
+        dispatcher = Dispatcher(cfg.train.groups_per_step, cfg.train.max_staleness, throttle=throttle,
+                                capacity_groups=cfg.queue.capacity_groups)
+        grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
+    # Under the throttle with shares each step takes each generator's share: the throttle's bound relies on it.
+    shares = groups_per_generator(cfg) if throttle and dispatcher is None else None
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
-                        shares=shares, registry=registry, lend_steps=lend_steps(cfg)).start()
+                        shares=shares, registry=registry, lend_steps=lend_steps(cfg), dispatcher=dispatcher,
+                        grants=grants).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
     arguments.update(source=queue, registry=registry, weights=weights, recorder=recorder)
     # A wildcard bind is advertised under this node's address as the cluster knows it (network.py).
-    return LearnerParts(arguments, {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint)})
+    endpoints = {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint)}
+    if grants is not None:
+        endpoints["tickets"] = advertised(grants.endpoint)
+    return LearnerParts(arguments, endpoints)

@@ -14,6 +14,11 @@ by `rejoin` where its prompt stream continues, from which learner version its gr
 and which weights it must load before generating; `extend_lead` tells a running generator how many
 groups the learner took from it beyond its shares while a peer was down (replay.py, Restarts), and
 `credit_written_off` how many of its groups the learner will never take (registry.py, Write-offs).
+
+With rollout.dispatch=tickets there is no quota and no count: the generator asks learner rank 0
+for the next slots of the training order (rollout/tickets.py), which grants only slots within the
+staleness bound of the weights it holds, and reads their prompts from the run's one prompt stream.
+A restarted one just asks.
 """
 
 from __future__ import annotations
@@ -37,12 +42,14 @@ from asyncgrpo.rollout.engine import Completion, VLLMEngine
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.rollout.sink import GroupSink, with_faults
+from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import Problem, Task, make_task, train_stream
+from asyncgrpo.tasks import Problem, Task, make_task, run_stream, train_stream
 from asyncgrpo.tasks.stream import PromptStream
 from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights import WeightReceiver, make_receiver
 from asyncgrpo.wire import (
+    GrantDealer,
     Heartbeat,
     SaveNotice,
     ScoredGroup,
@@ -50,11 +57,14 @@ from asyncgrpo.wire import (
     Subscriber,
     VersionAck,
     WireTimeout,
+    holder_identity,
 )
 from asyncgrpo.wire.security import CurveClientKeys
 
 # While waiting (throttle, new weights, exhausted data) the learner still hears from us this often.
 HEARTBEAT_EVERY_S = 1.0
+# Granted no ticket, a generator waits this long for newer weights before it asks again.
+TICKET_RETRY_S = 0.2
 
 
 class SamplingEngine(Protocol):
@@ -80,6 +90,7 @@ class _Scoring:
     prompts: list[list[int]]
     completions: list[list[Completion]]
     future: concurrent.futures.Future
+    slots: list[int] | None = None  # rollout.dispatch=tickets: each group's slot in the training order
 
 
 class GeneratorStopped(Exception):
@@ -173,14 +184,22 @@ class Generator:
         quota_per_step: int,
         initial_version: int = 0,
         incarnation: int = 0,
+        tickets: TicketClient | None = None,
+        positioned: PositionedPrompts | None = None,
     ) -> None:
         """`initial_version`: the version of the weights `engine` starts with (a resumed checkpoint's);
-        `incarnation`: 0 for the generator's first process, +1 per restart."""
+        `incarnation`: 0 for the generator's first process, +1 per restart. `tickets` and
+        `positioned` (rollout.dispatch=tickets): where slots and their prompts come from; then
+        `problems` and `quota_per_step` serve only to size a vLLM call."""
         self.cfg = cfg
         self.generator_id = generator_id
         self.engine, self.tokenizer, self.task, self.problems = engine, tokenizer, task, problems
         self.scorer, self.sink, self.weights = scorer, sink, weights
         self.quota_per_step = quota_per_step
+        self.tickets, self.positioned = tickets, positioned
+        if (tickets is None) != (positioned is None):
+            raise ValueError("tickets and positioned prompts go together")
+        self._no_tickets_since: float | None = None  # the wait for a grant, across retries
         self.throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
         self.groups_per_call = groups_per_call(cfg, quota_per_step)
         self.version = initial_version
@@ -213,12 +232,14 @@ class Generator:
     def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
                     weights_endpoint: str, quota_per_step: int, cores: list[int] | None = None,
                     curve: CurveClientKeys | None = None, initial_version: int = 0,
-                    skip_problems: int = 0, incarnation: int = 0) -> Generator:
-        """The real parts: vLLM on `model_dir`, the groups and weights sockets. Resuming from a
-        checkpoint, `model_dir` holds `initial_version`'s weights and the first `skip_problems`
-        prompts of this generator's stream were trained on."""
+                    skip_problems: int = 0, incarnation: int = 0, tickets_endpoint: str = "") -> Generator:
+        """The real parts: vLLM on `model_dir`, the groups and weights sockets (and the grant
+        channel at `tickets_endpoint` under rollout.dispatch=tickets). Resuming from a checkpoint,
+        `model_dir` holds `initial_version`'s weights and the first `skip_problems` prompts of this
+        generator's stream were trained on."""
         return cls(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                        quota_per_step, cores, curve, initial_version, skip_problems, incarnation))
+                                        quota_per_step, cores, curve, initial_version, skip_problems, incarnation,
+                                        tickets_endpoint=tickets_endpoint))
 
     def join_weight_group(self, address: dict[str, Any]) -> None:
         """Join the learner's weight transport (`WeightSender.join_address`) as rank generator_id + 1."""
@@ -236,8 +257,9 @@ class Generator:
         at k // quota) and load version `newest_version` before generating anything. `save`: the
         checkpoint save under way at learner rank 0 (`version`, `timeout_s` from now), whose
         announcement went out before we subscribed: our waits may last as long as it."""
-        self.problems.load_state_dict({"position": position})
-        self.groups_started = base_version * self.quota_per_step
+        if self.tickets is None:  # with tickets nothing is counted: it asks for the slots to fill
+            self.problems.load_state_dict({"position": position})
+            self.groups_started = base_version * self.quota_per_step
         self._rejoin_version = newest_version
         if save is not None:
             self.weights.saves.note(SaveNotice(int(save["version"]), saving=True, timeout_s=float(save["timeout_s"])))
@@ -278,12 +300,20 @@ class Generator:
                 if self.eval_every and self.version >= self._next_eval_version:
                     with timer("eval"):
                         self._evaluate_loaded_version()
-                room = self._room()
-                problems = self._take_problems(room)
+                room, slots = self._room(), None
+                if self.tickets is not None:
+                    with timer("ask"):
+                        problems, positions, slots = self._take_tickets()
+                else:
+                    problems = self._take_problems(room)
+                    positions = list(range(self.problems.position - len(problems), self.problems.position))
                 if not problems:
                     if pending is not None:  # nothing to overlap its rewards with: send it now
                         self._send_scored(pending)
                         pending = None
+                    elif self.tickets is not None:
+                        with timer("throttle"):
+                            self._wait_for_tickets()
                     elif room > 0:
                         with timer("exhausted"):
                             self._wait_for_shutdown()  # a finite dataset ran out
@@ -295,7 +325,7 @@ class Generator:
                 with timer("generate"):
                     completions = self._generate(prompts)
                 with timer("score"):
-                    scoring = self._submit(problems, prompts, completions)
+                    scoring = self._submit(problems, positions, prompts, completions, slots)
                 if pending is not None:  # its rewards were computed during this vLLM call
                     self._send_scored(pending)
                 pending = scoring
@@ -316,8 +346,9 @@ class Generator:
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
     def _room(self) -> float:
-        """How many more groups the throttle lets this generator start now (inf without it)."""
-        if not self.throttle:
+        """How many more groups the throttle lets this generator start now (inf without it, and
+        with tickets, whose grants carry the bound)."""
+        if not self.throttle or self.tickets is not None:
             return float("inf")
         limit = throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step)
         limit += self.lead + self.written_off
@@ -329,13 +360,32 @@ class Generator:
         self.groups_started += len(problems)
         return problems
 
-    def _submit(self, problems: list[Problem], prompts: list[list[int]],
-                completions: list[list[Completion]]) -> _Scoring:
+    def _take_tickets(self) -> tuple[list[Problem], list[int], list[int]]:
+        """The next vLLM call's prompts, their positions and slots, as granted (none: wait, ask again)."""
+        assert self.tickets is not None and self.positioned is not None
+        tickets = self.tickets.ask(self.version, self.groups_per_call)
+        if tickets:
+            self._no_tickets_since = None
+        return ([self.positioned.at(t.position) for t in tickets], [t.position for t in tickets],
+                [t.slot for t in tickets])
+
+    def _wait_for_tickets(self) -> None:
+        """Granted nothing (the staleness bound of our weights, or the queue's room): wait a moment
+        for newer weights, then ask again; fail loudly when nothing is granted for wire.timeout_s."""
+        self.stats.throttled_waits += 1
+        if self._no_tickets_since is None:
+            self._no_tickets_since = time.monotonic()
+        self._load_newest_weights(wait_s=TICKET_RETRY_S, in_wait=True)
+        self._heartbeat(periodic=True)
+        self._check_wait(self._no_tickets_since, f"asking for tickets with version {self.version}",
+                         "learner rank 0 granted none")
+
+    def _submit(self, problems: list[Problem], positions: list[int], prompts: list[list[int]],
+                completions: list[list[Completion]], slots: list[int] | None) -> _Scoring:
+        """Start scoring a generated batch. `positions`: its prompts' in the prompt stream (the
+        learner records how far it trained); `slots`: with tickets, the groups' slots."""
         texts = [decode_completions(self.tokenizer, group) for group in completions]
-        # The stream's position is past the last of them: the learner records how far it trained.
-        first = self.problems.position - len(problems)
-        return _Scoring(problems, list(range(first, first + len(problems))), prompts, completions,
-                        self.scorer.submit(problems, texts))
+        return _Scoring(problems, positions, prompts, completions, self.scorer.submit(problems, texts), slots)
 
     def _send_scored(self, scoring: _Scoring) -> None:
         """Wait for a batch's rewards, send its groups, then report (a heartbeat per batch keeps the
@@ -344,15 +394,20 @@ class Generator:
         with timer("score_wait"):
             scores = scoring.future.result(timeout=score_timeout_s(self.cfg, len(scoring.problems)))
         with timer("send"):
-            for problem, position, prompt, completions, score in zip(scoring.problems, scoring.positions,
-                                                                     scoring.prompts, scoring.completions, scores):
+            slots = scoring.slots or [None] * len(scoring.problems)
+            for problem, position, prompt, completions, score, slot in zip(
+                    scoring.problems, scoring.positions, scoring.prompts, scoring.completions, scores, slots):
                 group = scored_group(self.generator_id, problem.id, prompt, completions, score, self.version)
-                if group is None:  # reward.on_error=drop_group: give the throttle quota back
+                if group is None:  # reward.on_error=drop_group: give the throttle quota (or the slot) back
+                    if self.tickets is not None and slot is not None:
+                        self.tickets.gave_back(slot)
                     self.groups_started -= 1
                     continue
                 group.pos = position
                 self.stats.tokens_generated += int(group.tokens.size)
                 self._send(group)
+                if self.tickets is not None and slot is not None:
+                    self.tickets.sent(slot)
             self._heartbeat(periodic=False)
 
     def _wait_for_shutdown(self) -> None:
@@ -535,6 +590,8 @@ class Generator:
         self.scorer.close()
         self.weights.close()
         self.sink.close()
+        if self.tickets is not None:
+            self.tickets.close()
 
 
 class GeneratorActor(Generator):
@@ -542,10 +599,11 @@ class GeneratorActor(Generator):
 
     def __init__(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
                  quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
-                 initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0) -> None:
+                 initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0,
+                 tickets_endpoint: str = "") -> None:
         super().__init__(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
                                               quota_per_step, cores, curve, initial_version, skip_problems,
-                                              incarnation))
+                                              incarnation, tickets_endpoint=tickets_endpoint))
 
     @classmethod
     def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
@@ -572,14 +630,15 @@ class GeneratorActor(Generator):
 
     def reset(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
               quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
-              initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0) -> None:
+              initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0,
+              tickets_endpoint: str = "") -> None:
         """Become a new run's generator (the constructor's arguments) on the running engine: its
         starting weights, seed, prompt stream, rewards, sockets and counters; vLLM is not restarted."""
         self._released = False
         self.close()  # idempotent: release() has closed them already
         Generator.__init__(self, **_built_from_config(
             cfg, generator_id, model_dir, groups_endpoint, weights_endpoint, quota_per_step, cores, curve,
-            initial_version, skip_problems, incarnation, engine=self.engine))
+            initial_version, skip_problems, incarnation, engine=self.engine, tickets_endpoint=tickets_endpoint))
 
     def node(self) -> dict[str, str]:
         """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
@@ -591,9 +650,11 @@ class GeneratorActor(Generator):
 def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
                        quota_per_step: int, cores: list[int] | None, curve: CurveClientKeys | None,
                        initial_version: int, skip_problems: int, incarnation: int = 0,
-                       engine: VLLMEngine | None = None) -> dict[str, Any]:
+                       engine: VLLMEngine | None = None, tickets_endpoint: str = "") -> dict[str, Any]:
     """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`);
     `engine`: a running one to take `model_dir`'s weights instead of a new one (rollout.engine_pool)."""
+    if (cfg.rollout.dispatch == "tickets") != bool(tickets_endpoint):
+        raise ValueError(f"rollout.dispatch={cfg.rollout.dispatch} with tickets endpoint {tickets_endpoint!r}")
     pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
     from transformers import (
         AutoTokenizer,  # slow to import; only where a real generator is built
@@ -628,6 +689,11 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     weights = make_receiver(cfg, subscriber, model_dir, device)
+    tickets = positioned = None
+    if tickets_endpoint:
+        grants = GrantDealer(tickets_endpoint, holder_identity(generator_id, incarnation), curve=curve)
+        tickets = TicketClient(sink, grants, generator_id, incarnation)
+        positioned = PositionedPrompts(lambda: run_stream(task, cfg))
     return dict(cfg=cfg, generator_id=generator_id, engine=engine, tokenizer=tokenizer, task=task, problems=problems,
                 scorer=scorer, sink=sink, weights=weights, quota_per_step=quota_per_step,
-                initial_version=initial_version, incarnation=incarnation)
+                initial_version=initial_version, incarnation=incarnation, tickets=tickets, positioned=positioned)

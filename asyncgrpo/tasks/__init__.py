@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from asyncgrpo.schema import Config
 
 __all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "Problem", "Task", "make_task",
-           "train_stream"]
+           "run_stream", "train_stream"]
 
 # task.name: each is built by `make_task`; the file tasks read their problems from data.* files.
 TASK_NAMES = ("arithmetic", "countdown", "gsm8k", "files")
@@ -55,3 +55,14 @@ def train_stream(task: Task, cfg: Config, generator_id: int) -> Iterator[Problem
     if isinstance(task, FileTask):
         return task.train_problems(seed=cfg.seed, shard=generator_id, num_shards=cfg.rollout.num_generators)
     return task.train_problems(seed=cfg.seed * 1000 + generator_id)
+
+
+def run_stream(task: Task, cfg: Config) -> Iterator[Problem]:
+    """The run's one stream of training problems (rollout.dispatch=tickets): every generator builds
+    it alike and reads the positions it is granted. It is generator 0's stream of `train_stream`
+    with one generator: a built-in task's seeded stream, a file task's per-epoch shuffles unsharded."""
+    from asyncgrpo.tasks.files import FileTask
+
+    if isinstance(task, FileTask):
+        return task.train_problems(seed=cfg.seed, shard=0, num_shards=1)
+    return task.train_problems(seed=cfg.seed * 1000)

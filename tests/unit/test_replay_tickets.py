@@ -8,7 +8,13 @@ import pytest
 
 from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.replay import QueueTimeout, ReplayQueue, StalenessEviction
-from asyncgrpo.wire import Grant, ScoredGroup, TicketRequest, example_group, holder_identity
+from asyncgrpo.wire import (
+    Grant,
+    ScoredGroup,
+    TicketRequest,
+    example_group,
+    holder_identity,
+)
 
 ACCOUNTING_KEYS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_full", "queue/dropped_restart",
                    "queue/dropped_unheld", "queue/depth")

@@ -1,0 +1,101 @@
+"""A generator under rollout.dispatch=tickets against the real queue and dispatcher in process: it
+generates exactly the slots it is granted, with the prompts of the run's one stream at the granted
+positions, within the staleness bound, and reports what it gives back."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from test_generator import (
+    TASK,
+    TOKENIZER,
+    AddingEngine,
+    FlakyTask,
+    PushesWhileWaiting,
+    config,
+)
+
+from asyncgrpo.dispatch import Dispatcher
+from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.rewards.scorer import Scorer
+from asyncgrpo.rollout.generator import Generator
+from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
+from asyncgrpo.tasks.stream import PromptStream
+from asyncgrpo.wire import Grant, ScoredGroup
+
+
+class QueueSink:
+    """The groups socket, delivering in order straight into the queue."""
+
+    def __init__(self, queue: ReplayQueue) -> None:
+        self.queue, self.sent = queue, []
+
+    def try_send(self, message, timeout_s: float) -> bool:
+        self.sent.append(message)
+        self.queue.put(message)
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class Mailbox:
+    """The grant channel: the queue's answers (send_to) wait here for the generator (recv)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Grant] = []
+
+    def send_to(self, identity: bytes, grant: Grant) -> bool:
+        self.waiting.append(grant)
+        return True
+
+    def recv(self, timeout_s: float) -> Grant | None:
+        return self.waiting.pop(0) if self.waiting else None
+
+    def close(self) -> None:
+        pass
+
+
+def ticketed(groups_per_step: int, max_staleness: int, versions: int, task=TASK, on_error: str = "zero"):
+    cfg = config(train={"max_staleness": max_staleness, "groups_per_step": groups_per_step},
+                 rollout={"dispatch": "tickets", "groups_per_call": 3}, reward={"on_error": on_error})
+    mailbox = Mailbox()
+    queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True, full_policy="block"), limits=None,
+                        shares=None, dispatcher=Dispatcher(groups_per_step, max_staleness, capacity_groups=64),
+                        grants=mailbox)
+    sink = QueueSink(queue)
+    generator = Generator(
+        cfg=cfg, generator_id=0, engine=AddingEngine(), tokenizer=TOKENIZER, task=task,
+        problems=PromptStream(iter(())), scorer=Scorer(task, cfg.reward), sink=sink,
+        weights=PushesWhileWaiting(versions), quota_per_step=groups_per_step,
+        tickets=TicketClient(sink, mailbox, 0, 0), positioned=PositionedPrompts(lambda: task.train_problems(seed=0)))
+    return generator, queue, sink
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_generator_fills_the_granted_slots_with_their_prompts_within_the_bound(max_staleness):
+    generator, queue, sink = ticketed(groups_per_step=2, max_staleness=max_staleness, versions=3)
+    stats = generator.run()
+    groups = [m for m in sink.sent if isinstance(m, ScoredGroup)]
+    # Weights 0..3 were held in turn: slots below (3 + max_staleness + 1) * 2 were granted, no more.
+    assert len(groups) == stats["gen/groups_sent"] == (3 + max_staleness + 1) * 2
+    stream = list(itertools.islice(TASK.train_problems(seed=0), len(groups)))
+    assert [g.prompt_id for g in groups] == [p.id for p in stream]  # the run's one stream, in order
+    assert [g.pos for g in groups] == list(range(len(groups)))
+    for group in groups:  # slot = position here (one generator, nothing given again)
+        assert group.pos // 2 - group.version_min <= max_staleness
+    assert queue.depth == len(groups) and queue.stats()["queue/dropped_unheld"] == 0
+    assert stats["gen/throttled_waits"] >= 4
+
+
+def test_a_group_whose_rewards_failed_gives_its_slot_back_for_another_prompt():
+    flaky = FlakyTask(num_digits=TASK.num_digits, eval_size=TASK.eval_size)
+    generator, queue, sink = ticketed(groups_per_step=3, max_staleness=0, versions=1, task=flaky, on_error="drop_group")
+    generator.run()
+    groups = [m for m in sink.sent if isinstance(m, ScoredGroup)]
+    counts = queue.stats()
+    assert counts["dispatch/released"] >= 1  # given back with the next request
+    # Every slot of steps 0 and 1 ends filled, some by a later prompt than its first.
+    assert set(queue._filled) == set(range(6)) and len(groups) == 6
+    assert len({g.pos for g in groups}) == 6 and max(g.pos for g in groups) > 5
