@@ -31,6 +31,9 @@ KNOWN: dict[str, str] = {
     "wire_drop_every": "the N-th, 2N-th, ... scored group is numbered but never sent (lost in transit; generator)",
     "wire_corrupt_every": "the N-th, 2N-th, ... scored group is sent with its header's first byte flipped "
                           "(the learner's decoder must reject it; generator)",
+    "generator_slowdown": "{\"<generator id>\": f, ...}: after each vLLM call that generator sleeps f - 1 times "
+                          "as long as the call took, so it runs f times slower (uneven generators where "
+                          "cores cannot be shared out unevenly; tools/bench_dispatch.py; generator)",
 }
 
 
@@ -75,3 +78,15 @@ def every(name: str) -> int:
     if type(raw) is not int or raw < 1:
         raise FaultSpecError(f"{ENV}: {name} must be a positive integer, got {raw!r}")
     return raw
+
+
+def slowdown(generator_id: int) -> float:
+    """Failpoint `generator_slowdown`'s factor for `generator_id` (1.0: not slowed). Anything but a
+    map of generator ids to numbers >= 1 is refused."""
+    raw = value("generator_slowdown")
+    if raw is None:
+        return 1.0
+    if not isinstance(raw, dict) or not all(
+            isinstance(k, str) and k.isdigit() and type(v) in (int, float) and v >= 1 for k, v in raw.items()):
+        raise FaultSpecError(f"{ENV}: generator_slowdown must map generator ids to factors >= 1, got {raw!r}")
+    return float(raw.get(str(generator_id), 1.0))

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from asyncgrpo import faults
 from asyncgrpo.memory import peak_memory
 from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import pin_to_cores
@@ -200,6 +201,7 @@ class Generator:
         if (tickets is None) != (positioned is None):
             raise ValueError("tickets and positioned prompts go together")
         self._no_tickets_since: float | None = None  # the wait for a grant, across retries
+        self.slowdown = faults.slowdown(generator_id)
         self.throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
         self.groups_per_call = groups_per_call(cfg, quota_per_step)
         self.version = initial_version
@@ -323,7 +325,10 @@ class Generator:
                     continue
                 prompts = self._tokenize(problems)
                 with timer("generate"):
+                    started = time.perf_counter()
                     completions = self._generate(prompts)
+                    if self.slowdown > 1:  # failpoint generator_slowdown: a slower generator
+                        time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
                 with timer("score"):
                     scoring = self._submit(problems, positions, prompts, completions, slots)
                 if pending is not None:  # its rewards were computed during this vLLM call

@@ -74,6 +74,15 @@ def test_a_count_failpoint_must_be_a_positive_integer(monkeypatch, value):
         faults.every("wire_corrupt_every")
 
 
+def test_a_slowdown_applies_to_the_generators_it_names_and_refuses_factors_below_one(monkeypatch):
+    monkeypatch.setenv(faults.ENV, '{"generator_slowdown": {"1": 2, "3": 1.5}}')
+    assert [faults.slowdown(g) for g in range(4)] == [1.0, 2.0, 1.0, 1.5]
+    for bad in ('{"1": 0.5}', '[2]', '{"x": 2}', '{"1": "2"}'):
+        monkeypatch.setenv(faults.ENV, '{"generator_slowdown": %s}' % bad)
+        with pytest.raises(faults.FaultSpecError, match="generator_slowdown"):
+            faults.slowdown(1)
+
+
 def test_the_sink_is_wrapped_only_when_a_wire_failpoint_is_set(monkeypatch):
     sink = ListSink()
     monkeypatch.delenv(faults.ENV, raising=False)
