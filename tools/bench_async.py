@@ -88,9 +88,10 @@ from typing import Any
 
 # ------------------------------------------------------------------ limits from a run's own busy time
 
-# What a generator waits on that is not its own work: new weights (throttled), room in the learner's
+# What a generator waits on that is not its own work: new weights (throttled) or tickets, room in the learner's
 # queue, data (exhausted), its restart (rejoin). Weight loads inside them are added back.
-GENERATOR_WAITS = ("gen_time/throttle_s", "gen/send_blocked_s", "gen_time/exhausted_s", "gen_time/rejoin_s")
+GENERATOR_WAITS = ("gen_time/throttle_s", "gen_time/ask_s", "gen/send_blocked_s", "gen_time/exhausted_s",
+                   "gen_time/rejoin_s")
 # What a learner step waits on: the generators' acknowledgements, then a step's groups.
 LEARNER_WAITS = ("time/ack_wait_s", "time/gen_wait_s")
 

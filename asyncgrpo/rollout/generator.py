@@ -426,9 +426,10 @@ class Generator:
 
     @property
     def idle_s(self) -> float:
-        """Seconds spent waiting on the throttle, on rewards, on exhausted data or on a full queue."""
+        """Seconds spent waiting on the throttle (or for tickets), on rewards, on exhausted data or on a full queue."""
         seconds = self.stats.timer.seconds
-        return seconds["throttle"] + seconds["score_wait"] + seconds["exhausted"] + self.stats.send_blocked_s
+        return (seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + seconds["exhausted"]
+                + self.stats.send_blocked_s)
 
     # ---------------------------------------------------------------------------------- sampling
 

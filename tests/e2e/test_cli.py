@@ -306,13 +306,14 @@ def stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def start_long_run(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, dict]:
+def start_long_run(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
     """A run that would go on for hours (unless `overrides` say otherwise), once its learner has
-    taken two steps; and its actors."""
+    taken two steps; and its actors. `env`: added to the run's environment."""
     # Output goes to a file: an unread pipe would fill up and block the run.
     with (tmp_path / "output.log").open("w") as output:
         proc = subprocess.Popen(cli(tmp_path, "train.max_steps=100000", "eval.at_start=false", *overrides),
-                                stdout=output, stderr=subprocess.STDOUT, text=True)
+                                stdout=output, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **env} if env else None)
     run_dir = tmp_path / "run"
     wait_for(lambda: len(step_records(run_dir)) >= 2 or proc.poll() is not None, 600, "two learner steps")
     assert proc.poll() is None, (tmp_path / "output.log").read_text()[-4000:]
@@ -461,5 +462,42 @@ def test_a_sigkilled_generator_of_two_with_uneven_shares_is_restarted_and_the_ru
     # fewer than an even share (8 a step) would have taken.
     sent = summary["generators"][1]["gen/groups_sent"]
     assert shares[1] * steps <= sent <= shares[1] * (steps + max_staleness + 1) + max_staleness * shares[1] < 8 * steps
+    probe = summary["probe"]
+    assert probe["generator_version"] == probe["learner_version"] == steps
+
+
+def test_with_tickets_a_slowed_generator_makes_less_a_sigkilled_one_is_restarted_and_every_slot_is_trained_once_within_the_bound(
+        tmp_path):
+    # rollout.dispatch=tickets, two throttled generators, generator 1 three times slower (failpoint):
+    # whoever asks gets the next slots within the bound of the weights it holds; generator 0's death
+    # gives its slots not arrived to the next asker, and its next incarnation just asks.
+    steps, max_staleness = 24, 1
+    run_dir = tmp_path / "run"
+    proc, actors = start_long_run(tmp_path, f"train.max_steps={steps}", f"train.max_staleness={max_staleness}",
+                                  "rollout.num_generators=2", "rollout.dispatch=tickets", "train.stale_policy=throttle",
+                                  "eval.at_end=false", env={"ASYNCGRPO_FAULTS": '{"generator_slowdown": {"1": 3}}'})
+    try:
+        os.kill(actors["generator_pids"][0], signal.SIGKILL)
+        proc.wait(timeout=900)
+    finally:
+        stop(proc)
+    output = (tmp_path / "output.log").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    assert "[restart] generator 0 died" in output and "[restart] generator 0 rejoined" in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == steps and summary["generator_restarts"] == 1
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["staleness/max"] <= max_staleness for r in records) and summary["staleness_max"] <= max_staleness
+    last = records[-1]
+    assert last["queue/dropped_stale"] == 0 and last["queue/consumed"] == steps * 16
+    assert last["queue/received"] == (last["queue/consumed"] + last["queue/dropped_stale"] + last["queue/dropped_full"]
+                                      + last["queue/dropped_restart"] + last["queue/dropped_unheld"]
+                                      + last["queue/depth"]), last
+    assert last["queue/dropped_restart"] == 0  # nothing queued is thrown away at a rejoin: it holds its slots
+    assert last["dispatch/granted"] >= steps * 16 and last["dispatch/stale_requests"] >= 0
+    # Both made groups; the slowed one fewer than an even share would have had it make.
+    sent = [g["gen/groups_sent"] for g in summary["generators"]]
+    assert 0 < sent[1] < 8 * steps, sent
     probe = summary["probe"]
     assert probe["generator_version"] == probe["learner_version"] == steps

@@ -1,0 +1,40 @@
+"""tools/bench_dispatch.py's arithmetic: each run against the two "alone" runs of its own repeat."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tool_modules import load_tool
+
+bench = load_tool("bench_dispatch")
+
+
+def run(mode: str, repeat: int, samples_per_s: float, dropped: int = 0) -> dict:
+    return {"mode": mode, "repeat": repeat, "samples_per_s": samples_per_s, "dropped": dropped,
+            "sent_slow_frac": 0.3, "learner_idle_frac": 0.1}
+
+
+def test_a_run_is_compared_with_the_sum_of_the_alone_runs_of_its_own_repeat():
+    runs = [run("fast alone", 0, 100), run("slow alone", 0, 50), run("tickets", 0, 135),
+            run("fast alone", 1, 80), run("slow alone", 1, 40), run("tickets", 1, 120), run("even shares", 2, 90)]
+    bench.of_sum_alone(runs)
+    assert runs[2]["of_sum_alone"] == pytest.approx(0.9) and runs[5]["of_sum_alone"] == pytest.approx(1.0)
+    assert "of_sum_alone" not in runs[6]  # its repeat has no alone runs
+    modes = bench.summarize(runs)
+    assert modes["tickets"]["of_sum_alone"] == {"median": pytest.approx(0.95), "min": pytest.approx(0.9),
+                                                "max": pytest.approx(1.0)}
+    assert modes["even shares"]["of_sum_alone"] is None and "tickets, equal" not in modes
+
+
+def test_figures_read_a_runs_summary_and_last_queue_record(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "samples_per_s": 250.0, "learner": {"idle_frac": 0.2},
+        "generators": [{"gen/groups_sent": 300}, {"gen/groups_sent": 100}]}))
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "queue/consumed": 16, "queue/dropped_stale": 9}) + "\n"
+        + json.dumps({"step": 2, "queue/consumed": 32, "queue/dropped_stale": 1, "queue/dropped_unheld": 2}) + "\n"
+        + json.dumps({"step": 2, "eval/accuracy": 0.5}) + "\n")
+    figures = bench.figures("tickets", 0, tmp_path)
+    assert figures["dropped"] == 3 and figures["sent"] == [300, 100] and figures["sent_slow_frac"] == 0.25
+    assert figures["samples_per_s"] == 250.0 and figures["learner_idle_frac"] == 0.2

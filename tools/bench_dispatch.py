@@ -1,0 +1,139 @@
+"""Uneven generators, measured: fixed shares against tickets (rollout.dispatch), side by side.
+
+    .venv/bin/python tools/bench_dispatch.py                          # slowdown 2, 40 steps, 3 repeats
+    .venv/bin/python tools/bench_dispatch.py --slowdown 3 --steps 30 --repeats 1 --out /tmp/bd
+
+Two generators, generator 1 made `--slowdown` times slower by the failpoint generator_slowdown
+(it sleeps (f - 1) x each vLLM call's time after the call: a slower device, where this machine
+cannot give one generator a smaller share of its cores). Every run is a real `asyncgrpo train`
+(the embedded tiny model, default task, no evaluation, no export) with the same seed and steps:
+
+    fast alone      one generator, not slowed
+    slow alone      one generator, slowed
+    even shares     two generators, rollout.dispatch=shares (8 + 8 groups a step), generator 1 slowed
+    tickets         two generators, rollout.dispatch=tickets, generator 1 slowed
+    tickets, equal  two generators, rollout.dispatch=tickets, neither slowed (the dropped-groups baseline)
+
+Repeat r runs every mode once, in an order rotated by r (a shared machine's drift reaches all alike).
+Per run: samples/s (the run's own: samples over its training seconds), groups each generator sent,
+and groups dropped (stale, full queue, unheld). The figure of merit, per repeat, is a mode's
+samples/s over the sum of the two "alone" runs' samples/s of the same repeat (the issue's bar: at
+least 0.9 for tickets), and the dropped groups against "tickets, equal". Beware what the sum means
+on a small machine: alone, a generator has the cores the other would use; together they and the
+learner share them, and the learner may be the bottleneck (see `learner_idle_frac`).
+
+Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, steps, repeats,
+modes: mode -> {samples_per_s, of_sum_alone, dropped, sent_slow_frac (the slowed generator's share
+of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every run's figures}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator slowed)
+    "fast alone": (["rollout.num_generators=1"], False),
+    "slow alone": (["rollout.num_generators=1"], True),
+    "even shares": (["rollout.num_generators=2", "rollout.dispatch=shares"], True),
+    "tickets": (["rollout.num_generators=2", "rollout.dispatch=tickets"], True),
+    "tickets, equal": (["rollout.num_generators=2", "rollout.dispatch=tickets"], False),
+}
+DROP_KEYS = ("queue/dropped_stale", "queue/dropped_full", "queue/dropped_unheld")
+
+
+def run(label: str, repeat: int, slowdown: float, steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
+    overrides, slowed = MODES[label]
+    run_dir = out / f"r{repeat}_{''.join(c if c.isalnum() else '_' for c in label)}"
+    # Alone, the slowed generator is generator 0; together, generator 1.
+    target = "0" if overrides[0].endswith("=1") else "1"
+    env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps({"generator_slowdown": {target: slowdown}})} if slowed \
+        else dict(os.environ)
+    args = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", f"train.max_steps={steps}",
+            "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
+            "train.export_at_end=false", *overrides, *extra]
+    print(f"[bench_dispatch] repeat {repeat}, {label}", file=sys.stderr, flush=True)
+    done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"{label} (repeat {repeat}) failed, exit {done.returncode}: {tail[0]}")
+    return figures(label, repeat, run_dir)
+
+
+def figures(label: str, repeat: int, run_dir: Path) -> dict[str, Any]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = [r for r in records if "queue/consumed" in r][-1]
+    sent = [int(g["gen/groups_sent"]) for g in summary["generators"]]
+    slow_index = 0 if len(sent) == 1 else 1
+    return {"mode": label, "repeat": repeat, "samples_per_s": float(summary["samples_per_s"]),
+            "dropped": int(sum(last.get(key, 0) for key in DROP_KEYS)), "sent": sent,
+            "sent_slow_frac": sent[slow_index] / sum(sent) if sum(sent) else 0.0,
+            "learner_idle_frac": summary.get("learner", {}).get("idle_frac"), "run_dir": str(run_dir)}
+
+
+def of_sum_alone(runs: list[dict[str, Any]]) -> None:
+    """Each run's samples/s over fast alone + slow alone of its repeat (in place, when both ran)."""
+    by_repeat: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_repeat.setdefault(r["repeat"], {})[r["mode"]] = r["samples_per_s"]
+    for r in runs:
+        alone = by_repeat[r["repeat"]]
+        if "fast alone" in alone and "slow alone" in alone:
+            r["of_sum_alone"] = r["samples_per_s"] / (alone["fast alone"] + alone["slow alone"])
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    values = [v for v in values if v is not None]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    modes = {}
+    for label in MODES:
+        mine = [r for r in runs if r["mode"] == label]
+        if mine:
+            modes[label] = {key: spread([r.get(key) for r in mine])
+                            for key in ("samples_per_s", "of_sum_alone", "dropped", "sent_slow_frac",
+                                        "learner_idle_frac")}
+    return modes
+
+
+def cell(s: dict[str, float] | None, fmt: str) -> str:
+    return "-" if s is None else f"{s['median']:{fmt}} [{s['min']:{fmt}}-{s['max']:{fmt}}]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slowdown", type=float, default=2.0, help="generator 1's slowdown factor (>= 1)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench_dispatch"))
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
+    args = parser.parse_args()
+    if args.slowdown < 1 or args.steps < 1 or args.repeats < 1:
+        parser.error("--slowdown must be >= 1, --steps and --repeats >= 1")
+    labels = list(MODES)
+    runs = []
+    for repeat in range(args.repeats):
+        for label in labels[repeat % len(labels):] + labels[:repeat % len(labels)]:
+            runs.append(run(label, repeat, args.slowdown, args.steps, args.out, args.overrides))
+    of_sum_alone(runs)
+    modes = summarize(runs)
+    print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'dropped':>14} {'slow gen share':>20}")
+    for label, m in modes.items():
+        print(f"{label:<16} {cell(m['samples_per_s'], '.0f'):>22} {cell(m['of_sum_alone'], '.2f'):>20} "
+              f"{cell(m['dropped'], '.0f'):>14} {cell(m['sent_slow_frac'], '.2f'):>20}")
+    print(json.dumps({"slowdown": args.slowdown, "steps": args.steps, "repeats": args.repeats, "modes": modes,
+                      "runs": runs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
