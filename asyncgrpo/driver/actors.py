@@ -255,9 +255,13 @@ class Actors:
         self._tell_leads(rejoin["leads"])
         self._pids["generator_pids"][index] = ready["pid"]
         self._write_pids()
-        print(f"[restart] generator {index} rejoined: prompts from position {rejoin['position']}, its share taken "
-              f"again from learner version {rejoin['base_version']}, loading version {rejoin['newest_version']}; "
-              f"{rejoin['dropped']} queued group(s) of its predecessor dropped", flush=True)
+        if cfg.rollout.dispatch == "tickets":  # nothing to continue from: it asks for the slots to fill
+            print(f"[restart] generator {index} rejoined: loading version {rejoin['newest_version']}, then asking "
+                  "for tickets; its predecessor's slots not arrived went to the next asker", flush=True)
+        else:
+            print(f"[restart] generator {index} rejoined: prompts from position {rejoin['position']}, its share taken "
+                  f"again from learner version {rejoin['base_version']}, loading version {rejoin['newest_version']}; "
+                  f"{rejoin['dropped']} queued group(s) of its predecessor dropped", flush=True)
         return generator.run.remote()
 
     # ------------------------------------------------------------------ after the last step

@@ -345,7 +345,9 @@ class Generator:
         return self._summary(time.perf_counter() - run_start)
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
-        return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), "gen/version": self.version,
+        tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered} \
+            if self.tickets is not None else {}
+        return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), **tickets, "gen/version": self.version,
                 "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
                 "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}

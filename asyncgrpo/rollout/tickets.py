@@ -21,17 +21,18 @@ from asyncgrpo.rollout.sink import GroupSink
 from asyncgrpo.tasks import Problem
 from asyncgrpo.wire import Grant, GrantDealer, TicketRequest
 
-# How long a request may take to be answered before it is asked again (and its answer ignored).
-# The learner's receiving thread answers as it reads the stream: this only covers a stalled one.
-REPLY_TIMEOUT_S = 5.0
+# How long a request may take to be answered before it is asked again (and its answer ignored):
+# the first wait, doubled after each unanswered request up to the last. The learner's receiving
+# thread answers as it reads the stream, in milliseconds; no answer at all mostly means the grant
+# channel's connection was not up yet when the answer left (a grant to an unknown peer is dropped).
+REPLY_TIMEOUTS_S = (0.5, 5.0)
 
 
 class TicketClient:
-    def __init__(self, sink: GroupSink, grants: GrantDealer, generator_id: int, incarnation: int,
-                 reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
+    def __init__(self, sink: GroupSink, grants: GrantDealer, generator_id: int, incarnation: int) -> None:
         self.sink, self.grants = sink, grants
         self.generator_id, self.incarnation = generator_id, incarnation
-        self.reply_timeout_s = reply_timeout_s
+        self.reply_timeout_s = REPLY_TIMEOUTS_S[0]
         self.request = 0
         self.newest_grant = 0
         self.unsent: set[int] = set()  # slots granted, their groups not handed to the socket yet
@@ -47,12 +48,14 @@ class TicketClient:
         carried = sorted(self.given_back)
         request = TicketRequest(self.generator_id, self.incarnation, self.request, loaded_version, wanted,
                                 self.newest_grant, sorted(self.unsent), carried)
-        if not self.sink.try_send(request, timeout_s=self.reply_timeout_s):
+        if not self.sink.try_send(request, timeout_s=REPLY_TIMEOUTS_S[-1]):
             return []
         answer = self._answer(time.monotonic() + self.reply_timeout_s)
         if answer is None:
             self.unanswered += 1
+            self.reply_timeout_s = min(2 * self.reply_timeout_s, REPLY_TIMEOUTS_S[-1])
             return []
+        self.reply_timeout_s = REPLY_TIMEOUTS_S[0]
         self.given_back.difference_update(carried)
         if not answer.slots:
             return []
