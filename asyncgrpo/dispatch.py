@@ -1,9 +1,9 @@
 """Dynamic dispatch by tickets: prompts go to whichever generator asks, within the staleness budget.
 
-Not yet used by the real run (issue 16, item 2): the simulator runs it (`asyncgrpo simulate RUN_DIR
-sim.dispatch=tickets`, docs/SIMULATOR.md) to size the design before the generators, the queue and
-the registry move onto it. Today's run gives each generator a fixed share of every step
-(config.groups_per_generator), so one slow generator holds every step back.
+`rollout.dispatch=tickets`: learner rank 0's queue thread owns one (replay.py, Tickets), the
+generators ask through rollout/tickets.py, and the simulator runs the same code. The default,
+`shares`, gives each generator a fixed share of every step (config.groups_per_generator), so one
+slow generator holds every step back.
 
 A ticket is a slot and a prompt. Slots number the groups in training order: the learner at
 version u trains exactly slots u*G .. u*G + G - 1 (G = train.groups_per_step), whoever generated

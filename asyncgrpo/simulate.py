@@ -29,7 +29,7 @@ from typing import Any, Union
 
 import yaml
 
-from asyncgrpo.dispatch import Dispatcher
+from asyncgrpo.dispatch import DISPATCHES, Dispatcher
 
 # The real run's choice lists and formulas, mirrored here because their modules import torch or
 # ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.replay, asyncgrpo.config and
@@ -38,7 +38,6 @@ STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
 FULL_POLICIES = ("block", "drop_oldest")
-DISPATCHES = ("quotas", "tickets")
 
 
 def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int) -> int:
@@ -100,10 +99,9 @@ class Settings:
     # Relative speed of each generator's calls, comma-separated ("1,0.5": the second takes twice as
     # long); "" = all 1. Models uneven generators (other hardware, a smaller core share).
     generator_speeds: str = ""
-    # How groups are shared: "quotas", the real run's fixed share of every step per generator; or
-    # "tickets", the dynamic dispatch of asyncgrpo/dispatch.py, not yet in the real run (a design
-    # prediction: docs/SIMULATOR.md).
-    dispatch: str = "quotas"
+    # rollout.dispatch: "shares", a fixed share of every step per generator; or "tickets", the
+    # dynamic dispatch of asyncgrpo/dispatch.py (docs/SIMULATOR.md).
+    dispatch: str = "shares"
 
     @property
     def throttles(self) -> bool:
@@ -180,7 +178,7 @@ class Settings:
         require(self.train_scale > 0, "sim.train_scale", "must be > 0", self.train_scale)
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
-        require(self.dispatch in DISPATCHES, "sim.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
+        require(self.dispatch in DISPATCHES, "rollout.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
         shares = self.shares()
         require(not shares or (len(shares) == self.num_generators and min(shares) >= 1
                                and sum(shares) == self.groups_per_step), "rollout.generator_shares",
@@ -193,6 +191,7 @@ class Settings:
 CONFIG_KEYS = {
     "rollout.num_generators": "num_generators",
     "rollout.generator_shares": "generator_shares",
+    "rollout.dispatch": "dispatch",
     "rollout.groups_per_call": "groups_per_call",
     "train.groups_per_step": "groups_per_step",
     "train.max_staleness": "max_staleness",
@@ -204,7 +203,7 @@ CONFIG_KEYS = {
 }
 SIM_KEYS = {f"sim.{name}": name for name in (
     "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",
-    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds", "dispatch")}
+    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds")}
 OVERRIDE_KEYS = {**CONFIG_KEYS, **SIM_KEYS}
 
 
@@ -368,7 +367,8 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
         stale_policy=str(get("train.stale_policy")), groups_per_call=int(get("rollout.groups_per_call")),
         world_size=int(get("learner.world_size")), capacity_groups=int(get("queue.capacity_groups")),
         full_policy=str(get("queue.full_policy")), push_every_steps=int(get("weights.push_every_steps")),
-        steps=steps, generator_shares=",".join(str(v) for v in shares))
+        steps=steps, generator_shares=",".join(str(v) for v in shares),
+        dispatch=str(rollout.get("dispatch", "shares")) if isinstance(rollout, dict) else "shares")  # older runs: shares
     settings.check()
     return settings
 
@@ -605,7 +605,7 @@ class SimGenerator:
 class SimGroup:
     generator: int
     version: int  # of the weights that generated it
-    slot: int = -1  # its ticket's slot (sim.dispatch=tickets)
+    slot: int = -1  # its ticket's slot (rollout.dispatch=tickets)
 
 
 @dataclass(frozen=True)
@@ -663,9 +663,9 @@ class Model:
             SimGenerator(i, quota, settings.groups_per_call or quota,
                          calibration.generators[i % len(calibration.generators)]) for i, quota in enumerate(quotas)]
         # Under a throttling policy the queue hands each step each generator's share (replay.py).
-        self.shares = quotas if settings.throttles and settings.dispatch == "quotas" else None
+        self.shares = quotas if settings.throttles and settings.dispatch == "shares" else None
         self.speeds = settings.speeds()
-        # sim.dispatch=tickets: slots granted to whichever generator asks (asyncgrpo/dispatch.py).
+        # rollout.dispatch=tickets: slots granted to whichever generator asks (asyncgrpo/dispatch.py).
         self.dispatcher = (Dispatcher(settings.groups_per_step, settings.max_staleness, settings.throttles,
                                       settings.capacity_groups)
                            if settings.dispatch == "tickets" else None)

@@ -144,7 +144,7 @@ def test_tickets_give_a_half_speed_generator_half_the_work_where_fixed_shares_wa
     uneven = replace(s, groups_per_call=1, generator_speeds="1,0.5")
     groups_per_s = {dispatch: simulate(cal, replace(uneven, dispatch=dispatch)).steady_samples_per_s / 2
                     for dispatch in sim.DISPATCHES}
-    assert groups_per_s["quotas"] == pytest.approx(2.0, rel=0.03)
+    assert groups_per_s["shares"] == pytest.approx(2.0, rel=0.03)
     assert groups_per_s["tickets"] == pytest.approx(3.0, rel=0.05)
     # Equal speeds: the same throughput either way.
     even = [simulate(cal, replace(s, groups_per_call=1, dispatch=d)).steady_samples_per_s for d in sim.DISPATCHES]
@@ -172,8 +172,8 @@ def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_li
                        ("0", "must give 1 speeds > 0")]:
         with pytest.raises(SimulationError, match=match):
             apply_overrides(s, [f"sim.generator_speeds={bad}"])
-    with pytest.raises(SimulationError, match=r"sim.dispatch must be one of \('quotas', 'tickets'\)"):
-        apply_overrides(s, ["sim.dispatch=lottery"])
+    with pytest.raises(SimulationError, match=r"rollout.dispatch must be one of \('shares', 'tickets'\)"):
+        apply_overrides(s, ["rollout.dispatch=lottery"])
 
 
 @st.composite
@@ -302,6 +302,16 @@ def test_calibration_derives_per_call_and_per_step_times_from_a_run_directory(tm
     assert m.generator_idle_frac == pytest.approx(0.3)
     assert m.staleness_mean == pytest.approx(12 / 18)
     assert m.steady_samples_per_s == pytest.approx(48 / 1.6)  # steps after the first
+
+
+def test_a_runs_dispatch_is_simulated_unless_overridden_and_older_runs_are_shares(tmp_path):
+    run = fake_run(tmp_path)
+    assert Calibration.from_run(run).settings.dispatch == "shares"
+    config = (run / "config.yaml").read_text().replace("groups_per_call: 0}", "groups_per_call: 0, dispatch: tickets}")
+    (run / "config.yaml").write_text(config)
+    cal = Calibration.from_run(run)
+    assert cal.settings.dispatch == "tickets"
+    assert apply_overrides(cal.settings, ["rollout.dispatch=shares"]).dispatch == "shares"
 
 
 def test_a_runs_generator_shares_set_each_generators_calls_in_the_calibration(tmp_path):
