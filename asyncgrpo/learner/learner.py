@@ -186,7 +186,10 @@ class Learner:
         return metrics
 
     def _wait_for_generators(self) -> None:
-        if self.registry is None:
+        # With tickets each grant carries the bound (a slot only for weights fresh enough to train
+        # it in time): an engine that lags gets no slots until it loads newer weights, and waiting
+        # for it here would hold every step back to the slowest generator again.
+        if self.registry is None or self.cfg.rollout.dispatch == "tickets":
             return
         t = self.cfg.train
         if wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
