@@ -4,6 +4,7 @@
     .venv/bin/python tools/chaos.py --scenarios generator_kill,wire_drop
     .venv/bin/python tools/chaos.py --list                   # scenarios, faults and expected outcomes
     .venv/bin/python tools/chaos.py --keep --out runs/chaos/x  # keep every scenario's run directory
+    .venv/bin/python tools/chaos.py --set rollout.dispatch=tickets  # every run with this override too
 
 Each scenario runs `python -m asyncgrpo.cli train` on the embedded tiny default (eval and export
 off, 200-300 learner steps: 15-60 s of training after 25-60 s of start-up, as loaded as the machine) with
@@ -23,7 +24,9 @@ incarnation, sequence number, prompt position, versions) and the runs' metrics a
                  queue/lost (sequence gaps, which include frames the decoder rejected), groups the
                  model limits rejected and reward/groups_dropped; over the surviving lineage of runs
                  (a run's steps after the checkpoint its successor resumed from are not counted)
-  lost actual    prompt positions never trained below the highest trained of each generator;
+  lost actual    prompt positions never trained below the highest trained of each generator (of
+                 the run's one stream under rollout.dispatch=tickets, where a prompt lost in transit
+                 is given again: then lost counted may exceed it);
                  actual > counted is silent loss (the tail beyond the last trained group, untrained
                  because the run ended, is neither)
   duplicates     groups trained twice: the same (run, generator, incarnation, sequence number), the
@@ -63,6 +66,8 @@ STEPS_PER_CALL = 2
 # Where every scenario's runs start from: the embedded default, quick to start and to stop.
 BASE_OVERRIDES = ("model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
                   "train.export_at_end=false", f"train.steps_per_call={STEPS_PER_CALL}", "log.samples_every_steps=0")
+# --set: overrides for every run, before each scenario's own (which win).
+EXTRA_OVERRIDES: list[str] = []
 # The default's train.max_staleness and train.groups_per_step, which every scenario keeps (one
 # generator: its share of a step is all of it).
 MAX_STALENESS, GROUPS_PER_STEP = 2, 16
@@ -104,11 +109,13 @@ class Accounting:
     staleness_max: int = 0
 
 
-def account(records: Sequence[Consumed], epoch_size: int | None = None) -> Accounting:
+def account(records: Sequence[Consumed], epoch_size: int | None = None, one_stream: bool = False) -> Accounting:
     """What the learners actually trained on, from the recorded groups in the order they were taken.
 
     `epoch_size`: prompts in one pass of a generator's stream (its position // epoch_size is the
-    pass); None leaves out the prompt-id check, which only the position check then covers."""
+    pass); None leaves out the prompt-id check, which only the position check then covers.
+    `one_stream`: positions are in the run's one prompt stream, whoever generated them
+    (rollout.dispatch=tickets), not in each generator's own."""
     result = Accounting(consumed=len(records))
     seen_seqs: set[tuple[int, int, int, int]] = set()
     seen_prompts: set[tuple[Any, ...]] = set()
@@ -116,9 +123,10 @@ def account(records: Sequence[Consumed], epoch_size: int | None = None) -> Accou
     positions: dict[int, set[int]] = defaultdict(set)
     for record in records:
         seq_key = (record.run, record.generator, record.incarnation, record.seq)
-        prompt_keys = [("pos", record.generator, record.pos)]
+        stream = -1 if one_stream else record.generator
+        prompt_keys = [("pos", stream, record.pos)]
         if epoch_size:
-            prompt_keys.append(("prompt", record.generator, record.pos // epoch_size, record.prompt_id))
+            prompt_keys.append(("prompt", stream, record.pos // epoch_size, record.prompt_id))
         repeated_seq = seq_key in seen_seqs
         repeated_prompt = any(key in seen_prompts for key in prompt_keys)
         result.duplicate_seqs += repeated_seq
@@ -127,7 +135,7 @@ def account(records: Sequence[Consumed], epoch_size: int | None = None) -> Accou
         seen_seqs.add(seq_key)
         seen_prompts.update(prompt_keys)
         seqs[seq_key[:3]].add(record.seq)
-        positions[record.generator].add(record.pos)
+        positions[stream].add(record.pos)
         result.staleness_max = max(result.staleness_max, record.version - record.version_min)
     result.seq_gaps = sum(max(taken) + 1 - len(taken) for taken in seqs.values())
     result.skipped = sum(max(taken) + 1 - len(taken) for taken in positions.values())
@@ -202,6 +210,17 @@ def read_recording(directory: Path, starts: Sequence[int]) -> list[Consumed]:
                                         generator=group.generator_id, incarnation=group.incarnation, seq=group.seq,
                                         pos=group.pos, prompt_id=group.prompt_id, version_min=group.version_min))
     return records
+
+
+def runs_dispatch(run_dir: Path) -> str:
+    """The run's rollout.dispatch, from its config.yaml ("shares" if it has none)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except OSError:
+        return "shares"
+    return str((config.get("rollout") or {}).get("dispatch", "shares"))
 
 
 def default_epoch_size() -> int | None:
@@ -312,7 +331,7 @@ class Train:
         self.metrics_offset = len(_lines(ctx.run_dir / "metrics.jsonl"))
         self.log = ctx.directory / f"train.{index}.log"
         command = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={ctx.run_dir}",
-                   f"wire.record_dir={ctx.run_dir / 'stream'}", *BASE_OVERRIDES, *overrides]
+                   f"wire.record_dir={ctx.run_dir / 'stream'}", *BASE_OVERRIDES, *EXTRA_OVERRIDES, *overrides]
         environment = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "ASYNCGRPO_FAULTS")}
         environment.update(env or {})
         if faults:
@@ -533,7 +552,7 @@ def evaluate(ctx: Context, row: Row, max_steps: int | None, checks: list[Check])
     results = ctx.results
     starts = [int(r.summary.get("resumed_at_step", 0)) for r in results]
     records = read_recording(ctx.run_dir / "stream", starts)
-    accounting = account(records, default_epoch_size())
+    accounting = account(records, default_epoch_size(), one_stream=runs_dispatch(ctx.run_dir) == "tickets")
     counted = counted_lost(lineage([r.steps for r in results], starts))
     row.lost_counted, row.lost_actual = counted.lost, accounting.skipped
     row.duplicates, row.staleness_max = accounting.duplicates, accounting.staleness_max
@@ -1030,7 +1049,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true",
                         help="keep every scenario's directory (failed ones are kept anyway)")
     parser.add_argument("--out", default="", help="directory for the scenarios' runs (default: runs/chaos/<date-time>)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every run (repeatable), before each scenario's own")
     args = parser.parse_args(argv)
+    EXTRA_OVERRIDES[:] = args.set
     if args.list:
         for scenario in SCENARIOS:
             print(f"{scenario.name}\n  fault:    {scenario.fault}\n  expected: {scenario.expected}")

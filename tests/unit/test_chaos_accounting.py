@@ -102,3 +102,14 @@ def test_the_lineage_keeps_a_run_s_steps_up_to_where_its_successor_resumed():
 def test_a_recorded_step_belongs_to_the_last_run_that_started_at_or_before_it():
     starts = [0, 100, 100, 150]  # run 2 resumed from the same checkpoint as run 1, which had crashed early
     assert [chaos.run_of(v, starts) for v in (0, 99, 100, 149, 150, 300)] == [0, 0, 2, 2, 3, 3]
+
+
+def test_with_one_stream_positions_interleave_across_generators_and_a_position_twice_is_a_duplicate():
+    # Tickets: generators 0 and 1 took positions 0,2,4,... and 1,3,5,... of the run's one stream.
+    records = [Consumed(0, 0, i % 2, 0, i // 2, pos=i, prompt_id=i, version_min=0) for i in range(10)]
+    assert chaos.account(records, one_stream=True).skipped == 0
+    assert chaos.account(records).skipped == 4 + 5  # read per generator, every other position looks lost
+    again = records + [Consumed(0, 1, 1, 0, 5, pos=4, prompt_id=4, version_min=1)]  # position 4, other generator
+    assert chaos.account(again, one_stream=True).duplicate_prompts == 1
+    del records[3]
+    assert chaos.account(records, one_stream=True).skipped == 1
