@@ -420,7 +420,7 @@ def assess(phase: Phase, cfg: Any, steps: int | None, minutes: float | None, pla
     if result is not None:
         records = chaos.read_recording(phase.ctx.run_dir / "stream", [0])
         epoch_size = chaos.default_epoch_size() if cfg.task == type(cfg)().task else None
-        accounting = chaos.account(records, epoch_size)
+        accounting = chaos.account(records, epoch_size, one_stream=cfg.rollout.dispatch == "tickets")
         bound, groups_per_step = cfg.train.max_staleness, cfg.train.groups_per_step
         checks += end_checks(result, steps, minutes)
         checks += kill_checks(phase, planned_kills)
