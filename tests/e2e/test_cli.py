@@ -423,17 +423,11 @@ def test_a_dead_generator_beyond_max_restarts_fails_the_run_loudly(tmp_path):
     assert summary["status"] == "failed" and summary["generator_restarts"] == 0
 
 
-def test_a_sigkilled_generator_of_two_with_uneven_shares_is_restarted_and_the_run_finishes_exactly_accounted_within_the_bound(
-        tmp_path):
-    # Two throttled generators (stale_policy=throttle: no drop backstop) with shares 10 and 6: while
-    # generator 0 restarts, generator 1 lends its share; the restarted one continues from the consumed
-    # prompts, loads the newest weights (re-announced in the shared-memory slots), and the final probe
-    # reads it at the learner's last version.
-    steps, max_staleness, shares = 30, 2, (10, 6)
-    run_dir = tmp_path / "run"
-    proc, actors = start_long_run(tmp_path, f"train.max_steps={steps}", f"train.max_staleness={max_staleness}",
-                                  "rollout.num_generators=2", f"rollout.generator_shares=[{shares[0]},{shares[1]}]",
-                                  "train.stale_policy=throttle", "eval.at_end=false")
+def kill_generator_zero_and_finish(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
+                                   ) -> tuple[dict, dict]:
+    """A long run with `overrides`, generator 0 SIGKILLed after two steps; it must be restarted and
+    the run finish. The actors before the kill, and the summary."""
+    proc, actors = start_long_run(tmp_path, *overrides, env=env)
     try:
         os.kill(actors["generator_pids"][0], signal.SIGKILL)
         proc.wait(timeout=900)
@@ -442,8 +436,23 @@ def test_a_sigkilled_generator_of_two_with_uneven_shares_is_restarted_and_the_ru
     output = (tmp_path / "output.log").read_text()
     assert proc.returncode == 0, output[-4000:]
     assert "[restart] generator 0 died" in output and "[restart] generator 0 rejoined" in output
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == steps
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    return actors, summary
+
+
+def test_a_sigkilled_generator_of_two_with_uneven_shares_is_restarted_and_the_run_finishes_exactly_accounted_within_the_bound(
+        tmp_path):
+    # Two throttled generators (stale_policy=throttle: no drop backstop) with shares 10 and 6: while
+    # generator 0 restarts, generator 1 lends its share; the restarted one continues from the consumed
+    # prompts, loads the newest weights (re-announced in the shared-memory slots), and the final probe
+    # reads it at the learner's last version.
+    steps, max_staleness, shares = 30, 2, (10, 6)
+    run_dir = tmp_path / "run"
+    actors, summary = kill_generator_zero_and_finish(
+        tmp_path, f"train.max_steps={steps}", f"train.max_staleness={max_staleness}", "rollout.num_generators=2",
+        f"rollout.generator_shares=[{shares[0]},{shares[1]}]", "train.stale_policy=throttle", "eval.at_end=false")
+    assert summary["steps"] == steps
     assert summary["generator_restarts"] == 1
     assert [g["restarts"] for g in summary["generators"]] == [1, 0]
     restarted = json.loads((run_dir / "actors.json").read_text())["generator_pids"]
@@ -473,19 +482,11 @@ def test_with_tickets_a_slowed_generator_makes_less_a_sigkilled_one_is_restarted
     # gives its slots not arrived to the next asker, and its next incarnation just asks.
     steps, max_staleness = 24, 1
     run_dir = tmp_path / "run"
-    proc, actors = start_long_run(tmp_path, f"train.max_steps={steps}", f"train.max_staleness={max_staleness}",
-                                  "rollout.num_generators=2", "rollout.dispatch=tickets", "train.stale_policy=throttle",
-                                  "eval.at_end=false", env={"ASYNCGRPO_FAULTS": '{"generator_slowdown": {"1": 3}}'})
-    try:
-        os.kill(actors["generator_pids"][0], signal.SIGKILL)
-        proc.wait(timeout=900)
-    finally:
-        stop(proc)
-    output = (tmp_path / "output.log").read_text()
-    assert proc.returncode == 0, output[-4000:]
-    assert "[restart] generator 0 died" in output and "[restart] generator 0 rejoined" in output
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == steps and summary["generator_restarts"] == 1
+    _, summary = kill_generator_zero_and_finish(
+        tmp_path, f"train.max_steps={steps}", f"train.max_staleness={max_staleness}", "rollout.num_generators=2",
+        "rollout.dispatch=tickets", "train.stale_policy=throttle", "eval.at_end=false",
+        env={"ASYNCGRPO_FAULTS": '{"generator_slowdown": {"1": 3}}'})
+    assert summary["steps"] == steps and summary["generator_restarts"] == 1
     records = step_records(run_dir)
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     assert all(r["staleness/max"] <= max_staleness for r in records) and summary["staleness_max"] <= max_staleness
@@ -495,7 +496,7 @@ def test_with_tickets_a_slowed_generator_makes_less_a_sigkilled_one_is_restarted
                                       + last["queue/dropped_restart"] + last["queue/dropped_unheld"]
                                       + last["queue/depth"]), last
     assert last["queue/dropped_restart"] == 0  # nothing queued is thrown away at a rejoin: it holds its slots
-    assert last["dispatch/granted"] >= steps * 16 and last["dispatch/stale_requests"] >= 0
+    assert last["dispatch/granted"] >= steps * 16
     # Both made groups; the slowed one fewer than an even share would have had it make.
     sent = [g["gen/groups_sent"] for g in summary["generators"]]
     assert 0 < sent[1] < 8 * steps, sent
