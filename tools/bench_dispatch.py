@@ -16,15 +16,23 @@ cannot give one generator a smaller share of its cores). Every run is a real `as
 
 Repeat r runs every mode once, in an order rotated by r (a shared machine's drift reaches all alike).
 Per run: samples/s (the run's own: samples over its training seconds), groups each generator sent,
-and groups dropped (stale, full queue, unheld). The figure of merit, per repeat, is a mode's
-samples/s over the sum of the two "alone" runs' samples/s of the same repeat (the issue's bar: at
-least 0.9 for tickets), and the dropped groups against "tickets, equal". Beware what the sum means
-on a small machine: alone, a generator has the cores the other would use; together they and the
-learner share them, and the learner may be the bottleneck (see `learner_idle_frac`).
+and groups dropped (stale, full queue, unheld). Two figures of merit:
+  of_sum_alone     samples/s over the sum of the two "alone" runs' samples/s of the same repeat (the
+                   issue's bar: at least 0.9 for tickets). Only meaningful where the generators do
+                   not compete for the same cores: alone, a generator has the cores the other would
+                   use; on a small machine two generators and the learner share them.
+  of_capacity      samples/s over the generators' capacity measured inside the same run: the sum
+                   over generators of groups sent per busy second (tools/bench_async.py's
+                   generator_busy_s: wall time but for its waits on tickets, weights, room or
+                   data), times samples per group. 1 means no generator ever waited for work; under
+                   even shares the fast generator waits for the slow one's share every step. The
+                   learner can also be what waits on (`learner_idle_frac` near 0).
+And the dropped groups against "tickets, equal".
 
 Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, steps, repeats,
-modes: mode -> {samples_per_s, of_sum_alone, dropped, sent_slow_frac (the slowed generator's share
-of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every run's figures}.
+modes: mode -> {samples_per_s, of_sum_alone, of_capacity, dropped, sent_slow_frac (the slowed
+generator's share of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every
+run's figures}.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_async import generator_busy_s  # noqa: E402
 
 MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator slowed)
     "fast alone": (["rollout.num_generators=1"], False),
@@ -72,10 +83,22 @@ def figures(label: str, repeat: int, run_dir: Path) -> dict[str, Any]:
     last = [r for r in records if "queue/consumed" in r][-1]
     sent = [int(g["gen/groups_sent"]) for g in summary["generators"]]
     slow_index = 0 if len(sent) == 1 else 1
+    config = json.loads(json.dumps(_yaml(run_dir / "config.yaml")))
+    samples_per_group = int(config["rollout"]["samples_per_prompt"])
+    capacity = samples_per_group * sum(int(g["gen/groups_sent"]) / busy for g in summary["generators"]
+                                       if (busy := generator_busy_s(g)) > 0)
     return {"mode": label, "repeat": repeat, "samples_per_s": float(summary["samples_per_s"]),
+            "capacity_samples_per_s": capacity,
+            "of_capacity": float(summary["samples_per_s"]) / capacity if capacity > 0 else None,
             "dropped": int(sum(last.get(key, 0) for key in DROP_KEYS)), "sent": sent,
             "sent_slow_frac": sent[slow_index] / sum(sent) if sum(sent) else 0.0,
             "learner_idle_frac": summary.get("learner", {}).get("idle_frac"), "run_dir": str(run_dir)}
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) or {}
 
 
 def of_sum_alone(runs: list[dict[str, Any]]) -> None:
@@ -100,8 +123,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in runs if r["mode"] == label]
         if mine:
             modes[label] = {key: spread([r.get(key) for r in mine])
-                            for key in ("samples_per_s", "of_sum_alone", "dropped", "sent_slow_frac",
-                                        "learner_idle_frac")}
+                            for key in ("samples_per_s", "of_sum_alone", "of_capacity", "dropped",
+                                        "sent_slow_frac", "learner_idle_frac")}
     return modes
 
 
@@ -126,10 +149,12 @@ def main() -> int:
             runs.append(run(label, repeat, args.slowdown, args.steps, args.out, args.overrides))
     of_sum_alone(runs)
     modes = summarize(runs)
-    print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'dropped':>14} {'slow gen share':>20}")
+    print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'of capacity':>20} {'dropped':>12} "
+          f"{'slow gen share':>20} {'learner idle':>20}")
     for label, m in modes.items():
         print(f"{label:<16} {cell(m['samples_per_s'], '.0f'):>22} {cell(m['of_sum_alone'], '.2f'):>20} "
-              f"{cell(m['dropped'], '.0f'):>14} {cell(m['sent_slow_frac'], '.2f'):>20}")
+              f"{cell(m['of_capacity'], '.2f'):>20} {cell(m['dropped'], '.0f'):>12} "
+              f"{cell(m['sent_slow_frac'], '.2f'):>20} {cell(m['learner_idle_frac'], '.2f'):>20}")
     print(json.dumps({"slowdown": args.slowdown, "steps": args.steps, "repeats": args.repeats, "modes": modes,
                       "runs": runs}))
     return 0

@@ -28,13 +28,19 @@ def test_a_run_is_compared_with_the_sum_of_the_alone_runs_of_its_own_repeat():
 
 
 def test_figures_read_a_runs_summary_and_last_queue_record(tmp_path):
+    (tmp_path / "config.yaml").write_text("rollout:\n  samples_per_prompt: 2\n")
+    # Generator 0: 300 groups in 10 s busy (12 s, 2 s of it waiting for tickets); generator 1: 100 in 10 s.
     (tmp_path / "summary.json").write_text(json.dumps({
-        "samples_per_s": 250.0, "learner": {"idle_frac": 0.2},
-        "generators": [{"gen/groups_sent": 300}, {"gen/groups_sent": 100}]}))
+        "samples_per_s": 64.0, "learner": {"idle_frac": 0.2},
+        "generators": [{"gen/groups_sent": 300, "gen/wall_s": 12.0, "gen_time/ask_s": 0.5, "gen_time/throttle_s": 1.5},
+                       {"gen/groups_sent": 100, "gen/wall_s": 10.0}]}))
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"step": 1, "queue/consumed": 16, "queue/dropped_stale": 9}) + "\n"
         + json.dumps({"step": 2, "queue/consumed": 32, "queue/dropped_stale": 1, "queue/dropped_unheld": 2}) + "\n"
         + json.dumps({"step": 2, "eval/accuracy": 0.5}) + "\n")
     figures = bench.figures("tickets", 0, tmp_path)
     assert figures["dropped"] == 3 and figures["sent"] == [300, 100] and figures["sent_slow_frac"] == 0.25
-    assert figures["samples_per_s"] == 250.0 and figures["learner_idle_frac"] == 0.2
+    assert figures["samples_per_s"] == 64.0 and figures["learner_idle_frac"] == 0.2
+    # Capacity: (30 + 10 groups per busy second) x 2 samples = 80 samples/s, of which the run made 64.
+    assert figures["capacity_samples_per_s"] == pytest.approx(80.0)
+    assert figures["of_capacity"] == pytest.approx(0.8)
