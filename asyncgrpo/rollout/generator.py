@@ -302,13 +302,7 @@ class Generator:
                 if self.eval_every and self.version >= self._next_eval_version:
                     with timer("eval"):
                         self._evaluate_loaded_version()
-                room, slots = self._room(), None
-                if self.tickets is not None:
-                    with timer("ask"):
-                        problems, positions, slots = self._take_tickets()
-                else:
-                    problems = self._take_problems(room)
-                    positions = list(range(self.problems.position - len(problems), self.problems.position))
+                problems, positions, slots, room = self._next_batch()
                 if not problems:
                     if pending is not None:  # nothing to overlap its rewards with: send it now
                         self._send_scored(pending)
@@ -360,6 +354,16 @@ class Generator:
         limit = throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step)
         limit += self.lead + self.written_off
         return limit - self.groups_started
+
+    def _next_batch(self) -> tuple[list[Problem], list[int], list[int] | None, float]:
+        """The next vLLM call's prompts, their positions in the prompt stream, their slots (tickets;
+        None with shares) and the throttle's room left before them (inf with tickets)."""
+        if self.tickets is not None:
+            with self.stats.timer("ask"):
+                return (*self._take_tickets(), float("inf"))
+        room = self._room()
+        problems = self._take_problems(room)
+        return problems, list(range(self.problems.position - len(problems), self.problems.position)), None, room
 
     def _take_problems(self, room: float) -> list[Problem]:
         """The next vLLM call's prompts, at most `room`; empty when throttled or out of data."""
