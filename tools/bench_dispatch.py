@@ -2,10 +2,14 @@
 
     .venv/bin/python tools/bench_dispatch.py                          # slowdown 2, 40 steps, 3 repeats
     .venv/bin/python tools/bench_dispatch.py --slowdown 3 --steps 30 --repeats 1 --out /tmp/bd
+    .venv/bin/python tools/bench_dispatch.py --base-slowdown 4    # generators that hardly share cores
 
 Two generators, generator 1 made `--slowdown` times slower by the failpoint generator_slowdown
 (it sleeps (f - 1) x each vLLM call's time after the call: a slower device, where this machine
-cannot give one generator a smaller share of its cores). Every run is a real `asyncgrpo train`
+cannot give one generator a smaller share of its cores). `--base-slowdown B` slows every generator
+B times more (generator 1: B x slowdown): a generator then spends most of its time asleep, as one
+waiting on its own device would, and two of them hardly compete for this machine's cores, so their
+speeds alone can add up. Every run is a real `asyncgrpo train`
 (the embedded tiny model, default task, no evaluation, no export) with the same seed and steps:
 
     fast alone      one generator, not slowed
@@ -29,7 +33,7 @@ and groups dropped (stale, full queue, unheld). Two figures of merit:
                    learner can also be what waits on (`learner_idle_frac` near 0).
 And the dropped groups against "tickets, equal".
 
-Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, steps, repeats,
+Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, base_slowdown, steps, repeats,
 modes: mode -> {samples_per_s, of_sum_alone, of_capacity, dropped, sent_slow_frac (the slowed
 generator's share of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every
 run's figures}.
@@ -59,12 +63,23 @@ MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator s
 DROP_KEYS = ("queue/dropped_stale", "queue/dropped_full", "queue/dropped_unheld")
 
 
-def run(label: str, repeat: int, slowdown: float, steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
+def slowdowns(label: str, slowdown: float, base: float) -> dict[str, float]:
+    """The failpoint's factor per generator id for `label`: `base` for each, times `slowdown` for the
+    slowed one (generator 0 alone, generator 1 together); factors of 1 left out."""
     overrides, slowed = MODES[label]
+    together = not overrides[0].endswith("=1")
+    factors = {"0": base, **({"1": base} if together else {})}
+    if slowed:
+        factors["1" if together else "0"] = base * slowdown
+    return {g: f for g, f in factors.items() if f != 1}
+
+
+def run(label: str, repeat: int, slowdown: float, base: float, steps: int, out: Path,
+        extra: list[str]) -> dict[str, Any]:
+    overrides, _ = MODES[label]
     run_dir = out / f"r{repeat}_{''.join(c if c.isalnum() else '_' for c in label)}"
-    # Alone, the slowed generator is generator 0; together, generator 1.
-    target = "0" if overrides[0].endswith("=1") else "1"
-    env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps({"generator_slowdown": {target: slowdown}})} if slowed \
+    factors = slowdowns(label, slowdown, base)
+    env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps({"generator_slowdown": factors})} if factors \
         else dict(os.environ)
     args = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", f"train.max_steps={steps}",
             "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
@@ -135,18 +150,20 @@ def cell(s: dict[str, float] | None, fmt: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slowdown", type=float, default=2.0, help="generator 1's slowdown factor (>= 1)")
+    parser.add_argument("--base-slowdown", type=float, default=1.0,
+                        help="every generator's slowdown factor (>= 1), generator 1's on top of --slowdown")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_dispatch"))
     parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args()
-    if args.slowdown < 1 or args.steps < 1 or args.repeats < 1:
-        parser.error("--slowdown must be >= 1, --steps and --repeats >= 1")
+    if args.slowdown < 1 or args.base_slowdown < 1 or args.steps < 1 or args.repeats < 1:
+        parser.error("--slowdown and --base-slowdown must be >= 1, --steps and --repeats >= 1")
     labels = list(MODES)
     runs = []
     for repeat in range(args.repeats):
         for label in labels[repeat % len(labels):] + labels[:repeat % len(labels)]:
-            runs.append(run(label, repeat, args.slowdown, args.steps, args.out, args.overrides))
+            runs.append(run(label, repeat, args.slowdown, args.base_slowdown, args.steps, args.out, args.overrides))
     of_sum_alone(runs)
     modes = summarize(runs)
     print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'of capacity':>20} {'dropped':>12} "
@@ -155,7 +172,7 @@ def main() -> int:
         print(f"{label:<16} {cell(m['samples_per_s'], '.0f'):>22} {cell(m['of_sum_alone'], '.2f'):>20} "
               f"{cell(m['of_capacity'], '.2f'):>20} {cell(m['dropped'], '.0f'):>12} "
               f"{cell(m['sent_slow_frac'], '.2f'):>20} {cell(m['learner_idle_frac'], '.2f'):>20}")
-    print(json.dumps({"slowdown": args.slowdown, "steps": args.steps, "repeats": args.repeats, "modes": modes,
+    print(json.dumps({"slowdown": args.slowdown, "base_slowdown": args.base_slowdown, "steps": args.steps, "repeats": args.repeats, "modes": modes,
                       "runs": runs}))
     return 0
 

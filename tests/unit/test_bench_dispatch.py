@@ -44,3 +44,12 @@ def test_figures_read_a_runs_summary_and_last_queue_record(tmp_path):
     # Capacity: (30 + 10 groups per busy second) x 2 samples = 80 samples/s, of which the run made 64.
     assert figures["capacity_samples_per_s"] == pytest.approx(80.0)
     assert figures["of_capacity"] == pytest.approx(0.8)
+
+
+def test_every_generator_gets_the_base_slowdown_and_the_slowed_one_the_product():
+    assert bench.slowdowns("fast alone", 2, 1) == {}
+    assert bench.slowdowns("slow alone", 2, 1) == {"0": 2}
+    assert bench.slowdowns("tickets", 2, 1) == {"1": 2}
+    assert bench.slowdowns("tickets, equal", 2, 4) == {"0": 4, "1": 4}
+    assert bench.slowdowns("even shares", 2, 4) == {"0": 4, "1": 8}
+    assert bench.slowdowns("slow alone", 2, 4) == {"0": 8}
