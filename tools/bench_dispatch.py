@@ -22,7 +22,8 @@ Repeat r runs every mode once, in an order rotated by r (a shared machine's drif
 Per run: samples/s (the run's own: samples over its training seconds), groups each generator sent,
 and groups dropped (stale, full queue, unheld). Two figures of merit:
   of_sum_alone     samples/s over the sum of the two "alone" runs' samples/s of the same repeat (the
-                   issue's bar: at least 0.9 for tickets). Only meaningful where the generators do
+                   issue's bar: at least 0.9 for tickets; for "tickets, equal" twice fast alone).
+                   Every run makes calls of --groups-per-call groups, alone or not. Only meaningful where the generators do
                    not compete for the same cores: alone, a generator has the cores the other would
                    use; on a small machine two generators and the learner share them.
   of_capacity      samples/s over the generators' capacity measured inside the same run: the sum
@@ -74,14 +75,16 @@ def slowdowns(label: str, slowdown: float, base: float) -> dict[str, float]:
     return {g: f for g, f in factors.items() if f != 1}
 
 
-def run(label: str, repeat: int, slowdown: float, base: float, steps: int, out: Path,
+def run(label: str, repeat: int, slowdown: float, base: float, steps: int, groups_per_call: int, out: Path,
         extra: list[str]) -> dict[str, Any]:
     overrides, _ = MODES[label]
     run_dir = out / f"r{repeat}_{''.join(c if c.isalnum() else '_' for c in label)}"
     factors = slowdowns(label, slowdown, base)
     env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps({"generator_slowdown": factors})} if factors \
         else dict(os.environ)
+    # One call size everywhere: alone, a generator's share (and so its call) would be a whole step.
     args = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", f"train.max_steps={steps}",
+            f"rollout.groups_per_call={groups_per_call}",
             "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
             "train.export_at_end=false", *overrides, *extra]
     print(f"[bench_dispatch] repeat {repeat}, {label}", file=sys.stderr, flush=True)
@@ -117,14 +120,17 @@ def _yaml(path: Path) -> dict[str, Any]:
 
 
 def of_sum_alone(runs: list[dict[str, Any]]) -> None:
-    """Each run's samples/s over fast alone + slow alone of its repeat (in place, when both ran)."""
+    """Each run's samples/s over the sum of its generators' runs alone in its repeat (in place, when
+    they ran): fast alone + slow alone; twice fast alone for "tickets, equal"; itself alone."""
     by_repeat: dict[int, dict[str, float]] = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["mode"]] = r["samples_per_s"]
     for r in runs:
         alone = by_repeat[r["repeat"]]
-        if "fast alone" in alone and "slow alone" in alone:
-            r["of_sum_alone"] = r["samples_per_s"] / (alone["fast alone"] + alone["slow alone"])
+        parts = {"fast alone": ["fast alone"], "slow alone": ["slow alone"],
+                 "tickets, equal": ["fast alone", "fast alone"]}.get(r["mode"], ["fast alone", "slow alone"])
+        if all(p in alone for p in parts):
+            r["of_sum_alone"] = r["samples_per_s"] / sum(alone[p] for p in parts)
 
 
 def spread(values: list[float]) -> dict[str, float] | None:
@@ -153,17 +159,22 @@ def main() -> int:
     parser.add_argument("--base-slowdown", type=float, default=1.0,
                         help="every generator's slowdown factor (>= 1), generator 1's on top of --slowdown")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--groups-per-call", type=int, default=8,
+                        help="rollout.groups_per_call in every run (default 8: half the default step, the "
+                             "share each of two generators would get), so that alone and together make "
+                             "calls of one size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_dispatch"))
     parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args()
-    if args.slowdown < 1 or args.base_slowdown < 1 or args.steps < 1 or args.repeats < 1:
-        parser.error("--slowdown and --base-slowdown must be >= 1, --steps and --repeats >= 1")
+    if args.slowdown < 1 or args.base_slowdown < 1 or min(args.steps, args.repeats, args.groups_per_call) < 1:
+        parser.error("--slowdown and --base-slowdown must be >= 1, --steps, --repeats and --groups-per-call >= 1")
     labels = list(MODES)
     runs = []
     for repeat in range(args.repeats):
         for label in labels[repeat % len(labels):] + labels[:repeat % len(labels)]:
-            runs.append(run(label, repeat, args.slowdown, args.base_slowdown, args.steps, args.out, args.overrides))
+            runs.append(run(label, repeat, args.slowdown, args.base_slowdown, args.steps, args.groups_per_call,
+                            args.out, args.overrides))
     of_sum_alone(runs)
     modes = summarize(runs)
     print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'of capacity':>20} {'dropped':>12} "
@@ -172,7 +183,8 @@ def main() -> int:
         print(f"{label:<16} {cell(m['samples_per_s'], '.0f'):>22} {cell(m['of_sum_alone'], '.2f'):>20} "
               f"{cell(m['of_capacity'], '.2f'):>20} {cell(m['dropped'], '.0f'):>12} "
               f"{cell(m['sent_slow_frac'], '.2f'):>20} {cell(m['learner_idle_frac'], '.2f'):>20}")
-    print(json.dumps({"slowdown": args.slowdown, "base_slowdown": args.base_slowdown, "steps": args.steps, "repeats": args.repeats, "modes": modes,
+    print(json.dumps({"slowdown": args.slowdown, "base_slowdown": args.base_slowdown, "steps": args.steps,
+                      "groups_per_call": args.groups_per_call, "repeats": args.repeats, "modes": modes,
                       "runs": runs}))
     return 0
 

@@ -17,10 +17,14 @@ def run(mode: str, repeat: int, samples_per_s: float, dropped: int = 0) -> dict:
 
 def test_a_run_is_compared_with_the_sum_of_the_alone_runs_of_its_own_repeat():
     runs = [run("fast alone", 0, 100), run("slow alone", 0, 50), run("tickets", 0, 135),
-            run("fast alone", 1, 80), run("slow alone", 1, 40), run("tickets", 1, 120), run("even shares", 2, 90)]
+            run("fast alone", 1, 80), run("slow alone", 1, 40), run("tickets", 1, 120), run("even shares", 2, 90),
+            run("tickets, equal", 1, 144)]
     bench.of_sum_alone(runs)
     assert runs[2]["of_sum_alone"] == pytest.approx(0.9) and runs[5]["of_sum_alone"] == pytest.approx(1.0)
     assert "of_sum_alone" not in runs[6]  # its repeat has no alone runs
+    assert runs[7]["of_sum_alone"] == pytest.approx(0.9)  # two full-speed generators: twice fast alone
+    assert runs[0]["of_sum_alone"] == 1.0
+    runs = runs[:7]
     modes = bench.summarize(runs)
     assert modes["tickets"]["of_sum_alone"] == {"median": pytest.approx(0.95), "min": pytest.approx(0.9),
                                                 "max": pytest.approx(1.0)}
