@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,12 +173,7 @@ class Dispatcher:
         """`holder` asks again having received grants up to `newest_received` only: a later grant
         never reached it (and never will count: it takes only the answer to its newest request).
         Those slots are granted again, with their prompts. Returns them."""
-        gone = sorted(slot for slot, held in self._held.items()
-                      if held.holder == holder and held.grant > newest_received)
-        for slot in gone:
-            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
-        self.counts["unreceived"] += len(gone)
-        return gone
+        return self._take_back(holder, lambda slot, held: held.grant > newest_received, "unreceived")
 
     def given_back(self, holder: Holder, slots: Iterable[int]) -> int:
         """`holder` will not send the groups of `slots` (their rewards failed): grant the slots
@@ -198,21 +193,12 @@ class Dispatcher:
         granted by then, not in `unsent` and not arrived, was lost in transit: granted again (the
         prompt too). Returns the lost slots."""
         still = set(unsent)
-        lost = [slot for slot, held in self._held.items()
-                if held.holder == holder and held.grant <= newest_grant and slot not in still]
-        for slot in sorted(lost):
-            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
-        self.counts["lost"] += len(lost)
-        return sorted(lost)
+        return self._take_back(holder, lambda slot, held: held.grant <= newest_grant and slot not in still, "lost")
 
     def holder_down(self, holder: Holder) -> list[int]:
         """`holder`'s process died: its slots not arrived are granted again, with their prompts.
         What it queued stays: those groups are valid and trained in their slots."""
-        gone = sorted(slot for slot, held in self._held.items() if held.holder == holder)
-        for slot in gone:
-            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
-        self.counts["down"] += len(gone)
-        return gone
+        return self._take_back(holder, lambda slot, held: True, "down")
 
     def release(self, slot: int, retry_prompt: bool = False) -> None:
         """The group of `slot` will not be trained (dropped stale or from a full queue, or given back
@@ -225,6 +211,15 @@ class Dispatcher:
             raise KeyError(f"slot {slot} is neither granted nor queued")
         self._give_back(slot, position, retry_prompt)
         self.counts["released"] += 1
+
+    def _take_back(self, holder: Holder, which: Callable[[int, _Held], bool], count: str) -> list[int]:
+        """`holder`'s slots not arrived for which `which(slot, held)`, granted again with their
+        prompts, counted under `count`; returned in order."""
+        slots = sorted(slot for slot, held in self._held.items() if held.holder == holder and which(slot, held))
+        for slot in slots:
+            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
+        self.counts[count] += len(slots)
+        return slots
 
     def _give_back(self, slot: int, position: int, retry_prompt: bool) -> None:
         heapq.heappush(self._free, slot)

@@ -45,14 +45,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_async import generator_busy_s  # noqa: E402
+from bench_async import generator_busy_s, read_jsonl, spread  # noqa: E402
 
 MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator slowed)
     "fast alone": (["rollout.num_generators=1"], False),
@@ -97,12 +96,11 @@ def run(label: str, repeat: int, slowdown: float, base: float, steps: int, group
 
 def figures(label: str, repeat: int, run_dir: Path) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_jsonl(run_dir / "metrics.jsonl")
     last = [r for r in records if "queue/consumed" in r][-1]
     sent = [int(g["gen/groups_sent"]) for g in summary["generators"]]
     slow_index = 0 if len(sent) == 1 else 1
-    config = json.loads(json.dumps(_yaml(run_dir / "config.yaml")))
-    samples_per_group = int(config["rollout"]["samples_per_prompt"])
+    samples_per_group = int(_yaml(run_dir / "config.yaml")["rollout"]["samples_per_prompt"])
     capacity = samples_per_group * sum(int(g["gen/groups_sent"]) / busy for g in summary["generators"]
                                        if (busy := generator_busy_s(g)) > 0)
     return {"mode": label, "repeat": repeat, "samples_per_s": float(summary["samples_per_s"]),
@@ -131,11 +129,6 @@ def of_sum_alone(runs: list[dict[str, Any]]) -> None:
                  "tickets, equal": ["fast alone", "fast alone"]}.get(r["mode"], ["fast alone", "slow alone"])
         if all(p in alone for p in parts):
             r["of_sum_alone"] = r["samples_per_s"] / sum(alone[p] for p in parts)
-
-
-def spread(values: list[float]) -> dict[str, float] | None:
-    values = [v for v in values if v is not None]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

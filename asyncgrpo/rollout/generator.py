@@ -674,8 +674,11 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     task = make_task(cfg, tokenizer)
-    problems = PromptStream(train_stream(task, cfg, generator_id))
-    problems.load_state_dict({"position": skip_problems})
+    if tickets_endpoint:  # its prompts come from the run's one stream at granted positions (below)
+        problems = PromptStream(iter(()))
+    else:  # its own stream, past what a resumed run trained (skipping is work: only where it is read)
+        problems = PromptStream(train_stream(task, cfg, generator_id))
+        problems.load_state_dict({"position": skip_problems})
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
     seed = cfg.seed * 1000 + generator_id
