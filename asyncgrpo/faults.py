@@ -34,6 +34,10 @@ KNOWN: dict[str, str] = {
     "generator_slowdown": "{\"<generator id>\": f, ...}: after each vLLM call that generator sleeps f - 1 times "
                           "as long as the call took, so it runs f times slower (uneven generators where "
                           "cores cannot be shared out unevenly; tools/bench_dispatch.py; generator)",
+    "generator_pace_s": "{\"<generator id>\": s, ...}: each vLLM call of that generator lasts at least s "
+                        "seconds per group (it sleeps out the rest): a generator on its own device of that "
+                        "speed, whose pace other processes' load does not change while the call's own work "
+                        "fits in it (tools/bench_dispatch.py; generator)",
 }
 
 
@@ -83,10 +87,20 @@ def every(name: str) -> int:
 def slowdown(generator_id: int) -> float:
     """Failpoint `generator_slowdown`'s factor for `generator_id` (1.0: not slowed). Anything but a
     map of generator ids to numbers >= 1 is refused."""
-    raw = value("generator_slowdown")
+    return _per_generator("generator_slowdown", generator_id, off=1.0, least=1.0)
+
+
+def pace_s(generator_id: int) -> float:
+    """Failpoint `generator_pace_s`'s seconds per group for `generator_id` (0.0: not paced). Anything
+    but a map of generator ids to numbers >= 0 is refused."""
+    return _per_generator("generator_pace_s", generator_id, off=0.0, least=0.0)
+
+
+def _per_generator(name: str, generator_id: int, off: float, least: float) -> float:
+    raw = value(name)
     if raw is None:
-        return 1.0
+        return off
     if not isinstance(raw, dict) or not all(
-            isinstance(k, str) and k.isdigit() and type(v) in (int, float) and v >= 1 for k, v in raw.items()):
-        raise FaultSpecError(f"{ENV}: generator_slowdown must map generator ids to factors >= 1, got {raw!r}")
-    return float(raw.get(str(generator_id), 1.0))
+            isinstance(k, str) and k.isdigit() and type(v) in (int, float) and v >= least for k, v in raw.items()):
+        raise FaultSpecError(f"{ENV}: {name} must map generator ids to numbers >= {least:g}, got {raw!r}")
+    return float(raw.get(str(generator_id), off))

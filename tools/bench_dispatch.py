@@ -3,13 +3,18 @@
     .venv/bin/python tools/bench_dispatch.py                          # slowdown 2, 40 steps, 3 repeats
     .venv/bin/python tools/bench_dispatch.py --slowdown 3 --steps 30 --repeats 1 --out /tmp/bd
     .venv/bin/python tools/bench_dispatch.py --base-slowdown 4    # generators that hardly share cores
+    .venv/bin/python tools/bench_dispatch.py --pace-s 0.02        # generators on devices of their own
 
 Two generators, generator 1 made `--slowdown` times slower by the failpoint generator_slowdown
 (it sleeps (f - 1) x each vLLM call's time after the call: a slower device, where this machine
 cannot give one generator a smaller share of its cores). `--base-slowdown B` slows every generator
 B times more (generator 1: B x slowdown): a generator then spends most of its time asleep, as one
 waiting on its own device would, and two of them hardly compete for this machine's cores, so their
-speeds alone can add up. Every run is a real `asyncgrpo train`
+speeds alone can add up. But the sleep is proportional to the call: when the other generator or
+the learner slows a call by 10%, the generator runs 10% slower. `--pace-s P` instead makes each
+vLLM call last P seconds per group (generator 1: P x slowdown; failpoint generator_pace_s): a
+generator on a device of its own, whose speed the other processes do not change as long as the
+call's own work on this machine fits in its pace. Every run is a real `asyncgrpo train`
 (the embedded tiny model, default task, no evaluation, no export) with the same seed and steps:
 
     fast alone      one generator, not slowed
@@ -34,7 +39,7 @@ and groups dropped (stale, full queue, unheld). Two figures of merit:
                    learner can also be what waits on (`learner_idle_frac` near 0).
 And the dropped groups against "tickets, equal".
 
-Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, base_slowdown, steps, repeats,
+Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, base_slowdown, pace_s, steps, repeats,
 modes: mode -> {samples_per_s, of_sum_alone, of_capacity, dropped, sent_slow_frac (the slowed
 generator's share of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every
 run's figures}.
@@ -74,13 +79,23 @@ def slowdowns(label: str, slowdown: float, base: float) -> dict[str, float]:
     return {g: f for g, f in factors.items() if f != 1}
 
 
-def run(label: str, repeat: int, slowdown: float, base: float, steps: int, groups_per_call: int, out: Path,
-        extra: list[str]) -> dict[str, Any]:
+def failpoints(label: str, slowdown: float, base: float, pace_s: float) -> dict[str, Any]:
+    """ASYNCGRPO_FAULTS for `label`: generator_slowdown factors, or with `pace_s` > 0 each generator's
+    generator_pace_s (`pace_s`, times `slowdown` for the slowed one)."""
+    if pace_s <= 0:
+        factors = slowdowns(label, slowdown, base)
+        return {"generator_slowdown": factors} if factors else {}
+    ids = ["0"] if MODES[label][0][0].endswith("=1") else ["0", "1"]
+    factors = slowdowns(label, slowdown, 1.0)
+    return {"generator_pace_s": {g: pace_s * factors.get(g, 1.0) for g in ids}}
+
+
+def run(label: str, repeat: int, slowdown: float, base: float, pace_s: float, steps: int, groups_per_call: int,
+        out: Path, extra: list[str]) -> dict[str, Any]:
     overrides, _ = MODES[label]
     run_dir = out / f"r{repeat}_{''.join(c if c.isalnum() else '_' for c in label)}"
-    factors = slowdowns(label, slowdown, base)
-    env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps({"generator_slowdown": factors})} if factors \
-        else dict(os.environ)
+    faults = failpoints(label, slowdown, base, pace_s)
+    env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps(faults)} if faults else dict(os.environ)
     # One call size everywhere: alone, a generator's share (and so its call) would be a whole step.
     args = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", f"train.max_steps={steps}",
             f"rollout.groups_per_call={groups_per_call}",
@@ -151,6 +166,9 @@ def main() -> int:
     parser.add_argument("--slowdown", type=float, default=2.0, help="generator 1's slowdown factor (>= 1)")
     parser.add_argument("--base-slowdown", type=float, default=1.0,
                         help="every generator's slowdown factor (>= 1), generator 1's on top of --slowdown")
+    parser.add_argument("--pace-s", type=float, default=0.0,
+                        help="seconds per group of generator 0's vLLM calls (generator 1: times --slowdown); "
+                             "replaces the proportional slowdown (default 0: off)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--groups-per-call", type=int, default=8,
                         help="rollout.groups_per_call in every run (default 8: half the default step, the "
@@ -162,12 +180,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.slowdown < 1 or args.base_slowdown < 1 or min(args.steps, args.repeats, args.groups_per_call) < 1:
         parser.error("--slowdown and --base-slowdown must be >= 1, --steps, --repeats and --groups-per-call >= 1")
+    if args.pace_s < 0 or (args.pace_s > 0 and args.base_slowdown != 1):
+        parser.error("--pace-s must be >= 0, and is not combined with --base-slowdown")
     labels = list(MODES)
     runs = []
     for repeat in range(args.repeats):
         for label in labels[repeat % len(labels):] + labels[:repeat % len(labels)]:
-            runs.append(run(label, repeat, args.slowdown, args.base_slowdown, args.steps, args.groups_per_call,
-                            args.out, args.overrides))
+            runs.append(run(label, repeat, args.slowdown, args.base_slowdown, args.pace_s, args.steps,
+                            args.groups_per_call, args.out, args.overrides))
     of_sum_alone(runs)
     modes = summarize(runs)
     print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'of capacity':>20} {'dropped':>12} "
@@ -176,7 +196,8 @@ def main() -> int:
         print(f"{label:<16} {cell(m['samples_per_s'], '.0f'):>22} {cell(m['of_sum_alone'], '.2f'):>20} "
               f"{cell(m['of_capacity'], '.2f'):>20} {cell(m['dropped'], '.0f'):>12} "
               f"{cell(m['sent_slow_frac'], '.2f'):>20} {cell(m['learner_idle_frac'], '.2f'):>20}")
-    print(json.dumps({"slowdown": args.slowdown, "base_slowdown": args.base_slowdown, "steps": args.steps,
+    print(json.dumps({"slowdown": args.slowdown, "base_slowdown": args.base_slowdown, "pace_s": args.pace_s,
+                      "steps": args.steps,
                       "groups_per_call": args.groups_per_call, "repeats": args.repeats, "modes": modes,
                       "runs": runs}))
     return 0

@@ -202,6 +202,7 @@ class Generator:
             raise ValueError("tickets and positioned prompts go together")
         self._no_tickets_since: float | None = None  # the wait for a grant, across retries
         self.slowdown = faults.slowdown(generator_id)
+        self.pace_s = faults.pace_s(generator_id)
         self.throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
         self.groups_per_call = groups_per_call(cfg, quota_per_step)
         self.version = initial_version
@@ -323,6 +324,8 @@ class Generator:
                     completions = self._generate(prompts)
                     if self.slowdown > 1:  # failpoint generator_slowdown: a slower generator
                         time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
+                    if self.pace_s > 0:  # failpoint generator_pace_s: a generator on a device of its own
+                        time.sleep(max(0.0, started + self.pace_s * len(prompts) - time.perf_counter()))
                 with timer("score"):
                     scoring = self._submit(problems, positions, prompts, completions, slots)
                 if pending is not None:  # its rewards were computed during this vLLM call

@@ -57,3 +57,12 @@ def test_every_generator_gets_the_base_slowdown_and_the_slowed_one_the_product()
     assert bench.slowdowns("tickets, equal", 2, 4) == {"0": 4, "1": 4}
     assert bench.slowdowns("even shares", 2, 4) == {"0": 4, "1": 8}
     assert bench.slowdowns("slow alone", 2, 4) == {"0": 8}
+
+
+def test_a_pace_replaces_the_slowdown_and_reaches_every_generator_of_the_run():
+    assert bench.failpoints("fast alone", 2, 1, 0.0) == {}
+    assert bench.failpoints("tickets", 2, 1, 0.0) == {"generator_slowdown": {"1": 2}}
+    assert bench.failpoints("fast alone", 2, 1, 0.02) == {"generator_pace_s": {"0": 0.02}}
+    assert bench.failpoints("slow alone", 2, 1, 0.02) == {"generator_pace_s": {"0": 0.04}}
+    assert bench.failpoints("tickets", 3, 1, 0.02) == {"generator_pace_s": {"0": 0.02, "1": pytest.approx(0.06)}}
+    assert bench.failpoints("tickets, equal", 3, 1, 0.02) == {"generator_pace_s": {"0": 0.02, "1": 0.02}}

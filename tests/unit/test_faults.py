@@ -83,6 +83,17 @@ def test_a_slowdown_applies_to_the_generators_it_names_and_refuses_factors_below
             faults.slowdown(1)
 
 
+def test_a_pace_applies_to_the_generators_it_names_and_refuses_negative_seconds(monkeypatch):
+    monkeypatch.setenv(faults.ENV, '{"generator_pace_s": {"0": 0.02, "2": 0}}')
+    assert [faults.pace_s(g) for g in range(3)] == [0.02, 0.0, 0.0]
+    monkeypatch.delenv(faults.ENV)
+    assert faults.pace_s(0) == 0.0
+    for bad in ('{"1": -0.1}', '0.02', '{"a": 1}', '{"1": null}'):
+        monkeypatch.setenv(faults.ENV, '{"generator_pace_s": %s}' % bad)
+        with pytest.raises(faults.FaultSpecError, match="generator_pace_s"):
+            faults.pace_s(1)
+
+
 def test_the_sink_is_wrapped_only_when_a_wire_failpoint_is_set(monkeypatch):
     sink = ListSink()
     monkeypatch.delenv(faults.ENV, raising=False)

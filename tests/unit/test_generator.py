@@ -439,6 +439,38 @@ def test_problems_are_taken_one_call_at_a_time():
     assert list(itertools.islice(generator.problems, 1))  # the stream was not drained
 
 
+class VirtualClock:
+    """Stands in for the generator module's `time`: sleeps advance it and are recorded."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_a_paced_generator_sleeps_out_each_call_to_its_seconds_per_group(monkeypatch, paced):
+    import asyncgrpo.rollout.generator as generator_module
+
+    clock = VirtualClock()
+    monkeypatch.setattr(generator_module, "time", clock)
+    monkeypatch.setenv("ASYNCGRPO_FAULTS", '{"generator_pace_s": {"%d": 0.05}}' % (0 if paced else 1))
+    cfg = config(rollout={"groups_per_call": 3}, train={"max_staleness": 0})
+    engine = AddingEngine(before_call=lambda: setattr(clock, "now", clock.now + 0.01))  # the call's own work
+    generator = make_generator(cfg, quota=4, engine=engine)
+    generator.run()
+    assert [len(c["prompts"]) for c in engine.calls] == [3, 1]
+    pace_sleeps = [s for s in clock.sleeps if s > 0]
+    assert pace_sleeps == ([pytest.approx(0.15 - 0.01), pytest.approx(0.05 - 0.01)] if paced else [])
+
+
 def test_waits_for_rewards_outlast_the_rewards_own_timeouts():
     cfg = config()
     one = score_timeout_s(cfg, 1)
