@@ -114,10 +114,6 @@ def validate(cfg: Config) -> None:
         require(not r.generator_shares, "rollout.generator_shares",
                 "must be [] with rollout.dispatch=tickets (no shares: whoever asks first gets the next slots)",
                 list(r.generator_shares))
-        # The generators read the run's one prompt stream at the positions granted; a finite one
-        # would need its end agreed on between them (not done yet).
-        require(cfg.data.epochs == 0, "data.epochs", "must be 0 (endless) with rollout.dispatch=tickets",
-                cfg.data.epochs)
     require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", r.max_new_tokens)
     require(cfg.model.max_positions > r.max_new_tokens, "model.max_positions",
             f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)

@@ -61,17 +61,22 @@ class Dispatcher:
 
     def __init__(self, groups_per_step: int, max_staleness: int, throttle: bool = True,
                  capacity_groups: int | None = None, first_step: int = 0, first_position: int = 0,
-                 retry_positions: Iterable[int] = ()) -> None:
+                 retry_positions: Iterable[int] = (), end_step: int | None = None,
+                 positions_end: int | None = None) -> None:
         """`capacity_groups`: the queue's; no slot is granted that the queue could not hold beside
         the next step's (None: no such limit). Without it, and without the throttle, a queue full of
-        later slots could block the very group the next step waits for."""
+        later slots could block the very group the next step waits for. `end_step`: the run's last
+        step is end_step - 1 (train.max_steps); no slot of a later step is granted. `positions_end`:
+        the prompt stream's length (finite data); no position at or past it is granted."""
         if groups_per_step < 1 or max_staleness < 0 or first_step < 0 or first_position < 0 \
-                or (capacity_groups is not None and capacity_groups < groups_per_step):
+                or (capacity_groups is not None and capacity_groups < groups_per_step) \
+                or (end_step is not None and end_step < 0) or (positions_end is not None and positions_end < 0):
             raise ValueError(f"bad dispatcher settings: groups_per_step={groups_per_step}, "
                              f"max_staleness={max_staleness}, capacity_groups={capacity_groups}, "
-                             f"first_step={first_step}, first_position={first_position}")
+                             f"first_step={first_step}, first_position={first_position}, end_step={end_step}, "
+                             f"positions_end={positions_end}")
         self.groups_per_step, self.max_staleness, self.throttle = groups_per_step, max_staleness, throttle
-        self.capacity_groups = capacity_groups
+        self.capacity_groups, self.end_step, self.positions_end = capacity_groups, end_step, positions_end
         self.step = first_step  # the next step to take: its slots are step*G .. step*G + G - 1
         self._next_slot = first_step * groups_per_step  # never granted at or beyond this
         self._next_position = first_position
@@ -115,12 +120,17 @@ class Dispatcher:
         throttle), and what the queue can hold from the next step on (with a capacity)."""
         bound = (loaded_version + self.max_staleness + 1) * self.groups_per_step if self.throttle else math.inf
         room = self.step * self.groups_per_step + self.capacity_groups if self.capacity_groups is not None else math.inf
-        return min(bound, room)
+        end = self.end_step * self.groups_per_step if self.end_step is not None else math.inf
+        return min(bound, room, end)
 
     def can_grant(self, loaded_version: int) -> bool:
         """Whether a generator holding `loaded_version` would be granted anything now."""
         limit = self.slot_limit(loaded_version)
-        return bool(self._free and self._free[0] < limit) or self._next_slot < limit
+        return self.prompts_left() and (bool(self._free and self._free[0] < limit) or self._next_slot < limit)
+
+    def prompts_left(self) -> bool:
+        """Whether a prompt is left to grant: one to give again, or a new position before the end."""
+        return bool(self._retry) or self.positions_end is None or self._next_position < self.positions_end
 
     def grant(self, holder: Holder, loaded_version: int, wanted: int) -> tuple[int, list[Ticket]]:
         """Up to `wanted` tickets for `holder`, lowest slots first; (grant number, tickets). Fewer
@@ -128,7 +138,7 @@ class Dispatcher:
         limit = self.slot_limit(loaded_version)
         grant = self._grants.get(holder, 0) + 1
         tickets: list[Ticket] = []
-        while len(tickets) < wanted:
+        while len(tickets) < wanted and self.prompts_left():
             if self._free and self._free[0] < limit:
                 slot = heapq.heappop(self._free)
                 self.counts["regranted"] += 1
@@ -261,11 +271,13 @@ class Dispatcher:
     def restored(self, state: dict[str, Any]) -> Dispatcher:
         """A dispatcher with these settings, continuing from `state` (a checkpoint's)."""
         return Dispatcher.from_state(state, self.groups_per_step, self.max_staleness, self.throttle,
-                                     self.capacity_groups)
+                                     self.capacity_groups, self.end_step, self.positions_end)
 
     @classmethod
     def from_state(cls, state: dict[str, Any], groups_per_step: int, max_staleness: int,
-                   throttle: bool = True, capacity_groups: int | None = None) -> Dispatcher:
+                   throttle: bool = True, capacity_groups: int | None = None, end_step: int | None = None,
+                   positions_end: int | None = None) -> Dispatcher:
         return cls(groups_per_step, max_staleness, throttle, capacity_groups, first_step=int(state["step"]),
                    first_position=int(state["next_position"]),
-                   retry_positions=[int(p) for p in state["retry_positions"]])
+                   retry_positions=[int(p) for p in state["retry_positions"]], end_step=end_step,
+                   positions_end=positions_end)

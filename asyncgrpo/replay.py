@@ -593,6 +593,8 @@ class ReplayQueue:
             f"waited {timeout_s:.0f} s for {num_groups} groups at learner version {learner_version}, "
             f"the queue holds {self._depth()} (capacity {self.capacity_groups}); "
             + (f"the step still misses slots {self.dispatcher.missing()}; " if self.dispatcher is not None else "")
+            + ("the run's prompts ran out (data.epochs): groups dropped on the way took prompts the last steps "
+               "needed; " if self.dispatcher is not None and not self.dispatcher.prompts_left() else "")
             + f"generators last seen: {self.registry.last_seen()}; lost in transit: {self.registry.lost}; "
             f"rejected messages: {rejected or 'none'}"
         )

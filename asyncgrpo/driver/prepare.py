@@ -144,10 +144,13 @@ def load_data(cfg: Config, model_dir: str, summary: dict[str, Any]) -> list[Prob
 def steps_in_data(cfg: Config, num_train_problems: int) -> int | None:
     """Full steps that data.epochs over the training prompts fill; None for endless data (epochs = 0).
 
-    Each generator streams its own equal shard, so a shard's remainder smaller than its quota is
-    lost, and with uneven rollout.generator_shares the largest share's shard sets the steps."""
+    Under shares each generator streams its own equal shard, so a shard's remainder smaller than its
+    quota is lost, and with uneven rollout.generator_shares the largest share's shard sets the steps.
+    Under tickets the generators read one stream: every full step of it."""
     if cfg.data.epochs <= 0:
         return None
+    if cfg.rollout.dispatch == "tickets":
+        return num_train_problems * cfg.data.epochs // cfg.train.groups_per_step
     per_generator = num_train_problems // cfg.rollout.num_generators * cfg.data.epochs
     return min(per_generator // quota for quota in groups_per_generator(cfg))
 

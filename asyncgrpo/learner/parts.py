@@ -28,6 +28,7 @@ from asyncgrpo.replay import (
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.rewards.errors import RewardErrorWindow
 from asyncgrpo.schema import Config
+from asyncgrpo.tasks import make_task, run_stream_length
 from asyncgrpo.weights import make_sender
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
@@ -98,9 +99,10 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     device = learner_device(cfg)
     owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port)
     policy = Policy.from_config(cfg, model_dir, device, rank, world_size)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     arguments: dict[str, Any] = {
         "cfg": cfg, "policy": policy, "model_dir": model_dir, "rank": rank, "world_size": world_size,
-        "pad_id": AutoTokenizer.from_pretrained(model_dir).pad_token_id, "owns_process_group": owns_group,
+        "pad_id": tokenizer.pad_token_id, "owns_process_group": owns_group,
         "source": None, "registry": None, "weights": None,
     }
     if rank != 0:
@@ -116,8 +118,10 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
     dispatcher = grants = None
     if cfg.rollout.dispatch == "tickets":
+        # Finite data: the generators read the run's one stream, so its end is where grants stop.
         dispatcher = Dispatcher(cfg.train.groups_per_step, cfg.train.max_staleness, throttle=throttle,
-                                capacity_groups=cfg.queue.capacity_groups)
+                                capacity_groups=cfg.queue.capacity_groups, end_step=cfg.train.max_steps,
+                                positions_end=run_stream_length(make_task(cfg, tokenizer), cfg))
         grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     # Under the throttle with shares each step takes each generator's share: the throttle's bound relies on it.
     shares = groups_per_generator(cfg) if throttle and dispatcher is None else None

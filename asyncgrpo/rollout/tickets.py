@@ -103,7 +103,8 @@ class PositionedPrompts:
                 problem = next(self._stream)
             except StopIteration:
                 raise RuntimeError(f"the prompt stream ended before position {position}, which learner rank 0 "
-                                   "granted (rollout.dispatch=tickets needs an endless stream)") from None
+                                   "granted: the generator and the learner disagree on the data (data.* must "
+                                   "be the same for both)") from None
             self._recent[self._next] = problem
             if len(self._recent) > self._window:
                 self._recent.popitem(last=False)

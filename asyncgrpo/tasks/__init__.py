@@ -66,3 +66,13 @@ def run_stream(task: Task, cfg: Config) -> Iterator[Problem]:
     if isinstance(task, FileTask):
         return task.train_problems(seed=cfg.seed, shard=0, num_shards=1)
     return task.train_problems(seed=cfg.seed * 1000)
+
+
+def run_stream_length(task: Task, cfg: Config) -> int | None:
+    """How many problems `run_stream` yields: a file task's prompts times data.epochs; None when
+    endless (a built-in task, or data.epochs = 0)."""
+    from asyncgrpo.tasks.files import FileTask
+
+    if isinstance(task, FileTask) and cfg.data.epochs > 0:
+        return task.num_train_problems * cfg.data.epochs
+    return None

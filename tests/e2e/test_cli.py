@@ -279,6 +279,38 @@ def test_prompts_from_a_file_with_weighted_rewards_stop_when_the_data_runs_out(t
         assert record["reward/mean"] == pytest.approx(record["reward/task"] + 0.1 * record["reward/fmt"], abs=1e-5)
 
 
+def test_with_tickets_two_generators_read_one_finite_stream_and_train_each_prompt_once_per_epoch(tmp_path):
+    # rollout.dispatch=tickets with data.epochs=2: the generators read the run's one stream at the
+    # positions granted, and grants stop at the data's end and at the last step.
+    from collections import Counter
+
+    from asyncgrpo.recording.stream import STREAM_FILE, read_group, scan
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a, b in ((10 + k, 50 + 3 * k % 40) for k in range(100))))
+    recording = tmp_path / "stream"
+    result = subprocess.run(
+        cli(tmp_path, "task.name=files", f"data.train_files=[{data}]", "data.epochs=2", "train.max_steps=1000",
+            "rollout.num_generators=2", "rollout.dispatch=tickets", "eval.at_start=false", "eval.at_end=false",
+            "train.export_at_end=false", f"wire.record_dir={recording}"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # 100 records, 20 held out for eval: 80 prompts x 2 epochs = 160 = 10 steps of 16, both generators.
+    assert summary["steps"] == 10 and "train.max_steps 1000 -> 10" in result.stdout
+    assert all(g["gen/groups_sent"] > 0 for g in summary["generators"])
+    stream = recording / STREAM_FILE
+    with stream.open("rb") as file:
+        groups = [read_group(file, offset) for step in scan(stream, check_groups=False).steps for offset in step.offsets]
+    assert sorted(g.pos for g in groups) == list(range(160))
+    assert len(set(g.generator_id for g in groups)) == 2
+    assert sorted(Counter(g.prompt_id for g in groups).values()) == [2] * 80
+    last = step_records(tmp_path / "run")[-1]
+    assert last["queue/consumed"] == last["queue/received"] == 160  # nothing granted past the last step
+
+
 def test_a_reward_that_always_fails_stops_the_run_naming_its_first_error(tmp_path):
     # json.loads(prompt, completion, answer=None) raises TypeError on every call: a reward outage,
     # which reward.on_error=zero alone would train through on zero rewards.

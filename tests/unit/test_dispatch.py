@@ -250,6 +250,25 @@ def test_a_checkpoints_state_resumes_at_its_step_and_gives_untrained_prompts_fir
     assert [(t.slot, t.position) for t in tickets] == [(2, 2), (3, 3), (4, 4)]
 
 
+def test_no_slot_past_the_last_step_and_no_position_past_the_data_is_granted():
+    d = Dispatcher(groups_per_step=2, max_staleness=3, end_step=2, positions_end=5)
+    _, tickets = d.grant((0, 0), 0, 100)
+    assert [(t.slot, t.position) for t in tickets] == [(0, 0), (1, 1), (2, 2), (3, 3)]  # steps 0 and 1 only
+    assert not d.can_grant(5)
+    d.release(1)  # dropped: a new prompt for the slot, the data's last
+    d.release(2)  # dropped too, and no prompt is left for it
+    assert d.prompts_left() and [(t.slot, t.position) for t in d.grant((0, 0), 0, 100)[1]] == [(1, 4)]
+    assert not d.prompts_left() and not d.can_grant(0) and d.grant((1, 0), 0, 100) == (0, [])
+    d.holder_down((0, 0))  # a prompt to give again is still given, past the data's end
+    assert d.prompts_left() and [(t.slot, t.position) for t in d.grant((1, 0), 0, 100)[1]][:1] == [(0, 0)]
+
+
+def test_a_restored_dispatcher_keeps_its_last_step_and_data_end():
+    d = Dispatcher(groups_per_step=2, max_staleness=0, end_step=3, positions_end=7)
+    restored = d.restored(d.state_dict())
+    assert (restored.end_step, restored.positions_end) == (3, 7)
+
+
 def test_bad_settings_are_refused_in_one_line():
     with pytest.raises(ValueError, match="groups_per_step=0"):
         Dispatcher(0, 1)

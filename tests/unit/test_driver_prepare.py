@@ -46,6 +46,15 @@ def test_finite_data_fits_max_steps_to_the_full_steps_it_fills(capsys):
         fit_steps_to_data(cfg, 2)  # 1 prompt per generator, 2 epochs: less than a quota of 3
 
 
+def test_under_tickets_finite_data_fills_every_full_step_of_the_one_stream():
+    cfg = config("rollout.num_generators=2", "rollout.dispatch=tickets", "train.groups_per_step=5",
+                 "train.max_steps=100", "data.epochs=2")
+    # One stream of 101 prompts x 2 epochs = 202 for both generators: 40 full steps of 5 (not 33 under shares).
+    assert steps_in_data(cfg, 101) == 40
+    fit_steps_to_data(cfg, 101)
+    assert cfg.train.max_steps == 40
+
+
 def test_endless_data_leaves_max_steps_alone():
     cfg = config("data.epochs=0", "train.max_steps=7")
     assert steps_in_data(cfg, 3) is None
