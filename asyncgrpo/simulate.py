@@ -102,6 +102,8 @@ class Settings:
     # rollout.dispatch: "shares", a fixed share of every step per generator; or "tickets", the
     # dynamic dispatch of asyncgrpo/dispatch.py (docs/SIMULATOR.md).
     dispatch: str = "shares"
+    # weights.max_backlog_versions: under tickets the learner waits only for an engine this far behind.
+    max_backlog_versions: int = 4
 
     @property
     def throttles(self) -> bool:
@@ -179,6 +181,9 @@ class Settings:
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
         require(self.dispatch in DISPATCHES, "rollout.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
+        require(self.dispatch != "tickets" or self.max_backlog_versions >= self.push_every_steps,
+                "weights.max_backlog_versions", f"must be >= weights.push_every_steps={self.push_every_steps} "
+                "with rollout.dispatch=tickets", self.max_backlog_versions)
         shares = self.shares()
         require(not shares or (len(shares) == self.num_generators and min(shares) >= 1
                                and sum(shares) == self.groups_per_step), "rollout.generator_shares",
@@ -192,6 +197,7 @@ CONFIG_KEYS = {
     "rollout.num_generators": "num_generators",
     "rollout.generator_shares": "generator_shares",
     "rollout.dispatch": "dispatch",
+    "weights.max_backlog_versions": "max_backlog_versions",
     "rollout.groups_per_call": "groups_per_call",
     "train.groups_per_step": "groups_per_step",
     "train.max_staleness": "max_staleness",
@@ -368,7 +374,8 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
         world_size=int(get("learner.world_size")), capacity_groups=int(get("queue.capacity_groups")),
         full_policy=str(get("queue.full_policy")), push_every_steps=int(get("weights.push_every_steps")),
         steps=steps, generator_shares=",".join(str(v) for v in shares),
-        dispatch=str(rollout.get("dispatch", "shares")) if isinstance(rollout, dict) else "shares")  # older runs: shares
+        dispatch=str(rollout.get("dispatch", "shares")) if isinstance(rollout, dict) else "shares",  # older runs: shares
+        max_backlog_versions=int((config.get("weights") or {}).get("max_backlog_versions", 4)))  # older runs: 4
     settings.check()
     return settings
 
@@ -572,10 +579,12 @@ class EventLoop:
 
 @dataclass
 class Clock:
-    """One actor's seconds per phase; a wait still open at the end is counted up to the end."""
+    """One actor's seconds per phase; a wait still open at the end is counted up to the end, and a
+    busy phase still running only up to the end."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     waiting: tuple[str, float] | None = None
+    running: tuple[str, float] | None = None  # a busy phase, and when it ends
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
@@ -585,6 +594,10 @@ class Clock:
             phase, since = self.waiting
             self.add(phase, now - since)
             self.waiting = None
+        if self.running is not None:
+            phase, until = self.running
+            self.add(phase, -max(0.0, until - now))
+            self.running = None
 
 
 # ------------------------------------------------------------------------------ the model
@@ -687,7 +700,9 @@ class Model:
 
     def busy(self, clock: Clock, phase: str, seconds: float) -> Iterator[Delay]:
         clock.add(phase, seconds)
+        clock.running = (phase, self.loop.now + seconds)
         yield Delay(seconds)
+        clock.running = None
 
     def wait(self, clock: Clock, phase: str, condition: Callable[[], bool],
              reads: frozenset[str] | None = None) -> Iterator[Until]:
@@ -809,7 +824,7 @@ class Model:
     def learner_loop(self) -> Process:
         s = self.s
         for step in range(s.steps):
-            floor = self.version - s.max_staleness
+            floor = self.version - (s.max_backlog_versions if self.dispatcher is not None else s.max_staleness)
             if floor > 0 and not self.acks_ok(floor):
                 self.ack_waits += 1
                 yield from self.wait(self.learner, "ack_wait", lambda: self.acks_ok(floor))

@@ -103,6 +103,17 @@ def test_learner_ranks_divide_training_time_at_the_given_efficiency():
     assert four == pytest.approx(2 * one)
 
 
+def test_a_reward_wait_still_running_at_the_end_counts_as_idle_only_up_to_the_end():
+    # Three generators at a quarter speed, a group per call, then 1 s waiting for its rewards: the
+    # only step ends at 1.5 s, when the second waits have run 0.25 s of their 1 s. Idle 1.0 of 1.5 s each.
+    cal, s = constant_run(generate_s=0.0625 * 4, train_s=0.0, groups_per_step=4, steps=1, num_generators=3)
+    cal.generators[0] = replace(cal.generators[0], call_groups=1, generate_s=0.0625, score_wait_s=1.0)
+    s = replace(s, stale_policy="drop", generator_speeds="0.25,0.25,0.25")
+    result = simulate(cal, s)
+    assert result.sim_time_s == pytest.approx(1.5)
+    assert result.generator_idle_fracs == pytest.approx([1.0 / 1.5] * 3)
+
+
 def test_warmup_steps_replay_the_runs_first_times_then_draw_from_the_rest():
     cal, s = constant_run(generate_s=1.0, train_s=[5.0, 1.0, 1.0], max_staleness=0, steps=3, warmup_steps=1)
     result = simulate(cal, s)
@@ -183,12 +194,14 @@ def random_run(draw: st.DrawFn) -> tuple[Calibration, Settings]:
     max_staleness = draw(st.integers(0, 4))
     stale_policy = draw(st.sampled_from(sim.STALE_POLICIES))
     needed = (max_staleness + 1) * groups_per_step if num_generators > 1 and stale_policy != "drop" else groups_per_step
+    push_every_steps = draw(st.integers(1, max_staleness + 1))
     settings = Settings(
         num_generators=num_generators, groups_per_step=groups_per_step, samples_per_prompt=2,
         max_staleness=max_staleness, stale_policy=stale_policy, groups_per_call=draw(st.integers(0, 6)),
         world_size=draw(st.integers(1, 4)), capacity_groups=needed + draw(st.integers(0, 8)),
         full_policy=draw(st.sampled_from(sim.FULL_POLICIES)),
-        push_every_steps=draw(st.integers(1, max_staleness + 1)), steps=draw(st.integers(1, 25)),
+        push_every_steps=push_every_steps, max_backlog_versions=draw(st.integers(push_every_steps, 6)),
+        steps=draw(st.integers(1, 25)),
         seed=draw(st.integers(0, 3)), warmup_steps=draw(st.integers(0, 2)), replay=draw(st.booleans()),
         scaling_efficiency=draw(st.floats(0.3, 1.0)), generate_cv=draw(st.floats(0.0, 1.0)),
         dispatch=draw(st.sampled_from(sim.DISPATCHES)),
@@ -312,6 +325,18 @@ def test_a_runs_dispatch_is_simulated_unless_overridden_and_older_runs_are_share
     cal = Calibration.from_run(run)
     assert cal.settings.dispatch == "tickets"
     assert apply_overrides(cal.settings, ["rollout.dispatch=shares"]).dispatch == "shares"
+
+
+def test_a_runs_max_backlog_versions_is_simulated_and_older_runs_have_the_default(tmp_path):
+    run = fake_run(tmp_path)
+    assert Calibration.from_run(run).settings.max_backlog_versions == 4
+    config = (run / "config.yaml").read_text().replace("{push_every_steps: 1}",
+                                                        "{push_every_steps: 1, max_backlog_versions: 6}")
+    (run / "config.yaml").write_text(config)
+    settings = Calibration.from_run(run).settings
+    assert settings.max_backlog_versions == 6
+    with pytest.raises(SimulationError, match="weights.max_backlog_versions must be >= weights.push_every_steps=1"):
+        apply_overrides(settings, ["rollout.dispatch=tickets", "weights.max_backlog_versions=0"])
 
 
 def test_a_runs_generator_shares_set_each_generators_calls_in_the_calibration(tmp_path):
