@@ -170,6 +170,10 @@ def validate(cfg: Config) -> None:
     require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
             cfg.rollout.inflight_chunk_tokens)
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
+    require(cfg.rollout.dispatch != "tickets" or cfg.weights.max_backlog_versions >= cfg.weights.push_every_steps,
+            "weights.max_backlog_versions", f"must be >= weights.push_every_steps={cfg.weights.push_every_steps} "
+            "with rollout.dispatch=tickets (an engine up to date lags the learner by up to that many versions)",
+            cfg.weights.max_backlog_versions)
     # Generators only ever hold pushed versions (multiples of k): with k > max_staleness + 1 the
     # throttle and the acknowledgement bound would wait for a version that is never pushed.
     require(cfg.weights.push_every_steps <= cfg.train.max_staleness + 1, "weights.push_every_steps",
@@ -235,6 +239,8 @@ def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
     require(t.stale_policy in THROTTLING_STALE_POLICIES, "train.stale_policy",
             f"must throttle ({', '.join(THROTTLING_STALE_POLICIES)}) {why}: without it a generator runs ahead of the "
             "weights it holds and the staleness is whatever the drop leaves", t.stale_policy)
+    # Tickets grant a slot to any engine fresh enough, so a group may be fresher than exactly k.
+    require(cfg.rollout.dispatch == "shares", "rollout.dispatch", f"must be shares {why}", cfg.rollout.dispatch)
     # The published version would lag by up to push_every_steps - 1 more than k.
     require(cfg.weights.push_every_steps == 1, "weights.push_every_steps", f"must be 1 {why}",
             cfg.weights.push_every_steps)

@@ -44,7 +44,7 @@ REPUBLISH_EVERY_S = 2.0
 
 def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, generator_ids: range, floor: int,
                         groups_per_step: int, timeout_s: float, max_staleness: int,
-                        on_wait: Callable[[], None] | None = None) -> bool:
+                        on_wait: Callable[[], None] | None = None, lag_name: str = "max_staleness") -> bool:
     """Hold the update until every generator has loaded a version >= `floor`; True if it waited.
 
     The throttle keeps a generator's *groups* fresh; this keeps its *engine* fresh: a generator
@@ -72,7 +72,7 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
         if time.monotonic() > deadline:
             raise TimeoutError(f"learner at version {floor + max_staleness} waited {timeout_s:.0f} s for generators "
                                f"to load version >= {floor} "
-                               f"(max_staleness={max_staleness}); acknowledged versions: {lagging}")
+                               f"({lag_name}={max_staleness}); acknowledged versions: {lagging}")
         time.sleep(0.0005)
 
 
@@ -188,13 +188,18 @@ class Learner:
     def _wait_for_generators(self) -> None:
         # With tickets each grant carries the bound (a slot only for weights fresh enough to train
         # it in time): an engine that lags gets no slots until it loads newer weights, and waiting
-        # for it here would hold every step back to the slowest generator again.
-        if self.registry is None or self.cfg.rollout.dispatch == "tickets":
+        # for it at max_staleness would hold every step back to the slowest generator again. It is
+        # waited for only when it falls weights.max_backlog_versions behind (stalled): every version
+        # it has not loaded waits in its receive buffer.
+        if self.registry is None:
             return
         t = self.cfg.train
+        tickets = self.cfg.rollout.dispatch == "tickets"
+        lag = self.cfg.weights.max_backlog_versions if tickets else t.max_staleness
         if wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
-                               self.version - t.max_staleness, t.groups_per_step, self.cfg.wire.timeout_s,
-                               t.max_staleness, on_wait=self._serve_rejoins):
+                               self.version - lag, t.groups_per_step, self.cfg.wire.timeout_s, lag,
+                               on_wait=self._serve_rejoins,
+                               lag_name="weights.max_backlog_versions" if tickets else "max_staleness"):
             self.ack_waits += 1
 
     def _take(self) -> list[ScoredGroup]:

@@ -140,6 +140,27 @@ def test_the_acknowledgement_wait_passes_once_the_generators_hold_the_published_
         learner._wait_for_generators()
 
 
+def test_under_tickets_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_behind():
+    from asyncgrpo.config import ConfigError
+
+    cfg = load(["rollout.dispatch=tickets", "rollout.num_generators=1", "train.groups_per_step=2",
+                "train.max_staleness=1", "weights.max_backlog_versions=3", "wire.timeout_s=0.2"])
+    queue = ReplayQueue(None, 8, StalenessEviction(1, drop_stale=False, full_policy="block"), limits=None, shares=[2])
+    learner = Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
+                      registry=queue.registry, weights=Sender(), owns_process_group=False)
+    for _ in range(5):
+        advance(learner)
+    queue.put(VersionAck(0, 2))  # 3 behind version 5: past max_staleness, within the backlog
+    learner._wait_for_generators()
+    assert learner.ack_waits == 0
+    learner.version += 1  # now 4 behind
+    with pytest.raises(TimeoutError, match=r"load version >= 3 \(weights.max_backlog_versions=3\)"):
+        learner._wait_for_generators()
+    with pytest.raises(ConfigError, match="weights.max_backlog_versions must be >= weights.push_every_steps=2"):
+        load(["rollout.dispatch=tickets", "weights.push_every_steps=2", "weights.max_backlog_versions=1"])
+    assert load(["weights.push_every_steps=2", "weights.max_backlog_versions=1"])  # unused under shares
+
+
 def test_config_sets_max_staleness_and_refuses_what_would_break_it():
     from asyncgrpo.config import ConfigError
 
@@ -149,7 +170,8 @@ def test_config_sets_max_staleness_and_refuses_what_would_break_it():
     for overrides, key in [(["train.max_staleness=2"], "train.max_staleness=2 contradicts"),
                            (["train.stale_policy=drop"], "train.stale_policy must throttle"),
                            (["weights.push_every_steps=2"], "weights.push_every_steps must be 1"),
-                           (["rollout.inflight_updates=true"], "rollout.inflight_updates must be false")]:
+                           (["rollout.inflight_updates=true"], "rollout.inflight_updates must be false"),
+                           (["rollout.dispatch=tickets"], "rollout.dispatch must be shares")]:
         with pytest.raises(ConfigError, match=key):
             load(["train.fixed_staleness=3", *overrides])
     with pytest.raises(ConfigError, match="train.fixed_staleness must be -1"):
