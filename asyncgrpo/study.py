@@ -46,6 +46,7 @@ from asyncgrpo.engine_cluster import (
     signal_when_parent_dies,
 )
 from asyncgrpo.files import write_atomic
+from asyncgrpo.interrupts import interrupts_deferred
 from asyncgrpo.schema import CONFIG_DIR
 
 # ------------------------------------------------------------------------------------------ defaults
@@ -589,7 +590,8 @@ def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], N
         if outcome.interrupted:
             log("[study] interrupted: no further runs; writing the results of the finished ones "
                 "(run the same command again to continue)")
-        with _interrupts_deferred():  # a torn results.csv or report.md would be worse than a late exit
+        # A torn results.csv or report.md would be worse than a late exit.
+        with interrupts_deferred("[study] {signal} ignored: writing the results"):
             outcome.written = aggregate(study_dir)
     log(f"[study] results: {study_dir / 'results.csv'}, report: {study_dir / 'report.md'}")
     return outcome
@@ -766,26 +768,6 @@ def _study_lock(study_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             raise StudyError(f"{study_dir}: another asyncgrpo study is running in this directory") from None
         yield
-
-
-@contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C and SIGTERM reported and ignored (main thread only, where signal handlers live)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-
-    def report(signum: int, frame: object) -> None:
-        print(f"[study] {signal.Signals(signum).name} ignored: writing the results", flush=True)
-
-    for signum in previous:
-        signal.signal(signum, report)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 # ------------------------------------------------------------------------------------------ statistics

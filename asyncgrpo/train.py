@@ -26,7 +26,6 @@ from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_seq
 from asyncgrpo.driver.loop import RemoteLearner, periodic_eval_line, run_loop
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
-    interrupts_deferred,
     load_data,
     prepare_model,
     resolve_device,
@@ -35,6 +34,7 @@ from asyncgrpo.driver.prepare import (
     starting_model,
 )
 from asyncgrpo.files import write_atomic
+from asyncgrpo.interrupts import interrupts_deferred
 from asyncgrpo.metrics import (
     MetricsSink,
     SampleLogger,

@@ -739,8 +739,13 @@ def generator_kill(ctx: Context, row: Row) -> None:
         (result.summary.get("generator_restarts") == 1 and restarted == 1, "generator_restarts=1"),
         ("[restart] generator 0 rejoined" in result.output, "the driver says generator 0 rejoined"),
     ])
-    row.notes.append(f"{row.details['counted']['dropped_restart']} queued groups of the dead one dropped, "
-                     "generated again")
+    if runs_dispatch(ctx.run_dir) == "tickets":
+        last = result.steps[-1] if result.steps else {}
+        row.notes.append(f"{last.get('dispatch/down')} slots of the dead one not arrived granted again with their "
+                         "prompts; what it queued kept its slots")
+    else:
+        row.notes.append(f"{row.details['counted']['dropped_restart']} queued groups of the dead one dropped, "
+                         "generated again")
 
 
 def generator_kill_at_end(ctx: Context, row: Row) -> None:
@@ -870,7 +875,11 @@ def wire_loss_beyond_headroom(ctx: Context, row: Row) -> None:
     last = result.steps[-1] if result.steps else {}
     lost = int(last.get("queue/lost", 0))
     evaluate(ctx, row, steps, [(lost > headroom, f"more groups lost ({lost}) than the throttle's lead ({headroom})")])
-    row.notes.append(f"{lost} groups lost in transit, {headroom} of lead: each credited back to the throttle")
+    if runs_dispatch(ctx.run_dir) == "tickets":
+        row.notes.append(f"{lost} groups lost in transit: {last.get('dispatch/lost')} slots granted again with their "
+                         "prompts (tickets: no lead to use up)")
+    else:
+        row.notes.append(f"{lost} groups lost in transit, {headroom} of lead: each credited back to the throttle")
 
 
 def judge_outage(ctx: Context, row: Row) -> None:

@@ -7,14 +7,14 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncgrpo import faults
 from asyncgrpo.config import groups_per_generator
 from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.interrupts import interrupts_deferred
 from asyncgrpo.resume import RESUME_AUTO, check_compatible
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
@@ -215,28 +215,6 @@ def interrupt_on_sigterm() -> None:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-@contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """While the run stops its actors and Ray and writes its summary, another Ctrl-C or SIGTERM
-    (an impatient user, a scheduler repeating its notice) would abort that half-way and leave
-    processes or a torn summary.json behind: it is reported and ignored instead. Main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    for signum in previous:
-        signal.signal(signum, _report_interrupt)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
-
-
-def _report_interrupt(signum: int, frame: object) -> None:
-    print(f"[interrupt] {signal.Signals(signum).name} ignored: already stopping the run", flush=True)
 
 
 def local_cpus(cfg: Config) -> int:

@@ -19,9 +19,9 @@ from asyncgrpo.config import load
 from asyncgrpo.driver import prepare
 from asyncgrpo.driver.prepare import (
     interrupt_on_sigterm,
-    interrupts_deferred,
     resume_point,
 )
+from asyncgrpo.interrupts import interrupts_deferred
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.resume import (
     ResumeRefused,
