@@ -121,7 +121,8 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
         # Finite data: the generators read the run's one stream, so its end is where grants stop.
         dispatcher = Dispatcher(cfg.train.groups_per_step, cfg.train.max_staleness, throttle=throttle,
                                 capacity_groups=cfg.queue.capacity_groups, end_step=cfg.train.max_steps,
-                                positions_end=run_stream_length(make_task(cfg, tokenizer), cfg))
+                                positions_end=run_stream_length(make_task(cfg, tokenizer), cfg)
+                                if cfg.data.epochs > 0 else None)
         grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     # Under the throttle with shares each step takes each generator's share: the throttle's bound relies on it.
     shares = groups_per_generator(cfg) if throttle and dispatcher is None else None
