@@ -3,6 +3,7 @@
     .venv/bin/python tools/validate_simulator.py                                # etas 0,1,2,4 x 1 and 2 generators
     .venv/bin/python tools/validate_simulator.py --etas 0,2 --generators 1 --steps 30
     .venv/bin/python tools/validate_simulator.py --reuse --out /tmp/simval      # simulate finished runs again
+    .venv/bin/python tools/validate_simulator.py --steps 200 --repeats 3        # every setting 3 times, medians
 
 For each (generators, max_staleness): a short real `asyncgrpo train` (the embedded tiny model on
 the default task, no evaluation, no export) into OUT/g<generators>_eta<max_staleness>. Then each
@@ -20,6 +21,11 @@ run's samples/s is predicted three ways and compared with what the run measured:
   is off for 2 generators by however much contention costs, and this column shows what is left.
 - own: calibrated from the run itself at its own settings: the model's bookkeeping, not a
   prediction (the table before cross-setting validation existed).
+
+`--repeats R` runs the whole grid R times (round r into OUT/r<r>, each in an order rotated by r,
+so that a shared machine's drift reaches every setting alike); each round's predictions are
+calibrated from that round's reference, and a setting's figure is the median over rounds of its
+ratios (and of its measured samples/s), printed with their [min-max].
 
 Last, one JSON line: every row, and per column the worst ratio (farthest from 1) with its run and
 whether every ratio is within 15%. The reference run's own row is not a prediction and is left out
@@ -127,6 +133,46 @@ def worst(rows: list[dict[str, Any]], column: str) -> dict[str, Any] | None:
             "runs": len(scored), "within_15pct": all(abs(r - 1) <= TOLERANCE for r, _ in scored)}
 
 
+def combine(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per (generators, max_staleness) from the rows of every round: per column the median
+    of the rounds' ratios with their min and max, and the measured samples/s likewise."""
+    by_key: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for rows in rounds:
+        for row in rows:
+            by_key.setdefault((row["generators"], row["max_staleness"]), []).append(row)
+    combined = []
+    for (generators, eta), rows in by_key.items():
+        measured = [r["measured"]["samples_per_s"] for r in rows]
+        entry: dict[str, Any] = {"generators": generators, "max_staleness": eta, "rounds": len(rows),
+                                 "measured": {"samples_per_s": statistics.median(measured), "min": min(measured),
+                                              "max": max(measured)}}
+        for column in COLUMNS:
+            ratios = [r[column]["ratio"] for r in rows if r.get(column) and r[column]["ratio"] is not None]
+            entry[column] = ({"ratio": round(statistics.median(ratios), 4), "min": min(ratios), "max": max(ratios),
+                              **({"is_source": True} if any(r[column].get("is_source") for r in rows) else {})}
+                             if ratios else None)
+        combined.append(entry)
+    return combined
+
+
+def format_combined(rows: list[dict[str, Any]]) -> str:
+    """The medians over rounds, [min-max]; * marks the reference's cross cell."""
+    def cell(column: dict[str, Any] | None) -> str:
+        if not column:
+            return "-"
+        return (f"{column['ratio']:.3f} [{column['min']:.3f}-{column['max']:.3f}]"
+                + ("*" if column.get("is_source") else ""))
+
+    lines = ["| generators | max_staleness | rounds | measured samples/s | ratio cross | ratio same generators | "
+             "ratio own |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["measured"]
+        lines.append(f"| {r['generators']} | {r['max_staleness']} | {r['rounds']} | {m['samples_per_s']:.1f} "
+                     f"[{m['min']:.1f}-{m['max']:.1f}] | {cell(r['cross'])} | {cell(r['same_generators'])} | "
+                     f"{cell(r['own'])} |")
+    return "\n".join(lines)
+
+
 def _ratio_cell(column: dict[str, Any] | None) -> str:
     if not column or column["ratio"] is None:
         return "-"
@@ -180,8 +226,12 @@ def main() -> int:
     parser.add_argument("--cache-dir", default="", help="model.cache_dir (default: the config's)")
     parser.add_argument("--reuse", action="store_true", help="simulate a finished run directory instead of "
                                                              "training it again")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the whole grid (default 1); medians "
+                                                                   "over rounds")
     parser.add_argument("overrides", nargs="*", help="further `asyncgrpo train` overrides for every run")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     extra = [*([f"model.cache_dir={args.cache_dir}"] if args.cache_dir else []), *args.overrides]
     try:
         reference_generators, reference_run_eta = (int(x) for x in args.reference.split(","))
@@ -191,12 +241,40 @@ def main() -> int:
     grid = [(int(g), int(e)) for g in args.generators.split(",") for e in args.etas.split(",")]
     needed = grid + ([reference_key] if not args.reference_dir and reference_key not in grid else [])
 
+    rounds = []
+    for repeat in range(args.repeats):
+        out = Path(args.out) / f"r{repeat}" if args.repeats > 1 else Path(args.out)
+        order = needed[repeat % len(needed):] + needed[:repeat % len(needed)]
+        outcome = one_round(args, out, order, grid, reference_key, extra)
+        if outcome is None:
+            return 1
+        reference, rows = outcome
+        rounds.append(rows)
+        print(format_table(rows))
+        print(f"\nphase times each run measured (the reference: {json.dumps(phase_times(reference))})")
+        print(format_phases(rows), flush=True)
+    if args.repeats == 1:
+        print(json.dumps({"reference": reference.run_dir, "runs": rounds[0],
+                          "worst": {column: worst(rounds[0], column) for column in COLUMNS}}))
+        return 0 if rounds[0] else 1
+    combined = combine(rounds)
+    print(f"\nmedians over {args.repeats} rounds [min-max]")
+    print(format_combined(combined))
+    print(json.dumps({"repeats": args.repeats, "runs": combined, "rounds": rounds,
+                      "worst": {column: worst(combined, column) for column in COLUMNS}}))
+    return 0 if combined else 1
+
+
+def one_round(args: argparse.Namespace, out: Path, order: list[tuple[int, int]], grid: list[tuple[int, int]],
+              reference_key: tuple[int, int], extra: list[str]) -> tuple[Calibration, list[dict[str, Any]]] | None:
+    """Train (or reuse) every run of `order` under `out`; (the reference, a row per run of `grid`),
+    or None without a reference."""
     calibrations: dict[tuple[int, int], Calibration] = {}
     # The machine's load average as each run ended: on a shared machine the phase times follow it,
     # which no calibration from another run can know.
     load_after: dict[tuple[int, int], float] = {}
-    for generators, eta in needed:
-        run_dir = Path(args.out) / f"g{generators}_eta{eta}"
+    for generators, eta in order:
+        run_dir = out / f"g{generators}_eta{eta}"
         if not (args.reuse and finished(run_dir)):
             print(f"training {run_dir} ...", file=sys.stderr, flush=True)
             train(run_dir, generators, eta, args.steps, extra)
@@ -210,7 +288,7 @@ def main() -> int:
                      else calibrations[reference_key])
     except (SimulationError, KeyError) as err:
         print(f"no reference run to calibrate from: {err}", file=sys.stderr)
-        return 1
+        return None
     reference_eta = reference.settings.max_staleness
     print(f"cross: calibrated from {reference.run_dir} ({reference.settings.num_generators} generator(s), "
           f"max_staleness {reference_eta}, {reference.settings.steps} steps); same generators: from the run with "
@@ -233,12 +311,7 @@ def main() -> int:
             "same_generators": predict(calibrations[source], target) if source else None,
             "own": predict(target, target),
         })
-    print(format_table(rows))
-    print(f"\nphase times each run measured (the reference: {json.dumps(phase_times(reference))})")
-    print(format_phases(rows))
-    print(json.dumps({"reference": reference.run_dir, "runs": rows,
-                      "worst": {column: worst(rows, column) for column in COLUMNS}}))
-    return 0 if rows else 1
+    return reference, rows
 
 
 if __name__ == "__main__":

@@ -76,3 +76,23 @@ def test_phase_times_are_what_a_prediction_carries_over_and_print_as_a_table():
     assert phases == {"call_s": 1.5, "call_groups": 4, "train_s": 3.0, "push_s": 0.5}  # the warm-up step left out
     table = vs.format_phases([{"generators": 1, "max_staleness": 0, "phases": phases}]).splitlines()
     assert table[2] == "| 1 | 0 | 1.5000 (4) | 3.0000 | 0.5000 |"
+
+
+def test_rounds_combine_into_the_median_ratio_per_setting_with_its_spread_and_the_worst_is_judged_on_medians():
+    rounds = [[row(1, 0, 0.80, 1.05, 1.01), row(1, 2, 1.0, None, 1.0, source=True)],
+              [row(1, 0, 0.95, 1.00, 1.00), row(1, 2, 1.0, None, 1.0, source=True)],
+              [row(1, 0, 0.90, 0.90, 0.99), row(1, 2, 1.0, None, 1.0, source=True)]]
+    rounds[1][0]["measured"]["samples_per_s"] = 130.0
+    combined = vs.combine(rounds)
+    first, reference = combined
+    assert (first["generators"], first["max_staleness"], first["rounds"]) == (1, 0, 3)
+    assert first["cross"] == {"ratio": 0.90, "min": 0.80, "max": 0.95}
+    assert first["same_generators"] == {"ratio": 1.00, "min": 0.90, "max": 1.05}
+    assert first["measured"] == {"samples_per_s": 100.0, "min": 100.0, "max": 130.0}
+    assert reference["cross"]["is_source"] and reference["same_generators"] is None
+    # One round's 0.80 alone would fail the 15% bar; the median 0.90 does not.
+    assert vs.worst(combined, "cross") == {"ratio": 0.90, "generators": 1, "max_staleness": 0, "runs": 1,
+                                           "within_15pct": True}
+    table = vs.format_combined(combined).splitlines()
+    assert "| 1 | 0 | 3 | 100.0 [100.0-130.0] | 0.900 [0.800-0.950] | 1.000 [0.900-1.050] |" in table[2]
+    assert "1.000 [1.000-1.000]* | - |" in table[3]
