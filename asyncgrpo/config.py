@@ -170,9 +170,7 @@ def validate(cfg: Config) -> None:
     require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
             cfg.rollout.inflight_chunk_tokens)
     require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
-    require(cfg.rollout.dispatch != "tickets" or cfg.weights.max_backlog_versions >= cfg.weights.push_every_steps,
-            "weights.max_backlog_versions", f"must be >= weights.push_every_steps={cfg.weights.push_every_steps} "
-            "with rollout.dispatch=tickets (an engine up to date lags the learner by up to that many versions)",
+    require(cfg.weights.max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1",
             cfg.weights.max_backlog_versions)
     # Generators only ever hold pushed versions (multiples of k): with k > max_staleness + 1 the
     # throttle and the acknowledgement bound would wait for a version that is never pushed.

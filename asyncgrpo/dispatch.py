@@ -42,6 +42,14 @@ DISPATCHES = ("shares", "tickets")
 Holder = tuple[int, int]  # (generator id, incarnation): a restarted generator is a new holder
 
 
+def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
+    """Under tickets, how many versions a live generator's engine may lag the learner before the
+    learner waits for it (weights.max_backlog_versions): never less than max_staleness + 1, the lag
+    at which the engine stops being granted slots, so that the wait never binds an engine the
+    bound still serves."""
+    return max(max_backlog_versions, max_staleness + 1)
+
+
 @dataclass(frozen=True)
 class Ticket:
     slot: int  # place in the training order: trained at learner version slot // groups_per_step

@@ -327,7 +327,8 @@ class WeightsConfig:
     # zmq and shm: the dtype tensors travel in. auto = rollout.dtype (a bf16 engine receives half the bytes).
     wire_dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # rollout.dispatch=tickets: before a step the learner waits while a live generator's engine is
-    # more than this many versions behind it (under shares, train.max_staleness is the wait's bound).
+    # more than this many versions behind it, and never less than train.max_staleness + 1 (under
+    # shares, train.max_staleness is the wait's bound).
     # Each version pushed and not yet loaded waits in that generator's receive buffer (zmq: a whole
     # model each), so a stalled engine cannot pile them up; one merely slower never lags this far.
     max_backlog_versions: int = 4

@@ -29,7 +29,7 @@ from typing import Any, Union
 
 import yaml
 
-from asyncgrpo.dispatch import DISPATCHES, Dispatcher
+from asyncgrpo.dispatch import DISPATCHES, Dispatcher, engine_lag_bound
 
 # The real run's choice lists and formulas, mirrored here because their modules import torch or
 # ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.replay, asyncgrpo.config and
@@ -102,7 +102,8 @@ class Settings:
     # rollout.dispatch: "shares", a fixed share of every step per generator; or "tickets", the
     # dynamic dispatch of asyncgrpo/dispatch.py (docs/SIMULATOR.md).
     dispatch: str = "shares"
-    # weights.max_backlog_versions: under tickets the learner waits only for an engine this far behind.
+    # weights.max_backlog_versions: under tickets the learner waits only for an engine this far
+    # behind (and at least max_staleness + 1).
     max_backlog_versions: int = 4
 
     @property
@@ -181,9 +182,8 @@ class Settings:
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
         require(self.dispatch in DISPATCHES, "rollout.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
-        require(self.dispatch != "tickets" or self.max_backlog_versions >= self.push_every_steps,
-                "weights.max_backlog_versions", f"must be >= weights.push_every_steps={self.push_every_steps} "
-                "with rollout.dispatch=tickets", self.max_backlog_versions)
+        require(self.max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1",
+                self.max_backlog_versions)
         shares = self.shares()
         require(not shares or (len(shares) == self.num_generators and min(shares) >= 1
                                and sum(shares) == self.groups_per_step), "rollout.generator_shares",
@@ -824,7 +824,8 @@ class Model:
     def learner_loop(self) -> Process:
         s = self.s
         for step in range(s.steps):
-            floor = self.version - (s.max_backlog_versions if self.dispatcher is not None else s.max_staleness)
+            floor = self.version - (engine_lag_bound(s.max_staleness, s.max_backlog_versions)
+                                    if self.dispatcher is not None else s.max_staleness)
             if floor > 0 and not self.acks_ok(floor):
                 self.ack_waits += 1
                 yield from self.wait(self.learner, "ack_wait", lambda: self.acks_ok(floor))

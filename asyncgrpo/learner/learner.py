@@ -20,6 +20,7 @@ import numpy as np
 import torch.distributed as dist
 
 from asyncgrpo import resume
+from asyncgrpo.dispatch import engine_lag_bound
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.metrics import batch_metrics, rate_metrics
@@ -189,17 +190,18 @@ class Learner:
         # With tickets each grant carries the bound (a slot only for weights fresh enough to train
         # it in time): an engine that lags gets no slots until it loads newer weights, and waiting
         # for it at max_staleness would hold every step back to the slowest generator again. It is
-        # waited for only when it falls weights.max_backlog_versions behind (stalled): every version
-        # it has not loaded waits in its receive buffer.
+        # waited for only when it falls weights.max_backlog_versions (at least max_staleness + 1)
+        # behind, stalled: every version it has not loaded waits in its receive buffer.
         if self.registry is None:
             return
         t = self.cfg.train
         tickets = self.cfg.rollout.dispatch == "tickets"
-        lag = self.cfg.weights.max_backlog_versions if tickets else t.max_staleness
+        lag = engine_lag_bound(t.max_staleness, self.cfg.weights.max_backlog_versions) if tickets else t.max_staleness
         if wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
                                self.version - lag, t.groups_per_step, self.cfg.wire.timeout_s, lag,
                                on_wait=self._serve_rejoins,
-                               lag_name="weights.max_backlog_versions" if tickets else "max_staleness"):
+                               lag_name="max(weights.max_backlog_versions, train.max_staleness + 1)" if tickets
+                               else "max_staleness"):
             self.ack_waits += 1
 
     def _take(self) -> list[ScoredGroup]:

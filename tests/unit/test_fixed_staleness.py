@@ -154,11 +154,18 @@ def test_under_tickets_the_learner_waits_only_for_an_engine_more_than_max_backlo
     learner._wait_for_generators()
     assert learner.ack_waits == 0
     learner.version += 1  # now 4 behind
-    with pytest.raises(TimeoutError, match=r"load version >= 3 \(weights.max_backlog_versions=3\)"):
+    with pytest.raises(TimeoutError, match=r"load version >= 3 \(max\(weights.max_backlog_versions, train.max_staleness \+ 1\)=3\)"):
         learner._wait_for_generators()
-    with pytest.raises(ConfigError, match="weights.max_backlog_versions must be >= weights.push_every_steps=2"):
-        load(["rollout.dispatch=tickets", "weights.push_every_steps=2", "weights.max_backlog_versions=1"])
-    assert load(["weights.push_every_steps=2", "weights.max_backlog_versions=1"])  # unused under shares
+    with pytest.raises(ConfigError, match="weights.max_backlog_versions must be >= 1"):
+        load(["rollout.dispatch=tickets", "weights.max_backlog_versions=0"])
+
+
+def test_the_engine_lag_the_learner_allows_under_tickets_is_never_below_what_the_bound_serves():
+    from asyncgrpo.dispatch import engine_lag_bound
+
+    assert engine_lag_bound(max_staleness=2, max_backlog_versions=4) == 4
+    assert engine_lag_bound(max_staleness=8, max_backlog_versions=4) == 9  # an engine 5-9 behind still gets slots
+    assert engine_lag_bound(max_staleness=0, max_backlog_versions=1) == 1
 
 
 def test_config_sets_max_staleness_and_refuses_what_would_break_it():

@@ -200,7 +200,7 @@ def random_run(draw: st.DrawFn) -> tuple[Calibration, Settings]:
         max_staleness=max_staleness, stale_policy=stale_policy, groups_per_call=draw(st.integers(0, 6)),
         world_size=draw(st.integers(1, 4)), capacity_groups=needed + draw(st.integers(0, 8)),
         full_policy=draw(st.sampled_from(sim.FULL_POLICIES)),
-        push_every_steps=push_every_steps, max_backlog_versions=draw(st.integers(push_every_steps, 6)),
+        push_every_steps=push_every_steps, max_backlog_versions=draw(st.integers(1, 6)),
         steps=draw(st.integers(1, 25)),
         seed=draw(st.integers(0, 3)), warmup_steps=draw(st.integers(0, 2)), replay=draw(st.booleans()),
         scaling_efficiency=draw(st.floats(0.3, 1.0)), generate_cv=draw(st.floats(0.0, 1.0)),
@@ -335,8 +335,8 @@ def test_a_runs_max_backlog_versions_is_simulated_and_older_runs_have_the_defaul
     (run / "config.yaml").write_text(config)
     settings = Calibration.from_run(run).settings
     assert settings.max_backlog_versions == 6
-    with pytest.raises(SimulationError, match="weights.max_backlog_versions must be >= weights.push_every_steps=1"):
-        apply_overrides(settings, ["rollout.dispatch=tickets", "weights.max_backlog_versions=0"])
+    with pytest.raises(SimulationError, match="weights.max_backlog_versions must be >= 1"):
+        apply_overrides(settings, ["weights.max_backlog_versions=0"])
 
 
 def test_a_runs_generator_shares_set_each_generators_calls_in_the_calibration(tmp_path):
