@@ -375,7 +375,8 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
         full_policy=str(get("queue.full_policy")), push_every_steps=int(get("weights.push_every_steps")),
         steps=steps, generator_shares=",".join(str(v) for v in shares),
         dispatch=str(rollout.get("dispatch", "shares")) if isinstance(rollout, dict) else "shares",  # older runs: shares
-        max_backlog_versions=int((config.get("weights") or {}).get("max_backlog_versions", 4)))  # older runs: 4
+        max_backlog_versions=int((config.get("weights") or {}).get(  # absent in older runs: the default
+            "max_backlog_versions", Settings.max_backlog_versions)))
     settings.check()
     return settings
 

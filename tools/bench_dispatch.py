@@ -28,9 +28,10 @@ Per run: samples/s (the run's own: samples over its training seconds), groups ea
 and groups dropped (stale, full queue, unheld). Two figures of merit:
   of_sum_alone     samples/s over the sum of the two "alone" runs' samples/s of the same repeat (the
                    issue's bar: at least 0.9 for tickets; for "tickets, equal" twice fast alone).
-                   Every run makes calls of --groups-per-call groups, alone or not. Only meaningful where the generators do
-                   not compete for the same cores: alone, a generator has the cores the other would
-                   use; on a small machine two generators and the learner share them.
+                   Every run makes calls of --groups-per-call groups, alone or not. Only meaningful
+                   where the generators do not compete for the same cores: alone, a generator has
+                   the cores the other would use; on a small machine two generators and the
+                   learner share them (--pace-s keeps that from changing their speeds).
   of_capacity      samples/s over the generators' capacity measured inside the same run: the sum
                    over generators of groups sent per busy second (tools/bench_async.py's
                    generator_busy_s: wall time but for its waits on tickets, weights, room or

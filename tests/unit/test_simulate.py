@@ -248,6 +248,7 @@ def test_the_mirrored_formulas_and_choices_are_the_real_ones():
     assert sim.groups_per_generator(3, 16, [9, 4, 3]) == real_shares(cfg) == [9, 4, 3]
     for args in [(0, 0, 4), (2, 5, 3), (4, 1, 16)]:
         assert sim.throttle_limit(*args) == real_limit(*args)
+    assert sim.Settings.max_backlog_versions == load([]).weights.max_backlog_versions
 
 
 def test_importing_the_simulator_loads_neither_torch_nor_zmq():
