@@ -122,7 +122,9 @@ def test_user_fn_by_dotted_path_gets_prompt_completion_answer_and_extra(user_rew
     try:
         [score] = scorer.score([target], [["abc", "a" * 30]])
         assert score.rewards.tolist() == pytest.approx([0.3, 1.0])
-        prompt, completion, answer, extra = user_rewards.calls[0]
+        # The completions are scored on a pool's threads: the calls arrive in any order.
+        assert sorted(call[1] for call in user_rewards.calls) == ["a" * 30, "abc"]
+        [(prompt, completion, answer, extra)] = [call for call in user_rewards.calls if call[1] == "abc"]
         assert prompt == target.prompt and answer == target.answer and completion == "abc"
         assert extra == {"numbers": target.extra["numbers"], "target": target.extra["target"]}
         assert score.meta() == {"reward/fn": pytest.approx(0.65), "reward/errors": 0}
