@@ -145,6 +145,9 @@ class Actors:
         generator_nodes = get([g.node.remote() for g in self.generators], cfg.wire.timeout_s, "the generators (node)")
         self._pids = {"learner_pids": learner_pids, "generator_pids": [r["pid"] for r in ready],
                       "generator_cores": generator_cores, "learner_cores": learner_cores,
+                      # What plan_cores divided (the driver's own cores): the simulator needs it to
+                      # know whether the actors shared cores (unpinned) or each had one.
+                      "driver_cores": sorted(os.sched_getaffinity(0)),
                       "learner_nodes": learner_nodes, "generator_nodes": generator_nodes,
                       "wire": {"transport": wire_transport(cfg), "curve": keys is not None,
                                "weights_backend": resolve_backend(cfg), "endpoints": endpoints}}
