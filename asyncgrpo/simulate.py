@@ -11,8 +11,8 @@ asyncgrpo/rollout/generator.py (load the newest weights -> throttle -> one vLLM 
 send, blocking on a full queue), the queue hands each step each generator's share, oldest first
 (asyncgrpo/replay.py), and the learner runs the step of asyncgrpo/learner/learner.py (ack_wait ->
 gen_wait -> train -> push; a push is visible to the generators when it ends). Each actor has its
-own hardware: CPU or GPU contention between actors is in the model only as far as the calibrating
-run measured it. Pure Python (no torch, no numpy), so it runs anywhere in well under a second.
+own hardware, unless sim.cores makes them share a machine's cores (processor sharing, after taking
+out of the calibration the sharing its own run had). Pure Python (no torch, no numpy), so it runs anywhere in well under a second.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ class Settings:
     # weights.max_backlog_versions: under tickets the learner waits only for an engine this far
     # behind (and at least max_staleness + 1).
     max_backlog_versions: int = 4
+    # Processors every actor's busy phases share (processor sharing, docs/SIMULATOR.md); 0: each
+    # actor has its own hardware, as a GPU cluster. A CPU machine's cores: the calibration is first
+    # freed of the contention its own run had (Calibration.uncontended).
+    cores: int = 0
 
     @property
     def throttles(self) -> bool:
@@ -182,6 +186,7 @@ class Settings:
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
         require(self.dispatch in DISPATCHES, "rollout.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
+        require(self.cores >= 0, "sim.cores", "must be >= 0 (0: every actor has processors of its own)", self.cores)
         require(self.max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1",
                 self.max_backlog_versions)
         shares = self.shares()
@@ -209,7 +214,7 @@ CONFIG_KEYS = {
 }
 SIM_KEYS = {f"sim.{name}": name for name in (
     "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",
-    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds")}
+    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds", "cores")}
 OVERRIDE_KEYS = {**CONFIG_KEYS, **SIM_KEYS}
 
 
@@ -287,12 +292,18 @@ class Calibration:
     push_s: list[float]  # per push, in order: time/push_s of the steps that pushed
     learner_other_s: float  # per step: the driver's train_s minus the learner's timed phases, over steps
     measured: Measured
+    # The processors the run's actors shared (actors.json): 0, none (each pinned to cores of its
+    # own); n, the n cores of their one machine (not pinned); None, not known (a run from before
+    # driver_cores was recorded, or actors on several nodes).
+    shared_cores: int | None = None
+    machine_cores: int | None = None  # the cores the run's actors were planned on (actors.json driver_cores)
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> Calibration:
         """Read config.yaml, metrics.jsonl and summary.json; a missing or unusable file is one line."""
         path = Path(run_dir)
         config = _read_config(path)
+        actors = read_actors(path / "actors.json")
         summary = _read_json(path / "summary.json")
         steps = _step_records(path, summary)
         settings = _run_settings(config, steps=len(steps))
@@ -313,7 +324,70 @@ class Calibration:
         return cls(run_dir=str(path), settings=settings, generators=generators,
                    train_s=[p + t for p, t in zip(phase("prepare"), phase("train"))], push_s=pushed,
                    learner_other_s=max(0.0, (wall - timed) / len(steps)),
-                   measured=_measured(summary, reports, steps[settings.warmup_steps:] or steps))
+                   measured=_measured(summary, reports, steps[settings.warmup_steps:] or steps),
+                   shared_cores=_shared_cores(actors), machine_cores=_machine_cores(actors))
+
+    def scaled(self, learner: float, generators: list[float]) -> Calibration:
+        """Every processor phase's time x a factor per actor (the learner's, each generator's); the
+        reward wait, which uses no processor here, is kept."""
+        def generator(times: GeneratorTimes, f: float) -> GeneratorTimes:
+            return replace(times, generate_s=times.generate_s * f, score_s_per_group=times.score_s_per_group * f,
+                           send_s_per_group=times.send_s_per_group * f, weight_load_s=times.weight_load_s * f,
+                           other_s=times.other_s * f, first_call_extra_s=times.first_call_extra_s * f)
+
+        return replace(self, generators=[generator(t, f) for t, f in zip(self.generators, generators)],
+                       train_s=[t * learner for t in self.train_s], push_s=[t * learner for t in self.push_s],
+                       learner_other_s=self.learner_other_s * learner)
+
+    def uncontended(self, rounds: int = 6) -> Calibration:
+        """The times each actor's phases would take on processors of its own.
+
+        A run whose actors shared `shared_cores` cores measured every phase slowed by whatever else
+        was busy then. Simulating the run's own settings on those cores stretches each actor's
+        work by some factor; the uncontended times are the measured ones divided by it. The factor
+        depends on the times (they set what overlaps), so this repeats from the measured times
+        `rounds` times (a fixed point; tests/unit/test_simulate.py checks it recovers known times)."""
+        if not self.shared_cores:
+            return self
+        own = replace(self.settings, cores=self.shared_cores)
+        current = self
+        for _ in range(rounds):
+            model = Model(current, own)
+            model.run()
+            current = self.scaled(1 / _stretch(model.learner),
+                                  [1 / _stretch(g.clock) for g in model.generators])
+        return current
+
+
+def _stretch(clock: Clock) -> float:
+    return clock.work_wall_s / clock.work_s if clock.work_s > 0 else 1.0
+
+
+def read_actors(path: Path) -> dict[str, Any]:
+    """A run's actors.json ({} when missing or unreadable: what it would say is then unknown)."""
+    try:
+        actors = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return actors if isinstance(actors, dict) else {}
+
+
+def _machine_cores(actors: dict[str, Any]) -> int | None:
+    driver_cores = actors.get("driver_cores")
+    return len(driver_cores) if isinstance(driver_cores, list) and driver_cores else None
+
+
+def _shared_cores(actors: dict[str, Any]) -> int | None:
+    """Calibration.shared_cores from a run's actors.json."""
+    try:
+        cores = [*actors["generator_cores"], *actors["learner_cores"]]
+        nodes = {n["node_id"] for n in [*actors["learner_nodes"], *actors["generator_nodes"]]}
+    except (KeyError, TypeError):
+        return None
+    pinned = [set(c) for c in cores if isinstance(c, list)]
+    if len(pinned) == len(cores) and all(pinned) and sum(map(len, pinned)) == len(set().union(*pinned)):
+        return 0  # every actor on cores of its own
+    return _machine_cores(actors) if len(nodes) == 1 else None
 
 
 def _measured(summary: dict[str, Any], reports: list[dict[str, Any]], steady: list[dict[str, Any]]) -> Measured:
@@ -487,6 +561,17 @@ class Delay:
 
 
 @dataclass(frozen=True)
+class Work:
+    """Busy for `seconds` of processor time on `processes` processors, shared with every other Work
+    running at the same moment (EventLoop(cores=c)): while the running Works take k processors in
+    all, each advances at min(1, c / k) seconds of its work per second (processor sharing, as an
+    operating system shares cores among busy processes). With cores=0 it is a Delay."""
+
+    seconds: float
+    processes: int = 1
+
+
+@dataclass(frozen=True)
 class Until:
     """Blocked until `condition()` holds. `reads`: what the condition depends on, for an EventLoop
     that tracks changes (None: anything)."""
@@ -495,7 +580,7 @@ class Until:
     reads: frozenset[str] | None = None
 
 
-Process = Generator[Union[Delay, Until], None, None]
+Process = Generator[Union[Delay, Work, Until], None, None]
 
 
 class SimulationStuck(RuntimeError):
@@ -515,9 +600,15 @@ class EventLoop:
     read and checked in the order they blocked, so the outcome is the same as checking every one
     after every event, as long as each condition reads only what its `reads` names."""
 
-    def __init__(self, track_changes: bool = False) -> None:
+    def __init__(self, track_changes: bool = False, cores: int = 0) -> None:
         self.now = 0.0
         self._heap: list[tuple[float, int, Process]] = []
+        # Processor sharing (Work): every running Work advances at the same rate, so each is kept
+        # by the "virtual" time (work done by any one of them since the start) at which it ends.
+        self._cores = cores
+        self._work: list[tuple[float, int, Process, int]] = []  # (virtual end, order, process, processes)
+        self._virtual = 0.0
+        self._load = 0  # processors the running Works want
         # reads -> [(the order it blocked in, process, Until)], each list in that order
         self._blocked: dict[frozenset[str] | None, list[tuple[int, Process, Until]]] = {}
         self._order = 0  # ties at one instant run in scheduling order: deterministic
@@ -535,10 +626,31 @@ class EventLoop:
     def run(self, done: Callable[[], bool]) -> None:
         while not done():
             self._wake()
-            if not self._heap:
-                raise SimulationStuck(f"every process is blocked at t={self.now:.3f} s")
-            self.now, _, process = heapq.heappop(self._heap)
-            self._advance(process)
+            self._advance(self._next())
+
+    def _rate(self) -> float:
+        return 1.0 if self._load <= self._cores else self._cores / self._load
+
+    def _next(self) -> Process:
+        """The process whose Delay or Work ends first (a Delay on a tie), with the clock moved there."""
+        delay_end = self._heap[0][0] if self._heap else math.inf
+        work_end = self.now + max(0.0, self._work[0][0] - self._virtual) / self._rate() if self._work else math.inf
+        if delay_end == math.inf and work_end == math.inf:
+            raise SimulationStuck(f"every process is blocked at t={self.now:.3f} s")
+        if work_end < delay_end:
+            virtual_end, _, process, processes = heapq.heappop(self._work)
+            self._move_to(work_end)
+            self._virtual = max(self._virtual, virtual_end)  # rounding must not leave it short
+            self._load -= processes
+            return process
+        _, _, process = heapq.heappop(self._heap)
+        self._move_to(delay_end)
+        return process
+
+    def _move_to(self, at: float) -> None:
+        if self._load:
+            self._virtual += (at - self.now) * self._rate()
+        self.now = at
 
     def _schedule(self, process: Process, at: float) -> None:
         heapq.heappush(self._heap, (at, self._order, process))
@@ -549,7 +661,11 @@ class EventLoop:
             request = next(process)
         except StopIteration:
             return
-        if isinstance(request, Delay):
+        if isinstance(request, Work) and self._cores:
+            heapq.heappush(self._work, (self._virtual + request.seconds, self._order, process, request.processes))
+            self._order += 1
+            self._load += request.processes
+        elif isinstance(request, (Delay, Work)):
             self._schedule(process, self.now + request.seconds)
         elif request.condition():
             self._schedule(process, self.now)
@@ -580,25 +696,25 @@ class EventLoop:
 
 @dataclass
 class Clock:
-    """One actor's seconds per phase; a wait still open at the end is counted up to the end, and a
-    busy phase still running only up to the end."""
+    """One actor's seconds per phase; a wait or a busy phase still open at the end is counted up
+    to the end. `work_s` / `work_wall_s`: its processor work as calibrated, and the seconds that
+    work took (more than work_s where it shared processors, sim.cores)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     waiting: tuple[str, float] | None = None
-    running: tuple[str, float] | None = None  # a busy phase, and when it ends
+    running: tuple[str, float] | None = None  # a busy phase, and since when
+    work_s: float = 0.0
+    work_wall_s: float = 0.0
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     def close(self, now: float) -> None:
-        if self.waiting is not None:
-            phase, since = self.waiting
-            self.add(phase, now - since)
-            self.waiting = None
-        if self.running is not None:
-            phase, until = self.running
-            self.add(phase, -max(0.0, until - now))
-            self.running = None
+        for open_phase in (self.waiting, self.running):
+            if open_phase is not None:
+                phase, since = open_phase
+                self.add(phase, now - since)
+        self.waiting = self.running = None
 
 
 # ------------------------------------------------------------------------------ the model
@@ -671,7 +787,7 @@ class Model:
         self.rng = random.Random(settings.seed)
         # Every change to what a wait's condition reads calls self.loop.changed(QUEUE or VERSIONS):
         # the queue helpers below, load() and the learner's version bump and push.
-        self.loop = EventLoop(track_changes=True)
+        self.loop = EventLoop(track_changes=True, cores=settings.cores)
         quotas = settings.quotas()
         self.generators = [
             SimGenerator(i, quota, settings.groups_per_call or quota,
@@ -699,11 +815,24 @@ class Model:
 
     # ---- helpers every loop uses
 
-    def busy(self, clock: Clock, phase: str, seconds: float) -> Iterator[Delay]:
-        clock.add(phase, seconds)
-        clock.running = (phase, self.loop.now + seconds)
+    def busy(self, clock: Clock, phase: str, seconds: float, processes: int = 1) -> Iterator[Work]:
+        """Busy on `processes` processors for `seconds` of calibrated work (longer where it shares
+        them, sim.cores)."""
+        since = self.loop.now
+        clock.running = (phase, since)
+        yield Work(seconds, processes)
+        clock.running = None
+        clock.add(phase, self.loop.now - since)
+        clock.work_s += seconds
+        clock.work_wall_s += self.loop.now - since
+
+    def idle_for(self, clock: Clock, phase: str, seconds: float) -> Iterator[Delay]:
+        """Waiting `seconds` without using a processor (a reward wait)."""
+        since = self.loop.now
+        clock.running = (phase, since)
         yield Delay(seconds)
         clock.running = None
+        clock.add(phase, self.loop.now - since)
 
     def wait(self, clock: Clock, phase: str, condition: Callable[[], bool],
              reads: frozenset[str] | None = None) -> Iterator[Until]:
@@ -741,7 +870,7 @@ class Model:
         g.started += n
         yield from self.busy(g.clock, "generate", warmup + self.generate_s(g, n))
         yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
-        yield from self.busy(g.clock, "score_wait", g.times.score_wait_s)
+        yield from self.idle_for(g.clock, "score_wait", g.times.score_wait_s)
         yield from self.busy(g.clock, "other", g.times.other_s)
 
     def ticket_generator(self, g: SimGenerator) -> Process:
@@ -834,7 +963,7 @@ class Model:
             for group in self.take():
                 staleness = self.version - group.version
                 self.staleness[staleness] = self.staleness.get(staleness, 0) + 1
-            yield from self.busy(self.learner, "train", self.train_s(step))
+            yield from self.busy(self.learner, "train", self.train_s(step), processes=s.world_size)
             self.version += 1
             self.loop.changed(VERSIONS)
             if self.version % s.push_every_steps == 0:
@@ -952,6 +1081,12 @@ def simulate(calibration: Calibration, settings: Settings) -> Result:
     settings.check()
     if any(g.generate_s <= 0 for g in calibration.generators):
         raise SimulationError("every generator's call must take time (GeneratorTimes.generate_s > 0)")
+    if settings.cores:
+        if calibration.shared_cores is None:
+            raise SimulationError(f"sim.cores needs to know whether {calibration.run_dir}'s actors shared cores; its "
+                                  f"actors.json has no driver_cores (recorded since commit a9a1ab5), or its actors "
+                                  f"ran on several nodes")
+        calibration = calibration.uncontended()
     return Model(calibration, settings).run()
 
 
@@ -971,6 +1106,10 @@ def report(calibration: Calibration, settings: Settings, result: Result) -> str:
              "changed: " + (", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()) or "nothing (the run's own "
                                                                                               "settings)"),
              f"{'':<22}{'run (measured)':>16}{'simulated':>12}"]
+    if settings.cores:
+        lines.append(f"processors: simulated on {settings.cores} shared cores (sim.cores); the run's actors "
+                     + (f"shared {calibration.shared_cores} cores, taken out of its times first"
+                        if calibration.shared_cores else "had cores of their own"))
     lines += [f"{name:<22}{run:>16.3f}{sim:>12.3f}" for name, run, sim in rows]
     lines.append(f"{'staleness histogram':<22}{json.dumps(m.staleness_histogram):>16}  "
                  f"{json.dumps(result.staleness_histogram)}")

@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -207,9 +208,16 @@ def format_phases(rows: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------------------ the command
 
 
-def predict(source: Calibration, target: Calibration) -> dict[str, Any]:
-    """Simulate `target`'s settings and number of steps from `source`'s phase times."""
-    return prediction(target.measured, simulate(source, target.settings), source.run_dir)
+def target_cores(target: Calibration, cores: str) -> int:
+    """sim.cores for a prediction of `target`: `auto`, the cores its actors were planned on (its
+    machine's; 0 when its actors.json does not say); else the number given."""
+    return (target.machine_cores or 0) if cores == "auto" else int(cores)
+
+
+def predict(source: Calibration, target: Calibration, cores: int) -> dict[str, Any]:
+    """Simulate `target`'s settings and number of steps from `source`'s phase times, on `cores`
+    shared cores (0: every actor its own)."""
+    return prediction(target.measured, simulate(source, replace(target.settings, cores=cores)), source.run_dir)
 
 
 def main() -> int:
@@ -228,10 +236,15 @@ def main() -> int:
                                                              "training it again")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the whole grid (default 1); medians "
                                                                    "over rounds")
+    parser.add_argument("--cores", default="auto", help="sim.cores of every prediction: auto (default), the cores "
+                                                        "the predicted run's actors were planned on; 0, no model "
+                                                        "of actors sharing cores; or a number")
     parser.add_argument("overrides", nargs="*", help="further `asyncgrpo train` overrides for every run")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.cores != "auto" and not (args.cores.isdigit()):
+        parser.error(f"--cores is auto or a number >= 0 (got {args.cores!r})")
     extra = [*([f"model.cache_dir={args.cache_dir}"] if args.cache_dir else []), *args.overrides]
     try:
         reference_generators, reference_run_eta = (int(x) for x in args.reference.split(","))
@@ -301,15 +314,16 @@ def one_round(args: argparse.Namespace, out: Path, order: list[tuple[int, int]],
             continue
         target = calibrations[key]
         source = same_generators_source(list(calibrations), key[0], key[1], reference_eta)
-        cross = predict(reference, target)
+        cores = target_cores(target, args.cores)
+        cross = predict(reference, target, cores)
         if Path(reference.run_dir).resolve() == Path(target.run_dir).resolve():
             cross["is_source"] = True  # the reference itself: bookkeeping, not a prediction
         rows.append({
             "generators": key[0], "max_staleness": key[1], "steps": target.settings.steps,
             "run_dir": target.run_dir, "load_avg_1m_after": load_after.get(key),
             "measured": measured_fields(target.measured), "phases": phase_times(target), "cross": cross,
-            "same_generators": predict(calibrations[source], target) if source else None,
-            "own": predict(target, target),
+            "same_generators": predict(calibrations[source], target, cores) if source else None,
+            "own": predict(target, target, cores), "sim_cores": cores,
         })
     return reference, rows
 

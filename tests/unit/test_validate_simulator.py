@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_simulate import constant_run
 from tool_modules import load_tool
@@ -96,3 +98,11 @@ def test_rounds_combine_into_the_median_ratio_per_setting_with_its_spread_and_th
     table = vs.format_combined(combined).splitlines()
     assert "| 1 | 0 | 3 | 100.0 [100.0-130.0] | 0.900 [0.800-0.950] | 1.000 [0.900-1.050] |" in table[2]
     assert "1.000 [1.000-1.000]* | - |" in table[3]
+
+
+def test_auto_cores_are_the_predicted_runs_machine_cores_and_a_number_is_taken_as_given():
+    cal, _ = constant_run()
+    assert vs.target_cores(replace(cal, machine_cores=2), "auto") == 2
+    assert vs.target_cores(cal, "auto") == 0  # its actors.json did not say
+    assert vs.target_cores(replace(cal, machine_cores=2), "0") == 0
+    assert vs.target_cores(cal, "3") == 3
