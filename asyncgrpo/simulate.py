@@ -12,7 +12,8 @@ send, blocking on a full queue), the queue hands each step each generator's shar
 (asyncgrpo/replay.py), and the learner runs the step of asyncgrpo/learner/learner.py (ack_wait ->
 gen_wait -> train -> push; a push is visible to the generators when it ends). Each actor has its
 own hardware, unless sim.cores makes them share a machine's cores (processor sharing, after taking
-out of the calibration the sharing its own run had). Pure Python (no torch, no numpy), so it runs anywhere in well under a second.
+out of the calibration the sharing its own run had). Pure Python (no torch, no numpy), so it runs
+anywhere in well under a second.
 """
 
 from __future__ import annotations
@@ -346,7 +347,7 @@ class Calibration:
         was busy then. Simulating the run's own settings on those cores stretches each actor's
         work by some factor; the uncontended times are the measured ones divided by it. The factor
         depends on the times (they set what overlaps), so this repeats from the measured times
-        `rounds` times (a fixed point; tests/unit/test_simulate.py checks it recovers known times)."""
+        `rounds` times (a fixed point; tests/unit/test_simulate_cores.py checks it recovers known times)."""
         if not self.shared_cores:
             return self
         own = replace(self.settings, cores=self.shared_cores)
