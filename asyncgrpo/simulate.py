@@ -298,6 +298,7 @@ class Calibration:
     # driver_cores was recorded, or actors on several nodes).
     shared_cores: int | None = None
     machine_cores: int | None = None  # the cores the run's actors were planned on (actors.json driver_cores)
+    device: str = ""  # the run's config.yaml device ("cpu", "cuda")
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> Calibration:
@@ -326,7 +327,8 @@ class Calibration:
                    train_s=[p + t for p, t in zip(phase("prepare"), phase("train"))], push_s=pushed,
                    learner_other_s=max(0.0, (wall - timed) / len(steps)),
                    measured=_measured(summary, reports, steps[settings.warmup_steps:] or steps),
-                   shared_cores=_shared_cores(actors), machine_cores=_machine_cores(actors))
+                   shared_cores=_shared_cores(actors), machine_cores=_machine_cores(actors),
+                   device=str(config.get("device", "")))
 
     def scaled(self, learner: float, generators: list[float]) -> Calibration:
         """Every processor phase's time x a factor per actor (the learner's, each generator's); the
@@ -1105,12 +1107,16 @@ def report(calibration: Calibration, settings: Settings, result: Result) -> str:
             ("staleness mean", m.staleness_mean, result.staleness_mean)]
     lines = [f"run: {calibration.run_dir} ({calibration.settings.steps} steps)",
              "changed: " + (", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()) or "nothing (the run's own "
-                                                                                              "settings)"),
-             f"{'':<22}{'run (measured)':>16}{'simulated':>12}"]
+                                                                                              "settings)")]
+    actors = settings.num_generators + settings.world_size
+    if not settings.cores and calibration.device == "cpu" and (calibration.machine_cores or actors) < actors:
+        lines.append(f"note: {actors} actors, each simulated on a core of its own, where the run had "
+                     f"{calibration.machine_cores} CPU cores; sim.cores={calibration.machine_cores} makes them share them")
     if settings.cores:
         lines.append(f"processors: simulated on {settings.cores} shared cores (sim.cores); the run's actors "
                      + (f"shared {calibration.shared_cores} cores, taken out of its times first"
                         if calibration.shared_cores else "had cores of their own"))
+    lines.append(f"{'':<22}{'run (measured)':>16}{'simulated':>12}")
     lines += [f"{name:<22}{run:>16.3f}{sim:>12.3f}" for name, run, sim in rows]
     lines.append(f"{'staleness histogram':<22}{json.dumps(m.staleness_histogram):>16}  "
                  f"{json.dumps(result.staleness_histogram)}")

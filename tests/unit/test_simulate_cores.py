@@ -176,3 +176,20 @@ def test_every_simulate_key_is_documented_in_the_simulator_doc():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "SIMULATOR.md").read_text()
     assert [key for key in OVERRIDE_KEYS if f"`{key}`" not in doc] == []
+
+
+# ------------------------------------------------------------------ the report
+
+
+def test_the_report_suggests_sim_cores_when_a_cpu_runs_actors_outnumber_its_cores():
+    from asyncgrpo.simulate import report
+
+    cal, s = constant_run(num_generators=1)
+    cal = replace(cal, device="cpu", machine_cores=2, shared_cores=0)
+    more = replace(s, num_generators=2, capacity_groups=s.groups_per_step)
+    assert "sim.cores=2 makes them share" in report(cal, more, simulate(cal, more))
+    assert "sim.cores" not in report(cal, s, simulate(cal, s)).split("\n{")[0]  # 2 actors on 2 cores
+    gpu = replace(cal, device="cuda")
+    assert "note:" not in report(gpu, more, simulate(gpu, more))
+    shared = replace(more, cores=2)
+    assert "processors: simulated on 2 shared cores" in report(cal, shared, simulate(cal, shared))
