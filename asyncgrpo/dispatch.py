@@ -91,6 +91,9 @@ class Dispatcher:
         self._free: list[int] = []  # slots granted before and given back: granted again first, lowest first
         self._retry: deque[int] = deque(sorted(set(retry_positions)))  # prompts to give again before new ones
         self._held: dict[int, _Held] = {}  # slot -> granted, its group not arrived
+        # (holder, position) -> slot, for every held slot: a group names its prompt, and finding
+        # its slot by walking _held cost every arriving group O(slots held), thousands at scale.
+        self._slot_by_prompt: dict[tuple[Holder, int], int] = {}
         self._filled: dict[int, tuple[Holder, int]] = {}  # slot -> (holder, position): arrived, not taken
         self._grants: dict[Holder, int] = {}  # holder -> how many grants it has been given
         self._incarnations: dict[int, int] = {}  # generator id -> its newest process seen asking
@@ -158,7 +161,7 @@ class Dispatcher:
                 position = self._retry.popleft()
             else:
                 position, self._next_position = self._next_position, self._next_position + 1
-            self._held[slot] = _Held(holder, position, grant)
+            self._hold(slot, _Held(holder, position, grant))
             tickets.append(Ticket(slot, position))
         if tickets:
             self._grants[holder] = grant
@@ -175,17 +178,14 @@ class Dispatcher:
         if held is None or held.holder != holder:
             self.counts["refused_arrivals"] += 1
             return False
-        del self._held[slot]
+        self._unhold(slot)
         self._filled[slot] = (holder, held.position)
         return True
 
     def slot_of(self, holder: Holder, position: int) -> int | None:
         """The slot `holder` holds for the prompt at `position` (a group names its prompt, not its
         slot), or None: not granted to it, or given to another since."""
-        for slot, held in self._held.items():
-            if held.holder == holder and held.position == position:
-                return slot
-        return None
+        return self._slot_by_prompt.get((holder, position))
 
     def grants_unreceived(self, holder: Holder, newest_received: int) -> list[int]:
         """`holder` asks again having received grants up to `newest_received` only: a later grant
@@ -200,7 +200,7 @@ class Dispatcher:
         for slot in slots:
             held = self._held.get(slot)
             if held is not None and held.holder == holder:
-                self._give_back(slot, self._held.pop(slot).position, retry_prompt=False)
+                self._give_back(slot, self._unhold(slot).position, retry_prompt=False)
                 count += 1
         self.counts["released"] += count
         return count
@@ -224,7 +224,7 @@ class Dispatcher:
         if slot in self._filled:
             _, position = self._filled.pop(slot)
         elif slot in self._held:
-            position = self._held.pop(slot).position
+            position = self._unhold(slot).position
         else:
             raise KeyError(f"slot {slot} is neither granted nor queued")
         self._give_back(slot, position, retry_prompt)
@@ -235,9 +235,21 @@ class Dispatcher:
         prompts, counted under `count`; returned in order."""
         slots = sorted(slot for slot, held in self._held.items() if held.holder == holder and which(slot, held))
         for slot in slots:
-            self._give_back(slot, self._held.pop(slot).position, retry_prompt=True)
+            self._give_back(slot, self._unhold(slot).position, retry_prompt=True)
         self.counts[count] += len(slots)
         return slots
+
+    def _hold(self, slot: int, held: _Held) -> None:
+        key = (held.holder, held.position)
+        if key in self._slot_by_prompt:  # a prompt is in one place at a time: held, queued, retried or trained
+            raise RuntimeError(f"dispatcher: prompt {held.position} would be held twice by {held.holder}")
+        self._held[slot] = held
+        self._slot_by_prompt[key] = slot
+
+    def _unhold(self, slot: int) -> _Held:
+        held = self._held.pop(slot)
+        del self._slot_by_prompt[(held.holder, held.position)]
+        return held
 
     def _give_back(self, slot: int, position: int, retry_prompt: bool) -> None:
         heapq.heappush(self._free, slot)
