@@ -94,6 +94,7 @@ class Dispatcher:
         # (holder, position) -> slot, for every held slot: a group names its prompt, and finding
         # its slot by walking _held cost every arriving group O(slots held), thousands at scale.
         self._slot_by_prompt: dict[tuple[Holder, int], int] = {}
+        self._slots_by_holder: dict[Holder, set[int]] = {}  # likewise for each request's report
         self._filled: dict[int, tuple[Holder, int]] = {}  # slot -> (holder, position): arrived, not taken
         self._grants: dict[Holder, int] = {}  # holder -> how many grants it has been given
         self._incarnations: dict[int, int] = {}  # generator id -> its newest process seen asking
@@ -123,7 +124,7 @@ class Dispatcher:
 
     def generator_down(self, generator_id: int, keep: Holder | None = None) -> list[int]:
         """Every process of `generator_id` (but `keep`) is gone: `holder_down` for each."""
-        holders = {held.holder for held in self._held.values() if held.holder[0] == generator_id}
+        holders = {holder for holder in self._slots_by_holder if holder[0] == generator_id}
         return sorted(slot for holder in holders - {keep} for slot in self.holder_down(holder))
 
     def slot_limit(self, loaded_version: int) -> float:
@@ -233,7 +234,7 @@ class Dispatcher:
     def _take_back(self, holder: Holder, which: Callable[[int, _Held], bool], count: str) -> list[int]:
         """`holder`'s slots not arrived for which `which(slot, held)`, granted again with their
         prompts, counted under `count`; returned in order."""
-        slots = sorted(slot for slot, held in self._held.items() if held.holder == holder and which(slot, held))
+        slots = sorted(slot for slot in self._slots_by_holder.get(holder, ()) if which(slot, self._held[slot]))
         for slot in slots:
             self._give_back(slot, self._unhold(slot).position, retry_prompt=True)
         self.counts[count] += len(slots)
@@ -245,10 +246,15 @@ class Dispatcher:
             raise RuntimeError(f"dispatcher: prompt {held.position} would be held twice by {held.holder}")
         self._held[slot] = held
         self._slot_by_prompt[key] = slot
+        self._slots_by_holder.setdefault(held.holder, set()).add(slot)
 
     def _unhold(self, slot: int) -> _Held:
         held = self._held.pop(slot)
         del self._slot_by_prompt[(held.holder, held.position)]
+        slots = self._slots_by_holder[held.holder]
+        slots.discard(slot)
+        if not slots:
+            del self._slots_by_holder[held.holder]
         return held
 
     def _give_back(self, slot: int, position: int, retry_prompt: bool) -> None:

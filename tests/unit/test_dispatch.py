@@ -130,6 +130,10 @@ def test_any_interleaving_keeps_the_bound_trains_each_prompt_once_and_never_dead
         held = world.d._held
         assert all(world.d.slot_of(h.holder, h.position) == slot for slot, h in held.items())
         assert len(world.d._slot_by_prompt) == len(held)
+        by_holder: dict = {}
+        for slot, h in held.items():
+            by_holder.setdefault(h.holder, set()).add(slot)
+        assert world.d._slots_by_holder == by_holder
 
     # Then everyone behaves: the learner must reach 3 more steps (a lost slot is re-granted once its
     # holder reports, a dead holder's at once; nobody waits on a slot no one will fill).
