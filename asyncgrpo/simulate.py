@@ -821,21 +821,23 @@ class Model:
     def busy(self, clock: Clock, phase: str, seconds: float, processes: int = 1) -> Iterator[Work]:
         """Busy on `processes` processors for `seconds` of calibrated work (longer where it shares
         them, sim.cores)."""
-        since = self.loop.now
-        clock.running = (phase, since)
-        yield Work(seconds, processes)
-        clock.running = None
-        clock.add(phase, self.loop.now - since)
+        took = yield from self.timed(clock, phase, Work(seconds, processes))
         clock.work_s += seconds
-        clock.work_wall_s += self.loop.now - since
+        clock.work_wall_s += took
 
     def idle_for(self, clock: Clock, phase: str, seconds: float) -> Iterator[Delay]:
         """Waiting `seconds` without using a processor (a reward wait)."""
+        yield from self.timed(clock, phase, Delay(seconds))
+
+    def timed(self, clock: Clock, phase: str, request: Delay | Work) -> Generator[Delay | Work, None, float]:
+        """`request`'s seconds counted under `phase` (up to the end if it is still running then);
+        returns them."""
         since = self.loop.now
         clock.running = (phase, since)
-        yield Delay(seconds)
+        yield request
         clock.running = None
         clock.add(phase, self.loop.now - since)
+        return self.loop.now - since
 
     def wait(self, clock: Clock, phase: str, condition: Callable[[], bool],
              reads: frozenset[str] | None = None) -> Iterator[Until]:
