@@ -349,7 +349,8 @@ class Calibration:
         was busy then. Simulating the run's own settings on those cores stretches each actor's
         work by some factor; the uncontended times are the measured ones divided by it. The factor
         depends on the times (they set what overlaps), so this repeats from the measured times
-        `rounds` times (a fixed point; tests/unit/test_simulate_cores.py checks it recovers known times)."""
+        `rounds` times (a fixed point; tests/unit/test_simulate_cores.py checks it recovers known times).
+        The result is marked as sharing nothing, so it is never freed of the contention twice."""
         if not self.shared_cores:
             return self
         own = replace(self.settings, cores=self.shared_cores)
@@ -359,7 +360,7 @@ class Calibration:
             model.run()
             current = self.scaled(1 / _stretch(model.learner),
                                   [1 / _stretch(g.clock) for g in model.generators])
-        return current
+        return replace(current, shared_cores=0)
 
 
 def _stretch(clock: Clock) -> float:

@@ -117,6 +117,7 @@ def test_uncontended_recovers_the_times_a_run_on_shared_cores_was_slowed_from():
     for got, want in zip(recovered.generators, true.generators):
         assert got.generate_s == pytest.approx(want.generate_s, rel=0.02)
         assert got.score_s_per_group == pytest.approx(want.score_s_per_group, rel=0.02)
+    assert recovered.shared_cores == 0 and recovered.uncontended() == recovered  # never taken out twice
 
 
 def test_a_run_whose_actors_had_cores_of_their_own_is_its_own_uncontended_calibration():
