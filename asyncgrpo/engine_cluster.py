@@ -5,8 +5,11 @@ It runs in a helper process of its own (`python -m asyncgrpo.engine_cluster`), w
 cluster with `ray.init` (every listener on 127.0.0.1, token authentication, a private temporary
 directory so that no other driver on this machine finds it with `ray.address=auto`), prints its
 address and waits until its stdin closes; then it shuts the cluster down, and the pooled engines
-with it. The study dying closes that pipe too, and the helper also gets SIGTERM from the kernel
-when its parent dies (Linux).
+with it. The study process dying closes that pipe too, and the helper also watches that its parent
+process is still there (so that one dying while the cluster is still starting, when the helper reads
+nothing, is noticed as well). Not the kernel's parent-death signal: that follows the *thread* that
+started the helper, and a study's slot thread that starts the cluster may end (its plans done)
+while other slots' runs still use it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Self
@@ -28,6 +32,8 @@ from typing import Any, Self
 START_TIMEOUT_S = 180.0
 # How long it may take to shut it down before it is killed.
 STOP_TIMEOUT_S = 60.0
+# How often the helper looks whether the study process is still its parent.
+PARENT_POLL_S = 0.5
 
 
 class EngineCluster:
@@ -52,9 +58,10 @@ class EngineCluster:
                     "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
                     "RAY_USAGE_STATS_ENABLED": "0"}
         self._helper = subprocess.Popen(
-            [sys.executable, "-m", "asyncgrpo.engine_cluster", json.dumps({"num_cpus": self.num_cpus})],
+            [sys.executable, "-m", "asyncgrpo.engine_cluster",
+             json.dumps({"num_cpus": self.num_cpus, "parent": os.getpid()})],
             env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True, preexec_fn=_terminate_when_parent_dies)
+            start_new_session=True)
         try:
             ready, _, _ = select.select([self._helper.stdout], [], [], START_TIMEOUT_S)
             line = self._helper.stdout.readline() if ready else ""
@@ -145,8 +152,17 @@ def signal_when_parent_dies(signum: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
-def _terminate_when_parent_dies() -> None:
-    signal_when_parent_dies(signal.SIGTERM)
+def terminate_when_parent_exits(parent: int, poll_s: float) -> None:
+    """In a child: SIGTERM to itself once process `parent` is no longer its parent (it exited and
+    the child was handed to init or a subreaper). getppid() names the parent *process*, which a
+    thread of it ending does not change; `parent` is passed in, since it may be gone already."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _serve(spec: dict[str, Any]) -> None:
@@ -154,6 +170,7 @@ def _serve(spec: dict[str, Any]) -> None:
     import ray
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # through the finally below
+    terminate_when_parent_exits(int(spec["parent"]), PARENT_POLL_S)
     context = ray.init(num_cpus=int(spec["num_cpus"]), include_dashboard=False, _node_ip_address="127.0.0.1",
                        log_to_driver=False)
     print(json.dumps({"address": context.address_info["gcs_address"]}), flush=True)
