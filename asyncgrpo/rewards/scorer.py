@@ -21,13 +21,18 @@ the GIL allows. A sync call past its timeout cannot be stopped and keeps its thr
 returns; when every thread of the pool is held so, later calls and those still queued go to a new
 pool (a function that hangs on some inputs costs threads, not the run).
 
-Errors. A term that raises, times out, returns NaN/inf or a non-number is an error: it counts in
+Errors. A term that raises, times out, or returns anything but a real number within float32's
+range (NaN, inf, 1e39, the string "0.7", None, a complex number) is an error: it counts in
 GroupScore.errors (logged as reward/errors) and then reward.on_error applies: `zero` scores that
-term 0 for that completion, `drop_group` marks the whole group dropped. Nothing raises out of
-the Scorer for a failing reward; only a broken config (an unimportable reward.fn) raises, at
-construction. The first error of each term is logged (a warning, once per term) and kept
-(`first_errors()`, on one line): the generator reports it, and the learner names it when the error
-rate ends the run (asyncgrpo/rewards/errors.py).
+term 0 for that completion, `drop_group` marks the whole group dropped. Rewards travel as float32,
+and the learner rejects a group with a reward beyond it: caught here, such a value is a counted
+error of its term, not a group silently lost at the learner. So is a weighted sum beyond float32
+(an error of each term in it). bool is an int in Python: True and False score 1 and 0; numpy's
+scalars and Fractions are numbers too, a numeric string is not. Nothing raises out of the Scorer
+for a failing reward; only a broken config (an unimportable reward.fn) raises, at construction.
+The first error of each term is logged (a warning, once per term) and kept (`first_errors()`, on
+one line): the generator reports it, and the learner names it when the error rate ends the run
+(asyncgrpo/rewards/errors.py).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import concurrent.futures
 import contextlib
 import logging
 import math
+import numbers
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,10 +66,12 @@ ON_ERROR_POLICIES = ("zero", "drop_group")
 # Keys of Problem.extra that the reward function receives as named arguments would collide with.
 _RESERVED_ARGS = ("prompt", "completion", "answer")
 _INTERNAL_EXTRA = ("raw_prompt", "raw_answer")
+# A reward travels as float32 (GroupScore.rewards, the wire): the learner rejects one beyond it.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class RewardValueError(ValueError):
-    """A reward returned something that is not a finite number."""
+    """A reward returned something that is not a real number within float32's range."""
 
 
 @dataclass
@@ -110,14 +118,20 @@ class RewardTerm:
 
 
 def _finite(value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)):
+    """A term's value as a float, or RewardValueError. Only real numbers: float() would also take
+    the string "0.7" (a reward function that forgot to parse) and 0-d arrays."""
+    if isinstance(value, (bool, np.bool_)):  # np.bool_ is no numbers.Real
         return float(value)
+    if not isinstance(value, numbers.Real):
+        raise RewardValueError(f"returned {type(value).__name__} {value!r:.60}, not a number")
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise RewardValueError(f"returned {type(value).__name__} {value!r:.60}, not a number") from None
+    except OverflowError:  # an int or Fraction beyond float64
+        raise RewardValueError(f"returned {type(value).__name__} {value!r:.60}, beyond float32") from None
     if not math.isfinite(number):
         raise RewardValueError(f"returned {number}")
+    if abs(number) > FLOAT32_MAX:
+        raise RewardValueError(f"returned {number!r}, beyond float32 (|reward| <= {FLOAT32_MAX:.4g})")
     return number
 
 
@@ -299,6 +313,16 @@ class Scorer:
 
     def _finish(self, values: np.ndarray, messages: list[str]) -> GroupScore:
         """values: [terms, n] with NaN for failures -> the group's GroupScore."""
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found below, not warned about
+            weighted = np.where(np.isfinite(values), values, 0.0) * self._weights
+            sums = weighted.sum(axis=0)
+        # Each term fits float32 (`_finite`), their weighted sum may not: an error of every term in
+        # it, so that the completion scores what its other terms (weight 0 or failed) do, 0.
+        for j in np.flatnonzero(~(np.abs(sums) <= FLOAT32_MAX)):
+            for i in np.flatnonzero(weighted[:, j] != 0.0):
+                values[i, j] = np.nan
+                messages.append(self._error(self.terms[i], f"RewardValueError: the weighted sum of the terms, "
+                                                           f"{sums[j]:.4g}, is beyond float32"))
         failed = ~np.isfinite(values)
         errors = int(failed.sum())
         rewards = (np.where(failed, 0.0, values) * self._weights).sum(axis=0).astype(np.float32)

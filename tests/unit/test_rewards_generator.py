@@ -55,3 +55,28 @@ def test_a_dropped_group_is_not_built():
     scorer = Scorer(task, RewardConfig(on_error="drop_group"))
     assert build(scorer, Problem(1, "1+1=", "2"), [1], completions(["2"])) is None
     assert scorer.stats_snapshot()["reward/groups_dropped"] == 1
+
+
+def test_a_reward_beyond_float32_is_an_error_and_its_group_still_decodes_at_the_learner():
+    from asyncgrpo.wire import decode_group, encode_group
+
+    class HugeForOnesAndTwos:  # the reward: 1e39 for answers starting with 1 or 2
+        def score(self, completion: str, problem: Problem) -> float:
+            return 1e39 if completion.startswith(("1", "2")) else 0.5
+
+    scorer = Scorer(HugeForOnesAndTwos(), RewardConfig())
+    group = build(scorer, PROBLEM, [1, 2], completions(["12", "85", "2"]))
+    assert group.rewards.tolist() == [0.0, 0.5, 0.0]
+    group.seq = 0  # as the sender numbers it
+    assert decode_group([bytes(f) for f in encode_group(group)]).rewards.tolist() == [0.0, 0.5, 0.0]
+    assert scorer.stats_snapshot()["reward/errors"] == 2
+
+
+def test_a_reward_beyond_float32_drops_its_group_under_drop_group():
+    class Huge:
+        def score(self, completion: str, problem: Problem) -> float:
+            return 1e39
+
+    scorer = Scorer(Huge(), RewardConfig(on_error="drop_group"))
+    assert build(scorer, PROBLEM, [1], completions(["12"])) is None
+    assert scorer.stats_snapshot() == {"reward/errors": 1, "reward/groups_dropped": 1, "reward/calls": 1}

@@ -54,6 +54,18 @@ def slow_sync(prompt, completion, answer=None, **extra):
     time.sleep(2 if completion == "slow" else 0)
     return 1.0
 
+def odd_value(prompt, completion, answer=None, **extra):
+    # 1e39 is a finite float64 that overflows float32, the rewards' dtype on the wire.
+    return {"huge": 1e39, "-huge": -1e39, "nan": math.nan, "inf": math.inf, "text": "0.7", "none": None,
+            "complex": 1j, "list": [0.5]}.get(completion, 0.5)
+
+async def async_odd_value(prompt, completion, answer=None, **extra):
+    return odd_value(prompt, completion, answer)
+
+def np_values(prompt, completion, answer=None, **extra):
+    import numpy
+    return {"f32": numpy.float32(0.25), "i64": numpy.int64(1), "true": True}.get(completion, 0.5)
+
 async def gated(prompt, completion, answer=None, **extra):
     while not release.is_set():
         await asyncio.sleep(0.01)
@@ -212,6 +224,68 @@ def test_drop_group_policy_drops_only_groups_with_errors(user_rewards):
         good, bad = scorer.score([problem(), problem()], [["a", "b"], ["a", "boom"]])
         assert not good.dropped and bad.dropped and bad.errors == 1
         assert scorer.stats_snapshot()["reward/groups_dropped"] == 1
+    finally:
+        scorer.close()
+
+
+NOT_REAL_NUMBERS = ["huge", "-huge", "nan", "inf", "text", "none", "complex", "list"]
+
+
+@pytest.mark.parametrize("fn", ["odd_value", "async_odd_value"])
+@pytest.mark.parametrize("value", NOT_REAL_NUMBERS)
+def test_a_reward_that_is_not_a_float32_number_is_a_counted_error_scored_zero(user_rewards, fn, value):
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": f"my_rewards:{fn}"}, {"name": "task", "weight": 0.0}))
+    try:
+        [score] = scorer.score([problem()], [["ok", value, "ok"]])
+        assert score.rewards.tolist() == [0.5, 0.0, 0.5] and np.isfinite(score.rewards).all()
+        assert np.isnan(score.terms["fn"]).tolist() == [False, True, False]
+        assert score.errors == 1 and not score.dropped and score.meta()["reward/errors"] == 1
+        assert scorer.stats_snapshot()["reward/errors"] == 1
+        assert scorer.first_errors()["fn"].startswith("RewardValueError: returned ")
+    finally:
+        scorer.close()
+
+
+@pytest.mark.parametrize("value", ["huge", "text", "none", "nan"])
+def test_drop_group_drops_a_group_whose_reward_is_not_a_float32_number(user_rewards, value):
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:odd_value", on_error="drop_group"))
+    try:
+        good, bad = scorer.score([problem(), problem()], [["a", "b"], ["a", value]])
+        assert not good.dropped and bad.dropped and bad.errors == 1
+        assert scorer.stats_snapshot()["reward/groups_dropped"] == 1
+    finally:
+        scorer.close()
+
+
+def test_a_cheap_term_beyond_float32_is_an_error_of_that_term_inline():
+    class HugeTask:  # the task's own check runs inline, not on the scorer's threads
+        def score(self, completion: str, problem: Problem) -> float:
+            return 1e39 if completion.startswith(("1", "2")) else 1.0
+
+    scorer = Scorer(HugeTask(), RewardConfig())
+    [score] = scorer.submit([problem()], [["12", "3", "25"]]).result(timeout=0)
+    assert score.rewards.tolist() == [0.0, 1.0, 0.0] and score.errors == 2
+    assert list(scorer.first_errors()) == ["task"]
+    assert scorer.first_errors()["task"].startswith("RewardValueError: returned 1e+39, beyond float32")
+
+
+def test_a_weighted_sum_beyond_float32_is_an_error_of_its_terms():
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "exact", "weight": 3e38}, {"name": "format", "weight": 3e38},
+                                           {"name": "other", "kind": "exact", "weight": 0.0}))
+    [score] = scorer.score([problem()], [["85", "x"]])
+    # "85": both terms give 1 and 6e38 overflows float32; "x": 0 + 3e38 fits.
+    assert np.isfinite(score.rewards).all() and score.rewards[0] == 0.0
+    assert math.isclose(score.rewards[1], 3e38, rel_tol=1e-6)
+    assert score.errors == 2 and np.isnan(score.terms["exact"][0]) and np.isnan(score.terms["format"][0])
+    assert not np.isnan(score.terms["other"][0])  # weight 0: no part of the overflow
+    assert "beyond float32" in scorer.first_errors()["exact"]
+
+
+def test_numpy_scalars_and_bools_are_numbers(user_rewards):
+    scorer = Scorer(ARITHMETIC, RewardConfig(fn="my_rewards:np_values"))
+    try:
+        [score] = scorer.score([problem()], [["f32", "i64", "true"]])
+        assert score.rewards.tolist() == [0.25, 1.0, 1.0] and score.errors == 0
     finally:
         scorer.close()
 
