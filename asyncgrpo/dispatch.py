@@ -97,7 +97,10 @@ class Dispatcher:
         self._slots_by_holder: dict[Holder, set[int]] = {}  # likewise for each request's report
         self._filled: dict[int, tuple[Holder, int]] = {}  # slot -> (holder, position): arrived, not taken
         self._grants: dict[Holder, int] = {}  # holder -> how many grants it has been given
-        self._incarnations: dict[int, int] = {}  # generator id -> its newest process seen asking
+        # generator id -> its oldest process that may still ask: the newest seen asking, or the one
+        # after the newest the driver reported dead. A request from an older one gets nothing: its
+        # process is gone (or replaced), and slots granted to it would hold a step until a restart.
+        self._live_from: dict[int, int] = {}
         self.counts = {"granted": 0, "regranted": 0, "lost": 0, "down": 0, "released": 0, "refused_arrivals": 0,
                        "unreceived": 0, "stale_requests": 0}
 
@@ -107,25 +110,31 @@ class Dispatcher:
                 unsent: Iterable[int], given_back: Iterable[int]) -> tuple[int, list[Ticket]]:
         """One ticket request (wire TicketRequest), read after every group its holder sent before
         it: take its report (given back, grants that never reached it, groups lost in transit),
-        then grant. A request from a replaced process (an older incarnation) gets nothing; the
-        first from a newer one retires its predecessors (`holder_down`)."""
+        then grant. A request from a replaced process (an older incarnation) or one reported dead
+        (`generator_down`: its request was still on the stream) gets nothing; the first from a newer
+        one retires its predecessors."""
         generator_id, incarnation = holder
-        newest = self._incarnations.get(generator_id, -1)
-        if incarnation < newest:
+        live_from = self._live_from.get(generator_id, 0)
+        if incarnation < live_from:
             self.counts["stale_requests"] += 1
             return 0, []
-        if incarnation > newest:
-            self._incarnations[generator_id] = incarnation
-            self.generator_down(generator_id, keep=holder)
-        self.given_back(holder, given_back)
+        if incarnation > live_from:
+            self.generator_down(generator_id, incarnation - 1)
+        # Unreceived grants first: a give-back repeated because its answer was lost may name a slot
+        # that very answer granted again (with a new prompt); taken back as unreceived, prompt and
+        # all, the slot is no longer this holder's and the repeated give-back passes it by.
         self.grants_unreceived(holder, newest_grant)
+        self.given_back(holder, given_back)
         self.heard_from(holder, newest_grant, unsent)
         return self.grant(holder, loaded_version, wanted)
 
-    def generator_down(self, generator_id: int, keep: Holder | None = None) -> list[int]:
-        """Every process of `generator_id` (but `keep`) is gone: `holder_down` for each."""
-        holders = {holder for holder in self._slots_by_holder if holder[0] == generator_id}
-        return sorted(slot for holder in holders - {keep} for slot in self.holder_down(holder))
+    def generator_down(self, generator_id: int, incarnation: int) -> list[int]:
+        """Every process of `generator_id` up to `incarnation` is gone (the driver's report names the
+        one that died; a newer one's first request retires the older): `holder_down` for each, and
+        their requests still on their way get nothing. A newer process keeps its slots."""
+        self._live_from[generator_id] = max(self._live_from.get(generator_id, 0), incarnation + 1)
+        holders = {holder for holder in self._slots_by_holder if holder[0] == generator_id and holder[1] <= incarnation}
+        return sorted(slot for holder in holders for slot in self.holder_down(holder))
 
     def slot_limit(self, loaded_version: int) -> float:
         """Slots below this may go to a generator holding `loaded_version`: the bound (under the

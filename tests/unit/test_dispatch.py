@@ -4,10 +4,11 @@ then the small cases by hand."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.dispatch import Dispatcher, Ticket
@@ -15,17 +16,28 @@ from asyncgrpo.dispatch import Dispatcher, Ticket
 
 @dataclass
 class Gen:
+    """One generator process as rollout/tickets.py's client behaves: it asks with a report, counts
+    only the answer to its newest request, and repeats its give-backs until a request carrying
+    them is answered."""
+
     index: int
     incarnation: int = 0
     loaded: int = 0
-    inbox: list[tuple[int, list[Ticket]]] = field(default_factory=list)  # grants on their way
+    requests: int = 0
+    answer: tuple[int, list[Ticket], list[int]] | None = None  # (grant, tickets, give-backs it carried) on its way
     newest_grant: int = 0
     unsent: list[tuple[Ticket, int]] = field(default_factory=list)  # (ticket, version it was granted with)
-    in_transit: list[tuple[tuple[int, int], int]] = field(default_factory=list)  # (holder, slot) sent, not arrived
+    given_back: set[int] = field(default_factory=set)  # slots not to be sent, until a request carrying them is answered
+    in_transit: list[tuple[tuple[int, int], int]] = field(default_factory=list)  # (holder, position) sent, not arrived
 
     @property
     def holder(self) -> tuple[int, int]:
         return self.index, self.incarnation
+
+    def report(self, wanted: int) -> tuple:
+        """`Dispatcher.request`'s arguments for a request of this process now."""
+        return (self.holder, self.loaded, wanted, self.newest_grant, [t.slot for t, _ in self.unsent],
+                sorted(self.given_back))
 
 
 class World:
@@ -38,28 +50,31 @@ class World:
         self.granted_version: dict[tuple[tuple[int, int], int], int] = {}  # (holder, slot) -> version at grant
         self.trained: list[int] = []  # positions, in training order
         self.staleness: list[int] = []
-        self.dropped_for_good: set[int] = set()  # positions released without retry
+        self.dropped_for_good: set[int] = set()  # positions given back (their rewards failed): not retried
+        self.late: list[tuple] = []  # requests dead processes sent, read after the driver reported the death
 
     def ask(self, g: Gen, wanted: int) -> None:
-        # As the real generator: a new request reports the newest grant received; answers to older
-        # requests still on their way will be ignored when they come.
-        g.inbox.clear()
-        self.d.grants_unreceived(g.holder, g.newest_grant)
-        number, tickets = self.d.grant(g.holder, g.loaded, wanted)
+        # The request travels on the groups' ordered stream: what is in transit arrives first. Its
+        # answer replaces any older one still on its way (the client ignores those when they come).
+        while g.in_transit:
+            self.arrive(g)
+        g.requests += 1
+        arguments = g.report(wanted)
+        number, tickets = self.d.request(*arguments)
         for ticket in tickets:
             self.granted_version[(g.holder, ticket.slot)] = g.loaded
-        if tickets:
-            g.inbox.append((number, tickets))
+        g.answer = (number, tickets, arguments[-1])
 
-    def lose_grant(self, g: Gen) -> None:
-        if g.inbox:
-            g.inbox.pop(0)
+    def lose_grant(self, g: Gen) -> None:  # the answer is lost, or comes after the client stopped waiting
+        g.answer = None
 
     def deliver(self, g: Gen) -> None:
-        if g.inbox:
-            number, tickets = g.inbox.pop(0)
-            g.newest_grant = number
-            g.unsent += [(t, self.granted_version[(g.holder, t.slot)]) for t in tickets]
+        if g.answer is not None:
+            (number, tickets, carried), g.answer = g.answer, None
+            g.given_back.difference_update(carried)
+            if tickets:
+                g.newest_grant = number
+                g.unsent += [(t, self.granted_version[(g.holder, t.slot)]) for t in tickets]
 
     def send(self, g: Gen, lose: bool = False) -> None:
         if g.unsent:
@@ -75,23 +90,23 @@ class World:
             if slot is not None:
                 assert self.d.arrived(holder, slot)
 
-    def heartbeat(self, g: Gen) -> None:
-        # Sent after every group so far on the same ordered socket: what is in transit arrives first.
-        while g.in_transit:
-            self.arrive(g)
-        self.d.heard_from(g.holder, g.newest_grant, [t.slot for t, _ in g.unsent])
-
     def give_back(self, g: Gen) -> None:  # reward.on_error=drop_group: the prompt is not retried
         if g.unsent:
             ticket, _ = g.unsent.pop(0)
-            assert self.d.given_back(g.holder, [ticket.slot]) == 1
+            g.given_back.add(ticket.slot)
             self.dropped_for_good.add(ticket.position)
 
-    def die(self, g: Gen) -> None:
-        self.d.holder_down(g.holder)
+    def die(self, g: Gen, wanted: int) -> None:
+        # Its last request may still be on the stream when the driver reports the death.
+        self.late.append(g.report(wanted))
+        self.d.generator_down(g.index, g.incarnation)
         g.incarnation += 1
-        g.loaded, g.inbox, g.newest_grant, g.unsent = self.version, [], 0, []
+        g.loaded, g.requests, g.answer, g.newest_grant, g.unsent, g.given_back = self.version, 0, None, 0, [], set()
         # What the dead process sent may still arrive, under its old name: in_transit is kept.
+
+    def read_late(self) -> None:
+        if self.late:
+            assert self.d.request(*self.late.pop(0)) == (0, [])  # a dead process is granted nothing
 
     def load(self, g: Gen) -> None:
         g.loaded = self.version
@@ -106,24 +121,36 @@ class World:
         return True
 
 
-EVENTS = ("ask", "deliver", "lose_grant", "send", "lose", "arrive", "heartbeat", "give_back", "die", "load", "step")
+EVENTS = ("ask", "deliver", "lose_grant", "send", "lose", "arrive", "give_back", "die", "late", "load", "step")
 
 
 @settings(max_examples=150, deadline=None)
 @given(generators=st.integers(1, 8), groups_per_step=st.integers(1, 8), max_staleness=st.integers(0, 4),
        script=st.lists(st.tuples(st.sampled_from(EVENTS), st.integers(0, 7), st.integers(1, 4)), max_size=400),
-       data=st.data())
+       final_wanted=st.lists(st.integers(1, 4), min_size=1, max_size=8))
+# A give-back repeated because its answer (which gave the slot again, with a new prompt) was lost.
+@example(generators=1, groups_per_step=1, max_staleness=0, final_wanted=[1],
+         script=[("ask", 0, 1), ("deliver", 0, 1), ("give_back", 0, 1), ("ask", 0, 1), ("lose_grant", 0, 1),
+                 ("ask", 0, 1)])
+# Requests of dead processes read after the driver reported the death: one that had asked, one that
+# never had, one with a give-back.
+@example(generators=2, groups_per_step=2, max_staleness=0, final_wanted=[2],
+         script=[("ask", 0, 2), ("die", 0, 2), ("late", 0, 1), ("die", 0, 2), ("late", 0, 1)])
+@example(generators=1, groups_per_step=2, max_staleness=1, final_wanted=[3],
+         script=[("ask", 0, 2), ("deliver", 0, 1), ("give_back", 0, 1), ("die", 0, 2), ("late", 0, 1)])
 def test_any_interleaving_keeps_the_bound_trains_each_prompt_once_and_never_deadlocks(
-        generators, groups_per_step, max_staleness, script, data):
+        generators, groups_per_step, max_staleness, script, final_wanted):
     world = World(generators, groups_per_step, max_staleness)
     for event, who, wanted in script:
         g = world.gens[who % generators]
-        if event == "ask":
-            world.ask(g, wanted)
+        if event in ("ask", "die"):
+            getattr(world, event)(g, wanted)
         elif event == "lose":
             world.send(g, lose=True)
         elif event == "step":
             world.step()
+        elif event == "late":
+            world.read_late()
         else:
             getattr(world, event)(g)
         # slot_of's index agrees with the slots held, whatever happened
@@ -134,21 +161,24 @@ def test_any_interleaving_keeps_the_bound_trains_each_prompt_once_and_never_dead
         for slot, h in held.items():
             by_holder.setdefault(h.holder, set()).add(slot)
         assert world.d._slots_by_holder == by_holder
+        # Once its death is reported, a process holds nothing: no step waits on it.
+        assert all(holder == world.gens[holder[0]].holder for holder in by_holder), by_holder
 
     # Then everyone behaves: the learner must reach 3 more steps (a lost slot is re-granted once its
     # holder reports, a dead holder's at once; nobody waits on a slot no one will fill).
     target = world.version + 3
+    wanted = itertools.cycle(final_wanted)
     for _ in range(500):
         if world.version >= target:
             break
         for g in world.gens:
             world.load(g)
-            world.ask(g, data.draw(st.integers(1, 4), label="wanted"))
-            while g.inbox:
-                world.deliver(g)
+            world.ask(g, next(wanted))
+            world.deliver(g)
             while g.unsent:
                 world.send(g)
-            world.heartbeat(g)
+            while g.in_transit:
+                world.arrive(g)
         while world.step():
             pass
     assert world.version >= target, f"stuck at step {world.version}, missing {world.d.missing()}"
@@ -303,3 +333,43 @@ def test_a_request_reports_before_it_is_granted():
     grant, again = d.request((0, 0), 0, 2, 1, [], [1])
     assert grant == 2 and [(t.slot, t.position) for t in again] == [(0, 0), (1, 2)]
     assert d.counts["lost"] == 1 and d.counts["released"] == 1
+
+
+def test_a_give_back_repeated_after_its_answer_was_lost_keeps_the_prompt_that_answer_granted():
+    d = Dispatcher(groups_per_step=2, max_staleness=0)
+    d.request((0, 0), 0, 2, 0, [], [])  # grant 1: slots 0, 1 with prompts 0, 1
+    assert d.arrived((0, 0), 0)
+    # Slot 1's rewards failed: given back, and granted again at once in grant 2 with prompt 2, an
+    # answer that never reaches the generator.
+    assert d.request((0, 0), 0, 1, 1, [], [1]) == (2, [Ticket(1, 2)])
+    # So it repeats the give-back, reporting grant 1 as its newest: slot 1 is now grant 2's, which it
+    # never received, and prompt 2 must be given again (the give-back was prompt 1's, already done).
+    _, again = d.request((0, 0), 0, 1, 1, [], [1])
+    assert again == [Ticket(1, 2)]
+    assert d.counts["released"] == 1 and d.counts["unreceived"] == 1
+
+
+def test_after_a_reported_death_a_late_request_of_the_dead_process_gets_nothing_and_the_living_get_its_slots():
+    d = Dispatcher(groups_per_step=4, max_staleness=0)
+    assert [t.slot for t in d.request((0, 0), 0, 2, 0, [], [])[1]] == [0, 1]
+    assert [t.slot for t in d.request((1, 0), 0, 1, 0, [], [])[1]] == [2]
+    assert d.generator_down(0, incarnation=0) == [0, 1]
+    # A request the dead process sent before it died, read after the driver's report.
+    assert d.request((0, 0), 0, 4, 1, [0, 1], []) == (0, [])
+    _, tickets = d.request((1, 0), 0, 4, 1, [2], [])
+    assert [(t.slot, t.position) for t in tickets] == [(0, 0), (1, 1), (3, 3)]
+    assert d.counts["stale_requests"] == 1 and d.counts["down"] == 2
+    # Its successor asks as usual and keeps what it gets.
+    assert d.request((0, 1), 0, 4, 0, [], []) == (0, [])  # nothing left within the bound, nothing refused
+    assert d.counts["stale_requests"] == 1
+
+
+def test_a_reported_death_covers_a_process_that_never_asked_and_spares_a_newer_one():
+    d = Dispatcher(groups_per_step=2, max_staleness=0)
+    d.generator_down(0, incarnation=1)  # incarnation 1 died before its first request was read
+    assert d.request((0, 1), 0, 2, 0, [], []) == (0, [])
+    assert d.request((0, 0), 0, 2, 0, [], []) == (0, [])
+    assert [t.slot for t in d.request((0, 2), 0, 1, 0, [], [])[1]] == [0]
+    d.generator_down(0, incarnation=1)  # a report about an older process leaves incarnation 2 alone
+    assert [t.slot for t in d.request((0, 2), 0, 1, 1, [0], [])[1]] == [1]
+    assert d.counts["down"] == 0 and d.counts["stale_requests"] == 2

@@ -8,10 +8,11 @@ import itertools
 
 import pytest
 
-from asyncgrpo.dispatch import Ticket
+from asyncgrpo.dispatch import Dispatcher, Ticket
+from asyncgrpo.replay import ReplayQueue, StalenessEviction
 from asyncgrpo.rollout.tickets import REPLY_TIMEOUTS_S, PositionedPrompts, TicketClient
 from asyncgrpo.tasks import ArithmeticTask
-from asyncgrpo.wire import Grant, TicketRequest
+from asyncgrpo.wire import Grant, TicketRequest, example_group
 
 
 class Wire:
@@ -63,6 +64,57 @@ def test_a_given_back_slot_is_repeated_until_a_request_carrying_it_is_answered()
     assert wire.requests[-1].given_back == [1] and wire.requests[-1].unsent == []
     client.ask(0, 2)
     assert wire.requests[-1].given_back == []
+
+
+class LossyQueueWire:
+    """The groups socket straight into a real tickets queue, and a grant channel that loses the
+    answers to the requests numbered in `lose`."""
+
+    def __init__(self, groups_per_step: int, lose: set[int]) -> None:
+        self.queue = ReplayQueue(None, 16, StalenessEviction(0, drop_stale=True, full_policy="block"), limits=None,
+                                 shares=None, dispatcher=Dispatcher(groups_per_step, 0, capacity_groups=16),
+                                 grants=self)
+        self.lose, self.inbox, self.seq = lose, [], 0
+
+    def try_send(self, message, timeout_s: float) -> bool:
+        self.queue.put(message)
+        return True
+
+    def send_to(self, identity: bytes, grant: Grant) -> bool:
+        if grant.request not in self.lose:
+            self.inbox.append(grant)
+        return True
+
+    def recv(self, timeout_s: float) -> Grant | None:
+        return self.inbox.pop(0) if self.inbox else None
+
+    def close(self) -> None:
+        pass
+
+    def send_group(self, client: TicketClient, ticket: Ticket) -> None:
+        group = example_group(num_samples=2, tokens_per_sample=3, seed=ticket.position)
+        group.generator_id, group.incarnation, group.seq, group.pos = 0, 0, self.seq, ticket.position
+        group.versions[:] = 0
+        self.seq += 1
+        self.try_send(group, timeout_s=1)
+        client.sent(ticket.slot)
+
+
+def test_a_give_back_whose_answer_was_lost_leaves_no_prompt_untrained():
+    wire = LossyQueueWire(groups_per_step=2, lose={2})
+    client = TicketClient(wire, wire, generator_id=0, incarnation=0)
+    first = client.ask(0, 2)
+    assert first == [Ticket(0, 0), Ticket(1, 1)]
+    wire.send_group(client, first[0])
+    client.gave_back(1)  # prompt 1's rewards failed: dropped for what it is, its slot to be filled again
+    # Request 2 gives slot 1 back; its answer, slot 1 again with prompt 2, is lost.
+    assert client.ask(0, 1) == []
+    # Request 3 repeats the give-back: prompt 2 must come again, not be skipped for a new one.
+    again = client.ask(0, 1)
+    assert again == [Ticket(1, 2)]
+    wire.send_group(client, again[0])
+    assert [g.pos for g in wire.queue.take(2, 0, timeout_s=1)] == [0, 2]
+    assert wire.queue.state_dict()["dispatch"]["retry_positions"] == []
 
 
 def test_positioned_prompts_read_forward_back_within_the_window_and_back_beyond_it():
