@@ -201,10 +201,14 @@ class GeneratorRegistry:
 
     # ---------------------------------------------------------------------------- restarts
 
-    def mark_down(self, generator_id: int) -> None:
-        """The generator's process died and a restart is under way (the driver says so)."""
+    def mark_down(self, generator_id: int) -> int:
+        """The generator's process died and a restart is under way (the driver says so). Returns the
+        incarnation that died: the newest known, rejoined or heard from (the driver starts the next
+        only after this report)."""
         with self._lock:
-            self.generators.setdefault(generator_id, GeneratorState()).down = True
+            state = self.generators.setdefault(generator_id, GeneratorState())
+            state.down = True
+            return state.incarnation
 
     def down_generators(self) -> set[int]:
         with self._lock:

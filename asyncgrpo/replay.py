@@ -549,10 +549,10 @@ class ReplayQueue:
 
     def generator_down(self, generator_id: int) -> None:
         """Generator `generator_id`'s process died and a restart is under way: its share may be lent."""
-        self.registry.mark_down(generator_id)
+        incarnation = self.registry.mark_down(generator_id)
         with self._lock:
-            if self.dispatcher is not None:  # its slots go to whoever asks next
-                self.dispatcher.generator_down(generator_id)
+            if self.dispatcher is not None:  # its slots go to whoever asks next; its late requests get none
+                self.dispatcher.generator_down(generator_id, incarnation)
             self._groups_ready.notify_all()  # a waiting take may be complete with lent groups
 
     def rejoin(self, generator_id: int, incarnation: int, learner_version: int) -> Rejoin:

@@ -153,3 +153,27 @@ def test_the_learner_and_the_dispatcher_must_agree_on_the_step():
         queue.take(2, learner_version=3, timeout_s=0.01)
     with pytest.raises(ValueError, match="one step of 2 groups"):
         queue.take(1, learner_version=0, timeout_s=0.01)
+
+
+def test_after_a_reported_death_a_late_request_of_the_dead_process_is_refused_and_its_slots_go_to_the_living():
+    queue, grants = tickets_queue(groups_per_step=2, max_staleness=0)
+    doomed, other = Gen(queue, grants, 0), Gen(queue, grants, 1)
+    assert doomed.ask(0, 2) == [(0, 0), (1, 1)]
+    queue.generator_down(0)
+    # A request the dead process sent before it died, read after the driver's report: were it granted,
+    # the step would wait for the dead process's slots until its successor's first request.
+    assert doomed.ask(0, 2) == []
+    assert other.ask(0, 2) == [(0, 0), (1, 1)]
+    for slot in (0, 1):
+        other.send(slot, version=0)
+    assert [(g.generator_id, g.pos) for g in queue.take(2, 0, timeout_s=1)] == [(1, 0), (1, 1)]
+    assert queue.stats()["dispatch/stale_requests"] == 1
+
+
+def test_a_reported_death_refuses_a_restarted_process_that_died_before_its_first_request_was_read():
+    queue, grants = tickets_queue(groups_per_step=2, max_staleness=0)
+    queue.generator_down(0)
+    queue.rejoin(0, 1, learner_version=0)
+    queue.generator_down(0)  # incarnation 1 died too, its first request still on its way
+    assert Gen(queue, grants, 0, incarnation=1).ask(0, 2) == []
+    assert Gen(queue, grants, 0, incarnation=2).ask(0, 2) == [(0, 0), (1, 1)]
