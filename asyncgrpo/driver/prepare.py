@@ -65,31 +65,38 @@ def prepare_model(cfg: Config, log=print) -> str:
 
 def resume_point(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """The checkpoint `resume` names (its meta, with `path`), or None for a fresh run. resume=auto:
-    the newest complete checkpoint in run_dir/checkpoints, or None if there is none. Refuses (in one
-    line, before Ray starts) a checkpoint that fails its manifest or was written by a run whose
-    prompt streams this one cannot continue (asyncgrpo/resume.py)."""
-    if not cfg.resume:
-        return None
+    the newest checkpoint of the run directory's current lineage (learner/checkpoint.py), or None if
+    there is none. Refuses (in one line, before Ray starts) a checkpoint that fails its manifest or
+    was written by a run whose prompt streams this one cannot continue (asyncgrpo/resume.py). Once
+    accepted, records in run_dir/checkpoints the lineage this run continues: the current one if it
+    resumes that lineage's newest checkpoint, else a new one (a fresh start, or a branch from an
+    older checkpoint), so its saves neither prune nor hide behind the checkpoints of another line."""
     from asyncgrpo.learner.checkpoint import (
-        complete_checkpoints,
         latest,
+        newest,
         read_meta,
+        start_lineage,
         verify,
     )
 
+    directory = Path(cfg.run_dir).expanduser().resolve() / "checkpoints"
+    if not cfg.resume:
+        start_lineage(directory, None, continues=False)
+        return None
+    current = newest(directory)  # a save killed midway (step_<N>.tmp) is not one
     if cfg.resume == RESUME_AUTO:
-        directory = Path(cfg.run_dir).expanduser().resolve() / "checkpoints"
-        found = complete_checkpoints(directory)  # a save killed midway (step_<N>.tmp) is not one
-        if not found:
+        if current is None:
             log(f"[resume] auto: no complete checkpoint in {directory}; a fresh start")
+            start_lineage(directory, None, continues=True)
             return None
-        path = found[-1]
+        path = current
         log(f"[resume] auto: continuing from {path}")
     else:
         path = latest(cfg.resume)  # raises with a clear message if no complete checkpoint is there
     verify(path)  # here, in one line before Ray starts, rather than wrapped in every rank's error
     meta = read_meta(path)
     changes = check_compatible(meta, cfg, path, log)  # differences only with resume_allow_changes=true
+    start_lineage(directory, path, continues=path == current)
     return {**meta, "path": str(path), "changes": changes}
 
 

@@ -28,6 +28,23 @@ The manifest is not a signature: it catches corruption, a partial copy and a swa
 but whoever can rewrite MANIFEST.json can make any directory pass, so load checkpoints only from
 where you trust the writers. Checkpoints of format 2 and older (before manifests) cannot be
 checked and are refused, like any other format this code does not write.
+
+Lineages. A run directory can hold checkpoints of more than one line of training: a run resumed
+from an older checkpoint trains steps N+1.. again on another path, and the abandoned newer
+checkpoints stay. So the step number alone cannot say which checkpoint continues the run. The
+driver records, before each run starts, the lineage it continues in `checkpoints/LINEAGE.json`
+(`start_lineage`): `id`, and `from` (the checkpoint it started from: path, version, its lineage's
+id; null for a fresh start). Learner rank 0 copies it into each checkpoint's meta.json as
+`lineage`. resume=auto, resume=RUN_DIR and `asyncgrpo export RUN_DIR` take the highest step of the
+current lineage, or, if it has saved none yet, the checkpoint it started from (`newest`); pruning
+(train.keep_checkpoints) counts and removes only the current lineage's checkpoints, so neither the
+checkpoint a branch started from nor an abandoned line is ever pruned (remove those by hand). A
+resume continues the lineage when it takes what resume=auto would (the current lineage's newest),
+and starts a new one, branching from its checkpoint, otherwise; a run without resume starts a new
+one. Checkpoints saved before lineages (no `lineage` in meta.json) load as before and form one
+legacy lineage: in a directory without LINEAGE.json everything is as it was (highest step, pruned
+by step); once a run has started a lineage there they are never pruned and resume=auto takes them
+only as that lineage's starting point.
 """
 
 from __future__ import annotations
@@ -40,6 +57,7 @@ import logging
 import os
 import random
 import re
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -50,10 +68,13 @@ import torch
 import torch.distributed as dist
 
 from asyncgrpo import faults
+from asyncgrpo.files import write_atomic
 
 MARKER = "COMPLETE"
 META = "meta.json"
 MANIFEST = "MANIFEST.json"
+# In the checkpoints directory: the lineage the run directory's current run continues.
+LINEAGE = "LINEAGE.json"
 # 3: MANIFEST.json, checked before loading. 2: the parts' states under meta["states"] (1 had fixed
 # fields for the learner's counters).
 FORMAT = 3
@@ -95,21 +116,87 @@ def complete_checkpoints(directory: Path) -> list[Path]:
 
 def latest(path: str | Path) -> Path:
     """The checkpoint to resume from: `path` itself if it is a complete checkpoint, else the newest
-    complete one in `path` or in `path`/checkpoints (a run directory)."""
+    of the current lineage in `path` or in `path`/checkpoints (a run directory; `newest`)."""
     path = Path(path).expanduser().resolve()
     if is_complete(path):
         return path
     if _STEP_DIR.match(path.name) or path.name.endswith(".tmp"):
         raise CheckpointError(f"{path} is not a complete checkpoint (no {MARKER} marker: its save did not finish)")
     for directory in (path, path / "checkpoints"):
-        found = complete_checkpoints(directory)
-        if found:
-            return found[-1]
+        found = newest(directory)
+        if found is not None:
+            return found
     raise CheckpointError(f"no complete checkpoint (step_<N>/{MARKER}) in {path} or {path / 'checkpoints'}")
 
 
 def read_meta(checkpoint: str | Path) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / META).read_text())
+
+
+def lineage_of(checkpoint: Path) -> str | None:
+    """The id of the lineage `checkpoint` belongs to; None: saved before lineages (or unreadable,
+    which its manifest check reports when it is loaded)."""
+    try:
+        lineage = read_meta(checkpoint).get("lineage")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return lineage.get("id") if isinstance(lineage, dict) else None
+
+
+def read_lineage(directory: Path) -> dict[str, Any] | None:
+    """The checkpoints directory's current lineage (LINEAGE.json), None if it has none (a directory
+    written before lineages, or only by direct `save` calls)."""
+    path = Path(directory) / LINEAGE
+    if not path.is_file():
+        return None
+    try:
+        lineage = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is unreadable ({' '.join(str(err).split())}); remove it to take the "
+                              "highest step of every checkpoint there, or name one with resume=PATH") from None
+    source = lineage.get("from") if isinstance(lineage, dict) else None
+    if (not isinstance(lineage, dict) or not isinstance(lineage.get("id"), str)
+            or not (source is None or isinstance(source, dict) and isinstance(source.get("path"), str))):
+        raise CheckpointError(f"{path} is not a lineage record (an id and the checkpoint it started from); remove "
+                              "it to take the highest step of every checkpoint there, or name one with resume=PATH")
+    return lineage
+
+
+def start_lineage(directory: Path, source: Path | None, continues: bool) -> dict[str, Any]:
+    """Record the lineage the run about to start continues, before it saves anything: the current
+    one if `continues` (and there is one), else a new one starting from checkpoint `source` (None:
+    a fresh start). Returns the record."""
+    directory = Path(directory).expanduser().resolve()
+    current = read_lineage(directory)
+    if continues and current is not None:
+        return current
+    origin = None
+    if source is not None:
+        origin = {"path": str(source), "version": int(read_meta(source)["version"]), "lineage": lineage_of(source)}
+    lineage = {"id": secrets.token_hex(8), "from": origin, "started": time.time()}
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / LINEAGE, json.dumps(lineage, indent=1) + "\n", durable=True)
+    return lineage
+
+
+def newest(directory: Path) -> Path | None:
+    """The checkpoint resume=auto takes in `directory`: the highest step of the current lineage,
+    else the checkpoint that lineage started from; None if there is none (a fresh start). Without
+    LINEAGE.json: the highest step of all (checkpoints from before lineages)."""
+    found = complete_checkpoints(Path(directory))
+    current = read_lineage(Path(directory))
+    if current is None:
+        return found[-1] if found else None
+    mine = [path for path in found if lineage_of(path) == current["id"]]
+    if mine:
+        return mine[-1]
+    if current["from"] is None:
+        return None
+    source = Path(current["from"]["path"])
+    if not is_complete(source):
+        raise CheckpointError(f"the run of {directory} (lineage {current['id']}) saved no checkpoint and the one it "
+                              f"started from, {source}, is gone; name one with resume=PATH, or start without resume")
+    return source
 
 
 # ----------------------------------------------------------------------------------- manifest
@@ -322,9 +409,10 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
     _barrier(world_size)
     if rank == 0:
         copy_model_files(Path(model_dir), tmp / "model_files")
+        lineage = read_lineage(directory)  # written by the driver before the run started
         _write_json(tmp / META, {"format": FORMAT, "version": version, "world_size": world_size,
                                  "model_dir": str(model_dir), "torch": torch.__version__, "time": time.time(),
-                                 "run": run, "states": states})
+                                 "run": run, "lineage": lineage, "states": states})
         # Every rank's files are written (the barrier above follows their dcp.save and RNG files).
         write_manifest(tmp)
         _fsync_tree(tmp)
@@ -338,7 +426,7 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
             shutil.rmtree(stale)
         os.replace(tmp, final)
         _fsync_dir(directory)
-        _prune(directory, keep)
+        _prune(directory, keep, lineage["id"] if lineage is not None else None)
     _barrier(world_size)  # no rank goes on (and perhaps loads) before the checkpoint is complete
     return final
 
@@ -398,10 +486,12 @@ def _before_marker(tmp: Path) -> None:
     """Hook between writing the data and marking it complete (tests kill the process here)."""
 
 
-def _prune(directory: Path, keep: int) -> None:
+def _prune(directory: Path, keep: int, lineage: str | None) -> None:
+    """Keep the newest `keep` checkpoints of `lineage` (None: those saved before lineages); another
+    lineage's are not this run's to remove (the one it started from, an abandoned line)."""
     if keep <= 0:
         return
-    for old in complete_checkpoints(directory)[:-keep]:
+    for old in [path for path in complete_checkpoints(directory) if lineage_of(path) == lineage][:-keep]:
         # Unmark first: a prune killed half-way leaves an incomplete directory, never a broken "complete" one.
         (old / MARKER).unlink()
         shutil.rmtree(old)

@@ -47,7 +47,8 @@ def test_two_ranks_checkpoint_resume_and_export(tmp_path):
     assert [r["time/checkpoint_s"] >= 15 for r in step_records(run) if "time/checkpoint_s" in r] == [True, True]
     assert len(json.loads((run / "actors.json").read_text())["learner_pids"]) == 2
     assert [r["step"] for r in step_records(run)] == [1, 2, 3, 4, 5]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_4"]
+    # Beside the checkpoints, the lineage the run's saves belong to (learner/checkpoint.py).
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["LINEAGE.json", "step_2", "step_4"]
     assert all((run / "checkpoints" / s / "COMPLETE").is_file() for s in ("step_2", "step_4"))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["generator_restarts"] == 0

@@ -50,12 +50,12 @@ def config(tmp_path: Path, *overrides: str):
     return load([f"run_dir={tmp_path / 'run'}", *overrides])
 
 
-def save(cfg, version: int, run: dict[str, Any] | None) -> Path:
+def save(cfg, version: int, run: dict[str, Any] | None, keep: int = 0) -> Path:
     model_dir = Path(cfg.run_dir).parent / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text("{}")
     return checkpoint.save(Path(cfg.run_dir) / "checkpoints", version, Weights(), {"learner": {"samples": 0}},
-                           model_dir=str(model_dir), rank=0, world_size=1, keep=0, run=run)
+                           model_dir=str(model_dir), rank=0, world_size=1, keep=keep, run=run)
 
 
 def refusal(meta: dict[str, Any], cfg) -> str:
@@ -105,6 +105,107 @@ def test_resume_auto_is_a_valid_config_value_and_a_missing_path_is_not():
 
     with pytest.raises(ConfigError, match="must be auto, a checkpoint directory or a run directory"):
         load(["resume=no/such/run"])
+
+
+# ---------------------------------------------------------------------------------- lineages
+
+
+def start(tmp_path: Path, *overrides: str) -> tuple[Any, dict[str, Any] | None]:
+    """A run's start as the driver makes it (its config, and its resume point, which also records
+    the lineage the run continues); `overrides` name its resume."""
+    cfg = config(tmp_path, *overrides)
+    return cfg, resume_point(cfg, log=lambda line: None)
+
+
+def saved_steps(cfg) -> list[int]:
+    return [int(p.name.split("_")[1]) for p in checkpoint.complete_checkpoints(Path(cfg.run_dir) / "checkpoints")]
+
+
+def test_resume_auto_after_resuming_an_older_checkpoint_takes_the_newest_of_that_run_not_the_abandoned_one(tmp_path):
+    first, _ = start(tmp_path)
+    for version in (2, 4, 6):
+        save(first, version, run_record(first))
+    older = Path(first.run_dir) / "checkpoints" / "step_2"
+    second, resume = start(tmp_path, f"resume={older}")  # back to step 2: steps 3.. again, on another path
+    assert resume is not None and resume["version"] == 2
+    branch = save(second, 3, run_record(second))
+    # Preempted at step 3, restarted with resume=auto: step_3 continues the run, step_6 is abandoned.
+    again, resume = start(tmp_path, "resume=auto")
+    assert resume is not None and resume["path"] == str(branch)
+    assert checkpoint.latest(again.run_dir) == branch  # resume=RUN_DIR and `asyncgrpo export RUN_DIR` alike
+
+
+def test_resume_auto_before_the_branching_run_saved_takes_the_checkpoint_it_started_from(tmp_path):
+    first, _ = start(tmp_path)
+    for version in (2, 4):
+        save(first, version, run_record(first))
+    older = Path(first.run_dir) / "checkpoints" / "step_2"
+    start(tmp_path, f"resume={older}")  # killed before its first save
+    _, resume = start(tmp_path, "resume=auto")
+    assert resume is not None and resume["path"] == str(older)
+
+
+def test_a_resumed_run_continues_the_lineage_it_resumes_and_a_branch_starts_a_new_one(tmp_path):
+    first, _ = start(tmp_path)
+    save(first, 2, run_record(first))
+    newest = save(first, 4, run_record(first))
+    lineage = checkpoint.read_meta(newest)["lineage"]
+    assert lineage["from"] is None  # a fresh run
+    # resume=auto, resume=RUN_DIR and resume=<its newest checkpoint> take the newest: the lineage goes on.
+    for version, how in enumerate(("resume=auto", f"resume={first.run_dir}", "newest"), start=5):
+        cfg, resume = start(tmp_path, f"resume={newest}" if how == "newest" else how)
+        assert resume is not None and resume["path"] == str(newest), how
+        newest = save(cfg, version, run_record(cfg))
+        assert checkpoint.read_meta(newest)["lineage"] == lineage, how
+    cfg, _ = start(tmp_path, f"resume={newest.with_name('step_2')}")
+    branch = checkpoint.read_meta(save(cfg, 3, run_record(cfg)))["lineage"]
+    assert branch["id"] != lineage["id"]
+    assert branch["from"] == {"path": str(newest.with_name("step_2")), "version": 2, "lineage": lineage["id"]}
+
+
+def test_pruning_removes_only_the_current_lineages_oldest_checkpoints(tmp_path):
+    first, _ = start(tmp_path)
+    for version in (2, 4, 6):
+        save(first, version, run_record(first), keep=2)
+    assert saved_steps(first) == [4, 6]
+    second, _ = start(tmp_path, f"resume={Path(first.run_dir) / 'checkpoints' / 'step_4'}")
+    # The branch's own step 5 and the step it started from stay; the abandoned step 6 is not its to prune.
+    save(second, 5, run_record(second), keep=2)
+    assert saved_steps(second) == [4, 5, 6]
+    for version in (6, 7):  # its step 6 replaces the abandoned one
+        save(second, version, run_record(second), keep=2)
+    assert saved_steps(second) == [4, 6, 7]
+
+
+def test_a_fresh_run_in_a_used_run_dir_starts_a_lineage_of_its_own(tmp_path):
+    first, _ = start(tmp_path)
+    save(first, 8, run_record(first))
+    second, _ = start(tmp_path)  # no resume: it starts over
+    mine = save(second, 2, run_record(second), keep=1)
+    assert saved_steps(second) == [2, 8]  # the earlier run's step 8 is not pruned by this one's keep
+    _, resume = start(tmp_path, "resume=auto")
+    assert resume is not None and resume["path"] == str(mine)
+
+
+def test_checkpoints_from_before_lineages_still_resume_and_are_left_alone_by_pruning(tmp_path):
+    legacy = config(tmp_path)
+    for version in (2, 4):  # saved with no LINEAGE.json in the directory, as before lineages
+        save(legacy, version, run_record(legacy))
+    assert checkpoint.read_meta(Path(legacy.run_dir) / "checkpoints" / "step_4")["lineage"] is None
+    cfg, resume = start(tmp_path, "resume=auto")  # one legacy lineage: its highest step
+    assert resume is not None and resume["version"] == 4
+    for version in (5, 6):
+        save(cfg, version, run_record(cfg), keep=1)
+    assert saved_steps(cfg) == [2, 4, 6]
+
+
+def test_an_unreadable_lineage_file_is_one_line_naming_it(tmp_path):
+    cfg, _ = start(tmp_path)
+    save(cfg, 2, run_record(cfg))
+    (Path(cfg.run_dir) / "checkpoints" / checkpoint.LINEAGE).write_text("{not json")
+    with pytest.raises(checkpoint.CheckpointError, match=checkpoint.LINEAGE) as err:
+        start(tmp_path, "resume=auto")
+    assert "\n" not in str(err.value)
 
 
 # -------------------------------------------------------------------------- the run record
