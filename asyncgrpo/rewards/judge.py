@@ -4,8 +4,18 @@ Each score is one request: the prompt template filled with the question, the com
 reference answer; the reply's text is parsed into a score in [0, 1]. Requests share one session,
 at most `concurrency` in flight; each has its own timeout; timeouts, connection errors, 429 and
 5xx are retried with exponential backoff (a Retry-After header, if longer, is honoured up to
-MAX_RETRY_AFTER_S). A 4xx, a malformed body or an unparseable reply fails at once: retrying a
-deterministic judge would get the same answer.
+MAX_RETRY_AFTER_S for that one wait). A 4xx, a malformed body or an unparseable reply fails at
+once: retrying a deterministic judge would get the same answer.
+
+Each call has a time budget, `call_budget_s`, from its first request: requests are cut to the time
+left and a wait that would reach the end of it is not started: the call fails (a reward error,
+counted) instead. The generator's wait for a batch's rewards allows each call that budget, so a
+judge that keeps asking for time costs reward errors, never the generator's timeout.
+
+Redirects are followed only within the judge's own origin (scheme, host and port): the requests
+carry the API key, which must not reach another server. A redirect elsewhere is an error, and a
+plain http:// base_url with a key is refused at config validation unless it is loopback
+(`key_transport_error`).
 
 `probe_judge` is the driver's check before any actor starts: one short GET <base_url>/models.
 """
@@ -16,11 +26,18 @@ import asyncio
 import os
 import random
 import re
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asyncgrpo.schema import JudgeConfig
+from asyncgrpo.wire.network import is_loopback
 
 MAX_RETRY_AFTER_S = 30.0
+# Same-origin redirects followed per request (a trailing slash, a moved prefix); more is a loop.
+MAX_REDIRECTS = 5
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # The start-up probe waits at most this long (or reward.judge.timeout_s, if shorter): a judge that
 # cannot answer a model listing in seconds is down, and start-up should not hang on it.
 PROBE_TIMEOUT_S = 5.0
@@ -104,6 +121,43 @@ def request_headers(cfg: JudgeConfig) -> dict[str, str]:
     return headers
 
 
+def call_budget_s(cfg: JudgeConfig) -> float:
+    """The most one score() call may take from its first request: every try's timeout and the
+    nominal backoff. The generator's wait for a batch's rewards (rollout/generator.py:
+    score_timeout_s) allows this per wave of reward.judge.concurrency calls."""
+    return cfg.timeout_s * (cfg.retries + 1) + cfg.backoff_s * 2 ** cfg.retries
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in; a port that is not a number is None."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def same_origin(url: str, other: str) -> bool:
+    return origin(url) == origin(other) and origin(url)[2] is not None
+
+
+def key_transport_error(base_url: str, api_key_env: str) -> str | None:
+    """Why the API key may not go to `base_url` (plain http to a host other than loopback, where
+    anyone on the path reads it), or None."""
+    if not api_key_env or origin(base_url)[0] != "http" or is_loopback(origin(base_url)[1]):
+        return None
+    return (f"is plain http:// to a host other than loopback, which would send the key in "
+            f"reward.judge.api_key_env={api_key_env!r} unencrypted: use https:// (plain http is allowed only on "
+            f"127.0.0.0/8, ::1 and localhost)")
+
+
+def _redirect_refused(status: int, target: str) -> str:
+    return (f"redirected (HTTP {status}) to another origin, {target}: not followed, so the key and the "
+            f"requests stay with the judge; set reward.judge.base_url to where the judge is")
+
+
 def probe_judge(cfg: JudgeConfig) -> dict[str, Any]:
     """One GET <base_url>/models: any HTTP answer shows the judge is up (a server without that
     route answers 404, which is still an answer), except 401/403, a key it refuses. Raises
@@ -113,8 +167,18 @@ def probe_judge(cfg: JudgeConfig) -> dict[str, Any]:
 
     url = cfg.base_url.rstrip("/") + "/models"
     request = urllib.request.Request(url, headers=request_headers(cfg), method="GET")
+
+    class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+        # urllib would send every header, the key included, to wherever the redirect points.
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            if not same_origin(req.full_url, newurl):
+                fp.close()
+                raise JudgeError(f"reward.judge.base_url={cfg.base_url!r}: GET {req.full_url} was "
+                                 f"{_redirect_refused(code, newurl)}")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
     # No proxy from the environment, as for the scoring requests (aiohttp ignores those variables).
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), SameOriginRedirects())
     try:
         with opener.open(request, timeout=min(PROBE_TIMEOUT_S, cfg.timeout_s)) as response:
             status = int(response.status)
@@ -130,14 +194,28 @@ def probe_judge(cfg: JudgeConfig) -> dict[str, Any]:
     return {"url": url, "status": status}
 
 
-class JudgeClient:
-    """Scores completions with the judge; use from one event loop (the Scorer's)."""
+class _Retryable(Exception):
+    """A try that may succeed if repeated: a timeout, a connection error, HTTP 429 or 5xx."""
 
-    def __init__(self, cfg: JudgeConfig) -> None:
+    def __init__(self, failure: str, retry_after_s: float = 0.0) -> None:
+        super().__init__(failure)
+        self.retry_after_s = retry_after_s
+
+
+class JudgeClient:
+    """Scores completions with the judge; use from one event loop (the Scorer's).
+
+    `session`, `clock` and `sleep` stand in for the aiohttp session, time.monotonic and
+    asyncio.sleep in tests (a virtual clock)."""
+
+    def __init__(self, cfg: JudgeConfig, *, session: Any = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.cfg = cfg
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
-        self._session: Any = None
+        self.budget_s = call_budget_s(cfg)
+        self._session: Any = session
         self._semaphore: asyncio.Semaphore | None = None
+        self._clock, self._sleep = clock, sleep
         self.requests = 0
         self.retries = 0
         self.failures = 0
@@ -148,12 +226,20 @@ class JudgeClient:
 
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.cfg.concurrency), headers=request_headers(self.cfg))
+        if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.cfg.concurrency)
         return self._session
 
     async def score(self, prompt: str, completion: str, answer: str | None) -> float:
-        import aiohttp
+        """The judge's score in [0, 1]; raises JudgeError (one line) when there is none, at the
+        latest `call_budget_s` after the first request."""
+        try:
+            return await self._score(prompt, completion, answer)
+        except JudgeError:
+            self.failures += 1
+            raise
 
+    async def _score(self, prompt: str, completion: str, answer: str | None) -> float:
         session = await self._ensure_session()
         assert self._semaphore is not None
         body = {
@@ -163,47 +249,76 @@ class JudgeClient:
             "max_tokens": self.cfg.max_tokens,
             "temperature": self.cfg.temperature,
         }
-        timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
-        last_failure = ""
-        delay = self.cfg.backoff_s
+        # The budget counts from the first request, not from the wait for a slot: calls queued
+        # behind reward.judge.concurrency others are allowed for in the batch's timeout by waves.
+        deadline: float | None = None
+        last = _Retryable("")
         for attempt in range(self.cfg.retries + 1):
             if attempt:
+                assert deadline is not None
+                # Jitter keeps many failed requests from retrying in lock step; a Retry-After is a
+                # floor for this wait only, so it does not compound with the backoff.
+                wait = max(self.cfg.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random()), last.retry_after_s)
+                left = deadline - self._clock()
+                if wait >= left:
+                    raise JudgeError(self._gave_up(attempt, f"the next wait, {wait:.1f} s, is beyond the "
+                                                            f"{max(left, 0.0):.1f} s left", last))
                 self.retries += 1
-                # Jitter keeps many failed requests from retrying in lock step.
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay *= 2
+                await self._sleep(wait)
             async with self._semaphore:
+                now = self._clock()
+                deadline = now + self.budget_s if deadline is None else deadline
+                if deadline - now <= 0:
+                    raise JudgeError(self._gave_up(attempt, "no time left for another try", last))
                 self.requests += 1
                 try:
-                    async with session.post(self.url, json=body, timeout=timeout) as response:
-                        if response.status == 429 or response.status >= 500:
-                            last_failure = f"HTTP {response.status}"
-                            delay = max(delay, _retry_after_s(response.headers.get("Retry-After")))
-                            continue
-                        if response.status >= 400:
-                            text = (await response.text())[:200]
-                            self.failures += 1
-                            raise JudgeError(f"judge {self.url} answered HTTP {response.status}: {text!r}")
-                        data = await response.json(content_type=None)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-                    last_failure = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+                    data = await self._post(session, body, deadline)
+                except _Retryable as failure:
+                    last = failure
                     continue
-                except ValueError as err:  # body is not JSON
-                    self.failures += 1
-                    raise JudgeError(f"judge {self.url} sent a body that is not JSON ({err})") from None
             try:
                 reply = data["choices"][0]["message"]["content"]
             except (KeyError, IndexError, TypeError):
-                self.failures += 1
                 raise JudgeError(f"judge {self.url} reply has no choices[0].message.content") from None
-            try:
-                return parse_score(str(reply or ""), parser=self.cfg.parser, max_score=self.cfg.max_score)
-            except JudgeParseError:
-                self.failures += 1
-                raise
-        self.failures += 1
+            return parse_score(str(reply or ""), parser=self.cfg.parser, max_score=self.cfg.max_score)
         raise JudgeError(f"judge {self.url} failed {self.cfg.retries + 1} tries (reward.judge.retries="
-                         f"{self.cfg.retries}, timeout_s={self.cfg.timeout_s}); last: {last_failure}")
+                         f"{self.cfg.retries}, timeout_s={self.cfg.timeout_s}); last: {last}")
+
+    def _gave_up(self, tries: int, why: str, last: _Retryable) -> str:
+        return (f"judge {self.url} gave up after {tries} tries: {why} of the call's {self.budget_s:g}-s budget "
+                f"(reward.judge.timeout_s={self.cfg.timeout_s} x (retries={self.cfg.retries} + 1) + backoff); "
+                f"last: {last}" + (f" (Retry-After {last.retry_after_s:g} s)" if last.retry_after_s else ""))
+
+    async def _post(self, session: Any, body: dict[str, Any], deadline: float) -> Any:
+        """One try, following redirects within the judge's origin: the reply's JSON. Raises
+        _Retryable or JudgeError (an answer that a retry would not change)."""
+        import aiohttp
+
+        url = self.url
+        for _ in range(MAX_REDIRECTS + 1):
+            left = deadline - self._clock()
+            if left <= 0:
+                raise _Retryable("asyncio.TimeoutError (the call's budget ran out)")
+            timeout = aiohttp.ClientTimeout(total=min(self.cfg.timeout_s, left))
+            try:
+                async with session.post(url, json=body, timeout=timeout, allow_redirects=False) as response:
+                    if response.status in REDIRECT_STATUSES:
+                        target = urllib.parse.urljoin(url, response.headers.get("Location", ""))
+                        if not same_origin(url, target):
+                            raise JudgeError(f"judge {url} {_redirect_refused(response.status, target)}")
+                        url = target
+                        continue
+                    if response.status == 429 or response.status >= 500:
+                        raise _Retryable(f"HTTP {response.status}", _retry_after_s(response.headers.get("Retry-After")))
+                    if response.status >= 400:
+                        text = (await response.text())[:200]
+                        raise JudgeError(f"judge {url} answered HTTP {response.status}: {text!r}")
+                    return await response.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+                raise _Retryable(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__) from None
+            except ValueError as err:  # body is not JSON
+                raise JudgeError(f"judge {url} sent a body that is not JSON ({err})") from None
+        raise JudgeError(f"judge {self.url} redirected more than {MAX_REDIRECTS} times within its origin")
 
     async def close(self) -> None:
         if self._session is not None:

@@ -38,6 +38,7 @@ from asyncgrpo import faults
 from asyncgrpo.memory import peak_memory
 from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import pin_to_cores
+from asyncgrpo.rewards.judge import call_budget_s
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, VLLMEngine
 from asyncgrpo.rollout.groups import decode_completions, scored_group
@@ -153,11 +154,12 @@ def next_multiple(version: int, every: int) -> int:
 
 def score_timeout_s(cfg: Config, num_groups: int) -> float:
     """How long to wait for a batch's rewards. Generous: every reward call is bounded by its own
-    timeout and retries; this only catches a hang."""
+    timeout and retries (a judge call by call_budget_s, which its waits and requests keep within);
+    this only catches a hang."""
     judge = cfg.reward.judge
     calls = num_groups * cfg.rollout.samples_per_prompt
     waves = -(-calls // max(1, judge.concurrency))
-    per_call = max(cfg.reward.timeout_s, judge.timeout_s * (judge.retries + 1) + judge.backoff_s * 2 ** judge.retries)
+    per_call = max(cfg.reward.timeout_s, call_budget_s(judge))
     return cfg.wire.timeout_s + waves * per_call
 
 

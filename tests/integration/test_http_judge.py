@@ -1,8 +1,8 @@
 """The HTTP judge against a real local aiohttp server speaking /v1/chat/completions.
 
 One server plays every scenario, chosen by the request's `model`: a correct judge, a slow one,
-one failing with 5xx before answering, one always down, one rate-limiting, one answering
-nonsense, one rejecting the request, one requiring an API key.
+one failing with 5xx before answering, one always down, one rate-limiting, one rate-limiting for
+longer than a call may wait, one answering nonsense, one rejecting the request, one requiring an API key.
 """
 
 import asyncio
@@ -86,6 +86,8 @@ class JudgeServer:
                 return web.Response(status=503, text="down")
             if model == "ratelimit" and seen == 1:
                 return web.Response(status=429, headers={"Retry-After": "0"})
+            if model == "busy":
+                return web.Response(status=429, headers={"Retry-After": "30"})
             if model == "nonsense":
                 return self.reply("I would rather not say.")
             if model == "reject":
@@ -250,3 +252,48 @@ def test_the_start_up_probe_finds_a_running_judge_and_no_dead_one(server):
     with pytest.raises(JudgeError, match="the judge cannot be reached") as err:
         probe_judge(JudgeConfig(base_url="http://127.0.0.1:9/v1", model="m", timeout_s=1.0))
     assert "\n" not in str(err.value)
+
+
+def redirect_scorer(base_url: str) -> Scorer:
+    cfg = RewardConfig(terms=[RewardTermConfig(name="judge")], judge=JudgeConfig(
+        base_url=base_url, model="m", prompt_template=TEMPLATE, api_key_env="TEST_JUDGE_KEY", timeout_s=2.0,
+        retries=2, backoff_s=0.01))
+    return Scorer(ArithmeticTask(num_digits=2, eval_size=500), cfg)
+
+
+def test_a_redirect_to_another_origin_is_a_counted_error_and_the_key_never_reaches_it(redirecting_judge, monkeypatch):
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sekrit")
+    scorer = redirect_scorer(redirecting_judge.base_url)
+    try:
+        [score] = scorer.score([PROBLEM], [["85"]], timeout_s=10)
+        assert score.errors == 1 and score.rewards.tolist() == [0.0]
+        assert "to another origin" in score.error_messages[0] and redirecting_judge.other_origin in score.error_messages[0]
+        # Not retried (the answer would be the same), and nothing reached the other origin.
+        assert redirecting_judge.seen == [("front", "POST", "/v1/chat/completions", "Bearer sekrit")]
+    finally:
+        scorer.close()
+
+
+def test_a_redirect_within_the_judges_own_origin_is_followed_with_the_key(redirecting_judge, monkeypatch):
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sekrit")
+    scorer = redirect_scorer(f"{redirecting_judge.origin}/same/v1")
+    try:
+        [score] = scorer.score([PROBLEM], [["85"]], timeout_s=10)
+        assert score.errors == 0 and score.rewards.tolist() == [1.0]
+        assert redirecting_judge.seen[-1] == ("front", "POST", "/ok/v1/chat/completions", "Bearer sekrit")
+    finally:
+        scorer.close()
+
+
+def test_a_retry_after_beyond_the_calls_budget_is_a_counted_error_within_its_deadline(server):
+    # Budget of one call: timeout_s * (retries + 1) + backoff_s * 2**retries = 0.5 * 4 + 0.01 * 8 = 2.08 s;
+    # the judge asks for 30 s. Waiting would outlast the batch's reward timeout (the caller's 10 s
+    # here), so the call gives up at once and counts a reward error.
+    scorer = make_scorer(server, "busy", timeout_s=0.5, retries=3, backoff_s=0.01)
+    try:
+        [score] = scorer.score([PROBLEM], [["85", "1"]], timeout_s=10)
+        assert score.errors == 2 and score.rewards.tolist() == [0.0, 0.0]
+        assert "Retry-After" in score.error_messages[0] and "HTTP 429" in score.error_messages[0]
+        assert server.requests[("busy", "85")] == 1
+    finally:
+        scorer.close()
