@@ -18,7 +18,7 @@ from asyncgrpo.placement import is_custom_resource, spans_nodes, wire_transport
 from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES, THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import DEVICES, parse_cores
 from asyncgrpo.resume import RESUME_AUTO
-from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX
+from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
 
@@ -315,6 +315,8 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
     if "judge" in kinds:
         judge = reward.judge
         require(judge.base_url.startswith(("http://", "https://")), "reward.judge.base_url", "must be an http(s) URL", judge.base_url)
+        insecure = key_transport_error(judge.base_url, judge.api_key_env)
+        require(insecure is None, "reward.judge.base_url", insecure or "", judge.base_url)
         require(judge.concurrency >= 1, "reward.judge.concurrency", "must be >= 1", judge.concurrency)
         require(judge.timeout_s > 0, "reward.judge.timeout_s", "must be > 0", judge.timeout_s)
         require(judge.retries >= 0, "reward.judge.retries", "must be >= 0", judge.retries)

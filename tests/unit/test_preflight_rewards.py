@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from asyncgrpo.cli import main
-from asyncgrpo.config import load
+from asyncgrpo.config import ConfigError, load
 from asyncgrpo.preflight import PreflightError, check_rewards
 
 
@@ -64,7 +64,7 @@ def test_the_check_alone_reports_an_unreachable_judge_too(capsys, tmp_path, dead
 
 
 def judge_config(base_url: str, *overrides: str):
-    return load(["reward.terms=[{name: judge}]", f"reward.judge.base_url={base_url}", *overrides])
+    return load(["reward.terms=[{name: judge}]", f"reward.judge.base_url='{base_url}'", *overrides])
 
 
 def test_a_running_judge_passes_the_probe(models_endpoint):
@@ -93,3 +93,38 @@ def test_reward_functions_that_import_pass_and_are_reported():
     cfg = load(["reward.terms=[{name: task}, {name: mine, kind: fn, fn: 'asyncgrpo.rewards.verifiers:exact_match'}]"])
     assert check_rewards(cfg) == {"functions": ["asyncgrpo.rewards.verifiers:exact_match"]}
     assert check_rewards(load([])) == {"functions": []}  # the default: nothing to import, no judge
+
+
+def test_the_probe_refuses_a_redirect_to_another_origin_and_the_key_never_reaches_it(redirecting_judge, monkeypatch):
+    monkeypatch.setenv("TEST_PROBE_KEY", "sekrit")
+    cfg = judge_config(redirecting_judge.base_url, "reward.judge.api_key_env=TEST_PROBE_KEY")
+    with pytest.raises(PreflightError, match="redirected .*to another origin") as err:
+        check_rewards(cfg)
+    assert "\n" not in str(err.value) and redirecting_judge.other_origin in str(err.value)
+    assert [server for server, *_ in redirecting_judge.seen] == ["front"]  # the other origin saw nothing
+
+
+def test_the_probe_follows_a_redirect_within_the_judges_own_origin_with_the_key(redirecting_judge, monkeypatch):
+    monkeypatch.setenv("TEST_PROBE_KEY", "sekrit")
+    cfg = judge_config(f"{redirecting_judge.origin}/same/v1", "reward.judge.api_key_env=TEST_PROBE_KEY")
+    assert check_rewards(cfg)["judge"]["status"] == 200
+    assert redirecting_judge.seen[-1] == ("front", "GET", "/ok/v1/models", "Bearer sekrit")
+
+
+@pytest.mark.parametrize("base_url", ["http://judge.internal:8000/v1", "http://10.0.0.7/v1", "http://[2001:db8::1]:80/v1"])
+def test_a_plain_http_judge_with_a_key_is_refused_in_one_line_unless_on_loopback(base_url):
+    with pytest.raises(ConfigError) as err:
+        judge_config(base_url, "reward.judge.api_key_env=JUDGE_API_KEY")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("reward.judge.base_url ") and "https://" in message
+    assert "JUDGE_API_KEY" in message
+
+
+@pytest.mark.parametrize("base_url", ["http://127.0.0.1:8000/v1", "http://127.3.2.1/v1", "http://[::1]:8000/v1",
+                                      "http://localhost:8000/v1", "http://LOCALHOST/v1", "https://judge.internal/v1"])
+def test_a_judge_key_may_go_over_https_or_plain_http_on_loopback(base_url):
+    assert judge_config(base_url, "reward.judge.api_key_env=JUDGE_API_KEY").reward.judge.base_url == base_url
+
+
+def test_a_plain_http_judge_without_a_key_is_allowed_anywhere():
+    assert judge_config("http://judge.internal:8000/v1").reward.judge.api_key_env == ""
