@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
+from asyncgrpo import __version__
 from asyncgrpo.config import CONFIG_DIR, Config, ConfigError, load
 from asyncgrpo.driver.prepare import interrupt_on_sigterm
 from asyncgrpo.models.shapes import SHAPES
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="asyncgrpo", description="Asynchronous off-policy GRPO.", epilog=USAGE_EXAMPLES + "\n" + config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"asyncgrpo {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     train_parser = commands.add_parser(
         "train", help="run a training job (key=value overrides)", epilog=USAGE_EXAMPLES + "\n" + config_help(),

@@ -406,7 +406,7 @@ class Config:
 
 
 CONFIG_NAME = "asyncgrpo"
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data; the repository's configs/ links here
 
 
 class ConfigError(ValueError):
