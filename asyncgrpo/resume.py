@@ -9,6 +9,11 @@ naming each difference, unless `resume_allow_changes=true`. A checkpoint without
 before checkpoints carried it) cannot be checked and is refused the same way: a silent mismatch would
 train on other prompts than the run believes, which no later metric reveals.
 
+The dispatch (rollout.dispatch) is checked apart and refused whatever `resume_allow_changes` says:
+under shares the prompts' positions are each generator's (the registry's), under tickets the
+dispatcher's, so a checkpoint resumed under the other would skip prompts or fail in the learner. A
+record from before it carried the dispatch is judged by its queue's state (a dispatcher's or none).
+
 A leaf beside the config: no torch, so the driver checks before anything heavy starts.
 """
 
@@ -58,6 +63,7 @@ def run_record(cfg: Config) -> dict[str, Any]:
     task = cfg.task
     record: dict[str, Any] = {
         "rollout.num_generators": cfg.rollout.num_generators,
+        "rollout.dispatch": cfg.rollout.dispatch,  # whose prompt positions the checkpoint holds
         "task.name": task.name,
         "seed": cfg.seed,  # seeds each built-in stream, and the shuffle of file tasks
     }
@@ -105,11 +111,30 @@ def record_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return found
 
 
+def checkpoint_dispatch(meta: dict[str, Any]) -> str:
+    """The rollout.dispatch the checkpoint was written under: its record's, else (a record from
+    before it carried one, or none) its queue state's: a dispatcher's state only under tickets."""
+    saved = meta.get("run")
+    if isinstance(saved, dict) and isinstance(saved.get("rollout.dispatch"), str):
+        return saved["rollout.dispatch"]
+    queue = (meta.get("states") or {}).get("queue") or {}
+    return "tickets" if isinstance(queue, dict) and "dispatch" in queue else "shares"
+
+
 def check_compatible(meta: dict[str, Any], cfg: Config, checkpoint: str | Path,
                      log: Callable[[str], None] = _print) -> list[str]:
     """Raise ResumeRefused, in one line, unless the checkpoint's run record matches this run's (or
-    `resume_allow_changes` is set: then the differences are logged). Returns the differences."""
+    `resume_allow_changes` is set: then the differences are logged) and its dispatch is this run's
+    (no setting allows another). Returns the differences."""
+    written = checkpoint_dispatch(meta)
+    if written != cfg.rollout.dispatch:
+        raise ResumeRefused(f"{checkpoint} was written under rollout.dispatch={written} and this run has "
+                            f"rollout.dispatch={cfg.rollout.dispatch}: its prompt positions are kept by the "
+                            f"{written} dispatch only, so resuming it here would skip prompts; resume it with "
+                            f"rollout.dispatch={written}")
     saved = meta.get("run")
+    if isinstance(saved, dict):
+        saved = {**saved, "rollout.dispatch": written}  # a record from before it carried the dispatch
     allow = getattr(cfg, ALLOW_KEY)
     if not isinstance(saved, dict):
         why = (f"{checkpoint} records no run settings (written before checkpoints did), so its "

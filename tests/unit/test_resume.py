@@ -214,8 +214,8 @@ def test_an_unreadable_lineage_file_is_one_line_naming_it(tmp_path):
 def test_a_checkpoint_written_by_the_learner_records_the_run(tmp_path):
     cfg = config(tmp_path, "rollout.num_generators=2", "seed=5")
     meta = checkpoint.read_meta(save(cfg, 3, run_record(cfg)))
-    assert meta["run"] == {"rollout.num_generators": 2, "task.name": "arithmetic", "seed": 5,
-                           "task.num_digits": 2, "task.eval_size": 500}
+    assert meta["run"] == {"rollout.num_generators": 2, "rollout.dispatch": "shares", "task.name": "arithmetic",
+                           "seed": 5, "task.num_digits": 2, "task.eval_size": 500}
 
 
 def test_the_same_settings_resume_without_a_word(tmp_path):
@@ -290,6 +290,31 @@ def test_a_checkpoint_without_a_run_record_is_refused_unless_allowed(tmp_path):
     lines: list[str] = []
     check_compatible({"format": 3}, config(tmp_path, "resume_allow_changes=true"), "ckpt", log=lines.append)
     assert len(lines) == 1 and "resuming unchecked" in lines[0]
+
+
+@pytest.mark.parametrize(("written", "resumed"), [("tickets", "shares"), ("shares", "tickets")])
+@pytest.mark.parametrize("allow", ["false", "true"])
+def test_a_checkpoint_resumed_under_the_other_dispatch_is_refused_in_one_line_naming_both(tmp_path, written, resumed,
+                                                                                          allow):
+    saved = {"run": run_record(config(tmp_path, f"rollout.dispatch={written}"))}
+    cfg = config(tmp_path, f"rollout.dispatch={resumed}", f"resume_allow_changes={allow}")
+    with pytest.raises(ResumeRefused) as err:  # its prompts would be skipped: no setting resumes it
+        check_compatible(saved, cfg, "ckpt", log=lambda line: None)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"rollout.dispatch={written}" in message and f"rollout.dispatch={resumed}" in message
+
+
+@pytest.mark.parametrize(("queue", "resumed"), [({"counters": {}, "dispatch": {"next_step": 3}}, "shares"),
+                                                ({"counters": {}}, "tickets")])
+def test_a_checkpoint_whose_record_predates_the_dispatch_is_judged_by_its_queue_state(tmp_path, queue, resumed):
+    record = run_record(config(tmp_path))
+    del record["rollout.dispatch"]
+    meta = {"run": record, "states": {"queue": queue}}
+    with pytest.raises(ResumeRefused, match=f"rollout.dispatch={resumed}"):
+        check_compatible(meta, config(tmp_path, f"rollout.dispatch={resumed}"), "ckpt", log=lambda line: None)
+    other = "tickets" if resumed == "shares" else "shares"
+    assert check_compatible(meta, config(tmp_path, f"rollout.dispatch={other}"), "ckpt", log=lambda line: None) == []
 
 
 def test_record_differences_of_equal_records_is_empty():
