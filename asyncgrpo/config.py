@@ -192,6 +192,8 @@ def validate(cfg: Config) -> None:
             "wire.record_dir", "already holds a recording: choose another directory (only a resumed run continues one)",
             cfg.wire.record_dir)
     require(t.probe_tolerance > 0, "train.probe_tolerance", "must be > 0", t.probe_tolerance)
+    require(0 <= t.max_lost_fraction <= 1, "train.max_lost_fraction", "must be in [0, 1] (1 = never warn)",
+            t.max_lost_fraction)
     require(cfg.wire.curve in CURVE_MODES, "wire.curve", _one_of(CURVE_MODES), cfg.wire.curve)
     require(cfg.wire.transport in TRANSPORTS, "wire.transport", _one_of(TRANSPORTS), cfg.wire.transport)
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",

@@ -269,6 +269,11 @@ class TrainConfig:
     # version may differ by at most this much per token, else the run fails (the generators would
     # not be sampling with the learner's weights).
     probe_tolerance: float = 1e-3
+    # A run that finishes having lost more than this share of the groups its generators made
+    # (rejected at the learner, lost on the wire, dropped for reward errors) still ends `finished`,
+    # but summary.json gets a one-line `warning` (and `groups_lost`): it trained on a selection of
+    # its prompts. 1 = never warn.
+    max_lost_fraction: float = 0.05
 
 
 @dataclass

@@ -23,7 +23,7 @@ from asyncgrpo.config import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
-from asyncgrpo.driver.loop import RemoteLearner, periodic_eval_line, run_loop
+from asyncgrpo.driver.loop import RemoteLearner, note_lost_groups, periodic_eval_line, run_loop
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
     load_data,
@@ -74,6 +74,7 @@ def train(cfg: Config) -> dict[str, Any]:
         started_ray = start_ray(cfg)
         _run_actors(cfg, model_dir, metrics, summary, resume)
         summary["status"] = "finished"
+        note_lost_groups(summary, cfg.train.max_lost_fraction)  # finished, but maybe on a selection of its groups
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
         raise

@@ -6,6 +6,10 @@ reward.max_error_rate): that rank raises `registry.RunStopped`, and the run fail
 
 The loop sees the learner through `LearnerRanks` (blocking calls); `RemoteLearner` is that view of
 the Ray actors, a fake one in tests.
+
+A run that finishes having lost more than train.max_lost_fraction of the groups its generators made
+(`lost_groups`: rejected at the learner, lost on the wire, dropped for reward errors) says so in
+summary.json (`note_lost_groups`): it trained on a selection of its prompts, maybe a biased one.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ class Progress:
     staleness_max: int = 0
     recent_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=20))
     last: dict[str, float] | None = None
+    # Groups the generators dropped under reward.on_error=drop_group, as the steps reported them:
+    # unlike a generator's final report, this counts the incarnations a restart replaced.
+    reward_groups_dropped: int = 0
 
     def __post_init__(self) -> None:
         self.steps, self.samples = self.start_steps, self.start_samples
@@ -67,6 +74,7 @@ class Progress:
             record["time/wall_s"] = self.elapsed()
             self.recent_rewards.append(record["reward/mean"])
             self.staleness_max = max(self.staleness_max, int(record["staleness/max"]))
+            self.reward_groups_dropped += int(record.get("reward/groups_dropped", 0))
         if records:
             self.last = records[-1]
             self.steps, self.samples = int(self.last["step"]), int(self.last["samples"])
@@ -86,6 +94,7 @@ class Progress:
             "train_s": train_s,
             "samples_per_s": (self.samples - self.start_samples) / train_s if train_s > 0 else 0.0,
             "staleness_max": self.staleness_max,
+            "reward_groups_dropped": self.reward_groups_dropped,
         }
         if self.start_steps and resume is not None:
             summary["resumed_at_step"] = self.start_steps
@@ -146,6 +155,70 @@ def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_lo
     finally:
         bar.close()
         summary.update(progress.summary(resume))
+
+
+# wire/rejected/<reason> of a group that decoded but that the learner cannot train on
+# (replay.GroupLimits.untrainable, and a sender beyond the shares): its sequence number counts as
+# seen, so it is no gap under queue/lost. A frame the decoder rejects is a gap, counted there.
+UNTRAINABLE_REASONS = ("empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab", "unknown_generator")
+
+
+@dataclass(frozen=True)
+class LostGroups:
+    """Groups the generators made that the learner never got to train on, by where they were lost.
+    Groups the stale policy dropped, or still queued at the end, are not lost: the run chose so."""
+
+    received: int  # queue/received: entered the learner's queue
+    rejected_untrainable: int  # decoded, but the model cannot train on them (UNTRAINABLE_REASONS)
+    lost_on_the_wire: int  # queue/lost: never arrived, or their frame was rejected (wire/rejected/<reason>)
+    dropped_for_reward_errors: int  # reward.on_error=drop_group: never sent
+
+    @property
+    def lost(self) -> int:
+        return self.rejected_untrainable + self.lost_on_the_wire + self.dropped_for_reward_errors
+
+    @property
+    def made(self) -> int:
+        return self.received + self.lost
+
+    @property
+    def fraction(self) -> float:
+        return self.lost / self.made if self.made else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"made": self.made, "lost": self.lost, "fraction": round(self.fraction, 4),
+                "rejected_untrainable": self.rejected_untrainable, "lost_on_the_wire": self.lost_on_the_wire,
+                "dropped_for_reward_errors": self.dropped_for_reward_errors}
+
+
+def lost_groups(summary: dict[str, Any]) -> LostGroups:
+    """The run's lost groups from its summary: the last step's queue/* and wire/* counters
+    (`Progress.summary`), the steps' reward/groups_dropped and the generators' final reports."""
+    queue = summary.get("queue", {})
+    rejected = sum(int(queue.get(f"wire/rejected/{reason}", 0)) for reason in UNTRAINABLE_REASONS)
+    # The generators' reports include what was dropped after the last step's report, the steps'
+    # sum what incarnations replaced by a restart dropped: the larger is the nearer.
+    reported = sum(int(report.get("reward/groups_dropped", 0)) for report in summary.get("generators", []))
+    dropped = max(int(summary.get("reward_groups_dropped", 0)), reported)
+    return LostGroups(received=int(queue.get("queue/received", 0)), rejected_untrainable=rejected,
+                      lost_on_the_wire=int(queue.get("queue/lost", 0)), dropped_for_reward_errors=dropped)
+
+
+def note_lost_groups(summary: dict[str, Any], max_fraction: float) -> str | None:
+    """Put the run's lost groups into `summary` (groups_lost) and, beyond `max_fraction` of the
+    groups made (train.max_lost_fraction), a one-line `warning`, also printed; returns the warning."""
+    lost = lost_groups(summary)
+    summary["groups_lost"] = lost.as_dict()
+    if lost.fraction <= max_fraction:
+        return None
+    warning = (f"lost {lost.lost} of {lost.made} groups ({lost.fraction:.2f} > "
+               f"train.max_lost_fraction={max_fraction:g}): {lost.rejected_untrainable} rejected at the learner as untrainable, {lost.lost_on_the_wire} lost on "
+               f"the wire (queue/lost; frames the learner rejected are under wire/rejected/<reason>), "
+               f"{lost.dropped_for_reward_errors} dropped for reward errors (reward/groups_dropped); the run trained "
+               "on the others only, which may be a biased selection of its prompts")
+    summary["warning"] = warning
+    print(f"[warning] {warning}", flush=True)
+    return warning
 
 
 def periodic_eval_line(record: dict[str, Any]) -> str:

@@ -148,3 +148,132 @@ def test_a_generator_whose_run_raised_still_fails_the_run_at_its_end(ended_run):
     with pytest.raises(ValueError, match="its own error"):
         actors.generator_reports(runs_of(ValueError("its own error")), final_version=3)
     assert actors.killed == [] and actors.dead_after_training == set()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lost groups: a run that finished but lost more than train.max_lost_fraction of the groups its
+# generators made (rejected at the learner, lost on the wire, dropped for reward errors) says so.
+
+# The issue's run: 320 groups made, 224 of them with a reward of 1e39 rejected by the learner's
+# decoder (wire/rejected/bad_rewards), each a gap in its generator's sequence (queue/lost).
+ISSUE_QUEUE = {"queue/received": 96, "queue/consumed": 96, "queue/lost": 224, "wire/rejected": 224,
+               "wire/rejected/bad_rewards": 224}
+
+
+def finished_train(tmp_path, monkeypatch, filled: dict[str, Any], *overrides: str) -> dict[str, Any]:
+    """train() with every phase replaced: `_run_actors` leaves `filled` in the summary."""
+    from asyncgrpo import train as train_module
+
+    def run_actors(cfg, model_dir, metrics, summary, resume):
+        summary.update(filled)
+
+    for name, value in {"resolve_device": lambda device: "cpu", "check_rewards": lambda cfg: {},
+                        "resume_point": lambda cfg: None, "starting_model": lambda cfg, resume, summary: "model",
+                        "preflight": lambda cfg, model_dir: {}, "start_ray": lambda cfg: False,
+                        "_run_actors": run_actors}.items():
+        monkeypatch.setattr(train_module, name, value)
+    return train_module.train(load(overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", *overrides]))
+
+
+def test_a_finished_run_that_lost_most_of_its_groups_says_so_in_its_summary(tmp_path, monkeypatch, capsys):
+    import json
+
+    filled = {"steps": 6, "queue": ISSUE_QUEUE, "generators": [{"reward/groups_dropped": 0, "restarts": 0}]}
+    summary = finished_train(tmp_path, monkeypatch, filled)
+    assert summary["status"] == "finished"  # it did finish; what it trained on is the warning's point
+    assert summary["groups_lost"] == {"made": 320, "lost": 224, "fraction": 0.7, "rejected_untrainable": 0,
+                                      "lost_on_the_wire": 224, "dropped_for_reward_errors": 0}
+    warning = summary["warning"]
+    assert "\n" not in warning and "224 of 320 groups" in warning and "train.max_lost_fraction=0.05" in warning
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["warning"] == warning
+    assert f"[warning] {warning}" in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(("lost", "warned"), [(0, False), (5, False), (6, True)])
+def test_a_run_warns_only_beyond_max_lost_fraction(tmp_path, monkeypatch, lost, warned):
+    queue = {"queue/received": 100 - lost, "queue/lost": lost, "wire/rejected": 0}
+    summary = finished_train(tmp_path, monkeypatch, {"queue": queue, "generators": []})
+    assert summary["status"] == "finished" and ("warning" in summary) == warned
+    assert summary["groups_lost"]["lost"] == lost and summary["groups_lost"]["made"] == 100
+
+
+def test_max_lost_fraction_one_never_warns(tmp_path, monkeypatch):
+    summary = finished_train(tmp_path, monkeypatch, {"queue": ISSUE_QUEUE}, "train.max_lost_fraction=1")
+    assert summary["status"] == "finished" and "warning" not in summary and summary["groups_lost"]["lost"] == 224
+
+
+def test_a_run_that_made_no_groups_has_nothing_lost(tmp_path, monkeypatch):
+    summary = finished_train(tmp_path, monkeypatch, {"steps": 0})
+    assert summary["groups_lost"]["made"] == 0 and summary["groups_lost"]["fraction"] == 0.0
+    assert "warning" not in summary
+
+
+def test_lost_groups_count_untrainable_rejections_gaps_and_reward_drops_once_each():
+    from asyncgrpo.driver.loop import lost_groups
+
+    # 3 frames the decoder rejected are gaps (in queue/lost as well as wire/rejected); 2 groups the
+    # model cannot train on are rejections that are no gap; a generator's Heartbeat rejected is no group.
+    queue = {"queue/received": 88, "queue/lost": 3, "wire/rejected": 6, "wire/rejected/bad_rewards": 3,
+             "wire/rejected/too_long": 1, "wire/rejected/token_out_of_vocab": 1, "wire/rejected/bad_header": 1}
+    generators = [{"reward/groups_dropped": 4}, {"died_after_training": "RayActorError", "restarts": 0},
+                  {"reward/groups_dropped": 1}]
+    lost = lost_groups({"queue": queue, "generators": generators, "reward_groups_dropped": 2})
+    assert (lost.rejected_untrainable, lost.lost_on_the_wire, lost.dropped_for_reward_errors) == (2, 3, 5)
+    assert lost.made == 88 + 2 + 3 + 5 and lost.lost == 10
+    # The steps' reports outnumber the generators' own (a restarted generator counts afresh).
+    more = lost_groups({"queue": queue, "generators": generators, "reward_groups_dropped": 9})
+    assert more.dropped_for_reward_errors == 9
+
+
+def test_every_reason_the_learner_finds_a_group_untrainable_counts_as_lost():
+    import numpy as np
+
+    from asyncgrpo.driver.loop import UNTRAINABLE_REASONS
+    from asyncgrpo.replay import GroupLimits
+    from asyncgrpo.wire import ScoredGroup
+
+    def group(prompt: int = 2, lengths: tuple[int, ...] = (2, 2), token: int = 1) -> ScoredGroup:
+        tokens = np.full(sum(lengths), token, np.int32)
+        return ScoredGroup(generator_id=0, seq=0, prompt_id=1, prompt_tokens=np.ones(prompt, np.int32), tokens=tokens,
+                           logprobs=np.zeros(tokens.size, np.float32), versions=np.zeros(tokens.size, np.int32),
+                           lengths=np.asarray(lengths, np.int32), rewards=np.zeros(len(lengths), np.float32))
+
+    limits = GroupLimits(vocab_size=10, max_positions=8, max_samples=2)
+    assert limits.untrainable(group()) is None
+    reasons = {limits.untrainable(g)[0] for g in (group(prompt=0), group(lengths=(1, 1, 1)), group(lengths=(9, 1)),
+                                                   group(token=10))}
+    assert reasons == {"empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab"}
+    assert reasons | {"unknown_generator"} == set(UNTRAINABLE_REASONS)
+
+
+def test_the_loop_totals_the_groups_dropped_for_reward_errors_over_its_steps(tmp_path):
+    from asyncgrpo.driver.loop import run_loop
+    from asyncgrpo.metrics import SampleLogger
+
+    class Learner:
+        step = 0
+
+        def train_steps(self, k: int) -> list[dict[str, float]]:
+            records = []
+            for _ in range(k):
+                self.step += 1
+                records.append({"step": self.step, "samples": 8 * self.step, "reward/mean": 0.0, "staleness/max": 0,
+                                "queue/dropped_stale": 0, "reward/groups_dropped": self.step % 2})
+            return records
+
+    class Sink:
+        def write(self, record: dict[str, Any], step: int | None = None) -> None:
+            pass
+
+    cfg = load(overrides=[f"run_dir={tmp_path}", "progress=false", "train.max_steps=5", "log.samples_every_steps=0"])
+    summary: dict[str, Any] = {}
+    run_loop(cfg, Learner(), Sink(), SampleLogger(tmp_path, lambda ids: ""), summary)
+    assert summary["reward_groups_dropped"] == 3  # steps 1, 3, 5
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan"])
+def test_a_max_lost_fraction_outside_zero_to_one_is_a_config_error(value):
+    from asyncgrpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.max_lost_fraction"):
+        load(overrides=[f"train.max_lost_fraction={value}"])
