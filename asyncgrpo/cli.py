@@ -40,6 +40,14 @@ USAGE_EXAMPLES = """examples:
   asyncgrpo study configs/studies/quick.yaml study_dir=studies/q  # a grid x seeds, with a report (docs/STUDIES.md)
 """
 
+# Hydra's own command line has these; `asyncgrpo train` is not Hydra's app, so each gets one line
+# naming what it has instead.
+HYDRA_CFG_KINDS = ("job", "hydra", "all")
+CFG_TAKES_NO_ARGUMENT = ("--cfg takes no argument (Hydra's --cfg job|hydra|all): asyncgrpo train [key=value ...] "
+                         "--cfg prints the resolved config")
+MULTIRUN_IS_A_STUDY = ("-m/--multirun: sweeps are studies here: asyncgrpo study SPEC runs a grid of overrides x seeds "
+                       "(docs/STUDIES.md)")
+
 # One line per config group; a group added to Config without an entry here still gets listed.
 GROUP_HELP = {
     "model": "the policy: a Hugging Face directory, or the embedded tiny Qwen2 and its warm start",
@@ -147,9 +155,13 @@ def _check(cfg: Config) -> int:
         model_dir_for_check,
         preflight,
     )
+    from asyncgrpo.config import set_resolved_device
     from asyncgrpo.train import resolve_device
 
-    cfg.device = resolve_device(cfg.device)
+    try:
+        set_resolved_device(cfg, resolve_device(cfg.device))
+    except ConfigError as err:
+        return _config_error(str(err))
     try:
         rewards = check_rewards(cfg)
         with model_dir_for_check(cfg) as model_dir:
@@ -182,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     train_parser.add_argument("--config-name", default="default", help="a YAML file in --config-dir (default: default)")
     train_parser.add_argument("--config-dir", default=None, help="directory of YAML presets (default: the repo's configs/)")
     train_parser.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
+    train_parser.add_argument("-m", "--multirun", action="store_true",
+                              help="not here: a sweep is a study (asyncgrpo study, docs/STUDIES.md)")
     plot_parser = commands.add_parser(
         "plot", help="write PNG figures of one run, or overlay several",
         description="Figures from RUN_DIR/metrics.jsonl and summary.json: reward and held-out accuracy over samples "
@@ -251,7 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     study_parser.add_argument("--concurrent", type=int, default=1, metavar="N",
                               help="N runs at a time (on a Ray cluster with room for them: ray.address in the spec's "
                                    "base, or the study's own cluster sized for N runs; default 1)")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"] and any(arg.startswith("--cfg=") or (arg == "--cfg" and following in HYDRA_CFG_KINDS)
+                                     for arg, following in zip(argv, [*argv[1:], ""])):
+        return _config_error(CFG_TAKES_NO_ARGUMENT)
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills a `nargs="*"` positional once: overrides on both sides of an option
+    # (`train a=1 --cfg b=2`) would leave the second part "unrecognized".
+    if extra and hasattr(args, "overrides") and not any(arg.startswith("-") for arg in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "study":
         from asyncgrpo.study import command as study_command
 
@@ -268,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-model":
         return _make_model(args.shape, args.out_dir, args.seed, args.vocab_train_size)
 
+    if args.multirun:
+        return _config_error(MULTIRUN_IS_A_STUDY)
     try:
         cfg = load(args.overrides, config_name=args.config_name, config_dir=args.config_dir)
         if not args.cfg:
@@ -322,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
             "groups_dropped_stale", "staleness_max")
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0
+
+
+def _config_error(message: str) -> int:
+    print(f"asyncgrpo: config error: {message}", file=sys.stderr)
+    return 2
 
 
 def _plot(run_dirs: list[str], out: str | None) -> int:

@@ -4,7 +4,11 @@ reject what cannot work, before anything starts. The schema itself is `asyncgrpo
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
+import typing
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,7 @@ def _one_line(err: BaseException) -> str:
     message = lines[0] if lines else type(cause).__name__
     key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), "")
     if message.startswith("Key '") and " not in " in message:
-        return f"unknown config key '{key or message.split(chr(39))[1]}'"
+        return unknown_key_message(key or message.split(chr(39))[1])
     return f"{key}: {message}" if key and key not in message else message
 
 
@@ -48,17 +52,109 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
     from omegaconf.errors import OmegaConfBaseException
 
     register()
+    overrides = checked_overrides(overrides or [])
     directory = Path(config_dir or CONFIG_DIR).expanduser().resolve()
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-            composed = compose(config_name=config_name, overrides=list(overrides or []))
+            composed = compose(config_name=config_name, overrides=overrides)
         OmegaConf.resolve(composed)
         cfg: Config = OmegaConf.to_object(composed)  # type: ignore[assignment]
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         raise ConfigError(_one_line(err)) from None
-    _refuse_other_max_staleness(cfg, overrides or [])
+    _refuse_other_max_staleness(cfg, overrides)
     validate(cfg)
     return cfg
+
+
+def set_resolved_device(cfg: Config, device: str) -> None:
+    """`device=auto` is resolved only where the run starts (driver.prepare.resolve_device), after
+    `load` validated it as "auto"; the checks that depend on the device (bf16 needs a GPU, CPU
+    cores per generator) run again on what it resolved to."""
+    if device != cfg.device:
+        cfg.device = device
+        validate(cfg)
+
+
+# Index positions in an override's key (reward.terms.0.weight) stand for any entry of the list.
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+@cache
+def schema_keys() -> dict[str, bool]:
+    """Every dotted key of the schema, groups included, and whether it holds a list. The fields of
+    a list's dataclass entries are under `*` (reward.terms.*.weight)."""
+    keys: dict[str, bool] = {}
+
+    def walk(cls: Any, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            key, hint = prefix + field.name, hints[field.name]
+            keys[key] = typing.get_origin(hint) is list
+            if dataclasses.is_dataclass(hint):
+                walk(hint, key + ".")
+            elif keys[key] and dataclasses.is_dataclass(item := (typing.get_args(hint) or (None,))[0]):
+                walk(item, key + ".*.")
+
+    walk(Config, "")
+    return keys
+
+
+def _schema_key(key: str) -> str:
+    return _INDEX.sub("*", key)
+
+
+def _is_known(key: str) -> bool:
+    pattern = _schema_key(key)
+    parent, _, last = pattern.rpartition(".")
+    # An entry of a list (data.train_files.0, reward.terms.0) is the list's business: OmegaConf
+    # refuses an index or a value that does not fit.
+    return pattern in schema_keys() or (last == "*" and schema_keys().get(parent, False))
+
+
+def unknown_key_message(key: str) -> str:
+    """One line naming the key, with the nearest real key when one is close (a typo)."""
+    close = difflib.get_close_matches(_schema_key(key), list(schema_keys()), n=1)
+    if not close:
+        return f"unknown config key '{key}'"
+    indices = iter(_INDEX.findall(key))
+    nearest = re.sub(r"(?<=\.)\*(?=\.|$)", lambda _: next(indices, "0"), close[0])
+    return f"unknown config key '{key}' (did you mean {nearest}?)"
+
+
+def checked_overrides(overrides: list[str]) -> list[str]:
+    """The command line's overrides as Hydra should compose them, or a ConfigError naming the first
+    that would not do what it says: a key the schema lacks (Hydra's `+`/`++` would add it, and the
+    schema's Config would then drop it without a word), a sweep (Hydra runs those only with -m,
+    which `asyncgrpo study` replaces). A plain value for a list key becomes a one-element list."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType, ValueType
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    checked = []
+    for line in overrides:
+        if "=" not in line and not line.startswith("~"):
+            raise ConfigError(f"'{line}' is not an override: write key=value")
+        try:
+            override = parser.parse_override(line)
+        except HydraException:
+            checked.append(line)  # composing reports it, in one line
+            continue
+        key, text = override.key_or_group, line.partition("=")[2]
+        is_list = schema_keys().get(_schema_key(key), False)
+        if override.is_sweep_override():
+            if is_list and override.value_type == ValueType.SIMPLE_CHOICE_SWEEP:
+                raise ConfigError(f"{key} is a list: write {key}=[{text}]")
+            raise ConfigError(f"{line} is a sweep (one run per value): asyncgrpo study SPEC runs a grid of overrides "
+                              "x seeds (docs/STUDIES.md); quote a value that holds a comma ('a,b')")
+        if not _is_known(key):
+            raise ConfigError(unknown_key_message(key))
+        if (is_list and override.type != OverrideType.DEL and override.value_type == ValueType.ELEMENT
+                and not isinstance(override.value(), list) and override.value() is not None
+                and not text.startswith("${")):  # an interpolation may well be a list already
+            line = f"{line.partition('=')[0]}=[{text}]"
+        checked.append(line)
+    return checked
 
 
 def _refuse_other_max_staleness(cfg: Config, overrides: list[str]) -> None:

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.config import learner_wait_timeout_s, set_resolved_device
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
-from asyncgrpo.driver.loop import RemoteLearner, note_lost_groups, periodic_eval_line, run_loop
+from asyncgrpo.driver.loop import RemoteLearner, StepsNotLogged, note_lost_groups, periodic_eval_line, run_loop
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
     load_data,
@@ -63,7 +63,7 @@ def train(cfg: Config) -> dict[str, Any]:
     # Everything from here on is inside the try: an interrupt at any point of the set-up (importing
     # torch, the warm start, Ray's start, the actors') still writes summary.json and stops what started.
     try:
-        cfg.device = resolve_device(cfg.device)
+        set_resolved_device(cfg, resolve_device(cfg.device))  # validated again if auto resolved
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         metrics = open_sinks(cfg, run_dir)  # metrics.jsonl is appended to: a resumed run continues it
         # First: a reward.fn typo or a judge that is down fails in one line, not after the warm start.
@@ -111,9 +111,13 @@ def keep_earlier_run_files(run_dir: Path) -> None:
           "metrics.jsonl and samples.jsonl are appended to", flush=True)
 
 
-def save_on_interrupt(actors: Actors) -> str | None:
+def save_on_interrupt(actors: Actors, interrupt: KeyboardInterrupt) -> str | None:
     """The interrupted run's checkpoint, or None if it could not be saved (the reason is printed;
-    a second Ctrl-C gives up on it)."""
+    a second Ctrl-C gives up on it). None too if the steps the learner was taking when `interrupt`
+    came were not logged: the checkpoint would hold steps whose metrics are missing."""
+    if isinstance(interrupt, StepsNotLogged):
+        print(f"[interrupt] no checkpoint: the learner's steps in progress were not logged ({interrupt})", flush=True)
+        return None
     print("[interrupt] saving a checkpoint of the current step (Ctrl-C again to skip)", flush=True)
     try:
         path = actors.save_checkpoint()
@@ -142,9 +146,9 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             remote = RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator, credit=credit)
             run_loop(cfg, remote, metrics, SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume,
                      evaluations=actors.take_evaluations)  # none without eval.every_steps
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned
+        except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned
             if cfg.train.checkpoint_on_interrupt:
-                summary["interrupt_checkpoint"] = save_on_interrupt(actors)
+                summary["interrupt_checkpoint"] = save_on_interrupt(actors, interrupt)
             raise
         summary["learner"] = actors.on_all_ranks("finish", "training finished", timeout_s=learner_wait_timeout_s(cfg))
         summary["generators"] = actors.generator_reports(runs, final_version=summary["learner"]["version"])
