@@ -54,8 +54,8 @@ class EngineCluster:
     def __enter__(self) -> Self:
         # Ray's Unix sockets live under its temporary directory, whose path must stay short.
         self._tmp = tempfile.mkdtemp(prefix="agec", dir="/tmp")
-        self.env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": self._tmp,
-                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        self.env = {**{key: value for key, value in os.environ.items() if key != "RAY_AUTH_TOKEN_PATH"},
+                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": self._tmp, **private_token_env(),
                     "RAY_USAGE_STATS_ENABLED": "0"}
         self._helper = subprocess.Popen(
             [sys.executable, "-m", "asyncgrpo.engine_cluster",
@@ -133,6 +133,14 @@ def session_processes(session_id: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == session_id:
             pids.append(int(entry.name))
     return pids
+
+
+def private_token_env() -> dict[str, str]:
+    """Ray's token authentication with a fresh random token, for a cluster this process starts: set
+    in the environment its processes inherit, readable only by the user and root
+    (/proc/<pid>/environ), and written to no file. Without it Ray 2.60 uses, or creates, the
+    token in ~/.ray/auth_token: mode 0644, and the same for every cluster of the user."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
 def cluster_overrides(address: str, pool: str) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 from asyncgrpo import faults
 from asyncgrpo.config import groups_per_generator
 from asyncgrpo.driver import TrainingFailed
+from asyncgrpo.engine_cluster import private_token_env
 from asyncgrpo.interrupts import interrupts_deferred
 from asyncgrpo.resume import RESUME_AUTO, check_compatible
 from asyncgrpo.schema import Config
@@ -190,6 +191,11 @@ def start_ray(cfg: Config) -> bool:
 
     if ray.is_initialized():
         return False
+    if local:
+        # The cluster's processes and the actors inherit the token; only this run knows it.
+        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+        os.environ.update(private_token_env())
+        reload_ray_auth()
     try:
         ray.init(
             address=cfg.ray.address or None,
@@ -211,6 +217,16 @@ def start_ray(cfg: Config) -> bool:
             raise KeyboardInterrupt(signal.Signals.SIGTERM.name) from None
         raise
     return True
+
+
+def reload_ray_auth() -> None:
+    """Ray reads the authentication mode when it is imported and keeps the token it first loads:
+    without this a driver that imported Ray before (or ran a cluster before, in the same process)
+    would present no token, or an old one, to the cluster it starts with the new one."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def interrupt_on_sigterm() -> None:

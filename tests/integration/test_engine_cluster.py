@@ -1,10 +1,12 @@
 """The study's own Ray cluster (asyncgrpo/engine_cluster.py): a driver with its environment joins it,
 every process of it listens on loopback only, and it is gone, processes and temporary directory,
 when the study leaves it. Its helper lives as long as the study process, not as long as the
-(worker) thread that happened to start it."""
+(worker) thread that happened to start it. A plain run's local cluster (driver/prepare.py) has a
+token of its own as well."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
@@ -142,3 +144,55 @@ def test_a_helper_still_starting_its_cluster_dies_with_the_study_process(tmp_pat
         owner.stdout.close()
         for path in _ray_tmp_dirs() - before:
             shutil.rmtree(path, ignore_errors=True)
+
+
+# A plain run's driver: Ray imported before the run sets its token (as a process may have done).
+RUN = """
+import json, os, sys
+import ray
+from asyncgrpo.config import load
+from asyncgrpo.driver.prepare import start_ray
+assert start_ray(load(["ray.num_cpus=1"]))
+print(json.dumps({"address": ray.get_runtime_context().gcs_address, "token": os.environ["RAY_AUTH_TOKEN"],
+                  "cpus": ray.cluster_resources()["CPU"]}), flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+JOIN = ("import os, ray; ray.init(address=os.environ['ADDR'], log_to_driver=False); "
+        "print(int(ray.cluster_resources()['CPU'])); ray.shutdown()")
+
+
+@pytest.mark.slow
+def test_a_plain_runs_local_cluster_takes_only_its_own_token_which_no_file_and_no_command_line_holds(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")}
+    env.update(HOME=str(home), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    run = subprocess.Popen([sys.executable, "-c", RUN], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        started = json.loads(_line(run, 180))
+        assert started["cpus"] >= 1  # the driver itself got in with the run's token
+        processes = tree(run.pid)
+        for process in processes:
+            try:
+                assert started["token"] not in " ".join(process.cmdline()), process
+            except psutil.NoSuchProcess:
+                pass
+        without = subprocess.run([sys.executable, "-c", JOIN], env={**env, "ADDR": started["address"]},
+                                 capture_output=True, text=True, timeout=180)
+        assert without.returncode != 0 and "Authentication" in without.stderr, without.stderr[-2000:]
+        with_token = subprocess.run(
+            [sys.executable, "-c", JOIN], capture_output=True, text=True, timeout=180,
+            env={**env, "ADDR": started["address"], "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": started["token"]})
+        assert with_token.returncode == 0, with_token.stderr[-2000:]
+        assert list(home.iterdir()) == []  # no ~/.ray/auth_token, nor any other file
+    finally:
+        run.stdin.close()
+        try:
+            run.wait(120)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+        run.stdout.close()

@@ -76,3 +76,53 @@ def test_probe_report_is_the_largest_per_token_gap():
     assert report["generator_version"] == report["learner_version"] == 4
     assert report["max_abs_diff_vs_learner"] == pytest.approx(0.05)
     assert report["max_abs_change_since_start"] == pytest.approx(0.3)
+
+
+RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _start_ray_seeing_auth(monkeypatch, cfg, runs=1):
+    """prepare.start_ray with ray.init faked: the auth variables each ray.init call saw."""
+    import os
+
+    import ray
+
+    from asyncgrpo.driver import prepare
+
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **_: seen.append({key: os.environ.get(key) for key in RAY_AUTH_VARS}))
+    monkeypatch.setattr(prepare, "interrupt_on_sigterm", lambda: None)  # the test process keeps its handlers
+    for _ in range(runs):
+        prepare.start_ray(cfg)
+    return seen
+
+
+def test_a_local_ray_cluster_gets_a_fresh_token_of_its_own_per_run_held_in_no_file(monkeypatch, tmp_path):
+    from asyncgrpo.driver import prepare
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # whatever the user's environment says
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "shared")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "shared_token"))
+    reloads = []
+    monkeypatch.setattr(prepare, "reload_ray_auth", lambda: reloads.append(1))
+    first, second = _start_ray_seeing_auth(monkeypatch, config(), runs=2)
+    for seen in (first, second):
+        assert seen["RAY_AUTH_MODE"] == "token"
+        assert seen["RAY_AUTH_TOKEN"] != "shared" and len(seen["RAY_AUTH_TOKEN"]) >= 64
+        assert seen["RAY_AUTH_TOKEN_PATH"] is None  # the environment, not a file, holds it
+    assert first["RAY_AUTH_TOKEN"] != second["RAY_AUTH_TOKEN"]
+    assert len(reloads) == 2  # Ray in this process reads the new mode and token, not what it cached
+    assert list(tmp_path.iterdir()) == []  # no token file written (Ray's ~/.ray/auth_token included)
+
+
+def test_joining_ray_address_uses_the_token_of_the_users_cluster(monkeypatch):
+    from asyncgrpo.driver import prepare
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the-clusters")
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    monkeypatch.setattr(prepare, "reload_ray_auth", lambda: pytest.fail("the user's token replaced"))
+    (seen,) = _start_ray_seeing_auth(monkeypatch, config("ray.address=127.0.0.1:6379"))
+    assert seen == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "the-clusters", "RAY_AUTH_TOKEN_PATH": None}
