@@ -107,7 +107,8 @@ class RewardConfig:
     # A user reward, fn(prompt, completion, answer=None, **extra) -> float, sync or async;
     # with terms empty it is the only term.
     fn: str = ""
-    # A reward that raises, times out or returns NaN/inf: zero = that term scores 0 for that
+    # A reward that raises, times out or returns anything but a real number within float32
+    # (NaN, inf, 1e39, "0.7", None; True/False are 1/0): zero = that term scores 0 for that
     # completion; drop_group = the whole group is not sent. Either way reward/errors counts it.
     on_error: str = "zero"  # zero | drop_group
     # Beyond this share of failed reward calls (completions x terms) over the last
