@@ -13,6 +13,7 @@ formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.m
 * ``rollout_correction``: truncated or masked (IcePop) importance weights, rejection sampling and
   rollout/trainer mismatch diagnostics.
 * ``policy_loss`` also has GSPO (sequence-level ratio) and CISPO (clipped, detached IS weight).
+* ``token_entropy``: the policy's entropy per token, from its logits (a diagnostic).
 * ``bypass_policy_loss``: the policy loss with the rollout log-probs as the old policy.
 * ``decoupled_policy_loss``, ``naive_policy_loss``, ``mode_policy_loss``: the recomputed proximal
   policy as the old policy, with (decoupled) or without (naive) IS weights pi_prox / mu; ``MODES``.
@@ -20,6 +21,7 @@ formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.m
 
 from asyncgrpo.algo.advantages import ADVANTAGE_MODES, group_advantages
 from asyncgrpo.algo.correction import IS_LEVELS, RS_OPTIONS, rollout_correction
+from asyncgrpo.algo.entropy import token_entropy
 from asyncgrpo.algo.kl import KL_KINDS, kl_penalty
 from asyncgrpo.algo.losses import (
     AGG_MODES,
@@ -52,4 +54,5 @@ __all__ = [
     "naive_policy_loss",
     "policy_loss",
     "rollout_correction",
+    "token_entropy",
 ]

@@ -107,15 +107,25 @@ def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
     )
 
 
-def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets: torch.Tensor,
-                        temperature: float) -> torch.Tensor:
-    """Log-prob of each target token: logits [B, L, V], logit_index/targets [B, T] -> [B, T].
+def completion_rows(logits: torch.Tensor, logit_index: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The logits that predict each completion token, over the temperature: logits [B, L, V],
+    logit_index [B, T] -> [B, T, V] (float32).
 
-    Selects the T needed rows before the softmax, so memory is O(B*T*V), not O(B*L*V).
+    Selects the T needed rows before any softmax, so memory is O(B*T*V), not O(B*L*V).
     """
     vocab = logits.shape[-1]
-    rows = logits.gather(1, logit_index.unsqueeze(-1).expand(-1, -1, vocab)).float() / temperature
+    return logits.gather(1, logit_index.unsqueeze(-1).expand(-1, -1, vocab)).float() / temperature
+
+
+def target_logprobs(rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each target token: rows [B, T, V] (from `completion_rows`), targets [B, T] -> [B, T]."""
     return rows.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - rows.logsumexp(-1)
+
+
+def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets: torch.Tensor,
+                        temperature: float) -> torch.Tensor:
+    """Log-prob of each target token: logits [B, L, V], logit_index/targets [B, T] -> [B, T]."""
+    return target_logprobs(completion_rows(logits, logit_index, temperature), targets)
 
 
 # ------------------------------------------------------------------------------ multi-rank split

@@ -181,7 +181,8 @@ class Learner:
         self.samples_consumed += batch.num_samples
         for value in staleness.tolist():
             self.staleness_histogram[value] = self.staleness_histogram.get(value, 0) + 1
-        metrics.update(batch_metrics(batch, staleness, self.version, self.samples_consumed))
+        metrics.update(batch_metrics(batch, staleness, self.version, self.samples_consumed,
+                                     self.cfg.rollout.max_new_tokens))
         if groups is not None:
             metrics.update(reward_term_metrics(groups))
         return metrics

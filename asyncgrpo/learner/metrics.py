@@ -2,7 +2,8 @@
 
     loss/*, optim/*, is/*, ...   update(): per micro-batch, merged over micro-batches and ranks
     time/optimizer_s, time/recompute_s   update(): parts of time/train_s (recompute: 0 under algo.mode=bypass)
-    step, samples, perf/*, reward/mean|std, staleness/*, response/*   batch_metrics()
+    policy/entropy                update(): mean entropy of the sampling distribution over the trained tokens
+    step, samples, perf/*, reward/mean|std|all_equal_frac, staleness/*, response/*   batch_metrics()
     reward/<term>                 reward_term_metrics(): the groups' reward terms
     time/*, learner/ack_waits     the step's phases (PhaseTimer)
     time/gen_idle_s, reward/errors, reward/calls, reward/groups_dropped   the generators' reports (registry)
@@ -73,8 +74,11 @@ def reduce_metrics(parts: list[tuple[float, dict[str, float]]], sums: dict[str, 
     return merged
 
 
-def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_consumed: int) -> dict[str, float]:
-    """What a step trained on. `staleness` [G]: learner version minus each group's oldest token version."""
+def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_consumed: int,
+                  max_new_tokens: int) -> dict[str, float]:
+    """What a step trained on. `staleness` [G]: learner version minus each group's oldest token version;
+    `max_new_tokens`: the generators' completion limit (rollout.max_new_tokens)."""
+    lengths = batch.mask.sum(1)
     return {
         "step": version,
         "samples": samples_consumed,
@@ -87,10 +91,26 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         "staleness/max": staleness.max().item(),
         "response/length_mean": batch.mask.sum(1).mean().item(),
         "response/length_max": batch.mask.sum(1).max().item(),
+        # Completions that used all of rollout.max_new_tokens: cut at the limit (or ending at it exactly).
+        "response/clipped_frac": (lengths >= max_new_tokens).float().mean().item(),
+        # Groups whose samples all got the same reward: zero advantage, so no gradient from them.
+        "reward/all_equal_frac": all_equal_fraction(batch.rewards, batch.group_index),
         "prompt/length_mean": (batch.attention_mask.sum(1) - batch.mask.sum(1)).float().mean().item(),
         # Versions within one completion (> 0: the weights changed mid-generation, rollout.inflight_updates).
         "staleness/inflight_span_max": version_span(batch.token_versions, batch.mask).max().item(),
     }
+
+
+def all_equal_fraction(rewards: torch.Tensor, group_index: torch.Tensor) -> float:
+    """Share of the groups whose rewards are all equal: rewards [B], group_index [B] (ids 0..G-1)."""
+    groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
+    if groups == 0:
+        return 0.0
+    rewards = rewards.double()
+    high = torch.full((groups,), -math.inf, dtype=torch.float64).scatter_reduce(0, group_index, rewards, "amax")
+    low = torch.full((groups,), math.inf, dtype=torch.float64).scatter_reduce(0, group_index, rewards, "amin")
+    present = torch.zeros(groups, dtype=torch.bool).index_fill(0, group_index, True)
+    return float(((high == low) & present).sum()) / max(1, int(present.sum()))
 
 
 def version_span(token_versions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from asyncgrpo.learner.batch import Batch, completion_logprobs
+from asyncgrpo import algo
+from asyncgrpo.learner.batch import Batch, completion_logprobs, completion_rows, target_logprobs
 from asyncgrpo.learner.schedule import lr_multiplier
 from asyncgrpo.schema import Config
 from asyncgrpo.weights.base import distinct_state
@@ -101,6 +102,16 @@ class Policy:
         """[B, T] log-probs of the completion tokens under the current weights, with gradient."""
         logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
         return completion_logprobs(logits, micro.logit_index, micro.targets, self.temperature)
+
+    def logprobs_and_entropy(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] log-probs of the completion tokens with gradient, and [B, T] the entropy (nats) of
+        the sampling distribution (the softmax over the temperature) at each, without gradient:
+        one forward pass serves the loss and the entropy diagnostic."""
+        logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
+        rows = completion_rows(logits, micro.logit_index, self.temperature)
+        with torch.no_grad():
+            entropy = algo.token_entropy(rows.detach())
+        return target_logprobs(rows, micro.targets), entropy
 
     @torch.no_grad()
     def reference_logprobs(self, micro: Batch) -> torch.Tensor:

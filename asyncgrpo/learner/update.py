@@ -96,7 +96,7 @@ def micro_batch_loss(policy: Policy, micro: Batch, prox_logp: torch.Tensor | Non
     a = cfg.algo
     # Dr.GRPO's constant must not depend on a micro-batch's padding.
     norm_constant = a.norm_constant or float(cfg.rollout.max_new_tokens)
-    logp = policy.logprobs(micro)
+    logp, entropy = policy.logprobs_and_entropy(micro)
     loss, metrics = algo.mode_policy_loss(
         logp,
         prox_logp,
@@ -118,6 +118,8 @@ def micro_batch_loss(policy: Policy, micro: Batch, prox_logp: torch.Tensor | Non
         global_num_tokens=global_tokens,
         global_num_seqs=global_seqs,
     )
+    # This micro-batch's mean over its real tokens; combine_metrics weights it by tokens.
+    metrics["policy/entropy"] = float((entropy * micro.mask).sum() / micro.mask.sum().clamp(min=1))
     if policy.reference is not None:
         kl = algo.aggregate(algo.kl_penalty(logp, policy.reference_logprobs(micro), kind=a.kl.kind), micro.mask,
                             a.agg, norm_constant=norm_constant, global_num_tokens=global_tokens,

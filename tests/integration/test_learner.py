@@ -89,3 +89,24 @@ def test_sequence_logprobs_match_the_training_forward(model_dir):
         np.testing.assert_allclose(probe[-expected.numel():], expected.numpy(), atol=1e-5)
     finally:
         learner.close()
+
+
+def test_policy_entropy_is_the_mean_entropy_of_the_sampling_distribution_over_trained_tokens(model_dir):
+    temperature = 0.7
+    cfg = load(["learner.warmup_steps=0", f"rollout.temperature={temperature}"])
+    learner = Learner.from_config(cfg, model_dir)
+    try:
+        batch = collate(fixed_groups(), learner.pad_id)
+        with torch.no_grad():
+            logits = learner.policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        rows = logits.gather(1, batch.logit_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).double()
+        p = (rows / temperature).softmax(-1)
+        per_token = -(p * p.clamp(min=1e-300).log()).sum(-1)
+        expected = float((per_token * batch.mask).sum() / batch.mask.sum())
+        whole = update(learner.policy, batch, cfg, rank=0, world_size=1)
+    finally:
+        learner.close()
+    assert whole["policy/entropy"] == pytest.approx(expected, rel=1e-4)
+    _, split = one_update(model_dir, "learner.micro_batch_tokens=12", f"rollout.temperature={temperature}")
+    assert split["perf/micro_batches"] > 1
+    assert split["policy/entropy"] == pytest.approx(expected, rel=1e-4)
