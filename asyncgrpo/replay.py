@@ -61,6 +61,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from asyncgrpo import faults
 from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.wire import (
@@ -265,6 +266,7 @@ class ReplayQueue:
         self.dropped_restart = self.dropped_unheld = 0
         self.dispatcher, self.grants = dispatcher, grants
         self._filled: dict[int, ScoredGroup] = {}  # tickets: slot -> its group, not taken yet
+        self._ticketed_answers = 0  # tickets: answers carrying tickets, for failpoint grant_drop_every
         # Shares only: per generator, groups consumed beyond its shares over the steps (> 0: lent to a
         # down generator; < 0: a down generator's steps that came short), and how much of what it
         # lent its throttle has been told (`Rejoin.leads`).
@@ -391,10 +393,18 @@ class ReplayQueue:
         holder = (request.generator_id, request.incarnation)
         grant, tickets = self.dispatcher.request(holder, request.version, request.wanted, request.newest_grant,
                                                  request.unsent, request.given_back)
-        if self.grants is not None:
+        if self.grants is not None and not (tickets and self._answer_lost()):
             # Not delivered (the process is gone): its next request, if any, reports it unreceived.
             self.grants.send_to(holder_identity(*holder), Grant(request.request, grant, [t.slot for t in tickets],
                                                                 [t.position for t in tickets]))
+
+    def _answer_lost(self) -> bool:
+        """Failpoint grant_drop_every: whether this answer carrying tickets is to be lost on the way."""
+        every = faults.every("grant_drop_every")
+        if not every:
+            return False
+        self._ticketed_answers += 1
+        return self._ticketed_answers % every == 0
 
     def _fill(self, group: ScoredGroup) -> None:
         """With the lock held: the group fills the slot its sender holds for its prompt, if it still does."""

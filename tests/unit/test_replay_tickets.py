@@ -4,8 +4,11 @@ stale drops and a checkpoint."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from asyncgrpo import faults
 from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.replay import QueueTimeout, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import (
@@ -177,3 +180,15 @@ def test_a_reported_death_refuses_a_restarted_process_that_died_before_its_first
     queue.generator_down(0)  # incarnation 1 died too, its first request still on its way
     assert Gen(queue, grants, 0, incarnation=1).ask(0, 2) == []
     assert Gen(queue, grants, 0, incarnation=2).ask(0, 2) == [(0, 0), (1, 1)]
+
+
+def test_failpoint_grant_drop_every_loses_every_nth_answer_carrying_tickets(monkeypatch):
+    monkeypatch.setenv(faults.ENV, json.dumps({"grant_drop_every": 2}))
+    queue, grants = tickets_queue(groups_per_step=2, max_staleness=0)
+    queue.put(TicketRequest(0, 0, 1, 0, 1, 0, []))  # grant 1: slot 0, answered
+    queue.put(TicketRequest(0, 0, 2, 0, 1, 1, [0]))  # grant 2: slot 1, the answer lost
+    queue.put(TicketRequest(0, 0, 3, 0, 1, 1, [0]))  # grant 2 reported unreceived: slot 1 again
+    queue.put(TicketRequest(0, 0, 4, 0, 1, 3, [0, 1]))  # nothing left within the bound: an empty answer
+    answers = grants.sent[holder_identity(0, 0)]
+    assert [(a.request, a.slots, a.positions) for a in answers] == [(1, [0], [0]), (3, [1], [1]), (4, [], [])]
+    assert queue.stats()["dispatch/unreceived"] == 1
