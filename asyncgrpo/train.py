@@ -33,7 +33,7 @@ from asyncgrpo.driver.prepare import (
     start_ray,
     starting_model,
 )
-from asyncgrpo.files import write_atomic
+from asyncgrpo.files import private_dir, write_atomic
 from asyncgrpo.interrupts import interrupts_deferred
 from asyncgrpo.metrics import (
     MetricsSink,
@@ -54,8 +54,9 @@ def train(cfg: Config) -> dict[str, Any]:
     """Run one training job; returns the summary also written to run_dir/summary.json."""
     wall_start = time.monotonic()
     require_sink_packages(cfg.log)  # a missing optional package fails here, before Ray or the model
+    # Created 0700, or refused in one line if another user could have planted a checkpoint in it.
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)
     keep_earlier_run_files(run_dir)
     summary: dict[str, Any] = {"status": "starting", "run_dir": str(run_dir)}
     metrics: MetricsSink | None = None

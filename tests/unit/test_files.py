@@ -1,0 +1,146 @@
+"""asyncgrpo.files: private directories (refused when another user could change them) and atomic writes."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from asyncgrpo.config import ConfigError
+from asyncgrpo.files import UnsafeDirectory, private_dir, write_atomic
+
+OTHER_UID = 4242
+
+
+def test_private_dir_creates_missing_directory_and_parents_with_mode_0700(tmp_path):
+    made = private_dir(tmp_path / "runs" / "exp1")
+    assert made == tmp_path / "runs" / "exp1" and made.is_dir()
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "runs").st_mode) == 0o700
+
+
+def test_private_dir_accepts_an_existing_own_directory_readable_by_others(tmp_path):
+    existing = tmp_path / "run"
+    existing.mkdir()
+    existing.chmod(0o755)  # readable is fine; only writable by others is refused
+    (existing / "keep").write_text("x")
+    assert private_dir(existing) == existing
+    assert (existing / "keep").read_text() == "x"
+
+
+def test_private_dir_refuses_a_world_writable_directory(tmp_path):
+    shared = tmp_path / "run"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(UnsafeDirectory, match="writable by group or others"):
+        private_dir(shared)
+
+
+def test_private_dir_refuses_a_group_writable_directory(tmp_path):
+    shared = tmp_path / "run"
+    shared.mkdir()
+    shared.chmod(0o770)
+    with pytest.raises(UnsafeDirectory, match="writable by group or others"):
+        private_dir(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_private_dir_refuses_a_directory_another_user_created_first(tmp_path):
+    planted = tmp_path / "run"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(UnsafeDirectory, match=f"owned by uid {OTHER_UID}, not by this user"):
+        private_dir(planted)
+
+
+def test_private_dir_refuses_a_directory_not_owned_by_the_effective_user(tmp_path, monkeypatch):
+    existing = tmp_path / "run"
+    existing.mkdir()
+    monkeypatch.setattr(os, "geteuid", lambda: OTHER_UID)
+    with pytest.raises(UnsafeDirectory, match="not by this user"):
+        private_dir(existing)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_private_dir_refuses_a_path_below_another_users_directory(tmp_path):
+    # The README's paths under /tmp: another user makes /tmp/x first; our run_dir /tmp/x/run would be
+    # ours, but they could rename it away and put theirs in its place.
+    theirs = tmp_path / "x"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    with pytest.raises(UnsafeDirectory, match="above .* owned by uid 4242"):
+        private_dir(theirs / "run")
+
+
+def test_private_dir_refuses_a_path_below_a_world_writable_directory_without_sticky_bit(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(UnsafeDirectory, match="writable by anyone and not sticky"):
+        private_dir(open_dir / "run")
+    open_dir.chmod(0o1777)  # like /tmp: others cannot rename what we own in it
+    assert private_dir(open_dir / "run").is_dir()
+
+
+def test_private_dir_refuses_a_symlink_and_a_file(tmp_path):
+    target = tmp_path / "real"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(UnsafeDirectory, match="is a symlink"):
+        private_dir(tmp_path / "link")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UnsafeDirectory, match="not a directory"):
+        private_dir(tmp_path / "file")
+
+
+def test_unsafe_directory_is_a_one_line_config_error(tmp_path):
+    shared = tmp_path / "run"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError) as caught:
+        private_dir(shared)
+    assert "\n" not in str(caught.value)
+
+
+def test_write_atomic_does_not_follow_a_symlink_planted_at_the_old_temporary_name(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    (tmp_path / "summary.json.tmp").symlink_to(victim)  # the name the old code wrote through
+    write_atomic(tmp_path / "summary.json", "new\n")
+    assert victim.read_text() == "untouched"
+    assert (tmp_path / "summary.json").read_text() == "new\n"
+    assert not stat.S_ISLNK(os.lstat(tmp_path / "summary.json").st_mode)
+
+
+def test_write_atomic_writes_a_private_file_and_leaves_no_temporary(tmp_path):
+    write_atomic(tmp_path / "a.json", "1", durable=True)
+    write_atomic(tmp_path / "a.json", "2")
+    assert (tmp_path / "a.json").read_text() == "2"
+    assert stat.S_IMODE(os.stat(tmp_path / "a.json").st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_write_atomic_removes_its_temporary_when_the_write_fails(tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(tmp_path / "a.json", "1")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_prints_an_unsafe_run_dir_as_one_line_and_exits_2(tmp_path, capsys):
+    from asyncgrpo import cli
+
+    shared = tmp_path / "run"
+    shared.mkdir()
+    shared.chmod(0o777)
+    code = cli.main(["train", f"run_dir={shared}", "device=cpu"])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("asyncgrpo:")]
+    assert len(lines) == 1 and "writable by group or others" in lines[0], err
+    assert "Traceback" not in err
+    assert list(shared.iterdir()) == []  # nothing written into a directory another user could read or change
