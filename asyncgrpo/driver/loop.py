@@ -37,6 +37,16 @@ class LearnerRanks(Protocol):
     def recent_samples(self, num_groups: int) -> list[dict[str, Any]]:
         """The first `num_groups` groups of the last step, as token ids (`metrics.samples.sample_records`)."""
 
+    def steps_in_progress(self) -> list[dict[str, float]]:
+        """The records of the `train_steps` call an interrupt cut the driver's wait on short, once
+        the ranks have finished it (they do, whatever the driver does); [] if there is none."""
+
+
+class StepsNotLogged(KeyboardInterrupt):
+    """An interrupt after which the steps of the call in progress could not be logged (a second
+    interrupt while waiting for them, or the call failed): a checkpoint would hold steps missing
+    from metrics.jsonl, so the interrupt saves none (`train.save_on_interrupt`)."""
+
 
 @dataclass
 class Progress:
@@ -152,9 +162,26 @@ def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_lo
             if samples.due(progress.steps):
                 # tqdm.write keeps the progress bar intact below the table.
                 tqdm.write(sample_logger.log(progress.steps, learner.recent_samples(cfg.log.samples_per_log)))
+    except KeyboardInterrupt:
+        if cfg.train.checkpoint_on_interrupt:  # the interrupt's checkpoint holds the call in progress
+            for record in _steps_in_progress(learner, progress):
+                metrics.write(record)
+        raise
     finally:
         bar.close()
         summary.update(progress.summary(resume))
+
+
+def _steps_in_progress(learner: LearnerRanks, progress: Progress) -> list[dict[str, float]]:
+    """The interrupted call's step records, taken in: the ranks finish it before they can save the
+    interrupt's checkpoint, so without them metrics.jsonl would miss up to train.steps_per_call steps
+    that the checkpoint (and a resume from it) has. Raises StepsNotLogged if they cannot be had."""
+    print("[interrupt] waiting for the learner's steps in progress, to log them before the checkpoint "
+          "(Ctrl-C again to skip the checkpoint)", flush=True)
+    try:
+        return progress.add(learner.steps_in_progress())
+    except (KeyboardInterrupt, Exception) as err:  # the interrupt path goes on: stop the actors, write the summary
+        raise StepsNotLogged(one_line(f"{type(err).__name__}: {err}")) from None
 
 
 # wire/rejected/<reason> of a group that decoded but that the learner cannot train on
@@ -260,10 +287,19 @@ class RemoteLearner:
         self.credit = Periodic(credit, CREDIT_EVERY_S) if credit is not None else None
         self.timeout_s = learner_wait_timeout_s(cfg)
         self.steps_timeout_s = steps_wait_timeout_s(cfg)  # the steps may include a checkpoint save
+        self._in_progress: list[Any] | None = None  # the train_steps call whose wait was cut short
 
     def train_steps(self, num_steps: int) -> list[dict[str, float]]:
-        pending = [rank.train_steps.remote(num_steps) for rank in self.ranks]
-        return wait_for_ranks(pending, self.runs, self.steps_timeout_s, self.restart, self.credit)
+        self._in_progress = [rank.train_steps.remote(num_steps) for rank in self.ranks]
+        records = wait_for_ranks(self._in_progress, self.runs, self.steps_timeout_s, self.restart, self.credit)
+        self._in_progress = None
+        return records
+
+    def steps_in_progress(self) -> list[dict[str, float]]:
+        pending, self._in_progress = self._in_progress, None
+        if pending is None:
+            return []
+        return wait_for_ranks(pending, self.runs, self.steps_timeout_s)  # a generator that dies now fails it
 
     def recent_samples(self, num_groups: int) -> list[dict[str, Any]]:
         return get(self.ranks[0].recent_samples.remote(num_groups), self.timeout_s, "learner rank 0 (recent_samples)")

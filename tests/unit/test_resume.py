@@ -407,3 +407,128 @@ def test_sigterm_during_ray_init_is_an_interrupt_and_shuts_down_what_ray_started
         prepare.start_ray(config(tmp_path))
     assert calls == ["init", "shutdown"]
     assert signal.getsignal(signal.SIGTERM) is prepare._raise_interrupt  # ours again, not Ray's
+
+
+# ------------------------------------------------------------- the interrupt checkpoint's steps
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any], step: int | None = None) -> None:
+        self.records.append(dict(record))
+
+    def close(self) -> None:
+        pass
+
+
+class InterruptedLearner:
+    """A learner whose call of steps `interrupt_at` is in is interrupted in the driver's wait (Ctrl-C):
+    the ranks go on and finish that call, whose records `steps_in_progress` then returns (or raises
+    `again`: a second Ctrl-C during that wait)."""
+
+    def __init__(self, interrupt_at: int, again: BaseException | None = None) -> None:
+        self.version, self.interrupt_at, self.again = 0, interrupt_at, again
+        self.in_progress: list[dict[str, float]] = []
+
+    def records(self, k: int) -> list[dict[str, float]]:
+        out = []
+        for _ in range(k):
+            self.version += 1
+            out.append({"step": self.version, "samples": 8 * self.version, "reward/mean": 0.5,
+                        "staleness/max": 0, "queue/dropped_stale": 0, "loss/pg": 1.0})
+        return out
+
+    def train_steps(self, k: int) -> list[dict[str, float]]:
+        records = self.records(k)
+        if self.version >= self.interrupt_at:
+            self.in_progress = records
+            raise KeyboardInterrupt("SIGTERM")
+        return records
+
+    def steps_in_progress(self) -> list[dict[str, float]]:
+        if self.again is not None:
+            raise self.again
+        records, self.in_progress = self.in_progress, []
+        return records
+
+    def recent_samples(self, k: int) -> list[dict[str, Any]]:
+        return []
+
+
+def loop_config(tmp_path: Path, *overrides: str):
+    return config(tmp_path, "progress=false", "train.max_steps=100", "train.steps_per_call=4",
+                  "log.samples_every_steps=0", *overrides)
+
+
+def test_an_interrupt_logs_the_steps_of_the_call_in_progress_before_it_checkpoints(tmp_path):
+    from asyncgrpo.driver.loop import run_loop
+    from asyncgrpo.metrics import SampleLogger
+
+    learner, metrics, summary = InterruptedLearner(interrupt_at=6), ListSink(), {}
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(loop_config(tmp_path), learner, metrics, SampleLogger(tmp_path, str), summary)
+    # The checkpoint saved next is of step 8 (the ranks finish their call): steps 5-8 are logged too.
+    assert [r["step"] for r in metrics.records] == list(range(1, 9))
+    assert summary["steps"] == 8
+
+
+@pytest.mark.parametrize("again", [KeyboardInterrupt("SIGINT"), TimeoutError("no learner progress for 60 s")])
+def test_when_the_steps_in_progress_cannot_be_logged_no_interrupt_checkpoint_is_saved(tmp_path, again, capsys):
+    from asyncgrpo.driver.loop import StepsNotLogged, run_loop
+    from asyncgrpo.metrics import SampleLogger
+    from asyncgrpo.train import save_on_interrupt
+
+    learner, metrics = InterruptedLearner(interrupt_at=6, again=again), ListSink()
+    with pytest.raises(StepsNotLogged) as err:
+        run_loop(loop_config(tmp_path), learner, metrics, SampleLogger(tmp_path, str), {})
+    assert [r["step"] for r in metrics.records] == [1, 2, 3, 4]
+
+    class Actors:
+        def save_checkpoint(self) -> str:
+            raise AssertionError("a checkpoint of steps whose metrics are not written")
+
+    assert save_on_interrupt(Actors(), err.value) is None
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[interrupt] no checkpoint")]
+    assert type(again).__name__ in line
+
+
+def test_without_an_interrupt_checkpoint_the_loop_does_not_wait_for_the_steps_in_progress(tmp_path):
+    from asyncgrpo.driver.loop import run_loop
+    from asyncgrpo.metrics import SampleLogger
+
+    learner = InterruptedLearner(interrupt_at=6, again=AssertionError("waited"))
+    with pytest.raises(KeyboardInterrupt) as err:
+        run_loop(loop_config(tmp_path, "train.checkpoint_on_interrupt=false"), learner, ListSink(),
+                 SampleLogger(tmp_path, str), {})
+    assert str(err.value) == "SIGTERM"
+
+
+def test_remote_learner_steps_in_progress_are_the_interrupted_calls_records(tmp_path, monkeypatch):
+    from asyncgrpo.driver import loop
+
+    class Method:
+        def remote(self, k: int) -> tuple[str, int]:
+            return ("call", k)
+
+    class Rank:
+        train_steps = Method()
+
+    waits: list[Any] = []
+
+    def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float, *args: Any) -> list[dict[str, int]]:
+        waits.append(list(pending))
+        if len(waits) == 1:
+            raise KeyboardInterrupt("SIGINT")  # Ctrl-C in the driver's wait
+        return [{"step": k} for k in range(1, pending[0][1] + 1)]
+
+    monkeypatch.setattr(loop, "wait_for_ranks", wait_for_ranks)
+    remote = loop.RemoteLearner(config(tmp_path), [Rank(), Rank()], runs=[])
+    assert remote.steps_in_progress() == []  # no call made
+    with pytest.raises(KeyboardInterrupt):
+        remote.train_steps(3)
+    assert remote.steps_in_progress() == [{"step": 1}, {"step": 2}, {"step": 3}]
+    assert waits[1] == waits[0] == [("call", 3), ("call", 3)]  # the same call's results, not a new call
+    assert remote.steps_in_progress() == []  # taken once
+    assert remote.train_steps(2) == [{"step": 1}, {"step": 2}] and remote.steps_in_progress() == []
