@@ -256,7 +256,9 @@ class TrainConfig:
     steps_per_call: int = 10  # learner steps per driver round trip (progress granularity)
     # Write a sharded checkpoint to run_dir/checkpoints/step_<N> every this many learner steps; 0 = never.
     save_every_steps: int = 0
-    keep_checkpoints: int = 0  # newest complete checkpoints kept; 0 = all
+    # Newest complete checkpoints of the run's lineage kept (learner/checkpoint.py: the checkpoint a
+    # resumed run started from and an abandoned line's are not pruned); 0 = all.
+    keep_checkpoints: int = 0
     # How long one checkpoint save (periodic, or at an interrupt) may take: learner rank 0 announces
     # each save to the generators, whose waits for weights or queue room then last up to this instead
     # of wire.timeout_s; the driver's wait on the learner and the learner ranks' collectives allow it too.
