@@ -45,7 +45,7 @@ from asyncgrpo.engine_cluster import (
     cluster_overrides,
     signal_when_parent_dies,
 )
-from asyncgrpo.files import write_atomic
+from asyncgrpo.files import UnsafeDirectory, private_dir, write_atomic
 from asyncgrpo.interrupts import interrupts_deferred
 from asyncgrpo.schema import CONFIG_DIR
 
@@ -418,7 +418,7 @@ class SubprocessRunner:
                 *self.before, *plan.train_overrides()]
 
     def __call__(self, plan: RunPlan) -> int:
-        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        plan.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(plan.run_dir / RUN_LOG, "ab") as out:
             process = subprocess.Popen(self.command(plan), stdin=subprocess.DEVNULL, stdout=out,
                                        stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
@@ -521,7 +521,10 @@ def run_study(spec: Spec, study_dir: str | Path | None = None, runner: Runner | 
     if concurrent < 1:
         raise StudyError(f"--concurrent must be >= 1, got {concurrent}")
     study_dir = Path(study_dir or default_study_dir(spec))
-    study_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        private_dir(study_dir)  # its runs' directories and checkpoints are below it
+    except UnsafeDirectory as err:
+        raise StudyError(str(err)) from None
     with ExitStack() as stack:
         if runner is None:
             cpus = engine_cluster_cpus(spec) if keep_engines else None
@@ -599,7 +602,7 @@ def _run_all(spec: Spec, study_dir: Path, runner: Runner, log: Callable[[str], N
 
 def _start_run(plan: RunPlan, index: int, total: int, log: Callable[[str], None]) -> float:
     _set_aside(plan.run_dir, log)
-    plan.run_dir.mkdir(parents=True)
+    plan.run_dir.mkdir(mode=0o700, parents=True)
     write_atomic(plan.run_dir / RUN_RECORD, json.dumps(_run_record(plan), indent=2) + "\n")
     log(f"[study] {index}/{total} {plan.label}: started ({plan.run_dir / RUN_LOG})")
     return time.monotonic()

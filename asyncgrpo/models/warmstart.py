@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from asyncgrpo.files import private_dir
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.tasks.arithmetic import ArithmeticTask
@@ -90,7 +91,8 @@ def ensure_warm_model(
     temporary name and renamed into place, so an interrupted run leaves no entry behind.
     """
     model_spec = TinyModelSpec(**model_kwargs)
-    cache_root = Path(cache_root)
+    # Checked before anything in it is reused: a cache another user can write could hand us their model.
+    cache_root = private_dir(cache_root)
     key = warm_model_cache_key(model_spec, task, seed, target_accuracy)
     complete_dir, partial_dir = cache_root / f"tiny-qwen2-{key}", cache_root / partial_entry_name(key, max_seconds)
     if _reached_target(complete_dir):
@@ -99,7 +101,6 @@ def ensure_warm_model(
         log(f"WARNING: reusing a warm start that stopped short of its target after {max_seconds:g}s: {partial_dir}")
         return partial_dir
 
-    cache_root.mkdir(parents=True, exist_ok=True)
     staging_dir = Path(tempfile.mkdtemp(prefix=f".tiny-qwen2-{key}.", dir=cache_root))
     try:
         record = _train_and_save(

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from asyncgrpo.files import write_atomic
+from asyncgrpo.files import private_dir, write_atomic
 from asyncgrpo.recording.stream import (
     CONFIG_DEFAULTS,
     CONFIG_FILE,
@@ -84,7 +84,7 @@ class StreamRecorder:
             os.fsync(self._file.fileno())
 
     def _open(self, version: int) -> BinaryIO:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)  # a replay trusts what is in it
         stream = self.directory / STREAM_FILE
         cut = self._continue_at(version) if (self.directory / HEADER_FILE).exists() else None
         write_atomic(self.directory / CONFIG_FILE, self.config_yaml, durable=True)  # this run's: it records from here on

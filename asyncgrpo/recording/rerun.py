@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.config import load
-from asyncgrpo.files import write_atomic
+from asyncgrpo.files import private_dir, write_atomic
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
 from asyncgrpo.recording.stream import RecordingError
@@ -118,7 +118,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
             f"{index.end} of {recording.stream} (the recording run stopped while writing)")
     from asyncgrpo.metrics import open_sinks
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     summary: dict[str, Any] = {
         "status": "starting", "run_dir": str(run_dir), "recording": str(recording.directory),

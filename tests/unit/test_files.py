@@ -144,3 +144,57 @@ def test_cli_prints_an_unsafe_run_dir_as_one_line_and_exits_2(tmp_path, capsys):
     assert len(lines) == 1 and "writable by group or others" in lines[0], err
     assert "Traceback" not in err
     assert list(shared.iterdir()) == []  # nothing written into a directory another user could read or change
+
+
+def test_warm_start_cache_planted_by_another_user_is_refused_before_anything_in_it_is_loaded(tmp_path, monkeypatch):
+    import json
+
+    import asyncgrpo.models.warmstart as warmstart
+    from asyncgrpo.schema import ModelConfig
+    from asyncgrpo.tasks import ArithmeticTask
+
+    sizes = {key: getattr(ModelConfig(), key) for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                                          "intermediate_size", "max_positions")}
+    task = ArithmeticTask(num_digits=2, eval_size=500)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = warmstart.warm_model_cache_key(warmstart.TinyModelSpec(**sizes), task, 0, 0.12)
+    planted = cache / f"tiny-qwen2-{key}"
+    planted.mkdir()
+    (planted / warmstart.WARMSTART_RECORD).write_text(json.dumps({"reached_target": True}))
+    cache.chmod(0o777)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the refusal comes first")
+
+    monkeypatch.setattr(warmstart, "_train_and_save", no_training)
+    with pytest.raises(UnsafeDirectory, match="writable by group or others"):
+        warmstart.ensure_warm_model(cache, model_kwargs=sizes, task=task, seed=0, target_accuracy=0.12,
+                                    max_seconds=5, log=lambda _: None)
+
+
+def test_recording_directory_writable_by_others_is_refused(tmp_path):
+    from asyncgrpo.recording.recorder import StreamRecorder
+
+    shared = tmp_path / "recording"
+    shared.mkdir()
+    shared.chmod(0o777)
+    recorder = StreamRecorder(shared, "defaults:\n  - asyncgrpo\n  - _self_\n", str(tmp_path), 1)
+    with pytest.raises(UnsafeDirectory):
+        recorder.record_step(0, [])
+    assert list(shared.iterdir()) == []
+
+
+def test_study_directory_writable_by_others_is_a_study_error_and_no_run_starts(tmp_path):
+    from asyncgrpo.study import Spec, StudyError, run_study
+
+    spec = Spec.parse({"name": "demo", "base": ["train.max_steps=3"], "grid": {"train.fixed_staleness": [0]},
+                       "seeds": [0]})
+    shared = tmp_path / "study"
+    shared.mkdir()
+    shared.chmod(0o777)
+    started = []
+    with pytest.raises(StudyError, match="writable by group or others"):
+        run_study(spec, shared, runner=started.append, log=lambda _: None)
+    assert started == [] and list(shared.iterdir()) == []
+
