@@ -259,6 +259,14 @@ def decode(frames: Sequence[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_B
     return decoder(header, _arrays(header, views[1:]))
 
 
+def max_frames(accepts: Sequence[type]) -> int:
+    """The most frames a valid message of any of the types `accepts` can have: the header and its
+    arrays (a group's four, a weight chunk's up to MAX_ARRAYS, none for the control messages). A
+    receiver stops reading a message past this count."""
+    arrays = {ScoredGroup: len(_GROUP_ARRAYS), WeightsChunk: MAX_ARRAYS}
+    return 1 + max((arrays.get(kind, 0) for kind in accepts), default=0)
+
+
 def decode_group(frames: Sequence[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> ScoredGroup:
     """Decode frames that must hold a scored group; raises `WireError` on anything else."""
     message = decode(frames, max_message_bytes)

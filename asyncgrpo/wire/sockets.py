@@ -34,6 +34,7 @@ from asyncgrpo.wire.codec import (
     WireError,
     decode,
     encode,
+    max_frames,
 )
 from asyncgrpo.wire.messages import (
     Grant,
@@ -201,6 +202,7 @@ class _Receiving:
     def _init_receiving(self, max_message_bytes: int, accepts: tuple[type, ...]) -> None:
         self.max_message_bytes = max_message_bytes
         self.accepts = accepts
+        self.max_frames = max_frames(accepts)
         self.rejected = Rejections(self.endpoint)
         # One poller for the channel's life: Socket.poll builds a new one per call, and a
         # non-blocking recv that finds nothing raises zmq.Again; the receiver usually waits for
@@ -217,14 +219,11 @@ class _Receiving:
             if not self._poller.poll(remaining_ms):
                 return None
             try:
-                frames = [self.socket.recv(zmq.NOBLOCK, copy=False)]
+                frame = self.socket.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 continue
-            # ZeroMQ delivers a multipart message whole: the other frames are already here. Frame.more
-            # instead of recv_multipart's getsockopt(RCVMORE) per frame, which costs more than the frame.
-            while frames[-1].more:
-                frames.append(self.socket.recv(copy=False))
             try:
+                frames = self._rest_of_message(frame)
                 message = decode(frames, self.max_message_bytes)
                 if not isinstance(message, self.accepts):
                     raise WireError("unexpected_type", f"{type(message).__name__} on {self.endpoint}")
@@ -232,6 +231,33 @@ class _Receiving:
                 self.rejected.record(err)
                 continue
             return message
+
+    def _rest_of_message(self, first: zmq.Frame) -> list[zmq.Frame]:
+        """The frames of the message that begins with `first`; raises WireError (`too_many_frames`,
+        `too_large`) once it has more frames than any message this channel takes, or more bytes
+        than max_message_bytes (MAXMSGSIZE bounds a frame, not a message). The rest of such a
+        message is still read off the socket, so that it cannot pass for the next message, but each
+        frame is released as it arrives: the count of frames held stays bounded whatever the peer sent."""
+        frames, size, frame = [first], len(first), first
+        # ZeroMQ delivers a multipart message whole: the other frames are already here. Frame.more
+        # instead of recv_multipart's getsockopt(RCVMORE) per frame, which costs more than the frame.
+        while frame.more:
+            frame = self.socket.recv(copy=False)
+            frames.append(frame)
+            size += len(frame)
+            if len(frames) > self.max_frames or size > self.max_message_bytes:
+                break
+        else:
+            return frames
+        count = len(frames)
+        frames.clear()
+        while frame.more:
+            frame = self.socket.recv(copy=False)
+            count += 1
+            size += len(frame)
+        if count > self.max_frames:
+            raise WireError("too_many_frames", f"{count} frames > limit {self.max_frames}")
+        raise WireError("too_large", f"{size} bytes > limit {self.max_message_bytes}")
 
 
 class Sender(_Connected):

@@ -6,6 +6,7 @@ import os
 import stat
 
 import pytest
+import zmq
 
 from asyncgrpo.wire import (
     CurveClientKeys,
@@ -20,10 +21,11 @@ from asyncgrpo.wire import (
     Shutdown,
     Subscriber,
     WireKeys,
+    encode,
     example_group,
     holder_identity,
 )
-from asyncgrpo.wire.sockets import resolve_transport
+from asyncgrpo.wire.sockets import DOWNSTREAM_TYPES, UPSTREAM_TYPES, _Receiving, resolve_transport
 
 
 def test_auto_is_ipc_on_loopback_and_tcp_beyond() -> None:
@@ -113,3 +115,95 @@ def test_a_grant_reaches_only_the_generator_process_it_is_addressed_to_over_curv
     finally:
         for channel in (first, second, router):
             channel.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_an_authenticated_message_of_too_many_frames_or_bytes_is_counted_and_the_next_one_received(
+        transport: str) -> None:
+    # The peer holds valid CURVE keys: the limits, not the handshake, must stop it.
+    keys = WireKeys.generate(num_clients=1)
+    receiver = Receiver(max_message_bytes=1 << 16, curve=keys.server(), transport=transport)
+    sender = Sender(receiver.endpoint, curve=keys.client(0))
+    try:
+        group = example_group(num_samples=2, tokens_per_sample=8)
+        header = encode(group)[0]
+        # Every frame is empty, so only their number is wrong: an upstream message has at most 5.
+        sender.send([header, *([b""] * 1000)], timeout_s=5)
+        # Each frame is under MAXMSGSIZE (libzmq would drop the connection otherwise); together over the limit.
+        sender.send([header, *([b"\x00" * 40_000] * 3)], timeout_s=5)
+        sender.send(group, timeout_s=5)
+        received = receiver.recv(timeout_s=10)
+        assert received is not None and received.group_id == group.group_id
+        assert (received.tokens == group.tokens).all()
+        assert receiver.rejected.counts() == {"too_many_frames": 1, "too_large": 1}
+    finally:
+        sender.close()
+        receiver.close()
+
+
+class _CountedFrame:
+    """Stands in for a zmq.Frame received with copy=False, counting how many are alive at once."""
+
+    live = 0
+    peak = 0
+
+    def __init__(self, data: bytes, more: bool) -> None:
+        self.buffer = memoryview(data)
+        self.more = more
+        _CountedFrame.live += 1
+        _CountedFrame.peak = max(_CountedFrame.peak, _CountedFrame.live)
+
+    def __len__(self) -> int:
+        return self.buffer.nbytes
+
+    def __del__(self) -> None:
+        _CountedFrame.live -= 1
+
+
+class _ScriptedSocket:
+    """A socket whose one multipart message is `frames`, readable by poll (a pipe with data) until it is read."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        self._frames = iter([(data, index < len(frames) - 1) for index, data in enumerate(frames)])
+        self._read_fd, self._write_fd = os.pipe()
+        os.write(self._write_fd, b"x")
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def recv(self, flags: int = 0, copy: bool = True) -> _CountedFrame:
+        try:
+            data, more = next(self._frames)
+        except StopIteration:
+            raise zmq.Again() from None
+        if not more:  # nothing left: poll must stop reporting this socket readable
+            os.read(self._read_fd, 1)
+        return _CountedFrame(data, more)
+
+    def close(self) -> None:
+        os.close(self._read_fd)
+        os.close(self._write_fd)
+
+
+@pytest.mark.parametrize(("accepts", "frames", "reason"), [
+    # An upstream channel: a valid message has at most a header and 4 arrays.
+    (UPSTREAM_TYPES, [encode(Shutdown(reason="x"))[0], *([b""] * 500)], "too_many_frames"),
+    # A weights channel takes up to 65,537 frames: the byte limit (4 KiB here) must stop it.
+    (DOWNSTREAM_TYPES, [encode(Shutdown(reason="x"))[0], *([b"\x00" * 1024] * 500)], "too_large"),
+])
+def test_frames_past_a_limit_are_released_as_they_arrive_not_gathered(
+        accepts: tuple[type, ...], frames: list[bytes], reason: str) -> None:
+    channel = _Receiving()
+    socket = _ScriptedSocket(frames)
+    channel.socket, channel.endpoint = socket, "scripted"  # type: ignore[assignment]
+    channel._init_receiving(4096, accepts)
+    _CountedFrame.live = _CountedFrame.peak = 0
+    try:
+        assert channel.recv(timeout_s=0.2) is None
+    finally:
+        socket.close()
+    assert channel.rejected.counts() == {reason: 1}
+    # The whole message was read off the socket (nothing of it is left to be misread as the next
+    # message), but only the frames up to the limit were held at once.
+    assert next(socket._frames, None) is None
+    assert _CountedFrame.peak <= 8

@@ -34,7 +34,7 @@ from asyncgrpo.wire import (
     encode_group,
     example_group,
 )
-from asyncgrpo.wire.codec import MAX_HEADER_BYTES, MAX_REJECTION_CHARS
+from asyncgrpo.wire.codec import MAX_ARRAYS, MAX_HEADER_BYTES, MAX_REJECTION_CHARS, max_frames
 
 INT62 = st.integers(0, (1 << 62) - 1)
 FLOAT32 = {"width": 32, "allow_nan": False, "allow_infinity": False}
@@ -390,3 +390,10 @@ def test_a_killed_binders_ipc_directory_is_removed_and_nothing_else(tmp_path) ->
     remove_ipc_endpoint("tcp://127.0.0.1:5555")
     remove_ipc_endpoint(f"ipc://{mine}/s")
     assert not mine.exists() and (other / "s").exists()
+
+
+def test_max_frames_is_the_header_and_the_most_arrays_a_taken_type_carries() -> None:
+    # A receiver stops reading a message past this count, so it must admit every valid message.
+    assert max_frames((ScoredGroup, VersionAck, Heartbeat, TicketRequest)) == len(encode(example_group())) == 5
+    assert max_frames((WeightsChunk, Shutdown)) == 1 + MAX_ARRAYS
+    assert max_frames((Grant,)) == len(encode(Grant(request=0, grant=0, slots=[1], positions=[2]))) == 1
