@@ -16,6 +16,7 @@ checked against where the actors landed once they are up (`check_reach`).
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 from asyncgrpo.schema import Config, ConfigError
@@ -29,6 +30,9 @@ NODE_RESOURCE_SHARE = 0.001
 # Ray's own resources, and the prefixes of those it adds per node: not names a user marks nodes with.
 RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 RAY_RESOURCE_PREFIXES = ("node:", "accelerator_type:")
+# Machines (platform.machine()) whose memory ordering the shm weight slots' seqlock relies on (x86-64's
+# total store order: weights/shm.py); weights.backend=auto is zmq elsewhere.
+ORDERED_MACHINES = ("x86_64", "AMD64", "amd64")
 
 
 def spans_nodes(cfg: Config) -> bool:
@@ -45,12 +49,17 @@ def wire_transport(cfg: Config) -> str:
     return resolve_transport(cfg.wire.transport, cfg.wire.host)
 
 
+def ordered_memory_platform(machine: str | None = None) -> bool:
+    """Whether `machine` (this one's by default) keeps the store and load order shm's seqlock needs."""
+    return (machine if machine is not None else platform.machine()) in ORDERED_MACHINES
+
+
 def weights_backend(cfg: Config) -> str:
-    """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc),
-    zmq otherwise."""
+    """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc)
+    and the machine is x86-64 (the slots' seqlock needs its memory ordering), zmq otherwise."""
     if cfg.weights.backend != "auto":
         return cfg.weights.backend
-    return "shm" if wire_transport(cfg) == "ipc" else "zmq"
+    return "shm" if wire_transport(cfg) == "ipc" and ordered_memory_platform() else "zmq"
 
 
 def node_resources(name: str) -> dict[str, float]:

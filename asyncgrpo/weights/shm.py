@@ -21,12 +21,24 @@ nothing is buffered per generator. The learner is blocked exactly for its gather
 Versions alternate between the slots, so the learner writes version v + 2 over v. A generator still
 loading v from that slot would read a torn mix: it checks the slot's `writing` counter after the load
 (a seqlock) and, if it moved, loads the newest announced version again before generating anything.
+
+The seqlock is plain loads and stores on the mapped memory, with no fences: Python gives no
+ordering guarantee between processes, and the seqlock is correct only where the hardware keeps
+stores in order as others see them and loads in order (x86-64's total store order). Elsewhere (Arm,
+POWER) a generator could see the new counter before the tensor bytes: both sides refuse to start
+there (`require_ordered_platform`), and `weights.backend=auto` picks zmq.
+
+A slot directory is named after the process that created it (`asyncgrpo-weights-<pid>-<start>-`,
+start: the process's start time from /proc): the driver removes this user's directories whose
+creator is gone before a run starts (`remove_stale_slots`), what a SIGKILLed run left in RAM.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
+import stat
 import shutil
 import tempfile
 import time
@@ -40,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgrpo.placement import ORDERED_MACHINES, ordered_memory_platform
 from asyncgrpo.weights.base import StreamReceiver, TensorSpec, WeightTarget, fingerprint
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
 
@@ -51,6 +64,74 @@ _ALIGN = 64
 _WRITING, _COMPLETE = 0, 1
 # How often a generator whose load was torn re-reads the newest version before giving up.
 MAX_TORN_LOADS = 8
+SLOT_DIR_PREFIX = "asyncgrpo-weights-"
+# <pid>-<start time>-<mkdtemp's random part>; older runs' names have no pid and are left alone.
+_SLOT_DIR_NAME = re.compile(rf"{SLOT_DIR_PREFIX}(\d+)-(\d+)-")
+
+
+def require_ordered_platform(machine: str | None = None) -> None:
+    """Refuse, in one line, a machine whose memory ordering the slots' seqlock does not hold on."""
+    if not ordered_memory_platform(machine):
+        import platform
+
+        raise ValueError(f"weights.backend=shm relies on x86-64 memory ordering for its slots' seqlock; this machine "
+                         f"is {machine or platform.machine()} (supported: {', '.join(ORDERED_MACHINES)}): "
+                         "use weights.backend=zmq")
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks after boot, /proc/<pid>/stat field 22): with the
+    pid it names one process, whatever reused the pid since. None: no such process; 0: alive but
+    unknown (no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
+        return int(fields[19])
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return 0
+
+
+def _alive(pid: int, start: int) -> bool:
+    now = process_start_time(pid)
+    return now is not None and (now == start or 0 in (now, start))
+
+
+def remove_stale_slots(directory: str) -> list[str]:
+    """Remove the slot directories in `directory` that this user's dead runs left (a learner killed
+    with SIGKILL, or its driver); the ones removed. Never another user's, a live process's, or a
+    name that records no process."""
+    removed = []
+    uid = os.geteuid()
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return removed
+    for name in names:
+        match = _SLOT_DIR_NAME.match(name)
+        if match is None:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+            continue
+        if _alive(int(match.group(1)), int(match.group(2))):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def default_directory() -> str:
@@ -124,15 +205,18 @@ class ShmWeightSender:
         self.entries, payload = layout(self.spec, wire_dtype)
         self.slot_size = HEADER_BYTES + payload
         self.fingerprint = fingerprint((e.name, e.shape, e.dtype) for e in self.entries)
+        require_ordered_platform()
         free = shutil.disk_usage(directory).free
         if free < NUM_SLOTS * self.slot_size:
             raise ValueError(f"weights.backend=shm needs {NUM_SLOTS * self.slot_size / 2**30:.2f} GiB free in "
                              f"{directory} (weights.shm_dir), it has {free / 2**30:.2f} GiB: "
                              "set weights.shm_dir or weights.backend=zmq")
-        self.directory = tempfile.mkdtemp(prefix="asyncgrpo-weights-", dir=directory)
+        pid = os.getpid()
+        self.directory = tempfile.mkdtemp(prefix=f"{SLOT_DIR_PREFIX}{pid}-{process_start_time(pid) or 0}-",
+                                          dir=directory)
         # The slots live in RAM: removed by close(), or when this object is collected or the process
         # exits without it (a learner built and dropped by a test or a tool). A killed process's slots
-        # are removed by the driver at stop.
+        # are removed by the driver at stop, or when the driver was killed too, by the next run's.
         self._remove = weakref.finalize(self, remove_directory, self.directory)
         self.paths = [os.path.join(self.directory, f"slot{i}") for i in range(NUM_SLOTS)]
         for path in self.paths:
@@ -206,7 +290,7 @@ class ShmWeightSender:
 
 def remove_directory(directory: str) -> None:
     """Remove a sender's slot directory (also for a driver cleaning up after a crashed learner)."""
-    if Path(directory).name.startswith("asyncgrpo-weights-"):
+    if Path(directory).name.startswith(SLOT_DIR_PREFIX):
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -216,6 +300,7 @@ class ShmWeightReceiver(StreamReceiver):
     def __init__(self, subscriber: Subscriber, spec: Sequence[TensorSpec], wire_dtype: torch.dtype,
                  timeout_s: float) -> None:
         super().__init__(subscriber)
+        require_ordered_platform()
         self.entries, payload = layout(list(spec), wire_dtype)
         self.slot_size = HEADER_BYTES + payload
         self.fingerprint = fingerprint((e.name, e.shape, e.dtype) for e in self.entries)

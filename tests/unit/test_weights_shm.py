@@ -217,3 +217,59 @@ def test_slots_of_a_sender_never_closed_are_removed_when_its_process_exits(tmp_p
     assert result.returncode == 0, result.stderr
     directory = result.stdout.strip().splitlines()[-1]
     assert directory.startswith(str(tmp_path)) and not os.path.exists(directory)
+
+
+def _dead_pid() -> int:
+    """A pid no process has now: a child that has exited and been reaped."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_start_removes_only_this_users_slots_of_dead_runs(tmp_path):
+    from asyncgrpo.weights.shm import SLOT_DIR_PREFIX, process_start_time, remove_stale_slots
+
+    me = os.getpid()
+    dead = tmp_path / f"{SLOT_DIR_PREFIX}{_dead_pid()}-12345-abc"
+    alive = tmp_path / f"{SLOT_DIR_PREFIX}{me}-{process_start_time(me)}-def"
+    reused = tmp_path / f"{SLOT_DIR_PREFIX}{me}-{process_start_time(me) + 1}-ghi"  # our pid, another process's start
+    others = tmp_path / f"{SLOT_DIR_PREFIX}{_dead_pid()}-12345-jkl"
+    unnamed = tmp_path / f"{SLOT_DIR_PREFIX}oldstyle"  # an older run's name records no process: left alone
+    for directory in (dead, alive, reused, others, unnamed):
+        directory.mkdir()
+        (directory / "slot0").write_bytes(b"\0" * 64)
+    if os.geteuid() == 0:
+        os.chown(others, 4242, 4242)
+    removed = remove_stale_slots(str(tmp_path))
+    assert sorted(removed) == sorted([str(dead), str(reused)] + ([] if os.geteuid() == 0 else [str(others)]))
+    assert not dead.exists() and not reused.exists()
+    assert alive.exists() and unnamed.exists() and (others.exists() or os.geteuid() != 0)
+
+
+def test_a_senders_slot_directory_names_its_process_so_a_later_start_can_tell_it_is_alive(tmp_path):
+    from asyncgrpo.weights.shm import remove_stale_slots
+
+    sender = ShmWeightSender(ListPublisher(), spec_of(model([(8,)])), torch.float32, str(tmp_path))
+    try:
+        assert os.path.basename(sender.directory).startswith(f"asyncgrpo-weights-{os.getpid()}-")
+        assert remove_stale_slots(str(tmp_path)) == []
+        assert os.path.isdir(sender.directory)
+    finally:
+        sender.close()
+
+
+def test_shm_is_refused_in_one_line_off_x86_64_and_auto_picks_zmq(tmp_path, monkeypatch):
+    import platform
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    with pytest.raises(ValueError, match="x86-64 memory ordering .* aarch64 .* use weights.backend=zmq") as caught:
+        ShmWeightSender(ListPublisher(), spec_of(model([(8,)])), torch.float32, str(tmp_path))
+    assert "\n" not in str(caught.value) and os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="use weights.backend=zmq"):
+        ShmWeightReceiver(ListSubscriber([]), spec_of(model([(8,)])), torch.float32, timeout_s=1.0)
+    assert resolve_backend(load([])) == "zmq"
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert resolve_backend(load([])) == "shm"
