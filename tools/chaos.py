@@ -13,7 +13,8 @@ with `resume=auto` in the same run_dir. Faults: SIGKILL of a generator or a lear
 from run_dir/actors.json) and SIGTERM of the driver, timed by the steps in metrics.jsonl (and, mid-
 checkpoint, by the step_N.tmp directory of a save slowed by the `checkpoint_save_delay_s`
 failpoint); groups dropped and corrupted on the wire (failpoints `wire_drop_every`,
-`wire_corrupt_every` in the generator's sender, asyncgrpo/faults.py); an HTTP judge on 127.0.0.1
+`wire_corrupt_every` in the generator's sender, asyncgrpo/faults.py); ticket answers lost
+(`grant_drop_every`, learner rank 0) beside failing rewards, under rollout.dispatch=tickets; an HTTP judge on 127.0.0.1
 served from here that answers 500 for 30 s mid-run; a reward function, written into the scenario's
 directory, that hangs forever on some calls; a full disk: run_dir/checkpoints on a small tmpfs
 (`mount`, so root; else the `checkpoint_enospc` failpoint, said in the row).
@@ -679,6 +680,28 @@ def reward(prompt, completion, answer=None, **extra):
 '''
 
 
+FAILING_REWARD = '''"""Written by tools/chaos.py: exact match, but every {every}th call raises."""
+import itertools
+import threading
+
+from asyncgrpo.tasks.arithmetic import EOS_TEXT
+
+_calls = itertools.count(1)
+_lock = threading.Lock()
+
+
+def reward(prompt, completion, answer=None, **extra):
+    with _lock:
+        call = next(_calls)
+    if call % {every} == 0:
+        raise RuntimeError(f"chaos: reward call {{call}} fails")
+    text = completion.rstrip()
+    while text.endswith(EOS_TEXT):
+        text = text.removesuffix(EOS_TEXT).rstrip()
+    return 1.0 if text == answer else 0.0
+'''
+
+
 @contextlib.contextmanager
 def small_disk(directory: Path) -> Iterator[bool]:
     """`directory` on a tmpfs of its own (64 MiB until `resize` shrinks it); True if mounted, False
@@ -929,6 +952,30 @@ def reward_hang(ctx: Context, row: Row) -> None:
     row.notes.append(f"{hung} calls hung (never returned), reward/errors {errors}")
 
 
+def grant_drop(ctx: Context, row: Row) -> None:
+    """Tickets with lost answers and failing rewards: a generator repeats its give-backs until a
+    request carrying them is answered, so a repeated give-back may name a slot that the lost answer
+    granted it again, with a new prompt; that prompt must be given again, not silently skipped."""
+    steps, every, fail_every = 200, 5, 97
+    module_dir = ctx.directory / "reward_module"
+    module_dir.mkdir(exist_ok=True)
+    (module_dir / "chaos_reward.py").write_text(FAILING_REWARD.format(every=fail_every))
+    python_path = os.pathsep.join(p for p in (str(module_dir), os.environ.get("PYTHONPATH", "")) if p)
+    result = ctx.finish(ctx.train([f"train.max_steps={steps}", "rollout.dispatch=tickets",
+                                   "reward.fn=chaos_reward:reward", "reward.on_error=drop_group"],
+                                  faults={"grant_drop_every": every}, env={"PYTHONPATH": python_path}))
+    last = result.steps[-1] if result.steps else {}
+    unreceived, released = int(last.get("dispatch/unreceived", 0)), int(last.get("dispatch/released", 0))
+    dropped = sum(int(r.get("reward/groups_dropped", 0)) for r in result.steps)
+    evaluate(ctx, row, steps, [
+        (unreceived > 0, f"answers were lost: dispatch/unreceived counts their slots (got {unreceived})"),
+        (dropped > 0 and released > 0,
+         f"rewards failed: groups dropped and their slots given back ({dropped} dropped, {released} released)"),
+    ])
+    row.notes.append(f"every {every}th ticketed answer lost, every {fail_every}th reward call failed: "
+                     f"dispatch/unreceived {unreceived}, dispatch/released {released}, reward/groups_dropped {dropped}")
+
+
 def disk_full(ctx: Context, row: Row) -> None:
     steps, every = 300, 50
     checkpoints = ctx.run_dir / "checkpoints"
@@ -1001,6 +1048,10 @@ SCENARIOS = [
              "0 duplicates", judge_outage),
     Scenario("reward_hang", "reward.fn never returns on every 2000th call (reward.timeout_s=2, reward.threads=4)",
              "finished; each hang a reward error; 0 duplicates", reward_hang),
+    Scenario("grant_drop", "rollout.dispatch=tickets, every 5th answer carrying tickets lost (grant_drop_every), "
+             "every 97th reward call failing (reward.on_error=drop_group): give-backs repeated after lost answers",
+             "finished; dispatch/unreceived and the give-backs count them; 0 duplicates; no silent loss",
+             grant_drop),
     Scenario("disk_full", "run_dir/checkpoints on a tmpfs with room for 2.5 checkpoints (saves every 50), then "
              "resume=auto after making room",
              "failed, exit 1, one-line error naming 'No space left on device'; the failed save incomplete, the "
