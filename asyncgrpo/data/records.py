@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -90,27 +91,51 @@ def iter_records(path: str | Path) -> Iterator[Record]:
     raise DataError(f"{path}: unknown file type (expected {', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)})")
 
 
+def _one_line(err: BaseException) -> str:
+    """An exception as `Type: text` on one line (pyarrow's texts may span several)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a plain or gzipped file. A damaged gzip stream (truncated, not gzip,
+    a bad CRC) or a failing read stops the whole file with one DataError: how many records the rest
+    held is unknown, so it cannot be counted as bad records."""
+    gzipped = path.name.lower().endswith(".gz")
+    line_number = 0
+    try:
+        with (gzip.open if gzipped else open)(path, "rb") as file:
+            for line_number, raw in enumerate(file, start=1):
+                yield line_number, raw
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        kind = "damaged gzip data" if gzipped else "cannot be read"
+        raise DataError(f"{path}: {kind} after line {line_number} ({_one_line(err)})") from None
+
+
 def _jsonl_records(path: Path) -> Iterator[Record]:
     source = str(path)
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rb") as file:
-        for line_number, raw in enumerate(file, start=1):
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                yield Record(source, line_number, None, "bad_utf8", f"not UTF-8 (byte {err.start})")
-                continue
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as err:
-                yield Record(source, line_number, None, "bad_json", f"not JSON ({err.msg} at column {err.colno})")
-                continue
-            if not isinstance(value, dict):
-                yield Record(source, line_number, None, "not_object", f"a JSON {type(value).__name__}, not an object")
-                continue
-            yield Record(source, line_number, value)
+    for line_number, raw in _lines(path):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            yield Record(source, line_number, None, "bad_utf8", f"not UTF-8 (byte {err.start})")
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            yield Record(source, line_number, None, "bad_json", f"not JSON ({err.msg} at column {err.colno})")
+            continue
+        except RecursionError:
+            yield Record(source, line_number, None, "bad_json", "not usable JSON (nested too deeply to parse)")
+            continue
+        except ValueError as err:  # valid JSON Python refuses, e.g. an integer over sys.get_int_max_str_digits()
+            yield Record(source, line_number, None, "bad_json", f"not usable JSON ({' '.join(str(err).split())})")
+            continue
+        if not isinstance(value, dict):
+            yield Record(source, line_number, None, "not_object", f"a JSON {type(value).__name__}, not an object")
+            continue
+        yield Record(source, line_number, value)
 
 
 def _parquet_records(path: Path, batch_rows: int = 1024) -> Iterator[Record]:
@@ -121,12 +146,24 @@ def _parquet_records(path: Path, batch_rows: int = 1024) -> Iterator[Record]:
     try:
         parquet = pq.ParquetFile(path)
     except Exception as err:  # pyarrow raises several types for a damaged file
-        raise DataError(f"{path}: not a readable Parquet file ({type(err).__name__}: {err})") from None
+        raise DataError(f"{path}: not a readable Parquet file ({_one_line(err)})") from None
     row = 0
-    for batch in parquet.iter_batches(batch_size=batch_rows):
-        for values in batch.to_pylist():
-            row += 1
-            yield Record(str(path), row, _decode_binary(values))
+    # One row group at a time, so that a damaged one can be named; only pyarrow's own work is in
+    # the try, not the consumer's handling of the records yielded.
+    for group in range(parquet.num_row_groups):
+        batches = parquet.iter_batches(batch_size=batch_rows, row_groups=[group])
+        while True:
+            try:
+                batch = next(batches, None)
+                rows = None if batch is None else batch.to_pylist()
+            except Exception as err:  # pyarrow raises OSError, ArrowInvalid and others for damaged pages
+                raise DataError(f"{path}: row group {group} is damaged, after row {row} "
+                                f"({_one_line(err)})") from None
+            if rows is None:
+                break
+            for values in rows:
+                row += 1
+                yield Record(str(path), row, _decode_binary(values))
 
 
 def _decode_binary(values: dict[str, Any]) -> dict[str, Any]:

@@ -152,3 +152,54 @@ def test_a_damaged_parquet_file_fails_naming_it(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(DataError, match="bad.parquet"):
         list(iter_records(tmp_path / "bad.parquet"))
+
+
+def gzipped_sample() -> bytes:
+    return gzip.compress(SAMPLE.read_bytes())
+
+
+@pytest.mark.parametrize(("damage", "cause"), [
+    (lambda data: data[: len(data) // 2], "truncated"),
+    (lambda data: b"not gzip at all\n", "not gzip"),
+    # A flipped byte in the trailer: the CRC no longer matches the data.
+    (lambda data: data[:-8] + bytes([data[-8] ^ 0xFF]) + data[-7:], "bad CRC"),
+], ids=["truncated", "not_gzip", "bad_crc"])
+def test_a_damaged_gzip_file_fails_in_one_line_naming_it(tmp_path, damage, cause):
+    path = tmp_path / "broken.jsonl.gz"
+    path.write_bytes(damage(gzipped_sample()))
+    with pytest.raises(DataError, match="broken.jsonl.gz") as raised:
+        load(path)
+    assert "\n" not in str(raised.value), cause
+
+
+def test_a_damaged_parquet_row_group_fails_in_one_line_naming_the_file_and_row_group(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "damaged.parquet"
+    pq.write_table(pa.table({"question": [f"{i}+1=" * 5 for i in range(200)], "answer": [str(i) for i in range(200)]}),
+                   path, row_group_size=100)
+    column = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray(path.read_bytes())
+    # The footer still reads, so the file opens; the second row group's compressed pages do not.
+    data[start + 20: start + column.total_compressed_size - 4] = b"\xab" * (column.total_compressed_size - 24)
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"damaged.parquet.*row group 1") as raised:
+        load(path)
+    assert "\n" not in str(raised.value)
+
+
+def test_json_nested_too_deep_or_an_integer_too_long_is_a_counted_bad_record(tmp_path):
+    path = write_lines(tmp_path / "deep.jsonl", [
+        json.dumps({"question": "1+1=", "answer": "2"}).encode(),
+        b'{"question": ' + b"[" * 100_000 + b"]" * 100_000 + b', "answer": "2"}',  # RecursionError in json
+        b'{"question": "2+2=", "answer": ' + b"7" * 5000 + b"}",  # over Python's int digit limit: ValueError
+    ])
+    problems, report = load(path)
+    assert [p.prompt for p in problems] == ["1+1="]
+    assert dict(report.skipped) == {"bad_json": 2}
+    assert report.examples["bad_json"] == ["deep.jsonl:2", "deep.jsonl:3"]
+    with pytest.raises(DataError, match=r"deep.jsonl:2: .*nested") as raised:
+        load(path, strict=True)
+    assert "\n" not in str(raised.value)
