@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from metrics_doc import METRICS_DOC, STEP_SECTION, SUMMARY_SECTION, section_keys, undocumented
 from process_tree import loopback
 from shared_cache import warm_cache
 
@@ -124,6 +125,11 @@ def test_train_runs_end_to_end(tmp_path):
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
+    # Every key the run wrote has its row in docs/METRICS.md.
+    doc = METRICS_DOC.read_text()
+    written = set().union(*(r.keys() for r in read_jsonl(run_dir / "metrics.jsonl")))
+    assert undocumented(written, section_keys(doc, STEP_SECTION)) == []
+    assert undocumented(summary.keys(), section_keys(doc, SUMMARY_SECTION, "Top level")) == []
     assert summary["status"] == "finished"
     assert summary["steps"] == steps and summary["samples"] == steps * 16 * 8
     assert summary["staleness_max"] <= 2
