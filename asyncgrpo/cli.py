@@ -150,6 +150,7 @@ def _check(cfg: Config) -> int:
     from asyncgrpo.models.check import ModelDirError
     from asyncgrpo.preflight import (
         PreflightError,
+        check_data,
         check_rewards,
         format_report,
         model_dir_for_check,
@@ -166,6 +167,7 @@ def _check(cfg: Config) -> int:
         rewards = check_rewards(cfg)
         with model_dir_for_check(cfg) as model_dir:
             report = {**preflight(cfg, model_dir), "reward": rewards}
+            report["data"] = check_data(cfg, model_dir)
     except (ModelDirError, PreflightError) as err:
         print(f"asyncgrpo: check failed: {err}", file=sys.stderr)
         return 2
@@ -295,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.multirun:
         return _config_error(MULTIRUN_IS_A_STUDY)
     try:
-        cfg = load(args.overrides, config_name=args.config_name, config_dir=args.config_dir)
+        # The profile's note: stdout beside the run's other notes, stderr under --cfg (stdout is the YAML).
+        cfg = load(args.overrides, config_name=args.config_name, config_dir=args.config_dir,
+                   log=None if args.cfg else (lambda line: print(line, flush=True)))
         if not args.cfg:
             from asyncgrpo.metrics import require_sink_packages
 
@@ -345,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     keys = ("steps", "samples", "wall_s", "samples_per_s", "eval_accuracy_start", "eval_accuracy_end",
-            "groups_dropped_stale", "staleness_max")
+            "groups_dropped_stale", "staleness_max", "run_dir")  # the last line names where it all is
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0
 

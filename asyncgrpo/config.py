@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 import re
 import typing
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ def _one_line(err: BaseException) -> str:
 
 
 def load(overrides: list[str] | None = None, config_name: str = "default",
-         config_dir: str | Path | None = None) -> Config:
-    """Compose defaults + `configs/<config_name>.yaml` + overrides into a validated `Config`."""
+         config_dir: str | Path | None = None, log: Callable[[str], None] | None = None) -> Config:
+    """Compose defaults + `configs/<config_name>.yaml` + overrides into a validated `Config`.
+    `log` takes the note of the "your model" profile (apply_model_profile); None = stderr."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -62,8 +64,95 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         raise ConfigError(_one_line(err)) from None
     _refuse_other_max_staleness(cfg, overrides)
+    apply_model_profile(cfg, _explicit_keys(overrides, directory / f"{config_name}.yaml"), log)
     validate(cfg)
     return cfg
+
+
+# The keys the "your model" profile sets (asyncgrpo/schema.py, MODEL_PROFILE_*).
+PROFILE_KEYS = ("model.max_positions", "rollout.max_new_tokens", "learner.micro_batch_tokens", "learner.lr")
+
+
+def _explicit_keys(overrides: list[str], preset: Path) -> set[str]:
+    """The dotted keys the command line or the preset file itself sets: a value there is the user's
+    choice even when it equals the schema's default (a preset's own defaults list is not followed)."""
+    import yaml
+
+    keys = {line.partition("=")[0].lstrip("+~").strip() for line in overrides}
+
+    def walk(node: Any, prefix: str) -> None:
+        for name, value in node.items():
+            key = f"{prefix}{name}"
+            keys.add(key)
+            if isinstance(value, dict):
+                walk(value, key + ".")
+
+    try:
+        data = yaml.safe_load(preset.read_text()) if preset.is_file() else None
+    except (OSError, yaml.YAMLError):
+        data = None  # composing read it already; a preset it could not read failed there
+    if isinstance(data, dict):
+        walk(data, "")
+    return keys
+
+
+def model_context(model_path: str) -> int | None:
+    """config.json's max_position_embeddings (its text config's, for a multimodal model), or None
+    when the directory has no readable config.json here (yet: it may be on another node)."""
+    import json
+
+    try:
+        config = json.loads((Path(model_path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    value = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def apply_model_profile(cfg: Config, explicit: set[str], log: Callable[[str], None] | None) -> list[str]:
+    """With model.path set, replace the toy values of PROFILE_KEYS that nobody set by the "your
+    model" profile (asyncgrpo/schema.py) and say so in one line to `log` (None: stderr); returns
+    what was set.
+    The toy's 32-token context would filter every real prompt, and its whole-step forward pass
+    asks a real vocabulary for tens of GiB of logits."""
+    import sys
+
+    from asyncgrpo.schema import MODEL_PROFILE_LR, MODEL_PROFILE_MAX_NEW_TOKENS, MODEL_PROFILE_MAX_POSITIONS
+
+    if not cfg.model.path:
+        return []
+    toy = Config()
+    context = model_context(cfg.model.path)
+    if context is not None and context <= toy.model.max_positions:
+        return []  # a model no longer than the toy's (a test's copy of its shape): its values fit
+
+    def untouched(key: str) -> bool:
+        section, name = key.split(".")
+        return key not in explicit and getattr(getattr(cfg, section), name) == getattr(getattr(toy, section), name)
+
+    changes = []
+    if untouched("model.max_positions"):
+        cfg.model.max_positions = min(context or MODEL_PROFILE_MAX_POSITIONS, MODEL_PROFILE_MAX_POSITIONS)
+        source = (f"config.json's {context}" + (f" capped at {MODEL_PROFILE_MAX_POSITIONS}"
+                                                 if context > MODEL_PROFILE_MAX_POSITIONS else "")
+                  if context is not None else f"no readable {cfg.model.path}/config.json here: assumed")
+        changes.append(f"model.max_positions={cfg.model.max_positions} ({source})")
+    if untouched("rollout.max_new_tokens"):
+        cfg.rollout.max_new_tokens = max(1, min(MODEL_PROFILE_MAX_NEW_TOKENS, cfg.model.max_positions // 2))
+        changes.append(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+    if untouched("learner.micro_batch_tokens"):
+        cfg.learner.micro_batch_tokens = cfg.model.max_positions
+        changes.append(f"learner.micro_batch_tokens={cfg.learner.micro_batch_tokens}")
+    if untouched("learner.lr"):
+        cfg.learner.lr = MODEL_PROFILE_LR
+        changes.append(f"learner.lr={cfg.learner.lr:g}")
+    if changes:
+        note = (f"[config] model.path is your own model: the embedded toy's values replaced by the 'your model' "
+                f"profile: {', '.join(changes)}; set any of these keys to override")
+        (log or (lambda line: print(line, file=sys.stderr, flush=True)))(note)
+    return changes
 
 
 def set_resolved_device(cfg: Config, device: str) -> None:

@@ -5,7 +5,9 @@ push (chunks, bytes on the wire, the largest tensor), sizes vLLM's KV cache agai
 sequences and estimates each actor's peak memory. `check_rewards(cfg)` imports every user reward
 function and probes the judge endpoint. `asyncgrpo train ... check=true` prints the report and
 starts nothing; every run calls both before Ray starts (the reward check first, before the model is
-prepared), so bad settings fail in one line (the CLI exits 2).
+prepared), so bad settings fail in one line (the CLI exits 2). check=true also runs
+`check_data(cfg, model_dir)`: a file task's data files loaded, counted, and prompts longer than the
+context refused (a run reads them once Ray is up, and skips such prompts as bad data).
 """
 
 from __future__ import annotations
@@ -175,6 +177,53 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     return report
 
 
+def check_data(cfg: Config, model_dir: str) -> dict[str, Any] | None:
+    """check=true for a file task: load data.train_files and data.eval_files as the run would (a
+    missing file, a bad record under data.strict, no usable record: one line), count what they hold,
+    and refuse any prompt that would not fit the context beside rollout.max_new_tokens, naming how
+    many and the longest (the run would skip them as bad data). None for a built-in task."""
+    from transformers import AutoTokenizer
+
+    from asyncgrpo.data import DataError, DataReport, FieldMap, PromptFormat, load_problems
+    from asyncgrpo.tasks import FILE_TASKS, make_task
+
+    if cfg.task.name not in FILE_TASKS:
+        return None
+    data = cfg.data
+    for key, paths in (("data.train_files", data.train_files), ("data.eval_files", data.eval_files)):
+        missing = [path for path in paths if not Path(path).expanduser().is_file()]
+        if missing:
+            raise PreflightError(f"{key}: {missing[0]}: no such file" + (f" (and {len(missing) - 1} more)"
+                                                                          if len(missing) > 1 else ""))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        task = make_task(cfg, tokenizer)
+        # Every prompt again, this time none dropped for its length (data.max_prompt_tokens still
+        # filters by choice): their lengths, which the task does not keep.
+        prompts = load_problems([*data.train_files, *data.eval_files],
+                                report=DataReport("data", strict=False),
+                                fields=FieldMap(prompt=data.prompt_field, answer=""),
+                                prompt_format=PromptFormat(template=data.prompt_template,
+                                                           chat_template=data.chat_template,
+                                                           system_prompt=data.system_prompt),
+                                max_prompt_tokens=data.max_prompt_tokens, tokenizer=tokenizer)
+    except DataError as err:
+        raise PreflightError(str(err)) from None
+    lengths = [len(ids) for ids in tokenizer([p.prompt for p in prompts], add_special_tokens=False)["input_ids"]] \
+        if prompts else []
+    budget = cfg.model.max_positions - cfg.rollout.max_new_tokens
+    longest = max(lengths, default=0)
+    over = sum(length > budget for length in lengths)
+    if over:
+        raise PreflightError(
+            f"{over} prompt{'s' if over != 1 else ''} of data.train_files/data.eval_files do not fit the context: "
+            f"the longest has {longest} tokens, beside rollout.max_new_tokens={cfg.rollout.max_new_tokens} "
+            f"model.max_positions={cfg.model.max_positions} leaves room for {budget}: raise model.max_positions, lower "
+            "rollout.max_new_tokens, or set data.max_prompt_tokens to filter them")
+    return {**task.report(), "describe": task.describe(), "longest_prompt_tokens": longest,
+            "prompt_tokens_allowed": budget}
+
+
 def check_shared_memory(cfg: Config, needed: int) -> None:
     """weights.backend=shm: room for the two version slots where they will live."""
     from asyncgrpo.weights.shm import default_directory
@@ -224,6 +273,10 @@ def format_report(report: dict[str, Any]) -> str:
         + f"all actors ~{memory['total_gib']:.1f} GiB"
         + (f" of {memory['machine']:.1f} GiB here" if "machine" in memory else ""),
     ]
+    if report.get("data"):
+        data = report["data"]
+        lines.append(f"data       {data['describe']}; longest prompt {data['longest_prompt_tokens']:,} tokens "
+                     f"of {data['prompt_tokens_allowed']:,} allowed")
     if rewards.get("functions") or "judge" in rewards:
         lines.append("reward     " + ", ".join(
             [f"{path} imports" for path in rewards.get("functions", [])]

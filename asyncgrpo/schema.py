@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 @dataclass
 class ModelConfig:
     # A Hugging Face model directory; empty = the embedded tiny Qwen2, built and warm-started locally.
+    # Set: the toy values below nobody set give way to the "your model" profile (MODEL_PROFILE_*).
     path: str = ""
     hidden_size: int = 64
     num_layers: int = 2
@@ -390,12 +391,17 @@ class Config:
     # that record, is refused before Ray starts: each generator's saved prompt position would name
     # other prompts. true = resume anyway, logging what differs (asyncgrpo/resume.py).
     resume_allow_changes: bool = False
+    # A fresh run (resume empty) into a run_dir that already holds a run (metrics.jsonl or
+    # checkpoints/) is refused before anything starts; true = start afresh in it anyway (its
+    # summary.json and config.yaml are kept as .<k>, metrics.jsonl and samples.jsonl appended to).
+    run_dir_reuse: bool = False
     # auto: cuda when the driver sees an NVIDIA GPU (vLLM and the learner then share the GPUs
     # through Ray's GPU resources, with NCCL between learner ranks), else cpu.
     device: str = "auto"
     progress: bool = True
     # Check the config against the model and this machine (asyncgrpo/preflight.py: model directory,
-    # weight-push plan, KV cache, memory estimate), print the report and exit; nothing heavy starts.
+    # weight-push plan, KV cache, memory estimate, a file task's data files and prompt lengths),
+    # print the report and exit; nothing heavy starts.
     check: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -412,6 +418,17 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
+
+# The "your model" profile (asyncgrpo/config.py, apply_model_profile). With model.path set, each of
+# model.max_positions, rollout.max_new_tokens, learner.micro_batch_tokens and learner.lr that is
+# still at the embedded toy's default above and set neither by the preset file nor on the command
+# line takes the profile's value (a note says which: stdout, stderr under --cfg): the toy's 32-token context,
+# 5-token completions, whole-step forward passes and lr=2e-4 make no sense for a real model.
+# A model whose context is no longer than the toy's keeps the toy's values.
+MODEL_PROFILE_MAX_POSITIONS = 4096  # model.max_positions = min(config.json's max_position_embeddings, this)
+MODEL_PROFILE_MAX_NEW_TOKENS = 512  # rollout.max_new_tokens, at most half of model.max_positions
+MODEL_PROFILE_LR = 1e-6  # learner.lr, as the presets for real models use
+# learner.micro_batch_tokens = model.max_positions: one full-length sequence per forward pass.
 
 CONFIG_NAME = "asyncgrpo"
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data; the repository's configs/ links here

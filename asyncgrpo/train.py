@@ -43,7 +43,7 @@ from asyncgrpo.metrics import (
 )
 from asyncgrpo.preflight import check_rewards, preflight
 from asyncgrpo.replay import THROTTLING_STALE_POLICIES
-from asyncgrpo.schema import Config, to_yaml
+from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 # Importable from here, as before the driver became a package (cli, tools, tests).
 __all__ = ["ACTOR_ENV", "TrainingFailed", "gpus_per_actor", "prepare_model", "probe_sequences", "resolve_device",
@@ -57,6 +57,7 @@ def train(cfg: Config) -> dict[str, Any]:
     # Created 0700, or refused in one line if another user could have planted a checkpoint in it.
     run_dir = Path(cfg.run_dir)
     private_dir(run_dir)
+    refuse_used_run_dir(cfg, run_dir)
     keep_earlier_run_files(run_dir)
     summary: dict[str, Any] = {"status": "starting", "run_dir": str(run_dir)}
     metrics: MetricsSink | None = None
@@ -65,6 +66,7 @@ def train(cfg: Config) -> dict[str, Any]:
     # torch, the warm start, Ray's start, the actors') still writes summary.json and stops what started.
     try:
         set_resolved_device(cfg, resolve_device(cfg.device))  # validated again if auto resolved
+        print(f"run_dir: {run_dir.expanduser().absolute()}", flush=True)  # once the config holds; the last line too
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         metrics = open_sinks(cfg, run_dir)  # metrics.jsonl is appended to: a resumed run continues it
         # First: a reward.fn typo or a judge that is down fails in one line, not after the warm start.
@@ -94,6 +96,18 @@ def train(cfg: Config) -> dict[str, Any]:
 
                 ray.shutdown()
     return summary
+
+
+def refuse_used_run_dir(cfg: Config, run_dir: Path) -> None:
+    """A fresh run into a directory that holds a run (its metrics.jsonl, its checkpoints/) would
+    append its steps to that run's metrics and leave its checkpoints for a later resume=auto to
+    pick: refused in one line unless resuming or run_dir_reuse=true asks for it."""
+    if cfg.resume or cfg.run_dir_reuse:
+        return
+    held = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    if held:
+        raise ConfigError(f"run_dir={run_dir} already holds a run ({' and '.join(held)}): pass resume=auto to continue "
+                          "it, run_dir_reuse=true to start afresh in it, or choose another run_dir")
 
 
 def keep_earlier_run_files(run_dir: Path) -> None:

@@ -15,6 +15,7 @@ from asyncgrpo.models.bpe import train_tokenizer
 from asyncgrpo.models.shapes import SHAPES, qwen2_config
 from asyncgrpo.preflight import PreflightError, kv_cache_plan, memory_estimate
 
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
 # The model each preset is written for (None: the embedded tiny model). A new preset must be added.
 PRESET_SHAPES = {"default": None, "gsm8k_qwen05b_1gpu": "qwen2.5-0.5b", "qwen7b_8gpu_judge": "qwen2.5-7b"}
 
@@ -49,6 +50,8 @@ def test_every_preset_passes_the_check_with_a_model_of_its_shape(preset, tmp_pat
     overrides = [f"model.path={shape_dir(tmp_path, shape, tokenizer)}"] if shape else []
     # The weight slots of a 7B model outgrow this machine's /dev/shm; the presets' machines have the room.
     overrides.append(f"weights.shm_dir={tmp_path}")
+    if load([], config_name=preset).data.train_files:  # the check reads them: a local sample stands in
+        overrides += [f"data.train_files=[{SAMPLE}]", f"data.eval_files=[{SAMPLE}]"]
     if "judge" in preset:  # the check probes the judge: a local one, with the key the preset names
         overrides.append(f"reward.judge.base_url={models_endpoint.base_url}")
         monkeypatch.setenv("JUDGE_API_KEY", "sekrit")
@@ -70,7 +73,7 @@ def test_the_05b_shape_fits_this_machine_with_the_kl_reference_off(tmp_path, tok
     model = shape_dir(tmp_path, "qwen2.5-0.5b", tokenizer)
     code, out, err = run_check(capsys, f"model.path={model}", "device=cpu", "model.max_positions=512",
                                "rollout.max_new_tokens=256", "rollout.kv_cache_gib=1", "rollout.groups_per_call=2",
-                               "learner.micro_batch_tokens=2048", "task.name=gsm8k", "data.train_files=[x.jsonl]",
+                               "learner.micro_batch_tokens=2048", "task.name=gsm8k", f"data.train_files=[{SAMPLE}]",
                                f"run_dir={tmp_path}/run")
     assert code == 0, err
     memory = json.loads(out.strip().splitlines()[-1])["memory_gib"]
