@@ -71,7 +71,7 @@ COMMON_KEYS = {
     "run_dir": "where config.yaml, metrics.jsonl, summary.json, samples.jsonl go",
     "seed": "",
     "device": "auto | cpu | cuda",
-    "model.path": "empty = the embedded tiny model",
+    "model.path": "empty = the embedded tiny model; set: the 'your model' profile for toy values left unset",
     "task.name": "arithmetic | countdown | gsm8k | files (docs/TASKS.md)",
     "data.train_files": "JSONL or Parquet prompt files, for task.name=gsm8k|files",
     "data.prompt_field": "record field holding the prompt",
