@@ -1,19 +1,24 @@
 """`asyncgrpo study SPEC.yaml [study_dir=DIR] [key=value ...]`: a grid of training runs x seeds, run one
-after another, resumable, with a statistical report. docs/STUDIES.md describes the spec and the output.
+after another (`--concurrent N`: N at a time), resumable, with a statistical report. docs/STUDIES.md
+describes the spec and the output.
 
     Spec.load(path)              parse the spec and compose every cell's config before any run starts
-    run_study(spec, study_dir)   every cell x seed in turn (finished runs skipped), then aggregate()
+    run_study(spec, study_dir)   every cell x seed not finished yet (finished runs with the planned
+                                 overrides skipped, others refused), then aggregate()
     aggregate(study_dir)         results.csv, report.md and plots/ from the run directories
 
-Each run is its own `asyncgrpo train` process (`SubprocessRunner`): it starts a local Ray cluster and
-its vLLM engines and stops them at its end. Reusing them across runs would need the driver to reset a
-running learner and generators to fresh weights and counters, which it cannot do today; a subprocess
-also keeps one run's Ray or vLLM state (or crash) out of the next.
+Each run is its own `asyncgrpo train` process (`SubprocessRunner`), which keeps one run's Python state
+(or crash) out of the next. By default the study starts one local Ray cluster of its own
+(asyncgrpo/engine_cluster.py) before the first run, and the runs keep their generator engines in it
+between them (`rollout.engine_pool`): each run resets them to its own starting weights, seed and
+prompt streams instead of starting vLLM again. With `--fresh-engines`, or with `ray.address` in the
+spec's base, every run starts and stops its own Ray cluster (or joins that one) and its own engines.
 
-Study directory:
+Study directory (private, 0700; one study process at a time holds its .lock):
 
     spec.yaml                          the spec as run (command-line overrides added to its base)
-    runs/<cell-slug>/seed_<s>/         one `asyncgrpo train` run_dir, plus train.log and study_run.json
+    runs/<cell-slug>/seed_<s>/         one `asyncgrpo train` run_dir, plus train.log and study_run.json;
+                                       an unfinished one is kept as seed_<s>.incomplete-<k> and run again
     results.csv, report.md, plots/     written after the runs, also after Ctrl-C (from what finished)
 """
 
