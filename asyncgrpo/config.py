@@ -412,9 +412,10 @@ def validate(cfg: Config) -> None:
 
 def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
     """`train.fixed_staleness=k` (docs/ALGORITHMS.md, Fixed staleness): the throttle at
-    max_staleness = k with the queue's shares, plus the learner publishing at version v the weights
-    of version v - k, gives every group of step u >= k exactly the weights of version u - k. So it
-    sets train.max_staleness to k, and refuses what would break the argument."""
+    max_staleness = k with the queue's shares (or, under tickets, the dispatcher's two bounds),
+    plus the learner publishing at version v the weights of version v - k, gives every group of
+    step u >= k exactly the weights of version u - k. So it sets train.max_staleness to k, and
+    refuses what would break the argument."""
     t = cfg.train
     require(t.fixed_staleness >= -1, "train.fixed_staleness", "must be -1 (off) or >= 0", t.fixed_staleness)
     if t.fixed_staleness < 0:
@@ -424,8 +425,6 @@ def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
     require(t.stale_policy in THROTTLING_STALE_POLICIES, "train.stale_policy",
             f"must throttle ({', '.join(THROTTLING_STALE_POLICIES)}) {why}: without it a generator runs ahead of the "
             "weights it holds and the staleness is whatever the drop leaves", t.stale_policy)
-    # Tickets grant a slot to any engine fresh enough, so a group may be fresher than exactly k.
-    require(cfg.rollout.dispatch == "shares", "rollout.dispatch", f"must be shares {why}", cfg.rollout.dispatch)
     # The published version would lag by up to push_every_steps - 1 more than k.
     require(cfg.weights.push_every_steps == 1, "weights.push_every_steps", f"must be 1 {why}",
             cfg.weights.push_every_steps)

@@ -13,6 +13,12 @@ s < (w + max_staleness + 1) * G, so the slot is trained at s // G <= w + max_sta
 group within the bound, for any number of generators at any relative speeds, with no shares. A
 faster generator simply asks more often and gets more slots.
 
+Under `train.fixed_staleness=k` (max_staleness = k) the lower bound is granted too: slot s only
+if s // G >= w + k, so a generator holding w fills step w + k exactly, and every step u past the
+warm-up is sampled by version u - k (the learner publishes v - k at version v, so at version v the
+engines hold <= v - k and fill step v: no deadlock). The starting weights (version first_step: the
+run's, or a resumed checkpoint's) fill steps first_step .. first_step + k, as under shares.
+
 A slot whose group will never be trained goes back to the pool and is granted again, lowest
 first (the learner waits for it): when its holder dies (`holder_down`), when its group is lost in
 transit (`heard_from`: the holder's report, sent after its groups on the same ordered socket, no
@@ -70,20 +76,27 @@ class Dispatcher:
     def __init__(self, groups_per_step: int, max_staleness: int, throttle: bool = True,
                  capacity_groups: int | None = None, first_step: int = 0, first_position: int = 0,
                  retry_positions: Iterable[int] = (), end_step: int | None = None,
-                 positions_end: int | None = None) -> None:
+                 positions_end: int | None = None, fixed_staleness: bool = False) -> None:
         """`capacity_groups`: the queue's; no slot is granted that the queue could not hold beside
         the next step's (None: no such limit). Without it, and without the throttle, a queue full of
         later slots could block the very group the next step waits for. `end_step`: the run's last
         step is end_step - 1 (train.max_steps); no slot of a later step is granted. `positions_end`:
-        the prompt stream's length (finite data); no position at or past it is granted."""
+        the prompt stream's length (finite data); no position at or past it is granted.
+        `fixed_staleness` (train.fixed_staleness, with the throttle): the lower bound too (`slot_floor`)."""
         if groups_per_step < 1 or max_staleness < 0 or first_step < 0 or first_position < 0 \
                 or (capacity_groups is not None and capacity_groups < groups_per_step) \
-                or (end_step is not None and end_step < 0) or (positions_end is not None and positions_end < 0):
+                or (end_step is not None and end_step < 0) or (positions_end is not None and positions_end < 0) \
+                or (fixed_staleness and not throttle):
             raise ValueError(f"bad dispatcher settings: groups_per_step={groups_per_step}, "
                              f"max_staleness={max_staleness}, capacity_groups={capacity_groups}, "
                              f"first_step={first_step}, first_position={first_position}, end_step={end_step}, "
-                             f"positions_end={positions_end}")
+                             f"positions_end={positions_end}, fixed_staleness={fixed_staleness} "
+                             f"with throttle={throttle}")
         self.groups_per_step, self.max_staleness, self.throttle = groups_per_step, max_staleness, throttle
+        self.fixed_staleness = fixed_staleness
+        # The version of the weights the run (or its resume) starts from: they sample steps
+        # first_step .. first_step + max_staleness under fixed staleness (`slot_floor`).
+        self.first_step = first_step
         self.capacity_groups, self.end_step, self.positions_end = capacity_groups, end_step, positions_end
         self.step = first_step  # the next step to take: its slots are step*G .. step*G + G - 1
         self._next_slot = first_step * groups_per_step  # never granted at or beyond this
@@ -144,10 +157,25 @@ class Dispatcher:
         end = self.end_step * self.groups_per_step if self.end_step is not None else math.inf
         return min(bound, room, end)
 
+    def slot_floor(self, loaded_version: int) -> float:
+        """Under fixed staleness, no slot below this goes to a generator holding `loaded_version`:
+        with the bound above, a generator holding w > first_step fills step w + max_staleness only,
+        and the starting weights (w == first_step: the run's, or the resumed checkpoint's) the steps
+        first_step .. first_step + max_staleness, as under shares; weights older than those, none.
+        The learner's delayed publication (learner/publication.py) already keeps every engine at or
+        below v - max_staleness; this bound makes exactness the dispatcher's own guarantee, so an
+        engine that came by newer weights anyway is kept from sampling a step fresher than k."""
+        if not self.fixed_staleness or loaded_version == self.first_step:
+            return 0
+        if loaded_version < self.first_step:
+            return math.inf
+        return (loaded_version + self.max_staleness) * self.groups_per_step
+
     def can_grant(self, loaded_version: int) -> bool:
         """Whether a generator holding `loaded_version` would be granted anything now."""
-        limit = self.slot_limit(loaded_version)
-        return self.prompts_left() and (bool(self._free and self._free[0] < limit) or self._next_slot < limit)
+        floor, limit = self.slot_floor(loaded_version), self.slot_limit(loaded_version)
+        return self.prompts_left() and (self._lowest_free(floor, limit) is not None
+                                        or floor <= self._next_slot < limit)
 
     def prompts_left(self) -> bool:
         """Whether a prompt is left to grant: one to give again, or a new position before the end."""
@@ -156,14 +184,14 @@ class Dispatcher:
     def grant(self, holder: Holder, loaded_version: int, wanted: int) -> tuple[int, list[Ticket]]:
         """Up to `wanted` tickets for `holder`, lowest slots first; (grant number, tickets). Fewer
         (or none) when the bound allows no more: the holder asks again with newer weights."""
-        limit = self.slot_limit(loaded_version)
+        floor, limit = self.slot_floor(loaded_version), self.slot_limit(loaded_version)
         grant = self._grants.get(holder, 0) + 1
         tickets: list[Ticket] = []
         while len(tickets) < wanted and self.prompts_left():
-            if self._free and self._free[0] < limit:
-                slot = heapq.heappop(self._free)
+            if (slot := self._lowest_free(floor, limit)) is not None:
+                self._take_free(slot)
                 self.counts["regranted"] += 1
-            elif self._next_slot < limit:
+            elif floor <= self._next_slot < limit:  # never past an ungranted slot: it would leave a hole
                 slot, self._next_slot = self._next_slot, self._next_slot + 1
             else:
                 break
@@ -266,6 +294,23 @@ class Dispatcher:
             del self._slots_by_holder[held.holder]
         return held
 
+    def _lowest_free(self, floor: float, limit: float) -> int | None:
+        """The lowest slot given back within [floor, limit), or None."""
+        if not self._free or self._free[0] >= limit:
+            return None
+        if self._free[0] >= floor:
+            return self._free[0]
+        # The lowest is below this holder's floor (fixed staleness: a step for older weights); rare,
+        # and the free slots are few.
+        return min((slot for slot in self._free if floor <= slot < limit), default=None)
+
+    def _take_free(self, slot: int) -> None:
+        if self._free[0] == slot:
+            heapq.heappop(self._free)
+        else:
+            self._free.remove(slot)
+            heapq.heapify(self._free)
+
     def _give_back(self, slot: int, position: int, retry_prompt: bool) -> None:
         heapq.heappush(self._free, slot)
         if retry_prompt:
@@ -306,13 +351,15 @@ class Dispatcher:
     def restored(self, state: dict[str, Any]) -> Dispatcher:
         """A dispatcher with these settings, continuing from `state` (a checkpoint's)."""
         return Dispatcher.from_state(state, self.groups_per_step, self.max_staleness, self.throttle,
-                                     self.capacity_groups, self.end_step, self.positions_end)
+                                     self.capacity_groups, self.end_step, self.positions_end, self.fixed_staleness)
 
     @classmethod
     def from_state(cls, state: dict[str, Any], groups_per_step: int, max_staleness: int,
                    throttle: bool = True, capacity_groups: int | None = None, end_step: int | None = None,
-                   positions_end: int | None = None) -> Dispatcher:
+                   positions_end: int | None = None, fixed_staleness: bool = False) -> Dispatcher:
+        """A dispatcher continuing from `state` at its step, which is the version the resumed run's
+        weights have: under fixed staleness they sample its first max_staleness + 1 steps."""
         return cls(groups_per_step, max_staleness, throttle, capacity_groups, first_step=int(state["step"]),
                    first_position=int(state["next_position"]),
                    retry_positions=[int(p) for p in state["retry_positions"]], end_step=end_step,
-                   positions_end=positions_end)
+                   positions_end=positions_end, fixed_staleness=fixed_staleness)

@@ -90,6 +90,15 @@ def group_limits(cfg: Config, model: torch.nn.Module) -> GroupLimits:
                        max_samples=cfg.rollout.samples_per_prompt)
 
 
+def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
+    """Learner rank 0's dispatcher under rollout.dispatch=tickets; `positions_end`: the run's one
+    stream's length (finite data), or None."""
+    return Dispatcher(cfg.train.groups_per_step, cfg.train.max_staleness,
+                      throttle=cfg.train.stale_policy in THROTTLING_STALE_POLICIES,
+                      capacity_groups=cfg.queue.capacity_groups, end_step=cfg.train.max_steps,
+                      positions_end=positions_end, fixed_staleness=cfg.train.fixed_staleness >= 0)
+
+
 def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, master_addr: str = "127.0.0.1",
                   master_port: int | None = None, cores: list[int] | None = None,
                   curve: CurveServerKeys | None = None) -> LearnerParts:
@@ -119,10 +128,8 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     dispatcher = grants = None
     if cfg.rollout.dispatch == "tickets":
         # Finite data: the generators read the run's one stream, so its end is where grants stop.
-        dispatcher = Dispatcher(cfg.train.groups_per_step, cfg.train.max_staleness, throttle=throttle,
-                                capacity_groups=cfg.queue.capacity_groups, end_step=cfg.train.max_steps,
-                                positions_end=run_stream_length(make_task(cfg, tokenizer), cfg)
-                                if cfg.data.epochs > 0 else None)
+        dispatcher = make_dispatcher(cfg, run_stream_length(make_task(cfg, tokenizer), cfg)
+                                     if cfg.data.epochs > 0 else None)
         grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     # Under the throttle with shares each step takes each generator's share: the throttle's bound relies on it.
     shares = groups_per_generator(cfg) if throttle and dispatcher is None else None

@@ -1,5 +1,6 @@
 """Tickets (asyncgrpo/dispatch.py): the staleness bound, exactly-once prompts and liveness for any
 number of generators at any relative speeds, with deaths, losses in transit, late grants and drops;
+the same under fixed staleness, where every step past the warm-up is sampled by exactly one version;
 then the small cases by hand."""
 
 from __future__ import annotations
@@ -43,10 +44,15 @@ class Gen:
 class World:
     """Generators, the wire between them and the dispatcher, and the learner, driven one event at a time."""
 
-    def __init__(self, generators: int, groups_per_step: int, max_staleness: int) -> None:
-        self.d = Dispatcher(groups_per_step, max_staleness)
-        self.gens = [Gen(i) for i in range(generators)]
-        self.version = 0  # the learner's, and the newest weights published
+    def __init__(self, generators: int, groups_per_step: int, max_staleness: int, fixed_staleness: bool = False,
+                 first_step: int = 0) -> None:
+        """`fixed_staleness`: the learner at version v publishes version v - max_staleness (none newer
+        than the starting weights `first_step` before that: learner/publication.py)."""
+        self.d = Dispatcher(groups_per_step, max_staleness, first_step=first_step, fixed_staleness=fixed_staleness)
+        self.fixed, self.first_step, self.max_staleness = fixed_staleness, first_step, max_staleness
+        self.gens = [Gen(i, loaded=first_step) for i in range(generators)]
+        self.version = first_step  # the learner's
+        self.sampled: list[tuple[int, int]] = []  # (step trained at, version that sampled the group)
         self.granted_version: dict[tuple[tuple[int, int], int], int] = {}  # (holder, slot) -> version at grant
         self.trained: list[int] = []  # positions, in training order
         self.staleness: list[int] = []
@@ -101,21 +107,33 @@ class World:
         self.late.append(g.report(wanted))
         self.d.generator_down(g.index, g.incarnation)
         g.incarnation += 1
-        g.loaded, g.requests, g.answer, g.newest_grant, g.unsent, g.given_back = self.version, 0, None, 0, [], set()
+        g.loaded, g.requests, g.answer, g.newest_grant, g.unsent, g.given_back = self.published, 0, None, 0, [], set()
         # What the dead process sent may still arrive, under its old name: in_transit is kept.
 
     def read_late(self) -> None:
         if self.late:
             assert self.d.request(*self.late.pop(0)) == (0, [])  # a dead process is granted nothing
 
+    @property
+    def published(self) -> int:
+        """The newest weights a generator can load."""
+        return max(self.first_step, self.version - self.max_staleness) if self.fixed else self.version
+
     def load(self, g: Gen) -> None:
-        g.loaded = self.version
+        g.loaded = max(g.loaded, self.published)
+
+    def ahead(self, g: Gen, versions: int) -> None:
+        """Weights newer than the delayed publication reach generator g > 0 (none should: the
+        dispatcher must not rely on it). Generator 0 keeps to the publication, so the run can go on."""
+        if self.fixed and g.index > 0:
+            g.loaded = max(g.loaded, min(self.version, self.published + versions))
 
     def step(self) -> bool:
         if not self.d.ready():
             return False
         for slot, holder, position in self.d.take():
             self.staleness.append(self.version - self.granted_version[(holder, slot)])
+            self.sampled.append((self.version, self.granted_version[(holder, slot)]))
             self.trained.append(position)
         self.version += 1
         return True
@@ -141,9 +159,19 @@ EVENTS = ("ask", "deliver", "lose_grant", "send", "lose", "arrive", "give_back",
 def test_any_interleaving_keeps_the_bound_trains_each_prompt_once_and_never_deadlocks(
         generators, groups_per_step, max_staleness, script, final_wanted):
     world = World(generators, groups_per_step, max_staleness)
+    drive(world, script)
+    finish(world, final_wanted)
+    # The bound: every group trained within max_staleness of the weights that started it.
+    assert all(0 <= s <= max_staleness for s in world.staleness), world.staleness
+    assert_each_prompt_trained_once(world)
+
+
+def drive(world: World, script: list[tuple[str, int, int]]) -> None:
+    """The script's events, one at a time, checking the dispatcher's indexes after each."""
+    generators = len(world.gens)
     for event, who, wanted in script:
         g = world.gens[who % generators]
-        if event in ("ask", "die"):
+        if event in ("ask", "die", "ahead"):
             getattr(world, event)(g, wanted)
         elif event == "lose":
             world.send(g, lose=True)
@@ -164,8 +192,10 @@ def test_any_interleaving_keeps_the_bound_trains_each_prompt_once_and_never_dead
         # Once its death is reported, a process holds nothing: no step waits on it.
         assert all(holder == world.gens[holder[0]].holder for holder in by_holder), by_holder
 
-    # Then everyone behaves: the learner must reach 3 more steps (a lost slot is re-granted once its
-    # holder reports, a dead holder's at once; nobody waits on a slot no one will fill).
+
+def finish(world: World, final_wanted: list[int]) -> None:
+    """Then everyone behaves: the learner must reach 3 more steps (a lost slot is re-granted once its
+    holder reports, a dead holder's at once; nobody waits on a slot no one will fill)."""
     target = world.version + 3
     wanted = itertools.cycle(final_wanted)
     for _ in range(500):
@@ -183,15 +213,37 @@ def test_any_interleaving_keeps_the_bound_trains_each_prompt_once_and_never_dead
             pass
     assert world.version >= target, f"stuck at step {world.version}, missing {world.d.missing()}"
 
-    # The bound: every group trained within max_staleness of the weights that started it.
-    assert all(0 <= s <= max_staleness for s in world.staleness), world.staleness
-    # Exactly once: no prompt trained twice; every prompt handed out was trained, dropped for what
-    # it is (given back), or is still pending (what a checkpoint would give again).
+
+def assert_each_prompt_trained_once(world: World) -> None:
+    """No prompt trained twice; every prompt handed out was trained, dropped for what it is (given
+    back), or is still pending (what a checkpoint would give again)."""
     assert len(world.trained) == len(set(world.trained))
     pending = set(world.d.state_dict()["retry_positions"])
     handed_out = set(range(world.d.state_dict()["next_position"]))
     assert handed_out == set(world.trained) | world.dropped_for_good | pending
     assert not set(world.trained) & pending
+
+
+@settings(max_examples=150, deadline=None)
+@given(generators=st.integers(1, 6), groups_per_step=st.integers(1, 6), k=st.integers(0, 4),
+       first_step=st.integers(0, 5),
+       script=st.lists(st.tuples(st.sampled_from((*EVENTS, "ahead")), st.integers(0, 7), st.integers(1, 4)),
+                       max_size=400),
+       final_wanted=st.lists(st.integers(1, 4), min_size=1, max_size=8))
+# Generator 1 holds version 1 (the learner's, unpublished) while step 1 waits (k = 1): it must not
+# sample step 1, which is version 0's.
+@example(generators=2, groups_per_step=1, k=1, first_step=0, final_wanted=[1],
+         script=[("ask", 0, 1), ("deliver", 0, 1), ("send", 0, 1), ("arrive", 0, 1), ("step", 0, 1),
+                 ("ahead", 1, 4), ("ask", 1, 4)])
+def test_under_fixed_staleness_every_step_past_the_warm_up_is_sampled_by_exactly_k_versions_before_it(
+        generators, groups_per_step, k, first_step, script, final_wanted):
+    # A run (first_step 0) or a resume (first_step > 0: the checkpoint's weights, at its step).
+    world = World(generators, groups_per_step, k, fixed_staleness=True, first_step=first_step)
+    drive(world, script)
+    finish(world, final_wanted)
+    # Steps first_step .. first_step + k by the starting weights, then step u by version u - k only.
+    assert all(version == max(first_step, step - k) for step, version in world.sampled), world.sampled
+    assert_each_prompt_trained_once(world)
 
 
 def test_a_generator_is_granted_only_slots_within_max_staleness_of_its_weights():
@@ -373,3 +425,47 @@ def test_a_reported_death_covers_a_process_that_never_asked_and_spares_a_newer_o
     d.generator_down(0, incarnation=1)  # a report about an older process leaves incarnation 2 alone
     assert [t.slot for t in d.request((0, 2), 0, 1, 1, [0], [])[1]] == [1]
     assert d.counts["down"] == 0 and d.counts["stale_requests"] == 2
+
+
+def test_under_fixed_staleness_a_generator_is_granted_only_the_step_its_weights_train_exactly_k_later():
+    d = Dispatcher(groups_per_step=2, max_staleness=2, fixed_staleness=True)
+    _, warm_up = d.grant((0, 0), loaded_version=0, wanted=100)
+    assert [t.slot for t in warm_up] == list(range(6))  # steps 0..2: the starting weights
+    for _ in range(3):
+        for slot in d.step_slots():
+            assert d.arrived((0, 0), slot)
+        d.take()
+    # Step 3 is next. Version 2 (newer than the learner's publication, v - k = 1) must not sample it.
+    assert d.grant((1, 0), loaded_version=2, wanted=100) == (0, [])
+    assert d.grant((0, 0), loaded_version=0, wanted=100)[1] == []  # too old: step 3 would be 3 stale
+    assert [t.slot for t in d.grant((0, 0), loaded_version=1, wanted=100)[1]] == [6, 7]  # step 3 only
+    assert [t.slot for t in d.grant((1, 0), loaded_version=2, wanted=100)[1]] == [8, 9]  # step 4 only
+    assert not d.can_grant(2) and not d.can_grant(1) and d.can_grant(3)
+
+
+def test_under_fixed_staleness_a_given_back_slot_goes_only_to_the_version_k_before_its_step():
+    d = Dispatcher(groups_per_step=2, max_staleness=1, fixed_staleness=True)
+    d.grant((0, 0), 0, 4)  # steps 0 and 1, by the starting weights
+    for slot in (0, 1):
+        d.arrived((0, 0), slot)
+    d.take()
+    d.release(3, retry_prompt=True)  # step 1's, given back
+    # The lowest slot free is step 1's, but version 1 trains step 2 only.
+    assert [t.slot for t in d.grant((1, 0), loaded_version=1, wanted=4)[1]] == [4, 5]
+    assert [t.slot for t in d.grant((1, 0), loaded_version=0, wanted=4)[1]] == [3]
+
+
+def test_under_fixed_staleness_a_resumed_run_samples_its_first_steps_by_the_checkpoints_weights():
+    state = {"step": 5, "next_position": 10, "retry_positions": [8, 9]}
+    d = Dispatcher(groups_per_step=2, max_staleness=2, fixed_staleness=True).restored(state)
+    assert d.fixed_staleness and d.first_step == 5
+    assert d.grant((0, 1), loaded_version=4, wanted=100) == (0, [])  # older than the resumed weights
+    _, tickets = d.grant((0, 1), loaded_version=5, wanted=100)
+    assert [t.slot for t in tickets] == list(range(10, 16))  # steps 5..7, by the checkpoint's version 5
+    assert [t.position for t in tickets][:3] == [8, 9, 10]  # untrained prompts first
+    assert [t.slot for t in d.grant((1, 1), loaded_version=6, wanted=100)[1]] == [16, 17]  # step 8 only
+
+
+def test_fixed_staleness_needs_the_throttle():
+    with pytest.raises(ValueError, match="fixed_staleness=True with throttle=False"):
+        Dispatcher(2, 1, throttle=False, fixed_staleness=True)

@@ -177,12 +177,21 @@ def test_config_sets_max_staleness_and_refuses_what_would_break_it():
     for overrides, key in [(["train.max_staleness=2"], "train.max_staleness=2 contradicts"),
                            (["train.stale_policy=drop"], "train.stale_policy must throttle"),
                            (["weights.push_every_steps=2"], "weights.push_every_steps must be 1"),
-                           (["rollout.inflight_updates=true"], "rollout.inflight_updates must be false"),
-                           (["rollout.dispatch=tickets"], "rollout.dispatch must be shares")]:
+                           (["rollout.inflight_updates=true"], "rollout.inflight_updates must be false")]:
         with pytest.raises(ConfigError, match=key):
             load(["train.fixed_staleness=3", *overrides])
     with pytest.raises(ConfigError, match="train.fixed_staleness must be -1"):
         load(["train.fixed_staleness=-2"])
+
+
+def test_config_accepts_fixed_staleness_with_tickets_and_the_learner_builds_a_fixed_dispatcher():
+    cfg = load(["train.fixed_staleness=2", "rollout.dispatch=tickets", "rollout.num_generators=2"])
+    assert (cfg.rollout.dispatch, cfg.train.max_staleness) == ("tickets", 2)
+    from asyncgrpo.learner.parts import make_dispatcher
+
+    d = make_dispatcher(cfg, positions_end=None)
+    assert d.fixed_staleness and d.max_staleness == 2 and d.throttle
+    assert not make_dispatcher(load(["rollout.dispatch=tickets"]), positions_end=None).fixed_staleness
 
 
 def test_preflight_counts_the_held_versions_on_rank_0():
