@@ -341,12 +341,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asyncgrpo: interrupted; metrics and summary are in {cfg.run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except TrainingFailed as err:  # its message is the whole reason, on one line: a traceback adds nothing
-        print(f"asyncgrpo: training failed: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"asyncgrpo: training failed: {type(err).__name__}: {err} (run_dir: {cfg.run_dir})", file=sys.stderr)
         return 1
     except Exception as err:
         traceback.print_exc()
-        print(f"asyncgrpo: training failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-              file=sys.stderr)
+        reason = str(err).splitlines()[0] if str(err) else ""
+        print(f"asyncgrpo: training failed: {type(err).__name__}: {reason} (run_dir: {cfg.run_dir})", file=sys.stderr)
         return 1
     keys = ("steps", "samples", "wall_s", "samples_per_s", "eval_accuracy_start", "eval_accuracy_end",
             "groups_dropped_stale", "staleness_max", "run_dir")  # the last line names where it all is

@@ -65,4 +65,18 @@ def test_the_cli_prints_a_training_failure_as_its_one_line_reason_without_a_trac
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip() == ("asyncgrpo: training failed: TrainingFailed: "
-                           "learner rank 0 (pid 7) died: gone; resume=auto continues")
+                           f"learner rank 0 (pid 7) died: gone; resume=auto continues (run_dir: {tmp_path})")
+
+
+def test_an_unexpected_failure_ends_on_one_line_that_names_the_run_dir(monkeypatch, tmp_path, capsys):
+    import asyncgrpo.train
+    from asyncgrpo import cli
+
+    def train(cfg):
+        raise RuntimeError("something broke\nsecond line")
+
+    monkeypatch.setattr(asyncgrpo.train, "train", train)
+    monkeypatch.setattr(cli.signal, "signal", lambda *args: None)
+    assert cli.main(["train", f"run_dir={tmp_path}"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"asyncgrpo: training failed: RuntimeError: something broke (run_dir: {tmp_path})"
