@@ -7,6 +7,8 @@ step u is started only while its generator holds w >= u - k. A group of step u i
 the learner takes step u, i.e. at a learner version <= u, when the newest published weights are at
 most u - k. So w = u - k exactly, for every step u >= k. The first k steps (and the first k after a
 resume: the checkpoint holds only its own version) are sampled by the starting weights, staleness u.
+Under rollout.dispatch=tickets the dispatcher's two bounds (asyncgrpo/dispatch.py) play the
+throttle's part.
 
 Rank 0 keeps CPU copies of the last k versions' state dicts in the dtype the weights travel in
 (`held_dtype`): casting before the sender casts again changes nothing, and costs k pushes of memory
