@@ -40,6 +40,7 @@ from asyncgrpo.metrics import (
     SampleLogger,
     open_sinks,
     require_sink_packages,
+    set_aside_steps_after,
 )
 from asyncgrpo.preflight import check_rewards, preflight
 from asyncgrpo.replay import THROTTLING_STALE_POLICIES
@@ -68,10 +69,15 @@ def train(cfg: Config) -> dict[str, Any]:
         set_resolved_device(cfg, resolve_device(cfg.device))  # validated again if auto resolved
         print(f"run_dir: {run_dir.expanduser().absolute()}", flush=True)  # once the config holds; the last line too
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        metrics = open_sinks(cfg, run_dir)  # metrics.jsonl is appended to: a resumed run continues it
         # First: a reward.fn typo or a judge that is down fails in one line, not after the warm start.
         summary["reward_check"] = check_rewards(cfg)
         resume = resume_point(cfg)
+        if resume is not None:  # the steps after the checkpoint are trained again: logged once
+            set_aside = set_aside_steps_after(run_dir / "metrics.jsonl", int(resume["version"]))
+            if set_aside:
+                print(f"[resume] {set_aside} records of steps after {resume['version']} moved to "
+                      "metrics.abandoned.jsonl: they are trained again", flush=True)
+        metrics = open_sinks(cfg, run_dir)  # metrics.jsonl is appended to: a resumed run continues it
         model_dir = starting_model(cfg, resume, summary)
         summary["preflight"] = preflight(cfg, model_dir)  # bad settings fail here, in one line, before Ray
         started_ray = start_ray(cfg)

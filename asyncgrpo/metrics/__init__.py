@@ -11,6 +11,7 @@ from asyncgrpo.metrics.sinks import (
     numeric_items,
     open_sinks,
     require_sink_packages,
+    set_aside_steps_after,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "numeric_items",
     "open_sinks",
     "require_sink_packages",
+    "set_aside_steps_after",
 ]

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from asyncgrpo.files import write_atomic
 from asyncgrpo.schema import Config, ConfigError, LogConfig
 
 # log.wandb_mode: offline needs no network or account (`wandb sync` uploads later); online.
@@ -60,6 +61,30 @@ class JsonlSink:
 
     def close(self) -> None:
         self.file.close()
+
+
+def set_aside_steps_after(path: Path, last_step: int) -> int:
+    """Move the records of `path` (a metrics.jsonl) whose step is past `last_step` to
+    <name>.abandoned.jsonl beside it (appended), keeping the rest in order; returns how many moved.
+
+    A run resumed from the checkpoint at version `last_step` trains steps last_step + 1, ... again:
+    the records a crashed run (or the line a branch leaves) logged for them would otherwise appear
+    twice. Records without a step stay. A line that is not JSON stays where it is."""
+    if not path.is_file():
+        return 0
+    kept, moved = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            step = None
+        past = isinstance(step, (int, float)) and not isinstance(step, bool) and step > last_step
+        (moved if past else kept).append(line if line.endswith("\n") else line + "\n")
+    if moved:
+        with path.with_name(f"{path.stem}.abandoned.jsonl").open("a") as abandoned:
+            abandoned.writelines(moved)
+        write_atomic(path, "".join(kept))
+    return len(moved)
 
 
 class TensorBoardSink:

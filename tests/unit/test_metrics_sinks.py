@@ -172,3 +172,27 @@ def test_multisink_closes_every_sink_even_if_one_fails():
 def test_bad_log_config_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key):
         load([override])
+
+
+def test_a_resume_sets_aside_the_records_of_steps_it_trains_again(tmp_path):
+    from asyncgrpo.metrics import set_aside_steps_after
+
+    path = tmp_path / "metrics.jsonl"
+    records = [{"eval/accuracy": 0.1}, {"step": 1}, {"step": 2}, {"step": 3}, {"step": 4, "eval/accuracy": 0.5}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert set_aside_steps_after(path, 2) == 2
+    assert [json.loads(line) for line in path.read_text().splitlines()] == records[:3]
+    abandoned = tmp_path / "metrics.abandoned.jsonl"
+    assert [json.loads(line) for line in abandoned.read_text().splitlines()] == records[3:]
+    # A second resume at the same point finds nothing more to move; the file is left as it is.
+    assert set_aside_steps_after(path, 2) == 0
+    assert set_aside_steps_after(tmp_path / "missing.jsonl", 0) == 0
+
+
+def test_setting_aside_keeps_a_torn_last_line_and_records_without_a_step(tmp_path):
+    from asyncgrpo.metrics import set_aside_steps_after
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 5}\n{"queue/depth": 3}\n{"step": 6, "loss')
+    assert set_aside_steps_after(path, 1) == 1
+    assert path.read_text() == '{"step": 1}\n{"queue/depth": 3}\n{"step": 6, "loss\n'

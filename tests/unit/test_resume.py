@@ -532,3 +532,32 @@ def test_remote_learner_steps_in_progress_are_the_interrupted_calls_records(tmp_
     assert waits[1] == waits[0] == [("call", 3), ("call", 3)]  # the same call's results, not a new call
     assert remote.steps_in_progress() == []  # taken once
     assert remote.train_steps(2) == [{"step": 1}, {"step": 2}] and remote.steps_in_progress() == []
+
+
+def test_a_resumed_run_logs_each_step_once_setting_aside_what_the_crashed_run_logged_after_its_checkpoint(
+        tmp_path, monkeypatch):
+    """A run that crashed at step 5 after checkpointing at step 3 logged steps 4 and 5; the resume
+    trains them again, so metrics.jsonl keeps 1..3 and the resumed run's own 4, 5, ..."""
+    import json
+
+    from asyncgrpo import train as train_module
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 6)))
+
+    def run_actors(cfg, model_dir, metrics, summary, resume):
+        for step in (4, 5, 6):
+            metrics.write({"step": step})
+
+    for name, value in {"resolve_device": lambda device: "cpu", "check_rewards": lambda cfg: {},
+                        "resume_point": lambda cfg: {"version": 3, "path": "step_3"},
+                        "starting_model": lambda cfg, resume, summary: "model",
+                        "preflight": lambda cfg, model_dir: {}, "start_ray": lambda cfg: False,
+                        "_run_actors": run_actors}.items():
+        monkeypatch.setattr(train_module, name, value)
+    train_module.train(load(overrides=[f"run_dir={run_dir}", "progress=false", "resume=auto"]))
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    set_aside = [json.loads(line)["step"] for line in (run_dir / "metrics.abandoned.jsonl").read_text().splitlines()]
+    assert set_aside == [4, 5]
