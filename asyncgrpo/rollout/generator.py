@@ -203,6 +203,7 @@ class Generator:
         if (tickets is None) != (positioned is None):
             raise ValueError("tickets and positioned prompts go together")
         self._no_tickets_since: float | None = None  # the wait for a grant, across retries
+        self._no_tickets_version = -1  # the weights held when that wait (re)started
         self.slowdown = faults.slowdown(generator_id)
         self.pace_s = faults.pace_s(generator_id)
         self.throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
@@ -387,11 +388,15 @@ class Generator:
 
     def _wait_for_tickets(self) -> None:
         """Granted nothing (the staleness bound of our weights, or the queue's room): wait a moment
-        for newer weights, then ask again; fail loudly when nothing is granted for wire.timeout_s."""
+        for newer weights, then ask again; fail loudly when nothing is granted for wire.timeout_s
+        with no newer weights either. New weights mean the learner is stepping: a generator that other
+        generators outpace to every slot (one step's slots open at max_staleness=0) is idle, not stuck."""
         self.stats.throttled_waits += 1
         if self._no_tickets_since is None:
-            self._no_tickets_since = time.monotonic()
+            self._no_tickets_since, self._no_tickets_version = time.monotonic(), self.version
         self._load_newest_weights(wait_s=TICKET_RETRY_S, in_wait=True)
+        if self.version != self._no_tickets_version:
+            self._no_tickets_since, self._no_tickets_version = time.monotonic(), self.version
         self._heartbeat(periodic=True)
         self._check_wait(self._no_tickets_since, f"asking for tickets with version {self.version}",
                          "learner rank 0 granted none")

@@ -5,6 +5,7 @@ positions, within the staleness bound, and reports what it gives back."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 from test_generator import (
@@ -19,7 +20,7 @@ from test_generator import (
 from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.replay import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import Scorer
-from asyncgrpo.rollout.generator import Generator
+from asyncgrpo.rollout.generator import Generator, WireTimeout
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.tasks.stream import PromptStream
 from asyncgrpo.wire import Grant, ScoredGroup
@@ -99,3 +100,34 @@ def test_a_group_whose_rewards_failed_gives_its_slot_back_for_another_prompt():
     # Every slot of steps 0 and 1 ends filled, some by a later prompt than its first.
     assert set(queue._filled) == set(range(6)) and len(groups) == 6
     assert len({g.pos for g in groups}) == 6 and max(g.pos for g in groups) > 5
+
+
+def refused_every_time(monkeypatch, weights_move_on: bool, timeout_s: float = 0.05):
+    """A ticketed generator that is granted nothing, each wait lasting longer than wire.timeout_s;
+    with `weights_move_on` each wait also loads the next version (the learner stepping)."""
+    generator, _, _ = ticketed(groups_per_step=2, max_staleness=0, versions=0)
+    generator.cfg.wire.timeout_s = timeout_s
+
+    def load_newest_weights(wait_s: float, in_wait: bool = False) -> bool:
+        time.sleep(1.5 * timeout_s)
+        if weights_move_on:
+            generator.version += 1
+        return weights_move_on
+
+    monkeypatch.setattr(generator, "_load_newest_weights", load_newest_weights)
+    monkeypatch.setattr(generator, "_heartbeat", lambda periodic: None)
+    return generator
+
+
+def test_a_generator_outpaced_to_every_slot_while_the_learner_steps_keeps_waiting(monkeypatch):
+    generator = refused_every_time(monkeypatch, weights_move_on=True)
+    for _ in range(6):  # 9 x wire.timeout_s without a grant, but new weights after every wait
+        generator._wait_for_tickets()
+    assert generator.version == 6
+
+
+def test_a_generator_granted_nothing_and_no_new_weights_for_wire_timeout_fails_loudly(monkeypatch):
+    generator = refused_every_time(monkeypatch, weights_move_on=False)
+    with pytest.raises(WireTimeout, match="granted none"):
+        for _ in range(6):
+            generator._wait_for_tickets()
