@@ -8,8 +8,11 @@ such a directory in one line and creates missing ones with mode 0700."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 from asyncgrpo.schema import ConfigError
@@ -98,3 +101,71 @@ def write_atomic(path: Path, text: str, durable: bool = False) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# ------------------------------------------------------------------ directories named after their owner
+# Shared-memory weight slots and the wire's Unix-socket directories are private directories that
+# their creator removes when it stops; a process killed with SIGKILL (or its whole job) runs no
+# clean-up. Each is named <prefix><pid>-<start time>-<random>, so a later run can tell its creator
+# is gone and remove it (`remove_stale_owned_dirs`); a name that records no process is left alone.
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks after boot, /proc/<pid>/stat field 22): with the
+    pid it names one process, whatever reused the pid since. None: no such process; 0: alive but
+    unknown (no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
+        return int(fields[19])
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return 0
+
+
+def process_alive(pid: int, start: int) -> bool:
+    """Whether the process that had `pid` and `start` (process_start_time) still runs."""
+    now = process_start_time(pid)
+    return now is not None and (now == start or 0 in (now, start))
+
+
+def owned_private_dir(prefix: str, parent: str | None = None) -> str:
+    """A fresh mode-0700 directory (mkdtemp) named after this process: <prefix><pid>-<start>-<random>."""
+    pid = os.getpid()
+    return tempfile.mkdtemp(prefix=f"{prefix}{pid}-{process_start_time(pid) or 0}-", dir=parent)
+
+
+def remove_stale_owned_dirs(directory: str, prefix: str) -> list[str]:
+    """Remove the directories in `directory` named by `owned_private_dir(prefix)` whose creator is
+    gone; the ones removed. Never another user's, a live process's, or a name that records no process."""
+    pattern = re.compile(rf"{re.escape(prefix)}(\d+)-(\d+)-")
+    removed = []
+    uid = os.geteuid()
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return removed
+    for name in names:
+        match = pattern.match(name)
+        if match is None:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or process_alive(int(match.group(1)),
+                                                                                 int(match.group(2))):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -809,6 +809,38 @@ def learner_kill(ctx: Context, row: Row) -> None:
     ])
 
 
+def driver_kill(ctx: Context, row: Row) -> None:
+    """SIGKILL of the driver: nothing of its own clean-up runs, so its shared-memory weight slots
+    stay in /dev/shm (and its run's processes are killed as a scheduler would kill the job's process
+    group). The next run's start removes the dead run's slots; resume=auto continues the run."""
+    steps, every, kill_at = 300, 50, 120
+    overrides = [f"train.max_steps={steps}", f"train.save_every_steps={every}"]
+    train = ctx.train(overrides)
+    ctx.wait_for_step(train, kill_at)
+    ctx.track()
+    slots = {d for d in ctx.private_dirs if "/asyncgrpo-weights-" in d}
+    ctx.signal(train.proc.pid, signal.SIGKILL, f"the driver at step {kill_at}")
+    train.proc.wait()
+    with contextlib.suppress(ProcessLookupError):  # the job's process group, as a scheduler ends it
+        os.killpg(train.proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while ctx._alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    ctx.finish(train)  # its summary.json was never written: SIGKILL runs no clean-up
+    left = {d for d in slots if os.path.isdir(d)}
+    row.notes.append(f"{len(left)} of {len(slots)} weight slot directories left by the killed driver")
+    ctx.private_dirs -= slots  # the next run must remove them, not the suite's clean-up
+    newest = complete_steps(ctx.run_dir / "checkpoints")
+    resumed = ctx.finish(ctx.train([*overrides, "resume=auto"]))
+    evaluate(ctx, row, steps, [
+        (bool(slots) and left == slots, f"the killed driver left its weight slots behind ({sorted(left)})"),
+        (not any(os.path.isdir(d) for d in left), "the next run's start removed them"),
+        (resumed.summary.get("resumed_at_step") == (newest[-1] if newest else None),
+         f"resume=auto continued from the newest complete checkpoint {newest[-1:]} "
+         f"(got {resumed.summary.get('resumed_at_step')})"),
+    ])
+
+
 def driver_sigterm_step(ctx: Context, row: Row) -> None:
     steps, at = 300, 120
     train = ctx.train([f"train.max_steps={steps}"])
@@ -1026,6 +1058,11 @@ SCENARIOS = [
     Scenario("learner_kill", "SIGKILL learner rank 0 at step 120 (checkpoints every 50), then resume=auto",
              "failed, exit 1, one-line error naming the learner; resumed from step_100; finished; 0 duplicates and "
              "no silent loss across the crash", learner_kill),
+    Scenario("driver_kill", "SIGKILL the driver at step 120 (checkpoints every 50; its job's processes killed "
+             "with it), then resume=auto",
+             "the dead driver's shared-memory weight slots (and socket directories) are left, then removed by the "
+             "next run's start; resumed "
+             "from step_100; finished; 0 duplicates and no silent loss across the crash", driver_kill),
     Scenario("driver_sigterm_step", "SIGTERM the driver at step 120, then resume=auto",
              f"interrupted within {STOP_WITHIN_S} s, exit 130, complete interrupt checkpoint; resumed from it; "
              "finished; 0 duplicates, no silent loss", driver_sigterm_step),

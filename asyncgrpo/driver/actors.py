@@ -49,7 +49,7 @@ from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.weights.shm import remove_stale_slots
 from asyncgrpo.wire.network import free_port
 from asyncgrpo.wire.security import WireKeys
-from asyncgrpo.wire.sockets import remove_ipc_endpoint
+from asyncgrpo.wire.sockets import remove_ipc_endpoint, remove_stale_ipc_dirs
 
 
 def gpus_per_actor(cfg: Config, gpus_in_cluster: float) -> float:
@@ -132,10 +132,13 @@ class Actors:
         gpus = gpus_per_actor(cfg, ray.cluster_resources().get("GPU", 0.0))
         check_gpu_share(cfg, gpus)
         keys = WireKeys.generate(cfg.rollout.num_generators) if use_curve(cfg) else None
+        # A run killed with its driver (SIGKILL, OOM) left its slots in RAM and its socket directories:
+        # nobody else removes them.
         if resolve_backend(cfg) == "shm":
-            # A run killed with its driver (SIGKILL, OOM) left its slots in RAM: nobody else removes them.
             for path in remove_stale_slots(cfg.weights.shm_dir or default_shm_directory()):
                 print(f"[weights] removed a dead run's shared-memory weight slots: {path}", flush=True)
+        for path in remove_stale_ipc_dirs():
+            print(f"[wire] removed a dead run's socket directory: {path}", flush=True)
         self._start_learners(gpus, learner_cores, keys.server() if keys else None)
         endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
         self.endpoints = endpoints

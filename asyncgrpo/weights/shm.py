@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
-import stat
 import shutil
 import tempfile
 import time
@@ -52,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgrpo.files import owned_private_dir, process_start_time, remove_stale_owned_dirs  # noqa: F401
 from asyncgrpo.placement import ORDERED_MACHINES, ordered_memory_platform
 from asyncgrpo.weights.base import StreamReceiver, TensorSpec, WeightTarget, fingerprint
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
@@ -65,8 +64,8 @@ _WRITING, _COMPLETE = 0, 1
 # How often a generator whose load was torn re-reads the newest version before giving up.
 MAX_TORN_LOADS = 8
 SLOT_DIR_PREFIX = "asyncgrpo-weights-"
-# <pid>-<start time>-<mkdtemp's random part>; older runs' names have no pid and are left alone.
-_SLOT_DIR_NAME = re.compile(rf"{SLOT_DIR_PREFIX}(\d+)-(\d+)-")
+# <pid>-<start time>-<mkdtemp's random part> (files.owned_private_dir); older runs' names have no pid
+# and are left alone.
 
 
 def require_ordered_platform(machine: str | None = None) -> None:
@@ -79,59 +78,11 @@ def require_ordered_platform(machine: str | None = None) -> None:
                          "use weights.backend=zmq")
 
 
-def process_start_time(pid: int) -> int | None:
-    """The start time of process `pid` (clock ticks after boot, /proc/<pid>/stat field 22): with the
-    pid it names one process, whatever reused the pid since. None: no such process; 0: alive but
-    unknown (no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            fields = file.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
-        return int(fields[19])
-    except FileNotFoundError:
-        if os.path.isdir("/proc/self"):
-            return None
-    except (OSError, ValueError, IndexError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return 0
-
-
-def _alive(pid: int, start: int) -> bool:
-    now = process_start_time(pid)
-    return now is not None and (now == start or 0 in (now, start))
-
-
 def remove_stale_slots(directory: str) -> list[str]:
     """Remove the slot directories in `directory` that this user's dead runs left (a learner killed
     with SIGKILL, or its driver); the ones removed. Never another user's, a live process's, or a
     name that records no process."""
-    removed = []
-    uid = os.geteuid()
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return removed
-    for name in names:
-        match = _SLOT_DIR_NAME.match(name)
-        if match is None:
-            continue
-        path = os.path.join(directory, name)
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
-            continue
-        if _alive(int(match.group(1)), int(match.group(2))):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
+    return remove_stale_owned_dirs(directory, SLOT_DIR_PREFIX)
 
 
 def default_directory() -> str:
@@ -211,9 +162,7 @@ class ShmWeightSender:
             raise ValueError(f"weights.backend=shm needs {NUM_SLOTS * self.slot_size / 2**30:.2f} GiB free in "
                              f"{directory} (weights.shm_dir), it has {free / 2**30:.2f} GiB: "
                              "set weights.shm_dir or weights.backend=zmq")
-        pid = os.getpid()
-        self.directory = tempfile.mkdtemp(prefix=f"{SLOT_DIR_PREFIX}{pid}-{process_start_time(pid) or 0}-",
-                                          dir=directory)
+        self.directory = owned_private_dir(SLOT_DIR_PREFIX, parent=directory)
         # The slots live in RAM: removed by close(), or when this object is collected or the process
         # exits without it (a learner built and dropped by a test or a tool). A killed process's slots
         # are removed by the driver at stop, or when the driver was killed too, by the next run's.

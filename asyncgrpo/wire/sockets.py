@@ -28,6 +28,7 @@ from collections import Counter
 
 import zmq
 
+from asyncgrpo.files import owned_private_dir, remove_stale_owned_dirs
 from asyncgrpo.wire.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Frame,
@@ -92,11 +93,24 @@ def remove_ipc_endpoint(endpoint: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def ipc_parents() -> tuple[str, ...]:
+    """Where the wire's socket directories are made: the temporary directory, else /tmp (a path short
+    enough for a Unix socket)."""
+    return tuple(dict.fromkeys((tempfile.gettempdir(), "/tmp")))
+
+
+def remove_stale_ipc_dirs() -> list[str]:
+    """The socket directories this user's dead runs left (a learner killed with its driver runs no
+    clean-up), removed; never a live process's or another user's."""
+    return [path for parent in ipc_parents() for path in remove_stale_owned_dirs(parent, IPC_DIR_PREFIX)]
+
+
 def _private_ipc_dir() -> str:
-    """A fresh directory for one socket file. mkdtemp makes it mode 0700, so only this user (and
-    root) can connect: stricter than TCP loopback, which any local user can reach."""
-    for parent in (None, "/tmp"):
-        directory = tempfile.mkdtemp(prefix=IPC_DIR_PREFIX, dir=parent)
+    """A fresh directory for one socket file, named after this process (files.owned_private_dir).
+    mkdtemp makes it mode 0700, so only this user (and root) can connect: stricter than TCP
+    loopback, which any local user can reach."""
+    for parent in ipc_parents():
+        directory = owned_private_dir(IPC_DIR_PREFIX, parent=parent)
         if len(directory) + 2 <= _MAX_IPC_PATH:
             return directory
         os.rmdir(directory)

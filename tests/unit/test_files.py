@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,34 @@ def test_study_directory_writable_by_others_is_a_study_error_and_no_run_starts(t
         run_study(spec, shared, runner=started.append, log=lambda _: None)
     assert started == [] and list(shared.iterdir()) == []
 
+
+
+def test_owned_dirs_of_dead_processes_are_removed_and_live_or_unnamed_ones_kept(tmp_path):
+    from asyncgrpo.files import owned_private_dir, process_start_time, remove_stale_owned_dirs
+
+    mine = Path(owned_private_dir("asyncgrpo-wire-", parent=str(tmp_path)))
+    assert mine.name.startswith(f"asyncgrpo-wire-{os.getpid()}-{process_start_time(os.getpid())}-")
+    assert (mine.stat().st_mode & 0o777) == 0o700
+    dead = tmp_path / "asyncgrpo-wire-999999999-12345-abc"  # no such pid
+    dead.mkdir()
+    reused = tmp_path / f"asyncgrpo-wire-{os.getpid()}-{process_start_time(os.getpid()) + 1}-def"
+    reused.mkdir()  # our pid, but another process's start time: its creator is gone
+    unnamed = tmp_path / "asyncgrpo-wire-oldstyle"
+    unnamed.mkdir()
+    other_prefix = tmp_path / "asyncgrpo-weights-999999999-12345-ghi"
+    other_prefix.mkdir()
+    removed = remove_stale_owned_dirs(str(tmp_path), "asyncgrpo-wire-")
+    assert sorted(removed) == sorted([str(dead), str(reused)])
+    assert mine.is_dir() and unnamed.is_dir() and other_prefix.is_dir()
+
+
+def test_the_wires_socket_directories_are_named_after_their_process():
+    import shutil
+
+    from asyncgrpo.wire.sockets import IPC_DIR_PREFIX, _private_ipc_dir
+
+    directory = _private_ipc_dir()
+    try:
+        assert os.path.basename(directory).startswith(f"{IPC_DIR_PREFIX}{os.getpid()}-")
+    finally:
+        shutil.rmtree(directory)
