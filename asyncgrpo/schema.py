@@ -391,8 +391,8 @@ class Config:
     # that record, is refused before Ray starts: each generator's saved prompt position would name
     # other prompts. true = resume anyway, logging what differs (asyncgrpo/resume.py).
     resume_allow_changes: bool = False
-    # A fresh run (resume empty) into a run_dir that already holds a run (metrics.jsonl or
-    # checkpoints/) is refused before anything starts; true = start afresh in it anyway (its
+    # A fresh run (resume empty) into a run_dir that already holds a run (a non-empty metrics.jsonl,
+    # a step in checkpoints/) is refused before anything starts; true = start afresh in it anyway (its
     # summary.json and config.yaml are kept as .<k>, metrics.jsonl and samples.jsonl appended to).
     run_dir_reuse: bool = False
     # auto: cuda when the driver sees an NVIDIA GPU (vLLM and the learner then share the GPUs

@@ -110,7 +110,15 @@ def refuse_used_run_dir(cfg: Config, run_dir: Path) -> None:
     pick: refused in one line unless resuming or run_dir_reuse=true asks for it."""
     if cfg.resume or cfg.run_dir_reuse:
         return
-    held = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    held = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:  # empty: a run that stopped before its first step
+        held.append("metrics.jsonl")
+    checkpoints = run_dir / "checkpoints"
+    # Only saved steps count: an empty directory may be a mount point made for the checkpoints, and
+    # LINEAGE.json alone is what a run that saved nothing wrote.
+    if checkpoints.is_dir() and any(p.name.startswith("step_") for p in checkpoints.iterdir()):
+        held.append("checkpoints")
     if held:
         raise ConfigError(f"run_dir={run_dir} already holds a run ({' and '.join(held)}): pass resume=auto to continue "
                           "it, run_dir_reuse=true to start afresh in it, or choose another run_dir")

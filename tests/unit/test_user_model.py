@@ -125,13 +125,31 @@ def test_a_fresh_run_into_a_used_run_dir_is_refused_in_one_line(tmp_path, capsys
     stop_after_config(monkeypatch)
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
-    (run_dir / used_by).mkdir() if used_by == "checkpoints" else (run_dir / used_by).write_text("{}\n")
+    if used_by == "checkpoints":
+        (run_dir / "checkpoints" / "step_2").mkdir(parents=True)
+    else:
+        (run_dir / used_by).write_text("{}\n")
     code = main(["train", f"run_dir={run_dir}", "device=cpu"])
     _, err = capsys.readouterr()
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "resume=auto" in err and "run_dir_reuse=true" in err and str(run_dir) in err
     assert not (run_dir / "config.yaml").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("left", ["empty checkpoints directory", "lineage only", "empty metrics"])
+def test_a_run_dir_that_holds_no_trained_step_is_taken_by_a_fresh_run(tmp_path, capsys, monkeypatch, left):
+    """An empty checkpoints/ (a mount point made for them), the LINEAGE.json or the empty metrics.jsonl
+    of a run that stopped before its first step: nothing a fresh run would mix with."""
+    stop_after_config(monkeypatch)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True, mode=0o700)
+    if left == "lineage only":
+        (run_dir / "checkpoints" / "LINEAGE.json").write_text("{}\n")
+    if left == "empty metrics":
+        (run_dir / "metrics.jsonl").write_text("")
+    main(["train", f"run_dir={run_dir}", "device=cpu"])
+    assert (run_dir / "config.yaml").is_file()  # it went on past the run_dir check
 
 
 @pytest.mark.parametrize("allow", ["resume=auto", "run_dir_reuse=true"])
