@@ -132,11 +132,11 @@ class RolloutConfig:
     # waits for every generator's share, so uneven generators given even shares run at the slowest's
     # pace (docs/SIMULATOR.md, Uneven generators).
     generator_shares: list[int] = field(default_factory=list)
-    # How prompts reach the generators. shares: each generator makes its share of every step
-    # (generator_shares). tickets: any generator asks learner rank 0 for the next slots of the
-    # training order as it is ready, within the staleness budget, so a faster one makes more
-    # (asyncgrpo/dispatch.py, docs/ARCHITECTURE.md, Dispatch).
-    dispatch: str = "shares"
+    # How prompts reach the generators. tickets (the default): any generator asks learner rank 0 for
+    # the next slots of the training order as it is ready, within the staleness budget, so a faster
+    # one makes more (asyncgrpo/dispatch.py, docs/ARCHITECTURE.md, Dispatch). shares: each generator
+    # makes its share of every step (generator_shares).
+    dispatch: str = "tickets"
     samples_per_prompt: int = 8
     max_new_tokens: int = 5
     temperature: float = 1.0

@@ -102,7 +102,7 @@ def test_step_quota_is_shared_exactly(groups, generators):
 
 
 def test_generator_shares_set_each_generators_quota_and_must_fill_the_step_exactly():
-    base = ["rollout.num_generators=2", "queue.capacity_groups=64"]
+    base = ["rollout.num_generators=2", "queue.capacity_groups=64", "rollout.dispatch=shares"]
     assert groups_per_generator(load([*base, "rollout.generator_shares=[11,5]"])) == [11, 5]
     assert groups_per_generator(load(base)) == [8, 8]
     for shares in ("[10,5]", "[16,0]", "[16]", "[6,5,5]"):

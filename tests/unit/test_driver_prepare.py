@@ -35,7 +35,8 @@ def test_nccl_needs_a_whole_gpu_per_actor():
 
 
 def test_finite_data_fits_max_steps_to_the_full_steps_it_fills(capsys):
-    cfg = config("rollout.num_generators=2", "train.groups_per_step=5", "train.max_steps=100", "data.epochs=2")
+    cfg = config("rollout.num_generators=2", "train.groups_per_step=5", "train.max_steps=100", "data.epochs=2",
+                 "rollout.dispatch=shares")
     # 2 generators share 101 prompts: 50 each, x 2 epochs = 100 per generator; quotas 3 and 2 -> 33 steps.
     assert steps_in_data(cfg, 101) == 33
     fit_steps_to_data(cfg, 101)

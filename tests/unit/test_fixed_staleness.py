@@ -126,7 +126,7 @@ def test_fixed_staleness_zero_and_off_push_the_newest_weights_directly():
 
 
 def test_the_acknowledgement_wait_passes_once_the_generators_hold_the_published_version():
-    learner = learner_with(2, "wire.timeout_s=0.2")
+    learner = learner_with(2, "wire.timeout_s=0.2", "rollout.dispatch=shares")
     for _ in range(5):
         advance(learner)  # version 5 publishes 3: the floor of the ack wait, 5 - max_staleness
     learner.source.put(VersionAck(0, 3))

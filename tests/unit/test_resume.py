@@ -214,7 +214,7 @@ def test_an_unreadable_lineage_file_is_one_line_naming_it(tmp_path):
 def test_a_checkpoint_written_by_the_learner_records_the_run(tmp_path):
     cfg = config(tmp_path, "rollout.num_generators=2", "seed=5")
     meta = checkpoint.read_meta(save(cfg, 3, run_record(cfg)))
-    assert meta["run"] == {"rollout.num_generators": 2, "rollout.dispatch": "shares", "task.name": "arithmetic",
+    assert meta["run"] == {"rollout.num_generators": 2, "rollout.dispatch": "tickets", "task.name": "arithmetic",
                            "seed": 5, "task.num_digits": 2, "task.eval_size": 500}
 
 
@@ -285,10 +285,11 @@ def test_resume_allow_changes_goes_on_and_logs_what_differs(tmp_path):
 
 
 def test_a_checkpoint_without_a_run_record_is_refused_unless_allowed(tmp_path):
-    message = refusal({"format": 3}, config(tmp_path))
+    message = refusal({"format": 3}, config(tmp_path, "rollout.dispatch=shares"))
     assert "records no run settings" in message
     lines: list[str] = []
-    check_compatible({"format": 3}, config(tmp_path, "resume_allow_changes=true"), "ckpt", log=lines.append)
+    check_compatible({"format": 3}, config(tmp_path, "resume_allow_changes=true", "rollout.dispatch=shares"), "ckpt",
+                     log=lines.append)
     assert len(lines) == 1 and "resuming unchecked" in lines[0]
 
 

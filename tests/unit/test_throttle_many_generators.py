@@ -128,7 +128,8 @@ def random_run(num_generators: int, max_staleness: int, extra_groups: int, data:
     for i in data.draw(st.lists(st.integers(0, num_generators - 1), min_size=extra_groups, max_size=extra_groups)):
         shares[i] += 1
     cfg = load([f"rollout.num_generators={num_generators}", f"train.groups_per_step={num_generators + extra_groups}",
-                f"rollout.generator_shares=[{','.join(map(str, shares))}]", "queue.capacity_groups=64"])
+                f"rollout.generator_shares=[{','.join(map(str, shares))}]", "queue.capacity_groups=64",
+                "rollout.dispatch=shares"])
     sim = Simulation(groups_per_generator(cfg), max_staleness, shares=True, losses=losses)
     for _ in range(events):
         action, i = data.draw(st.sampled_from(sim.actions()))
