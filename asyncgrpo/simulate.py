@@ -665,14 +665,30 @@ class EventLoop:
             due = [reads for reads in self._blocked if reads is None or not reads.isdisjoint(changed)]
         else:
             due = list(self._blocked)
-        # Oldest blocked first across the lists, as if they were one; a condition with side effects
-        # (dropping stale groups) calls changed() itself, so the next event checks again.
-        lists = [self._blocked.pop(reads) for reads in due]
-        for order, process, until in lists[0] if len(lists) == 1 else heapq.merge(*lists):
+        # Oldest blocked first across the lists, as if they were one (orders are unique, so the
+        # heap never compares processes).
+        pending = [entry for reads in due for entry in self._blocked.pop(reads)]
+        heapq.heapify(pending)
+        seen = set(changed)
+        while pending:
+            order, process, until = heapq.heappop(pending)
             if until.condition():
                 self._schedule(process, self.now)
             else:
                 self._block(order, process, until)  # keeps its place: the lists stay in blocking order
+            if self._track_changes and not self._changed <= seen:
+                # A condition with side effects (dropping stale groups gives their slots back)
+                # changed something: the waits that read it and blocked after this one are checked
+                # in this pass too, as without tracking; those before it at the next event, as
+                # without tracking (its changed() stands for that).
+                new, seen = self._changed - seen, seen | self._changed
+                for reads in [r for r in self._blocked if r is not None and not r.isdisjoint(new)]:
+                    entries = self._blocked.pop(reads)
+                    earlier = [entry for entry in entries if entry[0] <= order]  # this one too: checked
+                    if earlier:
+                        self._blocked[reads] = earlier
+                    for entry in entries[len(earlier):]:
+                        heapq.heappush(pending, entry)
 
 
 @dataclass
@@ -751,9 +767,13 @@ def _rounded(value: Any) -> Any:
 
 GENERATOR_IDLE_PHASES = ("throttle", "score_wait")
 
-# What the model tells its event loop has changed: the queue's contents (which the dispatcher's
-# slots follow), or a version (the learner's, the newest pushed, one a generator has loaded).
-QUEUE, VERSIONS = "queue", "versions"
+# What the model tells its event loop has changed: the queue's contents, a version (the learner's,
+# the newest pushed, one a generator has loaded), or the slots the dispatcher may grant (a step
+# taken, a slot given back). A generator waiting for tickets reads only versions and slots: a group
+# arriving, which is most events, grants nobody anything. Every other wait reads all three
+# (Until.reads None).
+QUEUE, VERSIONS, SLOTS = "queue", "versions", "slots"
+GRANT_READS = frozenset({VERSIONS, SLOTS})
 
 
 class Model:
@@ -762,8 +782,9 @@ class Model:
     def __init__(self, calibration: Calibration, settings: Settings) -> None:
         self.cal, self.s = calibration, settings
         self.rng = random.Random(settings.seed)
-        # Every change to what a wait's condition reads calls self.loop.changed(QUEUE or VERSIONS):
-        # the queue helpers below, load() and the learner's version bump and push.
+        # Every change to what a wait's condition reads calls self.loop.changed(QUEUE, VERSIONS or
+        # SLOTS): the queue helpers below, load(), the learner's version bump and push, and the
+        # dispatcher's take and releases.
         self.loop = EventLoop(track_changes=True, cores=settings.cores)
         self.generators = [SimGenerator(i, call_groups, calibration.generators[i % len(calibration.generators)])
                            for i, call_groups in enumerate(settings.call_groups())]
@@ -826,7 +847,8 @@ class Model:
             _, tickets = self.dispatcher.grant((g.index, 0), g.loaded, g.call_groups)
             if not tickets:  # nothing within the bound: newer weights, or a slot given back, will do
                 yield from self.wait(g.clock, "throttle",
-                                     lambda: self.newest > g.loaded or self.dispatcher.can_grant(g.loaded))
+                                     lambda: self.newest > g.loaded or self.dispatcher.can_grant(g.loaded),
+                                     reads=GRANT_READS)
                 continue
             version = g.loaded
             yield from self.call(g, len(tickets))
@@ -926,6 +948,7 @@ class Model:
             self.dropped_stale += len(stale)
             for group in stale:  # its slot is granted again
                 self.dispatcher.release(group.slot)
+            self.loop.changed(SLOTS)
             self.set_queue(fresh)
         return self.dispatcher.ready()
 
@@ -935,6 +958,7 @@ class Model:
     def take(self) -> list[SimGroup]:
         """The next step's slots, in slot order."""
         slots = {slot for slot, _, _ in self.dispatcher.take()}
+        self.loop.changed(SLOTS)  # the queue's room moved on by a step
         batch = [group for group in self.queue if group.slot in slots]
         self.set_queue(deque(group for group in self.queue if group.slot not in slots))
         return batch
