@@ -487,7 +487,7 @@ def _generator_times(index: int, report: dict[str, Any], call_groups: int, first
     # shutdown (one call at most, which only rounds up here).
     calls = math.ceil(sent / call_groups)
     timed = sum(total(f"gen_time/{phase}_s")
-                for phase in ("weights", "generate", "score", "score_wait", "throttle", "exhausted", "send"))
+                for phase in ("weights", "ask", "generate", "score", "score_wait", "throttle", "exhausted", "send"))
     loads = total("gen/weight_loads")
     times = GeneratorTimes(
         generate_s=total("gen_time/generate_s") / calls,

@@ -360,6 +360,16 @@ def test_a_runs_max_backlog_versions_is_simulated_and_older_runs_have_the_defaul
         apply_overrides(settings, ["weights.max_backlog_versions=0"])
 
 
+def test_a_generators_waits_for_its_ticket_requests_answers_are_not_calibrated_as_busy_time(tmp_path):
+    # gen_time/ask_s: a ticket request's round trip to learner rank 0, waited for (idle in the run).
+    run = fake_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["generators"][0] = {**summary["generators"][0], "gen_time/ask_s": 0.4, "gen/wall_s": 5.9}
+    (run / "summary.json").write_text(json.dumps(summary))
+    first = Calibration.from_run(run).generators[0]
+    assert first.other_s == pytest.approx((5.5 - (0.1 + 2.0 + 1.0 + 0.4 + 1.0 + 0.6)) / 4)
+
+
 def test_an_engine_warm_up_seen_in_the_first_steps_wait_is_taken_out_of_the_mean_call(tmp_path):
     # Generator 0: 2.0 s of generation over 4 calls = a 1.1 s warm-up + 4 x 0.225 s. A call's other
     # costs: 3 groups x (0.1 score + 0.05 send) + 0.1 reward wait + 0.1 untimed = 0.65 s, so the
