@@ -142,11 +142,6 @@ class Settings:
         require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
         require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",
                 f"must hold at least one step (train.groups_per_step={self.groups_per_step})", self.capacity_groups)
-        if self.num_generators > 1 and self.throttles:
-            needed = (self.max_staleness + 1) * self.groups_per_step
-            require(self.capacity_groups >= needed, "queue.capacity_groups",
-                    f"must be >= (train.max_staleness + 1) x train.groups_per_step = {needed} with "
-                    f"{self.num_generators} generators (add queue.capacity_groups={needed})", self.capacity_groups)
         require(1 <= self.push_every_steps <= self.max_staleness + 1, "weights.push_every_steps",
                 f"must be between 1 and train.max_staleness + 1 = {self.max_staleness + 1}", self.push_every_steps)
         require(self.steps >= 1, "sim.steps", "must be >= 1", self.steps)
