@@ -15,12 +15,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from asyncgrpo.dispatch import DISPATCHES
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
 from asyncgrpo.placement import is_custom_resource, spans_nodes, wire_transport
-from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES, THROTTLING_STALE_POLICIES
+from asyncgrpo.replay import STALE_POLICIES, THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import DEVICES, parse_cores
 from asyncgrpo.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
@@ -40,8 +39,10 @@ def _one_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
     message = lines[0] if lines else type(cause).__name__
     key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), "")
-    if message.startswith("Key '") and " not in " in message:
-        return unknown_key_message(key or message.split(chr(39))[1])
+    # A key the schema lacks, from an override or (a line further down) from a preset file.
+    missing = next((line for line in lines if line.startswith("Key '") and " not in " in line), None)
+    if missing is not None:
+        return unknown_key_message(key or missing.split(chr(39))[1])
     return f"{key}: {message}" if key and key not in message else message
 
 
@@ -200,8 +201,22 @@ def _is_known(key: str) -> bool:
     return pattern in schema_keys() or (last == "*" and schema_keys().get(parent, False))
 
 
+# Keys that were settings once: a config or override that still sets one is told what became of it
+# rather than offered the nearest key.
+REMOVED_KEYS = {
+    "rollout.dispatch": "tickets is the only dispatch (docs/ARCHITECTURE.md, Dispatch): drop the key",
+    "rollout.generator_shares": "tickets is the only dispatch, so there are no shares: a faster generator "
+                                "asks for more slots by itself; drop the key",
+    "queue.full_policy": "tickets is the only dispatch, and it grants no slot the queue cannot hold, so the "
+                         "queue never fills; drop the key",
+}
+
+
 def unknown_key_message(key: str) -> str:
-    """One line naming the key, with the nearest real key when one is close (a typo)."""
+    """One line naming the key: what became of it if it was removed, else the nearest real key
+    when one is close (a typo)."""
+    if _schema_key(key) in REMOVED_KEYS:
+        return f"{key} was removed: {REMOVED_KEYS[_schema_key(key)]}"
     close = difflib.get_close_matches(_schema_key(key), list(schema_keys()), n=1)
     if not close:
         return f"unknown config key '{key}'"
@@ -289,16 +304,6 @@ def validate(cfg: Config) -> None:
     require(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", "must be >= 2: GRPO compares samples of a prompt", r.samples_per_prompt)
     require(1 <= r.num_generators <= t.groups_per_step, "rollout.num_generators",
             f"must be between 1 and train.groups_per_step={t.groups_per_step}", r.num_generators)
-    if r.generator_shares:
-        shares = list(r.generator_shares)
-        require(len(shares) == r.num_generators and min(shares) >= 1 and sum(shares) == t.groups_per_step,
-                "rollout.generator_shares", f"must give each of rollout.num_generators={r.num_generators} generators "
-                f">= 1 groups, {t.groups_per_step} in all (train.groups_per_step), or be [] for an even split", shares)
-    require(r.dispatch in DISPATCHES, "rollout.dispatch", _one_of(DISPATCHES), r.dispatch)
-    if r.dispatch == "tickets":
-        require(not r.generator_shares, "rollout.generator_shares",
-                "must be [] with rollout.dispatch=tickets (no shares: whoever asks first gets the next slots)",
-                list(r.generator_shares))
     require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", r.max_new_tokens)
     require(cfg.model.max_positions > r.max_new_tokens, "model.max_positions",
             f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)
@@ -313,14 +318,6 @@ def validate(cfg: Config) -> None:
     require(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0", t.max_train_minutes)
     require(t.stale_policy in STALE_POLICIES, "train.stale_policy", _one_of(STALE_POLICIES), t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
-    require(q.full_policy in FULL_POLICIES, "queue.full_policy", _one_of(FULL_POLICIES), q.full_policy)
-    if r.num_generators > 1 and t.stale_policy in THROTTLING_STALE_POLICIES:
-        # Each step takes every generator's share (replay.py): a faster generator's groups wait in
-        # the queue for the slower one's, up to max_staleness + 1 steps of them.
-        needed = (t.max_staleness + 1) * t.groups_per_step
-        require(q.capacity_groups >= needed, "queue.capacity_groups",
-                f"must be >= (train.max_staleness + 1) x train.groups_per_step = {needed} with "
-                f"{r.num_generators} generators under train.stale_policy={t.stale_policy}", q.capacity_groups)
     if cfg.device != "cuda" and r.cpu_cores not in ("auto", ""):
         # vLLM on CPU runs one attention thread per core its process is pinned to, while Ray sets the
         # actor's OMP_NUM_THREADS from its CPUs; vLLM stops when they differ ("thread_num (1 vs. 2)").
@@ -412,8 +409,7 @@ def validate(cfg: Config) -> None:
 
 def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
     """`train.fixed_staleness=k` (docs/ALGORITHMS.md, Fixed staleness): the throttle at
-    max_staleness = k with the queue's shares (or, under tickets, the dispatcher's two bounds),
-    plus the learner publishing at version v the weights of version v - k, gives every group of
+    max_staleness = k (the dispatcher's two bounds, asyncgrpo/dispatch.py), plus the learner publishing at version v the weights of version v - k, gives every group of
     step u >= k exactly the weights of version u - k. So it sets train.max_staleness to k, and
     refuses what would break the argument."""
     t = cfg.train
@@ -528,10 +524,8 @@ def use_curve(cfg: Config) -> bool:
 
 
 def groups_per_generator(cfg: Config) -> list[int]:
-    """How one step's groups are shared among generators (the throttle's per-generator quota):
-    rollout.generator_shares, or as even as possible."""
-    if cfg.rollout.generator_shares:
-        return [int(share) for share in cfg.rollout.generator_shares]
+    """A step's groups spread over the generators as evenly as possible: with
+    rollout.groups_per_call=0, how many tickets each asks for at once (the prompts of a vLLM call)."""
     n, total = cfg.rollout.num_generators, cfg.train.groups_per_step
     return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
@@ -572,13 +566,3 @@ def collective_timeout_s(cfg: Config) -> float:
     restart_s = cfg.wire.startup_timeout_s if cfg.rollout.max_restarts > 0 else 0.0
     save_s = cfg.train.checkpoint_timeout_s if saves_checkpoints(cfg) else 0.0
     return learner_wait_timeout_s(cfg) + max(restart_s, save_s)
-
-
-def lend_steps(cfg: Config) -> int:
-    """How many steps of its share a throttled generator can lend to a down one and still deliver
-    its own share at every step: its throttle lets it run max_staleness steps ahead of the weights
-    it holds, which lag the learner by up to push_every_steps - 1 (replay.py, Restarts). Under
-    train.fixed_staleness the weights lag by exactly max_staleness: no lead to lend."""
-    if cfg.train.fixed_staleness >= 1:
-        return 0
-    return cfg.train.max_staleness - cfg.weights.push_every_steps + 1

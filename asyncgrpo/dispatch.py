@@ -1,28 +1,26 @@
 """Dynamic dispatch by tickets: prompts go to whichever generator asks, within the staleness budget.
 
-`rollout.dispatch=tickets`: learner rank 0's queue thread owns one (replay.py, Tickets), the
-generators ask through rollout/tickets.py, and the simulator runs the same code. The default,
-`shares`, gives each generator a fixed share of every step (config.groups_per_generator), so one
-slow generator holds every step back.
+Learner rank 0's queue thread owns one (replay.py, Tickets), the generators ask through
+rollout/tickets.py, and the simulator runs the same code.
 
 A ticket is a slot and a prompt. Slots number the groups in training order: the learner at
 version u trains exactly slots u*G .. u*G + G - 1 (G = train.groups_per_step), whoever generated
 them, in whatever order they arrived. A generator asks for tickets with the version w of the
 weights in its engine; under a throttling stale policy it is granted slot s only if
 s < (w + max_staleness + 1) * G, so the slot is trained at s // G <= w + max_staleness: every
-group within the bound, for any number of generators at any relative speeds, with no shares. A
-faster generator simply asks more often and gets more slots.
+group within the bound, for any number of generators at any relative speeds. A faster generator
+simply asks more often and gets more slots.
 
 Under `train.fixed_staleness=k` (max_staleness = k) the lower bound is granted too: slot s only
 if s // G >= w + k, so a generator holding w fills step w + k exactly, and every step u past the
 warm-up is sampled by version u - k (the learner publishes v - k at version v, so at version v the
 engines hold <= v - k and fill step v: no deadlock). The starting weights (version first_step: the
-run's, or a resumed checkpoint's) fill steps first_step .. first_step + k, as under shares.
+run's, or a resumed checkpoint's) fill steps first_step .. first_step + k.
 
 A slot whose group will never be trained goes back to the pool and is granted again, lowest
 first (the learner waits for it): when its holder dies (`holder_down`), when its group is lost in
 transit (`heard_from`: the holder's report, sent after its groups on the same ordered socket, no
-longer lists it), and when the group is dropped (`release`: stale, a full queue, a reward failure).
+longer lists it), and when the group is dropped (`release`: stale, rejected, a reward failure).
 A prompt whose group never arrived is given again (death, loss); one whose group was dropped for
 what it is (its rewards failed, it came too stale) is not, as today.
 
@@ -41,9 +39,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-
-# rollout.dispatch: fixed shares per generator (config.groups_per_generator), or tickets (this module).
-DISPATCHES = ("shares", "tickets")
 
 Holder = tuple[int, int]  # (generator id, incarnation): a restarted generator is a new holder
 
@@ -161,7 +156,7 @@ class Dispatcher:
         """Under fixed staleness, no slot below this goes to a generator holding `loaded_version`:
         with the bound above, a generator holding w > first_step fills step w + max_staleness only,
         and the starting weights (w == first_step: the run's, or the resumed checkpoint's) the steps
-        first_step .. first_step + max_staleness, as under shares; weights older than those, none.
+        first_step .. first_step + max_staleness; weights older than those, none.
         The learner's delayed publication (learner/publication.py) already keeps every engine at or
         below v - max_staleness; this bound makes exactness the dispatcher's own guarantee, so an
         engine that came by newer weights anyway is kept from sampling a step fresher than k."""

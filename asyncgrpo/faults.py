@@ -32,7 +32,7 @@ KNOWN: dict[str, str] = {
     "wire_corrupt_every": "the N-th, 2N-th, ... scored group is sent with its header's first byte flipped "
                           "(the learner's decoder must reject it; generator)",
     "grant_drop_every": "the N-th, 2N-th, ... answer to a ticket request that carries tickets is never sent "
-                        "(a Grant lost; rollout.dispatch=tickets; learner rank 0)",
+                        "(a Grant lost; learner rank 0)",
     "generator_slowdown": "{\"<generator id>\": f, ...}: after each vLLM call that generator sleeps f - 1 times "
                           "as long as the call took, so it runs f times slower (uneven generators where "
                           "cores cannot be shared out unevenly; tools/bench_dispatch.py; generator)",

@@ -293,7 +293,7 @@ def plot_throughput(runs: list[Run], colors: list[str], out: Path) -> Path:
             xs, ys = map(np.asarray, zip(*points))
             _line(ax, xs, ys, color, f"{run.name} learner")
             drawn = True
-        # Generator idle: throttle, weight loads and full-queue waits reported per step.
+        # Generator idle: waits for tickets, weight loads and full-queue waits reported per step.
         points = []
         for record in run.steps:
             step_s, idle = record.get("time/step_s"), record.get("time/gen_idle_s")

@@ -37,13 +37,13 @@ class PreflightError(ValueError):
 
 
 def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int,
-                  quota_per_step: int) -> dict[str, Any]:
+                  step_part: int) -> dict[str, Any]:
     """Tokens rollout.kv_cache_gib holds, and what one vLLM call's sequences need at most."""
     from asyncgrpo.rollout.generator import groups_per_call
 
     bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * _DTYPE_BYTES[cfg.rollout.dtype]
     holds = int(cfg.rollout.kv_cache_gib * GIB) // bytes_per_token
-    sequences = groups_per_call(cfg, quota_per_step) * cfg.rollout.samples_per_prompt
+    sequences = groups_per_call(cfg, step_part) * cfg.rollout.samples_per_prompt
     # A sequence is at most the context (prompt + completion); in-flight segments resume from it too.
     needed = sequences * cfg.model.max_positions
     if holds < needed:

@@ -1,10 +1,9 @@
 """What the learner knows of each generator: sequence numbers, loaded weights, reported counters,
-how far its prompt stream has been trained, and whether it is down for a restart.
+and whether it is down for a restart.
 
-The replay queue's receiving thread feeds it (`admit` for each group, `on_ack`, `on_heartbeat`) and
-its consumer side reports what the learner took (`on_consumed`); the learner reads it (acknowledged
-versions, per-step increases of the generators' counters) and asks it whether the reports end the
-run (`check_reports`: rejected weights, a reward outage).
+The replay queue's receiving thread feeds it (`admit` for each group, `on_ack`, `on_heartbeat`);
+the learner reads it (acknowledged versions, per-step increases of the generators' counters) and
+asks it whether the reports end the run (`check_reports`: rejected weights, a reward outage).
 
 Sequence numbers are per generator *incarnation* (its process: 0 for the first, +1 per restart) and
 ordered: an old one is a duplicate, a gap is loss. A newer incarnation starts again at 0, so its
@@ -12,17 +11,8 @@ numbers are never taken for duplicates; what the replaced one announced (heartbe
 delivered is already counted as lost, and whatever it sends late is dropped and counted: groups under
 `queue/old_incarnation`, acknowledgements and heartbeats under `queue/old_incarnation_reports`.
 
-Positions (`position`, the checkpointed state): per generator, the prompt-stream position just past
-the newest group the learner *consumed*. Each generator's groups are consumed oldest first, so
-every prompt before it was trained (or dropped, and counted); a resumed or restarted generator
-continues there, and a group queued but never trained is generated again rather than skipped.
-
-Write-offs (`write_off`, `written_off`): per generator incarnation, how many of its groups the
-learner will never take: lost in transit (gaps), rejected as untrainable, dropped as stale or from a
-full queue. The learner takes a fixed share of each generator's groups per step, so each write-off
-moves that generator's later groups one place earlier in the schedule; its throttle, which counts
-the groups it *started*, may start one more per write-off (the driver tells it, `credit`), or the
-losses would use up its lead for good (rollout/generator.py, `throttle_limit`).
+Nothing here is checkpointed: sequence numbers and acknowledgements are per run, and where the
+prompts continue is the dispatcher's (asyncgrpo/dispatch.py).
 """
 
 from __future__ import annotations
@@ -32,10 +22,9 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from asyncgrpo.rewards.errors import RewardErrorWindow, outage_reason
-from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck
+from asyncgrpo.wire import Heartbeat, VersionAck
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +65,6 @@ class GeneratorState:
     rejected_before: int = 0
     rejection: str = ""
     down: bool = False  # its process died; the driver is starting the next incarnation
-    written_off: int = 0  # this incarnation's groups the learner will never take (module docstring)
 
 
 class GeneratorRegistry:
@@ -90,8 +78,6 @@ class GeneratorRegistry:
         self.reward_window = reward_window
         # term -> the first error any generator reported for it (the first heartbeat to carry it wins).
         self.first_reward_errors: dict[str, str] = {}
-        # Per generator: the prompt-stream position past the newest consumed group (module docstring).
-        self._positions: dict[int, int] = {}
         self._last_rejoin = float("-inf")
         self._lock = threading.Lock()
 
@@ -156,7 +142,7 @@ class GeneratorRegistry:
         nothing yet. What the old one announced but never delivered was counted lost by its
         heartbeats; what it did not announce is not known to have existed."""
         state.incarnation = incarnation
-        state.next_seq, state.acked_version, state.down, state.written_off = 0, -1, False, 0
+        state.next_seq, state.acked_version, state.down = 0, -1, False
         state.reported_before = dict(state.reported)
         state.rejected_before = state.weights_rejected
 
@@ -165,28 +151,13 @@ class GeneratorRegistry:
         if missing <= 0:
             return
         self.lost += missing
-        state.written_off += missing
         if not state.reported_loss:
             state.reported_loss = True
             log.warning("generator %d: %d group(s) lost in transit before sequence number %d; "
                         "later losses are only counted under queue/lost", generator_id, missing, next_seq)
         state.next_seq = next_seq
 
-    def write_off(self, generator_id: int, incarnation: int) -> None:
-        """One group of this incarnation that arrived will never be trained (rejected, or dropped
-        stale or from a full queue); a replaced incarnation's groups owe its successor nothing."""
-        with self._lock:
-            state = self.generators.get(generator_id)
-            if state is not None and state.incarnation == incarnation:
-                state.written_off += 1
-
     # ---------------------------------------------------------------------------------- learner
-
-    def written_off(self) -> dict[int, tuple[int, int]]:
-        """Per generator: (its current incarnation, how many of that incarnation's groups the learner
-        will never take), for the throttle's credit (module docstring)."""
-        with self._lock:
-            return {g: (s.incarnation, s.written_off) for g, s in sorted(self.generators.items())}
 
     def acked_versions(self, generator_ids: Sequence[int]) -> dict[int, int]:
         """The newest weight version each generator acknowledged (-1: none yet), leaving out those
@@ -210,13 +181,8 @@ class GeneratorRegistry:
             state.down = True
             return state.incarnation
 
-    def down_generators(self) -> set[int]:
-        with self._lock:
-            return {g for g, s in self.generators.items() if s.down}
-
-    def rejoin(self, generator_id: int, incarnation: int) -> int:
-        """Incarnation `incarnation` of the generator is up: from now on only its messages count.
-        Returns the prompt-stream position it must continue from (`position`)."""
+    def rejoin(self, generator_id: int, incarnation: int) -> None:
+        """Incarnation `incarnation` of the generator is up: from now on only its messages count."""
         with self._lock:
             state = self.generators.setdefault(generator_id, GeneratorState())
             if incarnation <= state.incarnation:
@@ -224,7 +190,6 @@ class GeneratorRegistry:
                                  f"{state.incarnation} was already seen")
             self._replace(state, incarnation)
             state.last_seen = self._last_rejoin = time.monotonic()
-            return self._positions.get(generator_id, 0)
 
     def restart_grace_until(self, timeout_s: float) -> float:
         """Until when (time.monotonic) a wait on the generators must not time out because of a
@@ -234,14 +199,6 @@ class GeneratorRegistry:
             if any(s.down for s in self.generators.values()):
                 return float("inf")
             return self._last_rejoin + timeout_s
-
-    # ------------------------------------------------------------------------- consumer side
-
-    def on_consumed(self, groups: Sequence[ScoredGroup]) -> None:
-        """The learner took `groups` to train on: each one's stream is trained up to past it."""
-        with self._lock:
-            for group in groups:
-                self._positions[group.generator_id] = max(self._positions.get(group.generator_id, 0), group.pos + 1)
 
     def report_increments(self) -> dict[str, float]:
         """What the generators reported since the previous call, summed over generators: idle
@@ -308,23 +265,3 @@ class GeneratorRegistry:
             return {"queue/lost": self.lost, "queue/duplicates": self.duplicates,
                     "queue/old_incarnation": self.old_incarnation,
                     "queue/old_incarnation_reports": self.old_incarnation_reports}
-
-    # ------------------------------------------------------------------------------- checkpoint
-
-    def position(self, generator_id: int) -> int:
-        """Where `generator_id`'s prompt stream continues after a resume or a restart: just past the
-        newest group the learner consumed from it (across resumes and restarts)."""
-        with self._lock:
-            return self._positions.get(generator_id, 0)
-
-    def state_dict(self) -> dict[str, Any]:
-        with self._lock:
-            return {"generators": {str(g): {"position": p} for g, p in sorted(self._positions.items())}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Only the prompt positions carry over; sequence numbers and acknowledgements are per run.
-        A checkpoint from before positions were by consumption holds `groups_received` (what had
-        arrived, trained or not): taken as the position, as those runs did."""
-        with self._lock:
-            self._positions = {int(g): int(s["position"] if "position" in s else s["groups_received"])
-                               for g, s in state.get("generators", {}).items()}

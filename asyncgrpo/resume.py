@@ -9,10 +9,11 @@ naming each difference, unless `resume_allow_changes=true`. A checkpoint without
 before checkpoints carried it) cannot be checked and is refused the same way: a silent mismatch would
 train on other prompts than the run believes, which no later metric reveals.
 
-The dispatch (rollout.dispatch) is checked apart and refused whatever `resume_allow_changes` says:
-under shares the prompts' positions are each generator's (the registry's), under tickets the
-dispatcher's, so a checkpoint resumed under the other would skip prompts or fail in the learner. A
-record from before it carried the dispatch is judged by its queue's state (a dispatcher's or none).
+A checkpoint written under the removed shares dispatch is refused whatever `resume_allow_changes`
+says: its prompts' positions are each generator's, and tickets continue only from a dispatcher's
+state, so resuming it would skip prompts. Its record says `rollout.dispatch: shares`; a record from
+before it carried the dispatch is judged by its queue's state (a dispatcher's or none), and a
+checkpoint without a record predates tickets.
 
 A leaf beside the config: no torch, so the driver checks before anything heavy starts.
 """
@@ -56,6 +57,10 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+# The run-record key of the dispatch (a config key until tickets became the only dispatch).
+_DISPATCH_KEY = "rollout.dispatch"
+
+
 def run_record(cfg: Config) -> dict[str, Any]:
     """The settings that define the generators' prompt streams, keyed by their config keys (so a
     difference names the key). File tasks: each training file's path and SHA-256, in order (the
@@ -63,7 +68,9 @@ def run_record(cfg: Config) -> dict[str, Any]:
     task = cfg.task
     record: dict[str, Any] = {
         "rollout.num_generators": cfg.rollout.num_generators,
-        "rollout.dispatch": cfg.rollout.dispatch,  # whose prompt positions the checkpoint holds
+        # No longer a setting: recorded so that a checkpoint of the removed shares dispatch, whose
+        # record says shares or (older) nothing, is told apart.
+        _DISPATCH_KEY: "tickets",
         "task.name": task.name,
         "seed": cfg.seed,  # seeds each built-in stream, and the shuffle of file tasks
     }
@@ -111,30 +118,28 @@ def record_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return found
 
 
-def checkpoint_dispatch(meta: dict[str, Any]) -> str:
-    """The rollout.dispatch the checkpoint was written under: its record's, else (a record from
-    before it carried one, or none) its queue state's: a dispatcher's state only under tickets."""
+def written_under_shares(meta: dict[str, Any]) -> bool:
+    """Whether the checkpoint was written under the removed shares dispatch: its record says so,
+    or (a record from before it carried the dispatch, or none) its queue state has no dispatcher's."""
     saved = meta.get("run")
-    if isinstance(saved, dict) and isinstance(saved.get("rollout.dispatch"), str):
-        return saved["rollout.dispatch"]
+    if isinstance(saved, dict) and isinstance(saved.get(_DISPATCH_KEY), str):
+        return saved[_DISPATCH_KEY] == "shares"
     queue = (meta.get("states") or {}).get("queue") or {}
-    return "tickets" if isinstance(queue, dict) and "dispatch" in queue else "shares"
+    return not (isinstance(queue, dict) and "dispatch" in queue)
 
 
 def check_compatible(meta: dict[str, Any], cfg: Config, checkpoint: str | Path,
                      log: Callable[[str], None] = _print) -> list[str]:
     """Raise ResumeRefused, in one line, unless the checkpoint's run record matches this run's (or
-    `resume_allow_changes` is set: then the differences are logged) and its dispatch is this run's
-    (no setting allows another). Returns the differences."""
-    written = checkpoint_dispatch(meta)
-    if written != cfg.rollout.dispatch:
-        raise ResumeRefused(f"{checkpoint} was written under rollout.dispatch={written} and this run has "
-                            f"rollout.dispatch={cfg.rollout.dispatch}: its prompt positions are kept by the "
-                            f"{written} dispatch only, so resuming it here would skip prompts; resume it with "
-                            f"rollout.dispatch={written}")
+    `resume_allow_changes` is set: then the differences are logged) and it was not written under
+    the shares dispatch (no setting allows that). Returns the differences."""
+    if written_under_shares(meta):
+        raise ResumeRefused(f"{checkpoint} was written under the shares dispatch, which was removed: its prompt "
+                            "positions are each generator's, and tickets is the only dispatch, which continues only "
+                            "from its own state, so resuming it would skip prompts; start a new run")
     saved = meta.get("run")
-    if isinstance(saved, dict):
-        saved = {**saved, "rollout.dispatch": written}  # a record from before it carried the dispatch
+    if isinstance(saved, dict):  # a record from before it carried the dispatch: tickets, as checked above
+        saved = {**saved, _DISPATCH_KEY: "tickets"}
     allow = getattr(cfg, ALLOW_KEY)
     if not isinstance(saved, dict):
         why = (f"{checkpoint} records no run settings (written before checkpoints did), so its "

@@ -126,21 +126,14 @@ class RewardConfig:
 
 @dataclass
 class RolloutConfig:
+    # Each asks learner rank 0 for the next slots of the training order as it is ready, within the
+    # staleness budget, so a faster one makes more (asyncgrpo/dispatch.py, docs/ARCHITECTURE.md, Dispatch).
     num_generators: int = 1
-    # Groups of each step each generator makes, one per generator, summing to train.groups_per_step
-    # (e.g. [11, 5] for a generator half as fast as the other); [] = as even as possible. Each step
-    # waits for every generator's share, so uneven generators given even shares run at the slowest's
-    # pace (docs/SIMULATOR.md, Uneven generators).
-    generator_shares: list[int] = field(default_factory=list)
-    # How prompts reach the generators. shares: each generator makes its share of every step
-    # (generator_shares). tickets: any generator asks learner rank 0 for the next slots of the
-    # training order as it is ready, within the staleness budget, so a faster one makes more
-    # (asyncgrpo/dispatch.py, docs/ARCHITECTURE.md, Dispatch).
-    dispatch: str = "shares"
     samples_per_prompt: int = 8
     max_new_tokens: int = 5
     temperature: float = 1.0
-    # Prompts per vLLM call; 0 means one learner step's worth per generator.
+    # Prompts per vLLM call (tickets asked for at once); 0 means a step's groups spread evenly over
+    # the generators.
     groups_per_call: int = 0
     kv_cache_gib: float = 0.25
     dtype: str = "float32"
@@ -282,8 +275,8 @@ class TrainConfig:
 
 @dataclass
 class QueueConfig:
+    # Slots are granted only while the queue can hold them beside the next step's: it never fills.
     capacity_groups: int = 64
-    full_policy: str = "block"  # block | drop_oldest
 
 
 @dataclass
@@ -335,9 +328,8 @@ class WeightsConfig:
     chunk_bytes: int = 64 << 20
     # zmq and shm: the dtype tensors travel in. auto = rollout.dtype (a bf16 engine receives half the bytes).
     wire_dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    # rollout.dispatch=tickets: before a step the learner waits while a live generator's engine is
-    # more than this many versions behind it, and never less than train.max_staleness + 1 (under
-    # shares, train.max_staleness is the wait's bound).
+    # Before a step the learner waits while a live generator's engine is more than this many
+    # versions behind it, and never less than train.max_staleness + 1.
     # Each version pushed and not yet loaded waits in that generator's receive buffer (zmq: a whole
     # model each), so a stalled engine cannot pile them up; one merely slower never lags this far.
     max_backlog_versions: int = 4

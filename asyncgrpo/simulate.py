@@ -7,9 +7,9 @@ other settings (more generators, another staleness bound, more learner ranks, sl
     simulate(calibration, settings) -> Result
 
 The model (docs/SIMULATOR.md states every assumption): each generator runs the real loop of
-asyncgrpo/rollout/generator.py (load the newest weights -> throttle -> one vLLM call -> score ->
-send, blocking on a full queue), the queue hands each step each generator's share, oldest first
-(asyncgrpo/replay.py), and the learner runs the step of asyncgrpo/learner/learner.py (ack_wait ->
+asyncgrpo/rollout/generator.py (load the newest weights -> ask for tickets -> one vLLM call -> score ->
+send), the dispatcher of asyncgrpo/dispatch.py grants each call's slots to whichever generator asks
+and hands each step its slots, and the learner runs the step of asyncgrpo/learner/learner.py (ack_wait ->
 gen_wait -> train -> push; a push is visible to the generators when it ends). Each actor has its
 own hardware, unless sim.cores makes them share a machine's cores (processor sharing, after taking
 out of the calibration the sharing its own run had). Pure Python (no torch, no numpy), so it runs
@@ -30,27 +30,18 @@ from typing import Any, Union
 
 import yaml
 
-from asyncgrpo.dispatch import DISPATCHES, Dispatcher, engine_lag_bound
+from asyncgrpo.dispatch import Dispatcher, engine_lag_bound
 
 # The real run's choice lists and formulas, mirrored here because their modules import torch or
-# ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.replay, asyncgrpo.config and
-# asyncgrpo.rollout.generator.
+# ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.replay and asyncgrpo.config.
 STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
-FULL_POLICIES = ("block", "drop_oldest")
 
 
-def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int) -> int:
-    """Groups a generator may have started while it holds `loaded_version` (rollout.generator)."""
-    return (max_staleness + loaded_version + 1) * quota_per_step
-
-
-def groups_per_generator(num_generators: int, groups_per_step: int, shares: list[int] | None = None) -> list[int]:
-    """Each generator's share of a step (config.groups_per_generator): `shares`
-    (rollout.generator_shares) or as even as possible."""
-    if shares:
-        return list(shares)
+def even_split(num_generators: int, groups_per_step: int) -> list[int]:
+    """A step's groups divided among generators as evenly as possible (config.groups_per_generator):
+    with rollout.groups_per_call=0 a generator's call asks for its part of a step."""
     return [groups_per_step // num_generators + (1 if i < groups_per_step % num_generators else 0)
             for i in range(num_generators)]
 
@@ -73,10 +64,9 @@ class Settings:
     samples_per_prompt: int
     max_staleness: int
     stale_policy: str
-    groups_per_call: int  # 0: one step's share per call, as in the generator
+    groups_per_call: int  # 0: a step's groups over the generators per call, as in the generator
     world_size: int
     capacity_groups: int
-    full_policy: str
     push_every_steps: int
     steps: int  # learner steps to simulate; from a run: its own number of steps
     seed: int = 0
@@ -95,16 +85,11 @@ class Settings:
     train_scale: float = 1.0  # x every step's prepare + train time
     generate_cv: float = 0.0  # coefficient of variation of a call's time (gamma noise, mean kept)
     call_size_exponent: float = 1.0  # a call of n groups takes (n / measured n) ** this x measured
-    # rollout.generator_shares, comma-separated ("11,5"); "" = as even as possible.
-    generator_shares: str = ""
     # Relative speed of each generator's calls, comma-separated ("1,0.5": the second takes twice as
     # long); "" = all 1. Models uneven generators (other hardware, a smaller core share).
     generator_speeds: str = ""
-    # rollout.dispatch: "shares", a fixed share of every step per generator; or "tickets", the
-    # dynamic dispatch of asyncgrpo/dispatch.py (docs/SIMULATOR.md).
-    dispatch: str = "shares"
-    # weights.max_backlog_versions: under tickets the learner waits only for an engine this far
-    # behind (and at least max_staleness + 1).
+    # weights.max_backlog_versions: the learner waits only for an engine this far behind (and at
+    # least max_staleness + 1).
     max_backlog_versions: int = 4
     # Processors every actor's busy phases share (processor sharing, docs/SIMULATOR.md); 0: each
     # actor has its own hardware, as a GPU cluster. A CPU machine's cores: the calibration is first
@@ -123,19 +108,9 @@ class Settings:
     def samples_per_step(self) -> int:
         return self.groups_per_step * self.samples_per_prompt
 
-    def quotas(self) -> list[int]:
-        return groups_per_generator(self.num_generators, self.groups_per_step, self.shares())
-
-    def shares(self) -> list[int]:
-        """rollout.generator_shares as a list ([] for an even split)."""
-        text = self.generator_shares.strip().strip("[]")
-        if not text:
-            return []
-        try:
-            return [int(v) for v in text.split(",")]
-        except ValueError:
-            raise SimulationError(f"rollout.generator_shares must be comma-separated integers "
-                                  f"(got {self.generator_shares!r})") from None
+    def call_groups(self) -> list[int]:
+        """Each generator's groups per call (rollout.generator.groups_per_call)."""
+        return [self.groups_per_call or part for part in even_split(self.num_generators, self.groups_per_step)]
 
     def speeds(self) -> list[float]:
         """Each generator's relative speed (sim.generator_speeds)."""
@@ -167,13 +142,6 @@ class Settings:
         require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
         require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",
                 f"must hold at least one step (train.groups_per_step={self.groups_per_step})", self.capacity_groups)
-        if self.num_generators > 1 and self.throttles:
-            needed = (self.max_staleness + 1) * self.groups_per_step
-            require(self.capacity_groups >= needed, "queue.capacity_groups",
-                    f"must be >= (train.max_staleness + 1) x train.groups_per_step = {needed} with "
-                    f"{self.num_generators} generators (add queue.capacity_groups={needed})", self.capacity_groups)
-        require(self.full_policy in FULL_POLICIES, "queue.full_policy", f"must be one of {FULL_POLICIES}",
-                self.full_policy)
         require(1 <= self.push_every_steps <= self.max_staleness + 1, "weights.push_every_steps",
                 f"must be between 1 and train.max_staleness + 1 = {self.max_staleness + 1}", self.push_every_steps)
         require(self.steps >= 1, "sim.steps", "must be >= 1", self.steps)
@@ -186,23 +154,15 @@ class Settings:
         require(self.train_scale > 0, "sim.train_scale", "must be > 0", self.train_scale)
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
-        require(self.dispatch in DISPATCHES, "rollout.dispatch", f"must be one of {DISPATCHES}", self.dispatch)
         require(self.cores >= 0, "sim.cores", "must be >= 0 (0: every actor has processors of its own)", self.cores)
         require(self.max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1",
                 self.max_backlog_versions)
-        shares = self.shares()
-        require(not shares or (len(shares) == self.num_generators and min(shares) >= 1
-                               and sum(shares) == self.groups_per_step), "rollout.generator_shares",
-                f"must give each of rollout.num_generators={self.num_generators} generators >= 1 groups, "
-                f"{self.groups_per_step} in all (train.groups_per_step), or be empty for an even split", shares)
         self.speeds()
 
 
 # Command-line key -> Settings field. The config keys keep the names `asyncgrpo train` uses.
 CONFIG_KEYS = {
     "rollout.num_generators": "num_generators",
-    "rollout.generator_shares": "generator_shares",
-    "rollout.dispatch": "dispatch",
     "weights.max_backlog_versions": "max_backlog_versions",
     "rollout.groups_per_call": "groups_per_call",
     "train.groups_per_step": "groups_per_step",
@@ -210,7 +170,6 @@ CONFIG_KEYS = {
     "train.stale_policy": "stale_policy",
     "learner.world_size": "world_size",
     "queue.capacity_groups": "capacity_groups",
-    "queue.full_policy": "full_policy",
     "weights.push_every_steps": "push_every_steps",
 }
 SIM_KEYS = {f"sim.{name}": name for name in (
@@ -263,7 +222,7 @@ class GeneratorTimes:
     """One measured generator's costs, from its totals in summary.json (docs/SIMULATOR.md)."""
 
     generate_s: float  # one vLLM call of `call_groups` groups: gen_time/generate_s / calls
-    call_groups: int  # groups per call in the run: rollout.groups_per_call, or the generator's share
+    call_groups: int  # groups per call in the run: rollout.groups_per_call, or its part of a step (even_split)
     score_s_per_group: float  # gen_time/score_s / groups scored
     score_wait_s: float  # per call: gen_time/score_wait_s / calls (rewards not ready; idle)
     send_s_per_group: float  # (gen_time/send_s - gen/send_blocked_s) / groups sent
@@ -299,6 +258,9 @@ class Calibration:
     shared_cores: int | None = None
     machine_cores: int | None = None  # the cores the run's actors were planned on (actors.json driver_cores)
     device: str = ""  # the run's config.yaml device ("cpu", "cuda")
+    # The dispatch the run was recorded under (recorded_dispatch): "tickets", or "shares", removed
+    # since; such a run calibrates only what does not depend on it (docs/SIMULATOR.md).
+    recorded_dispatch: str = "tickets"
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> Calibration:
@@ -309,11 +271,12 @@ class Calibration:
         summary = _read_json(path / "summary.json")
         steps = _step_records(path, summary)
         settings = _run_settings(config, steps=len(steps))
+        dispatch = recorded_dispatch(config, path / "config.yaml")
         reports = _generator_reports(path, summary, settings)
         first_step_wait = float(steps[0].get("time/ack_wait_s", 0.0)) + float(steps[0].get("time/gen_wait_s", 0.0))
-        generators = [_generator_times(i, report, call_groups, quota, first_step_wait)
-                      for i, (report, call_groups, quota) in enumerate(zip(reports, _call_groups(settings),
-                                                                           settings.quotas()))]
+        parts = even_split(settings.num_generators, settings.groups_per_step)
+        generators = [_generator_times(i, report, call_groups, part, first_step_wait)
+                      for i, (report, call_groups, part) in enumerate(zip(reports, settings.call_groups(), parts))]
 
         def phase(key: str) -> list[float]:
             return [float(r.get(f"time/{key}_s", 0.0)) for r in steps]
@@ -328,7 +291,7 @@ class Calibration:
                    learner_other_s=max(0.0, (wall - timed) / len(steps)),
                    measured=_measured(summary, reports, steps[settings.warmup_steps:] or steps),
                    shared_cores=_shared_cores(actors), machine_cores=_machine_cores(actors),
-                   device=str(config.get("device", "")))
+                   device=str(config.get("device", "")), recorded_dispatch=dispatch)
 
     def scaled(self, learner: float, generators: list[float]) -> Calibration:
         """Every processor phase's time x a factor per actor (the learner's, each generator's); the
@@ -441,18 +404,12 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
             value = value[part]
         return value
 
-    rollout = config.get("rollout")
-    shares = (rollout.get("generator_shares") if isinstance(rollout, dict) else None) or []  # absent in older runs
-    if not isinstance(shares, list):
-        raise SimulationError(f"config.yaml: rollout.generator_shares is not a list (got {shares!r})")
     settings = Settings(
         num_generators=int(get("rollout.num_generators")), groups_per_step=int(get("train.groups_per_step")),
         samples_per_prompt=int(get("rollout.samples_per_prompt")), max_staleness=int(get("train.max_staleness")),
         stale_policy=str(get("train.stale_policy")), groups_per_call=int(get("rollout.groups_per_call")),
         world_size=int(get("learner.world_size")), capacity_groups=int(get("queue.capacity_groups")),
-        full_policy=str(get("queue.full_policy")), push_every_steps=int(get("weights.push_every_steps")),
-        steps=steps, generator_shares=",".join(str(v) for v in shares),
-        dispatch=str(rollout.get("dispatch", "shares")) if isinstance(rollout, dict) else "shares",  # older runs: shares
+        push_every_steps=int(get("weights.push_every_steps")), steps=steps,
         max_backlog_versions=int((config.get("weights") or {}).get(  # absent in older runs: the default
             "max_backlog_versions", Settings.max_backlog_versions)))
     settings.check()
@@ -490,11 +447,26 @@ def _generator_reports(run_dir: Path, summary: dict[str, Any], settings: Setting
     return reports
 
 
-def _call_groups(settings: Settings) -> list[int]:
-    return [settings.groups_per_call or quota for quota in settings.quotas()]
+def recorded_dispatch(config: dict[str, Any], path: Path) -> str:
+    """The dispatch a run's config.yaml was recorded under: "tickets", or "shares" (removed).
+
+    Runs before the shares dispatch was removed record rollout.dispatch, or (older still) default to
+    shares without the key; runs since record neither it nor queue.full_policy, which every config
+    had until then. Hand-set shares sized each generator's calls unevenly, which a calibration for
+    tickets cannot take apart: refused in one line."""
+    rollout = config.get("rollout") if isinstance(config.get("rollout"), dict) else {}
+    queue = config.get("queue") if isinstance(config.get("queue"), dict) else {}
+    dispatch = rollout.get("dispatch", "shares" if "full_policy" in queue else "tickets")
+    if dispatch not in ("shares", "tickets"):
+        raise SimulationError(f"{path}: rollout.dispatch must be tickets or shares (got {dispatch!r})")
+    if dispatch == "shares" and rollout.get("generator_shares"):
+        raise SimulationError(f"{path}: recorded under the removed shares dispatch with rollout.generator_shares="
+                              f"{rollout['generator_shares']}, which sized each generator's calls: calibrate from a "
+                              f"run under tickets")
+    return str(dispatch)
 
 
-def _generator_times(index: int, report: dict[str, Any], call_groups: int, quota: int,
+def _generator_times(index: int, report: dict[str, Any], call_groups: int, first_step_groups: int,
                      first_step_wait_s: float) -> GeneratorTimes:
     def total(key: str) -> float:
         return float(report.get(key, 0.0))
@@ -510,7 +482,7 @@ def _generator_times(index: int, report: dict[str, Any], call_groups: int, quota
     # shutdown (one call at most, which only rounds up here).
     calls = math.ceil(sent / call_groups)
     timed = sum(total(f"gen_time/{phase}_s")
-                for phase in ("weights", "generate", "score", "score_wait", "throttle", "exhausted", "send"))
+                for phase in ("weights", "ask", "generate", "score", "score_wait", "throttle", "exhausted", "send"))
     loads = total("gen/weight_loads")
     times = GeneratorTimes(
         generate_s=total("gen_time/generate_s") / calls,
@@ -521,7 +493,7 @@ def _generator_times(index: int, report: dict[str, Any], call_groups: int, quota
         weight_load_s=total("gen/weight_load_s") / loads if loads else 0.0,
         other_s=max(0.0, total("gen/wall_s") - timed) / calls,
     )
-    return _split_first_call(times, calls, math.ceil(quota / call_groups), first_step_wait_s)
+    return _split_first_call(times, calls, math.ceil(first_step_groups / call_groups), first_step_wait_s)
 
 
 def _split_first_call(times: GeneratorTimes, calls: int, first_calls: int, first_step_wait_s: float
@@ -530,7 +502,7 @@ def _split_first_call(times: GeneratorTimes, calls: int, first_calls: int, first
 
     An engine's first call can take many times a later one (on CPU, vLLM compiles then), and a mean
     over a short run's calls spreads that over every call. The learner's first step waited
-    (`first_step_wait_s`: its ack_wait + gen_wait) for the `first_calls` calls that make its share,
+    (`first_step_wait_s`: its ack_wait + gen_wait) for the `first_calls` calls that make its part,
     generators and learner starting together; with G the total generation time over `calls` calls
     and c a call's other costs, a later call's g and the first call's extra W solve
         W + calls x g = G    and    W + first_calls x (g + c) = first_step_wait_s.
@@ -688,14 +660,30 @@ class EventLoop:
             due = [reads for reads in self._blocked if reads is None or not reads.isdisjoint(changed)]
         else:
             due = list(self._blocked)
-        # Oldest blocked first across the lists, as if they were one; a condition with side effects
-        # (dropping stale groups) calls changed() itself, so the next event checks again.
-        lists = [self._blocked.pop(reads) for reads in due]
-        for order, process, until in lists[0] if len(lists) == 1 else heapq.merge(*lists):
+        # Oldest blocked first across the lists, as if they were one (orders are unique, so the
+        # heap never compares processes).
+        pending = [entry for reads in due for entry in self._blocked.pop(reads)]
+        heapq.heapify(pending)
+        seen = set(changed)
+        while pending:
+            order, process, until = heapq.heappop(pending)
             if until.condition():
                 self._schedule(process, self.now)
             else:
                 self._block(order, process, until)  # keeps its place: the lists stay in blocking order
+            if self._track_changes and not self._changed <= seen:
+                # A condition with side effects (dropping stale groups gives their slots back)
+                # changed something: the waits that read it and blocked after this one are checked
+                # in this pass too, as without tracking; those before it at the next event, as
+                # without tracking (its changed() stands for that).
+                new, seen = self._changed - seen, seen | self._changed
+                for reads in [r for r in self._blocked if r is not None and not r.isdisjoint(new)]:
+                    entries = self._blocked.pop(reads)
+                    earlier = [entry for entry in entries if entry[0] <= order]  # this one too: checked
+                    if earlier:
+                        self._blocked[reads] = earlier
+                    for entry in entries[len(earlier):]:
+                        heapq.heappush(pending, entry)
 
 
 @dataclass
@@ -727,11 +715,10 @@ class Clock:
 @dataclass
 class SimGenerator:
     index: int
-    quota: int
     call_groups: int
     times: GeneratorTimes
     loaded: int = 0  # the version in its engine, acknowledged as soon as it is loaded
-    started: int = 0  # groups started, what the throttle counts
+    started: int = 0  # groups started: the first call pays the engine's warm-up
     clock: Clock = field(default_factory=Clock)
 
 
@@ -739,7 +726,7 @@ class SimGenerator:
 class SimGroup:
     generator: int
     version: int  # of the weights that generated it
-    slot: int = -1  # its ticket's slot (rollout.dispatch=tickets)
+    slot: int  # its ticket's slot
 
 
 @dataclass(frozen=True)
@@ -753,12 +740,11 @@ class Result:
     learner_seconds: dict[str, float]
     ack_waits: int
     generator_idle_frac: float  # mean over generators
-    generator_idle_fracs: list[float]  # (throttle + blocked on a full queue + reward waits) / time
+    generator_idle_fracs: list[float]  # (waits for tickets + reward waits) / time
     staleness_histogram: dict[int, int]
     staleness_mean: float
     staleness_max: int
     dropped_stale: int
-    dropped_full: int
 
     def as_dict(self) -> dict[str, Any]:
         return _rounded(asdict(self))
@@ -774,13 +760,15 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-GENERATOR_IDLE_PHASES = ("throttle", "blocked", "score_wait")
+GENERATOR_IDLE_PHASES = ("throttle", "score_wait")
 
-# What the model tells its event loop has changed: the queue's contents, or a version (the
-# learner's, the newest pushed, one a generator has loaded). A generator waiting at the throttle
-# reads only versions; every other wait reads both (Until.reads None).
-QUEUE, VERSIONS = "queue", "versions"
-VERSIONS_ONLY = frozenset({VERSIONS})
+# What the model tells its event loop has changed: the queue's contents, a version (the learner's,
+# the newest pushed, one a generator has loaded), or the slots the dispatcher may grant (a step
+# taken, a slot given back). A generator waiting for tickets reads only versions and slots: a group
+# arriving, which is most events, grants nobody anything. Every other wait reads all three
+# (Until.reads None).
+QUEUE, VERSIONS, SLOTS = "queue", "versions", "slots"
+GRANT_READS = frozenset({VERSIONS, SLOTS})
 
 
 class Model:
@@ -789,31 +777,27 @@ class Model:
     def __init__(self, calibration: Calibration, settings: Settings) -> None:
         self.cal, self.s = calibration, settings
         self.rng = random.Random(settings.seed)
-        # Every change to what a wait's condition reads calls self.loop.changed(QUEUE or VERSIONS):
-        # the queue helpers below, load() and the learner's version bump and push.
+        # Every change to what a wait's condition reads calls self.loop.changed(QUEUE, VERSIONS or
+        # SLOTS): the queue helpers below, load(), the learner's version bump and push, and the
+        # dispatcher's take and releases.
         self.loop = EventLoop(track_changes=True, cores=settings.cores)
-        quotas = settings.quotas()
-        self.generators = [
-            SimGenerator(i, quota, settings.groups_per_call or quota,
-                         calibration.generators[i % len(calibration.generators)]) for i, quota in enumerate(quotas)]
-        # Under a throttling policy the queue hands each step each generator's share (replay.py).
-        self.shares = quotas if settings.throttles and settings.dispatch == "shares" else None
+        self.generators = [SimGenerator(i, call_groups, calibration.generators[i % len(calibration.generators)])
+                           for i, call_groups in enumerate(settings.call_groups())]
         self.speeds = settings.speeds()
-        # rollout.dispatch=tickets: slots granted to whichever generator asks (asyncgrpo/dispatch.py).
-        self.dispatcher = (Dispatcher(settings.groups_per_step, settings.max_staleness, settings.throttles,
-                                      settings.capacity_groups)
-                           if settings.dispatch == "tickets" else None)
+        # Slots granted to whichever generator asks (asyncgrpo/dispatch.py, the real run's code).
+        # No slot is granted that the queue could not hold, so no generator blocks on a full queue.
+        self.dispatcher = Dispatcher(settings.groups_per_step, settings.max_staleness, settings.throttles,
+                                     settings.capacity_groups)
         self.queue: deque[SimGroup] = deque()
-        # Kept up to date as groups enter and leave the queue, because whether a step is ready is
-        # asked after every event: walking a queue of thousands of groups each time made a
-        # simulation of hundreds of generators take minutes.
-        self.queued_per_generator = [0] * settings.num_generators
+        # Kept up to date as groups enter and leave the queue, because whether anything queued is
+        # too stale is asked after every event: walking a queue of thousands of groups each time
+        # made a simulation of hundreds of generators take minutes.
         self.queued_per_version: dict[int, int] = {}
         self.version = 0  # the learner's
         self.newest = 0  # the newest version pushed, visible to every generator
         self.steps_done = 0
         self.learner = Clock()
-        self.ack_waits = self.dropped_stale = self.dropped_full = 0
+        self.ack_waits = self.dropped_stale = 0
         self.staleness: dict[int, int] = {}
         self.warmup_end = 0.0
 
@@ -851,23 +835,22 @@ class Model:
     # ---- a generator (Generator.run)
 
     def generator(self, g: SimGenerator) -> Process:
-        if self.dispatcher is not None:
-            yield from self.ticket_generator(g)
-            return
+        """Ask for a call's worth of tickets, generate what was granted, send it."""
         while True:
             if self.newest > g.loaded:
                 yield from self.load(g)
-            room = (throttle_limit(self.s.max_staleness, g.loaded, g.quota) - g.started
-                    if self.s.throttles else g.call_groups)
-            if room <= 0:
-                yield from self.wait(g.clock, "throttle", lambda: self.newest > g.loaded, reads=VERSIONS_ONLY)
+            _, tickets = self.dispatcher.grant((g.index, 0), g.loaded, g.call_groups)
+            if not tickets:  # nothing within the bound: newer weights, or a slot given back, will do
+                yield from self.wait(g.clock, "throttle",
+                                     lambda: self.newest > g.loaded or self.dispatcher.can_grant(g.loaded),
+                                     reads=GRANT_READS)
                 continue
-            n = min(g.call_groups, room)
             version = g.loaded
-            yield from self.call(g, n)
-            for _ in range(n):
+            yield from self.call(g, len(tickets))
+            for ticket in tickets:
                 yield from self.busy(g.clock, "send", g.times.send_s_per_group)
-                yield from self.enqueue(g, SimGroup(g.index, version))
+                self.dispatcher.arrived((g.index, 0), ticket.slot)
+                self.queued(SimGroup(g.index, version, ticket.slot))
 
     def call(self, g: SimGenerator, n: int) -> Process:
         """One vLLM call of `n` groups, their scoring and the loop's other time (its first call
@@ -878,26 +861,6 @@ class Model:
         yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
         yield from self.idle_for(g.clock, "score_wait", g.times.score_wait_s)
         yield from self.busy(g.clock, "other", g.times.other_s)
-
-    def ticket_generator(self, g: SimGenerator) -> Process:
-        """The same loop under tickets: ask for a call's worth, generate what was granted."""
-        dispatcher = self.dispatcher
-        assert dispatcher is not None
-        while True:
-            if self.newest > g.loaded:
-                yield from self.load(g)
-            _, tickets = dispatcher.grant((g.index, 0), g.loaded, g.call_groups)
-            if not tickets:  # nothing within the bound: newer weights, or a slot given back, will do
-                yield from self.wait(g.clock, "throttle",
-                                     lambda: self.newest > g.loaded or dispatcher.can_grant(g.loaded))
-                continue
-            n = len(tickets)
-            version = g.loaded
-            yield from self.call(g, n)
-            for ticket in tickets:
-                yield from self.busy(g.clock, "send", g.times.send_s_per_group)
-                dispatcher.arrived((g.index, 0), ticket.slot)
-                yield from self.enqueue(g, SimGroup(g.index, version, ticket.slot))
 
     def load(self, g: SimGenerator) -> Process:
         target = self.newest  # a push arriving during the load waits for the next safe point
@@ -914,34 +877,18 @@ class Model:
             seconds *= self.rng.gammavariate(shape, 1.0 / shape)  # mean 1
         return seconds
 
-    def enqueue(self, g: SimGenerator, group: SimGroup) -> Process:
-        while len(self.queue) >= self.s.capacity_groups:
-            if self.s.full_policy == "drop_oldest":
-                dropped = self.queue.popleft()
-                self.unqueued(dropped)
-                self.dropped_full += 1
-                if self.dispatcher is not None:
-                    self.dispatcher.release(dropped.slot)
-                break
-            # Blocked on a full queue the generator still loads pushes (a safe point).
-            yield from self.wait(g.clock, "blocked",
-                                 lambda: len(self.queue) < self.s.capacity_groups or self.newest > g.loaded)
-            if self.newest > g.loaded:
-                yield from self.load(g)
-        self.queued(group)
-
     # The queue changes only through these three, which keep its counts and tell the event loop.
 
     def queued(self, group: SimGroup) -> None:
+        # The dispatcher grants no slot the queue could not hold: a generator never blocks on it.
+        assert len(self.queue) < self.s.capacity_groups
         self.loop.changed(QUEUE)
         self.queue.append(group)
-        self.queued_per_generator[group.generator] += 1
         self.queued_per_version[group.version] = self.queued_per_version.get(group.version, 0) + 1
 
     def unqueued(self, group: SimGroup) -> None:
         """`group` has just been taken off the queue."""
         self.loop.changed(QUEUE)
-        self.queued_per_generator[group.generator] -= 1
         self.queued_per_version[group.version] -= 1
         if not self.queued_per_version[group.version]:
             del self.queued_per_version[group.version]
@@ -949,10 +896,8 @@ class Model:
     def set_queue(self, groups: deque[SimGroup]) -> None:
         self.loop.changed(QUEUE)
         self.queue = groups
-        self.queued_per_generator = [0] * self.s.num_generators
         self.queued_per_version = {}
         for group in groups:
-            self.queued_per_generator[group.generator] += 1
             self.queued_per_version[group.version] = self.queued_per_version.get(group.version, 0) + 1
 
     # ---- the learner (Learner.step)
@@ -960,8 +905,7 @@ class Model:
     def learner_loop(self) -> Process:
         s = self.s
         for step in range(s.steps):
-            floor = self.version - (engine_lag_bound(s.max_staleness, s.max_backlog_versions)
-                                    if self.dispatcher is not None else s.max_staleness)
+            floor = self.version - engine_lag_bound(s.max_staleness, s.max_backlog_versions)
             if floor > 0 and not self.acks_ok(floor):
                 self.ack_waits += 1
                 yield from self.wait(self.learner, "ack_wait", lambda: self.acks_ok(floor))
@@ -983,7 +927,7 @@ class Model:
 
     def acks_ok(self, floor: int) -> bool:
         # As wait_for_generators: a full step already queued waits on nobody.
-        if self.dispatcher is not None and self.dispatcher.ready():
+        if self.dispatcher.ready():
             return True
         return all(g.loaded >= floor for g in self.generators) or len(self.queue) >= self.s.groups_per_step
 
@@ -997,37 +941,21 @@ class Model:
             for group in self.queue:
                 (stale if self.too_stale(group) else fresh).append(group)
             self.dropped_stale += len(stale)
-            if self.dispatcher is not None:  # a stale group's slot is granted again
-                for group in stale:
-                    self.dispatcher.release(group.slot)
+            for group in stale:  # its slot is granted again
+                self.dispatcher.release(group.slot)
+            self.loop.changed(SLOTS)
             self.set_queue(fresh)
-        if self.dispatcher is not None:
-            return self.dispatcher.ready()
-        if self.shares is None:
-            return len(self.queue) >= self.s.groups_per_step
-        return all(h >= share for h, share in zip(self.queued_per_generator, self.shares))
+        return self.dispatcher.ready()
 
     def too_stale(self, group: SimGroup) -> bool:
         return self.version - group.version > self.s.max_staleness
 
     def take(self) -> list[SimGroup]:
-        """Each generator's share, each one's oldest first (or the oldest groups, without shares)."""
-        if self.dispatcher is not None:  # the next step's slots, in slot order
-            slots = {slot for slot, _, _ in self.dispatcher.take()}
-            batch = [group for group in self.queue if group.slot in slots]
-            self.set_queue(deque(group for group in self.queue if group.slot not in slots))
-            return batch
-        wanted = list(self.shares) if self.shares is not None else None
-        batch: list[SimGroup] = []
-        kept: deque[SimGroup] = deque()
-        for group in self.queue:
-            if len(batch) < self.s.groups_per_step and (wanted is None or wanted[group.generator] > 0):
-                batch.append(group)
-                if wanted is not None:
-                    wanted[group.generator] -= 1
-            else:
-                kept.append(group)
-        self.set_queue(kept)
+        """The next step's slots, in slot order."""
+        slots = {slot for slot, _, _ in self.dispatcher.take()}
+        self.loop.changed(SLOTS)  # the queue's room moved on by a step
+        batch = [group for group in self.queue if group.slot in slots]
+        self.set_queue(deque(group for group in self.queue if group.slot not in slots))
         return batch
 
     def train_s(self, step: int) -> float:
@@ -1078,7 +1006,7 @@ class Model:
             generator_idle_frac=sum(idle) / len(idle), generator_idle_fracs=idle,
             staleness_histogram=dict(sorted(self.staleness.items())), staleness_mean=_mean_of(self.staleness),
             staleness_max=max(self.staleness, default=0),
-            dropped_stale=self.dropped_stale, dropped_full=self.dropped_full)
+            dropped_stale=self.dropped_stale)
 
 
 def simulate(calibration: Calibration, settings: Settings) -> Result:
@@ -1092,6 +1020,11 @@ def simulate(calibration: Calibration, settings: Settings) -> Result:
             raise SimulationError(f"sim.cores needs to know whether {calibration.run_dir}'s actors shared cores; its "
                                   f"actors.json has no driver_cores (recorded since commit a9a1ab5), or its actors "
                                   f"ran on several nodes")
+        if calibration.shared_cores and calibration.recorded_dispatch != "tickets":
+            # Taking the run's contention out replays the run itself, its dispatch included.
+            raise SimulationError(f"sim.cores: {calibration.run_dir}'s actors shared {calibration.shared_cores} cores "
+                                  f"under the removed shares dispatch, whose contention the simulator can no longer "
+                                  f"take out of its times; calibrate from a run under tickets, or leave sim.cores out")
         calibration = calibration.uncontended()
     return Model(calibration, settings).run()
 
@@ -1111,6 +1044,9 @@ def report(calibration: Calibration, settings: Settings, result: Result) -> str:
     lines = [f"run: {calibration.run_dir} ({calibration.settings.steps} steps)",
              "changed: " + (", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()) or "nothing (the run's own "
                                                                                               "settings)")]
+    if calibration.recorded_dispatch != "tickets":
+        lines.append(f"note: the run was recorded under the removed {calibration.recorded_dispatch} dispatch: its "
+                     f"times calibrate the simulation of tickets, and its measured figures are of the old dispatch")
     actors = settings.num_generators + settings.world_size
     if not settings.cores and calibration.device == "cpu" and (calibration.machine_cores or actors) < actors:
         lines.append(f"note: {actors} actors, each simulated on a core of its own, where the run had "
@@ -1126,7 +1062,8 @@ def report(calibration: Calibration, settings: Settings, result: Result) -> str:
     payload = {**result.as_dict(), "staleness_histogram": {str(k): v for k, v in result.staleness_histogram.items()},
                "measured_samples_per_s": round(m.samples_per_s, 6),
                "ratio_to_measured": round(result.samples_per_s / m.samples_per_s, 4) if m.samples_per_s else None,
-               "changed": {k: b for k, (_, b) in changed.items()}}
+               "changed": {k: b for k, (_, b) in changed.items()},
+               "recorded_dispatch": calibration.recorded_dispatch}
     lines.append(json.dumps(payload))
     return "\n".join(lines)
 

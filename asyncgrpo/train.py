@@ -43,7 +43,6 @@ from asyncgrpo.metrics import (
     set_aside_steps_after,
 )
 from asyncgrpo.preflight import check_rewards, preflight
-from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 # Importable from here, as before the driver became a package (cli, tools, tests).
@@ -170,9 +169,7 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             summary.update(evaluate(actors, eval_problems, "start", step=start_step, metrics=metrics))
         runs = [generator.run.remote() for generator in actors.generators]  # replaced in place on a restart
         try:
-            # Under a throttle, groups the learner writes off are credited back to their generator.
-            credit = actors.credit_write_offs if cfg.train.stale_policy in THROTTLING_STALE_POLICIES else None
-            remote = RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator, credit=credit)
+            remote = RemoteLearner(cfg, actors.learners, runs, restart=actors.restart_generator)
             run_loop(cfg, remote, metrics, SampleLogger.from_tokenizer_dir(cfg.run_dir, model_dir), summary, resume,
                      evaluations=actors.take_evaluations)  # none without eval.every_steps
         except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM (preemption): keep what was learned

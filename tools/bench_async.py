@@ -31,8 +31,8 @@ Modes. Same model, task, batch sizes, seed and number of learner steps in every 
 
 Limits, from busy time inside each run (never from a stage timed in other conditions):
   T_gen    the generator's busy seconds per step: its run()'s wall time (gen/wall_s) minus its
-           waits on the learner or on nothing (gen_time/throttle_s, gen/send_blocked_s,
-           gen_time/exhausted_s, gen_time/rejoin_s), plus the weight loads done inside those
+           waits on the learner or on nothing (gen_time/throttle_s, gen_time/ask_s, gen/send_blocked_s,
+           gen_time/rejoin_s), plus the weight loads done inside those
            waits (gen/weight_load_in_wait_s). Generation, scoring (a wait for rewards computed off
            its thread included: that is the generator stage's own latency, though gen/idle_s
            counts it as idle), sending and every weight load are busy. Per group sent, times
@@ -88,10 +88,9 @@ from typing import Any
 
 # ------------------------------------------------------------------ limits from a run's own busy time
 
-# What a generator waits on that is not its own work: new weights (throttled) or tickets, room in the learner's
-# queue, data (exhausted), its restart (rejoin). Weight loads inside them are added back.
-GENERATOR_WAITS = ("gen_time/throttle_s", "gen_time/ask_s", "gen/send_blocked_s", "gen_time/exhausted_s",
-                   "gen_time/rejoin_s")
+# What a generator waits on that is not its own work: tickets (asking, and granted none: gen_time/throttle_s),
+# room in the learner's queue, its restart (rejoin). Weight loads inside them are added back.
+GENERATOR_WAITS = ("gen_time/throttle_s", "gen_time/ask_s", "gen/send_blocked_s", "gen_time/rejoin_s")
 # What a learner step waits on: the generators' acknowledgements, then a step's groups.
 LEARNER_WAITS = ("time/ack_wait_s", "time/gen_wait_s")
 

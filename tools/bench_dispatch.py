@@ -1,4 +1,4 @@
-"""Uneven generators, measured: fixed shares against tickets (rollout.dispatch), side by side.
+"""Uneven generators under tickets, measured: two together against the sum of each alone.
 
     .venv/bin/python tools/bench_dispatch.py                          # slowdown 2, 40 steps, 3 repeats
     .venv/bin/python tools/bench_dispatch.py --slowdown 3 --steps 30 --repeats 1 --out /tmp/bd
@@ -15,13 +15,13 @@ the learner slows a call by 10%, the generator runs 10% slower. `--pace-s P` ins
 vLLM call last P seconds per group (generator 1: P x slowdown; failpoint generator_pace_s): a
 generator on a device of its own, whose speed the other processes do not change as long as the
 call's own work on this machine fits in its pace. Every run is a real `asyncgrpo train`
-(the embedded tiny model, default task, no evaluation, no export) with the same seed and steps:
+(the embedded tiny model, default task, no evaluation, no export) with the same seed and steps,
+its groups dispatched by tickets (asyncgrpo/dispatch.py: slots to whichever generator asks):
 
     fast alone      one generator, not slowed
     slow alone      one generator, slowed
-    even shares     two generators, rollout.dispatch=shares (8 + 8 groups a step), generator 1 slowed
-    tickets         two generators, rollout.dispatch=tickets, generator 1 slowed
-    tickets, equal  two generators, rollout.dispatch=tickets, neither slowed (the dropped-groups baseline)
+    tickets         two generators, generator 1 slowed
+    tickets, equal  two generators, neither slowed (the dropped-groups baseline)
 
 Repeat r runs every mode once, in an order rotated by r (a shared machine's drift reaches all alike).
 Per run: samples/s (the run's own: samples over its training seconds), groups each generator sent,
@@ -35,14 +35,13 @@ and groups dropped (stale, full queue, unheld). Two figures of merit:
   of_capacity      samples/s over the generators' capacity measured inside the same run: the sum
                    over generators of groups sent per busy second (tools/bench_async.py's
                    generator_busy_s: wall time but for its waits on tickets, weights, room or
-                   data), times samples per group. 1 means no generator ever waited for work; under
-                   even shares the fast generator waits for the slow one's share every step. The
+                   data), times samples per group. 1 means no generator ever waited for work. The
                    learner can also be what waits on (`learner_idle_frac` near 0).
 And the dropped groups against "tickets, equal".
 
 Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, base_slowdown, pace_s, steps, repeats,
 modes: mode -> {samples_per_s, of_sum_alone, of_capacity, dropped, sent_slow_frac (the slowed
-generator's share of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every
+generator's fraction of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every
 run's figures}.
 """
 
@@ -62,9 +61,8 @@ from bench_async import generator_busy_s, read_jsonl, spread  # noqa: E402
 MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator slowed)
     "fast alone": (["rollout.num_generators=1"], False),
     "slow alone": (["rollout.num_generators=1"], True),
-    "even shares": (["rollout.num_generators=2", "rollout.dispatch=shares"], True),
-    "tickets": (["rollout.num_generators=2", "rollout.dispatch=tickets"], True),
-    "tickets, equal": (["rollout.num_generators=2", "rollout.dispatch=tickets"], False),
+    "tickets": (["rollout.num_generators=2"], True),
+    "tickets, equal": (["rollout.num_generators=2"], False),
 }
 DROP_KEYS = ("queue/dropped_stale", "queue/dropped_full", "queue/dropped_unheld")
 
@@ -97,7 +95,7 @@ def run(label: str, repeat: int, slowdown: float, base: float, pace_s: float, st
     run_dir = out / f"r{repeat}_{''.join(c if c.isalnum() else '_' for c in label)}"
     faults = failpoints(label, slowdown, base, pace_s)
     env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps(faults)} if faults else dict(os.environ)
-    # One call size everywhere: alone, a generator's share (and so its call) would be a whole step.
+    # One call size everywhere: alone, a generator's call would otherwise be a whole step.
     args = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", f"train.max_steps={steps}",
             f"rollout.groups_per_call={groups_per_call}",
             "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
@@ -172,8 +170,8 @@ def main() -> int:
                              "replaces the proportional slowdown (default 0: off)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--groups-per-call", type=int, default=8,
-                        help="rollout.groups_per_call in every run (default 8: half the default step, the "
-                             "share each of two generators would get), so that alone and together make "
+                        help="rollout.groups_per_call in every run (default 8: half the default step, "
+                             "what each of two generators would ask for), so that alone and together make "
                              "calls of one size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_dispatch"))
@@ -192,7 +190,7 @@ def main() -> int:
     of_sum_alone(runs)
     modes = summarize(runs)
     print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'of capacity':>20} {'dropped':>12} "
-          f"{'slow gen share':>20} {'learner idle':>20}")
+          f"{'slow gen frac':>20} {'learner idle':>20}")
     for label, m in modes.items():
         print(f"{label:<16} {cell(m['samples_per_s'], '.0f'):>22} {cell(m['of_sum_alone'], '.2f'):>20} "
               f"{cell(m['of_capacity'], '.2f'):>20} {cell(m['dropped'], '.0f'):>12} "

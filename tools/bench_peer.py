@@ -294,14 +294,14 @@ def trl_worker(spec_path: str) -> int:
     from trl import GRPOTrainer
 
     from asyncgrpo.learner.schedule import lr_multiplier
-    from asyncgrpo.tasks import Problem, make_task, train_stream
+    from asyncgrpo.tasks import Problem, make_task, run_stream
 
     if spec["generation"] == "vllm":
         patch_trl_vllm(cfg)
     model_dir = spec["model_dir"]
     task = make_task(cfg)
-    # The prompts asyncgrpo's (single) generator takes, in its order: max_steps x groups_per_step of them.
-    stream = train_stream(task, cfg, 0)
+    # The prompts asyncgrpo trains on, in the run's one stream's order: max_steps x groups_per_step of them.
+    stream = run_stream(task, cfg)
     problems = [next(stream) for _ in range(cfg.train.max_steps * cfg.train.groups_per_step)]
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "answer": [p.answer for p in problems],
                                  "problem_id": [p.id for p in problems]})

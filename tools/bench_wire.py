@@ -101,8 +101,8 @@ class ZmqConsumer:
     def __init__(self, transport: str, count: int, bare: bool) -> None:
         self.count, self.bare = count, bare
         self.receiver = Receiver(transport=transport, insecure=True)  # the transport's cost, without CURVE
-        self.queue = None if bare else ReplayQueue(self.receiver, 64, StalenessEviction(1 << 30, drop_stale=True, full_policy="block"),
-                                                   limits=None, shares=None).start()
+        self.queue = None if bare else ReplayQueue(self.receiver, 64, StalenessEviction(1 << 30, drop_stale=True),
+                                                   limits=None).start()
 
     def endpoint(self) -> tuple[str, str]:
         return self.receiver.endpoint, self.receiver.transport

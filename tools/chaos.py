@@ -4,7 +4,6 @@
     .venv/bin/python tools/chaos.py --scenarios generator_kill,wire_drop
     .venv/bin/python tools/chaos.py --list                   # scenarios, faults and expected outcomes
     .venv/bin/python tools/chaos.py --keep --out runs/chaos/x  # keep every scenario's run directory
-    .venv/bin/python tools/chaos.py --set rollout.dispatch=tickets  # every run with this override too
 
 Each scenario runs `python -m asyncgrpo.cli train` on the embedded tiny default (eval and export
 off, 200-300 learner steps: 15-60 s of training after 25-60 s of start-up, as loaded as the machine) with
@@ -14,24 +13,23 @@ from run_dir/actors.json) and SIGTERM of the driver, timed by the steps in metri
 checkpoint, by the step_N.tmp directory of a save slowed by the `checkpoint_save_delay_s`
 failpoint); groups dropped and corrupted on the wire (failpoints `wire_drop_every`,
 `wire_corrupt_every` in the generator's sender, asyncgrpo/faults.py); ticket answers lost
-(`grant_drop_every`, learner rank 0) beside failing rewards, under rollout.dispatch=tickets; an HTTP judge on 127.0.0.1
+(`grant_drop_every`, learner rank 0) beside failing rewards; an HTTP judge on 127.0.0.1
 served from here that answers 500 for 30 s mid-run; a reward function, written into the scenario's
 directory, that hangs forever on some calls; a full disk: run_dir/checkpoints on a small tmpfs
 (`mount`, so root; else the `checkpoint_enospc` failpoint, said in the row).
 
 What each row reports, from the recording of every group the learner consumed (generator,
 incarnation, sequence number, prompt position, versions) and the runs' metrics and summaries:
-  lost counted   what the runs counted as not trained: queue/dropped_stale, queue/dropped_full,
+  lost counted   what the runs counted as not trained: queue/dropped_stale,
                  queue/lost (sequence gaps, which include frames the decoder rejected), groups the
                  model limits rejected and reward/groups_dropped; over the surviving lineage of runs
                  (a run's steps after the checkpoint its successor resumed from are not counted)
-  lost actual    prompt positions never trained below the highest trained of each generator (of
-                 the run's one stream under rollout.dispatch=tickets, where a prompt lost in transit
-                 is given again: then lost counted may exceed it);
+  lost actual    prompt positions of the run's one stream never trained below the highest trained
+                 (a prompt lost in transit is given again: then lost counted may exceed it);
                  actual > counted is silent loss (the tail beyond the last trained group, untrained
                  because the run ended, is neither)
   duplicates     groups trained twice: the same (run, generator, incarnation, sequence number), the
-                 same prompt position of a generator, or the same prompt twice in one pass of its stream
+                 same prompt position, or the same prompt twice in one pass of the stream
   staleness max  learner version at the take minus the group's oldest token version, recorded
 A scenario's outcome is PASS when every expectation holds; the first unmet ones are printed. Every
 scenario ends by killing whatever its runs started that is still alive (reported as leftover), and
@@ -110,24 +108,22 @@ class Accounting:
     staleness_max: int = 0
 
 
-def account(records: Sequence[Consumed], epoch_size: int | None = None, one_stream: bool = False) -> Accounting:
+def account(records: Sequence[Consumed], epoch_size: int | None = None) -> Accounting:
     """What the learners actually trained on, from the recorded groups in the order they were taken.
 
-    `epoch_size`: prompts in one pass of a generator's stream (its position // epoch_size is the
-    pass); None leaves out the prompt-id check, which only the position check then covers.
-    `one_stream`: positions are in the run's one prompt stream, whoever generated them
-    (rollout.dispatch=tickets), not in each generator's own."""
+    Positions are in the run's one prompt stream, whoever generated them. `epoch_size`: prompts in
+    one pass of the stream (a position // epoch_size is the pass); None leaves out the prompt-id
+    check, which only the position check then covers."""
     result = Accounting(consumed=len(records))
     seen_seqs: set[tuple[int, int, int, int]] = set()
     seen_prompts: set[tuple[Any, ...]] = set()
     seqs: dict[tuple[int, int, int], set[int]] = defaultdict(set)
-    positions: dict[int, set[int]] = defaultdict(set)
+    positions: set[int] = set()
     for record in records:
         seq_key = (record.run, record.generator, record.incarnation, record.seq)
-        stream = -1 if one_stream else record.generator
-        prompt_keys = [("pos", stream, record.pos)]
+        prompt_keys = [("pos", record.pos)]
         if epoch_size:
-            prompt_keys.append(("prompt", stream, record.pos // epoch_size, record.prompt_id))
+            prompt_keys.append(("prompt", record.pos // epoch_size, record.prompt_id))
         repeated_seq = seq_key in seen_seqs
         repeated_prompt = any(key in seen_prompts for key in prompt_keys)
         result.duplicate_seqs += repeated_seq
@@ -136,27 +132,24 @@ def account(records: Sequence[Consumed], epoch_size: int | None = None, one_stre
         seen_seqs.add(seq_key)
         seen_prompts.update(prompt_keys)
         seqs[seq_key[:3]].add(record.seq)
-        positions[stream].add(record.pos)
+        positions.add(record.pos)
         result.staleness_max = max(result.staleness_max, record.version - record.version_min)
     result.seq_gaps = sum(max(taken) + 1 - len(taken) for taken in seqs.values())
-    result.skipped = sum(max(taken) + 1 - len(taken) for taken in positions.values())
+    result.skipped = max(positions) + 1 - len(positions) if positions else 0
     return result
 
 
 @dataclass
 class Counted:
     dropped_stale: int = 0
-    dropped_full: int = 0
     lost_in_transit: int = 0  # queue/lost: sequence gaps, frames the decoder rejected included
     rejected: int = 0  # wire/rejected, every reason
     rejected_limits: int = 0  # of which the model's limits (their numbers were seen: not in queue/lost)
     reward_dropped: int = 0
-    dropped_restart: int = 0  # a dead incarnation's queued groups: generated again, so not lost
 
     @property
     def lost(self) -> int:
-        return (self.dropped_stale + self.dropped_full + self.lost_in_transit + self.rejected_limits
-                + self.reward_dropped)
+        return self.dropped_stale + self.lost_in_transit + self.rejected_limits + self.reward_dropped
 
 
 def counted_lost(runs: Sequence[Sequence[dict[str, Any]]]) -> Counted:
@@ -169,11 +162,9 @@ def counted_lost(runs: Sequence[Sequence[dict[str, Any]]]) -> Counted:
             continue
         last = records[-1]
         counted.dropped_stale += int(last.get("queue/dropped_stale", 0))
-        counted.dropped_full += int(last.get("queue/dropped_full", 0))
         counted.lost_in_transit += int(last.get("queue/lost", 0))
         counted.rejected += int(last.get("wire/rejected", 0))
         counted.rejected_limits += sum(int(last.get(f"wire/rejected/{reason}", 0)) for reason in LIMIT_REJECTIONS)
-        counted.dropped_restart += int(last.get("queue/dropped_restart", 0))
         counted.reward_dropped += sum(int(record.get("reward/groups_dropped", 0)) for record in records)
     return counted
 
@@ -211,17 +202,6 @@ def read_recording(directory: Path, starts: Sequence[int]) -> list[Consumed]:
                                         generator=group.generator_id, incarnation=group.incarnation, seq=group.seq,
                                         pos=group.pos, prompt_id=group.prompt_id, version_min=group.version_min))
     return records
-
-
-def runs_dispatch(run_dir: Path) -> str:
-    """The run's rollout.dispatch, from its config.yaml ("shares" if it has none)."""
-    import yaml
-
-    try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    except OSError:
-        return "shares"
-    return str((config.get("rollout") or {}).get("dispatch", "shares"))
 
 
 def default_epoch_size() -> int | None:
@@ -553,7 +533,7 @@ def evaluate(ctx: Context, row: Row, max_steps: int | None, checks: list[Check])
     results = ctx.results
     starts = [int(r.summary.get("resumed_at_step", 0)) for r in results]
     records = read_recording(ctx.run_dir / "stream", starts)
-    accounting = account(records, default_epoch_size(), one_stream=runs_dispatch(ctx.run_dir) == "tickets")
+    accounting = account(records, default_epoch_size())
     counted = counted_lost(lineage([r.steps for r in results], starts))
     row.lost_counted, row.lost_actual = counted.lost, accounting.skipped
     row.duplicates, row.staleness_max = accounting.duplicates, accounting.staleness_max
@@ -762,13 +742,9 @@ def generator_kill(ctx: Context, row: Row) -> None:
         (result.summary.get("generator_restarts") == 1 and restarted == 1, "generator_restarts=1"),
         ("[restart] generator 0 rejoined" in result.output, "the driver says generator 0 rejoined"),
     ])
-    if runs_dispatch(ctx.run_dir) == "tickets":
-        last = result.steps[-1] if result.steps else {}
-        row.notes.append(f"{last.get('dispatch/down')} slots of the dead one not arrived granted again with their "
-                         "prompts; what it queued kept its slots")
-    else:
-        row.notes.append(f"{row.details['counted']['dropped_restart']} queued groups of the dead one dropped, "
-                         "generated again")
+    last = result.steps[-1] if result.steps else {}
+    row.notes.append(f"{last.get('dispatch/down')} slots of the dead one not arrived granted again with their "
+                     "prompts; what it queued kept its slots")
 
 
 def generator_kill_at_end(ctx: Context, row: Row) -> None:
@@ -918,25 +894,6 @@ def wire_fault(name: str, every: int, reason: str | None) -> Callable[[Context, 
     return scenario
 
 
-def wire_loss_beyond_headroom(ctx: Context, row: Row) -> None:
-    """More groups lost than the throttle's lead. The learner takes exactly its share of each
-    generator's groups per step and the throttle counts the groups it *started*, so without the
-    learner's credit (registry.py, Write-offs) each loss would use up one group of the
-    max_staleness x share (32 here) it may run ahead, and the run would stall after 32 losses."""
-    steps, every, timeout_s = 240, 40, 30
-    headroom = MAX_STALENESS * GROUPS_PER_STEP
-    result = ctx.finish(ctx.train([f"train.max_steps={steps}", f"wire.timeout_s={timeout_s}"],
-                                  faults={"wire_drop_every": every}))
-    last = result.steps[-1] if result.steps else {}
-    lost = int(last.get("queue/lost", 0))
-    evaluate(ctx, row, steps, [(lost > headroom, f"more groups lost ({lost}) than the throttle's lead ({headroom})")])
-    if runs_dispatch(ctx.run_dir) == "tickets":
-        row.notes.append(f"{lost} groups lost in transit: {last.get('dispatch/lost')} slots granted again with their "
-                         "prompts (tickets: no lead to use up)")
-    else:
-        row.notes.append(f"{lost} groups lost in transit, {headroom} of lead: each credited back to the throttle")
-
-
 def judge_outage(ctx: Context, row: Row) -> None:
     steps, outage_at, outage_s = 200, 40, 30.0
     judge = Judge()
@@ -993,8 +950,8 @@ def grant_drop(ctx: Context, row: Row) -> None:
     module_dir.mkdir(exist_ok=True)
     (module_dir / "chaos_reward.py").write_text(FAILING_REWARD.format(every=fail_every))
     python_path = os.pathsep.join(p for p in (str(module_dir), os.environ.get("PYTHONPATH", "")) if p)
-    result = ctx.finish(ctx.train([f"train.max_steps={steps}", "rollout.dispatch=tickets",
-                                   "reward.fn=chaos_reward:reward", "reward.on_error=drop_group"],
+    result = ctx.finish(ctx.train([f"train.max_steps={steps}", "reward.fn=chaos_reward:reward",
+                                   "reward.on_error=drop_group"],
                                   faults={"grant_drop_every": every}, env={"PYTHONPATH": python_path}))
     last = result.steps[-1] if result.steps else {}
     unreceived, released = int(last.get("dispatch/unreceived", 0)), int(last.get("dispatch/released", 0))
@@ -1076,16 +1033,12 @@ SCENARIOS = [
     Scenario("wire_corrupt", "every 150th group sent with its header's first byte flipped (wire_corrupt_every)",
              "finished; rejected under wire/rejected/bad_header and counted lost; 0 duplicates; no silent loss",
              wire_fault("wire_corrupt_every", 150, "bad_header")),
-    Scenario("wire_loss_beyond_headroom", "every 40th group lost (wire_drop_every), wire.timeout_s=30: more losses "
-             "than the throttle's lead of max_staleness x share = 32 groups",
-             "finished: each loss credited back to the generator's throttle; queue/lost > 32; 0 duplicates; "
-             "no silent loss; staleness within the bound", wire_loss_beyond_headroom),
     Scenario("judge_outage", "the HTTP judge (reward.on_error=drop_group) answers 500 for 30 s from step 40",
              "finished; reward/errors and reward/groups_dropped count the outage; dropped prompts counted; "
              "0 duplicates", judge_outage),
     Scenario("reward_hang", "reward.fn never returns on every 2000th call (reward.timeout_s=2, reward.threads=4)",
              "finished; each hang a reward error; 0 duplicates", reward_hang),
-    Scenario("grant_drop", "rollout.dispatch=tickets, every 5th answer carrying tickets lost (grant_drop_every), "
+    Scenario("grant_drop", "every 5th answer carrying tickets lost (grant_drop_every), "
              "every 97th reward call failing (reward.on_error=drop_group): give-backs repeated after lost answers",
              "finished; dispatch/unreceived and the give-backs count them; 0 duplicates; no silent loss",
              grant_drop),

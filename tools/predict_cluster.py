@@ -11,7 +11,7 @@ the phases are replaced by a 7B step anatomy:
 - Reference cluster (`--reference-generators`, default 8): 8 generators, each one GPU running vLLM,
   and one FSDP learner (its own GPUs, fixed whatever the number of generators), training
   `train.groups_per_step` = 512 groups (`--groups-per-step`) per step, so that each of up to 256
-  generators has a share (2 groups at 256).
+  generators has groups to call (2 groups at 256).
 - At that size a synchronous step (`train.max_staleness=0`) is 77% generation (`--generation-frac`:
   the learner waiting for the generators; a share of the order reported for GRPO on 7B models,
   assumed here, not measured), 3% weight push
@@ -26,8 +26,9 @@ the phases are replaced by a 7B step anatomy:
 - These are reached by setting sim.generate_scale, sim.train_scale and sim.push_latency_s (and
   sim.weight_load_s) so that the simulated synchronous step at the reference size has exactly
   this anatomy; the split achieved is printed.
-- A generator's call covers its share of the step; its time grows with the share by
-  sim.call_size_exponent: 1.0 (ideal data parallel: half the share, half the time) and 0.5
+- A generator's call asks for its part of the step (the step's groups over the generators); its
+  time grows with that part by sim.call_size_exponent: 1.0 (ideal data parallel: half the groups,
+  half the time) and 0.5
   (decode is memory-bound at small batches, so a smaller batch is less than proportionally
   faster). One table each, both anchored to the same reference step.
 - Generation lengths are long-tailed: each call's time has a coefficient of variation of 0.3
@@ -42,7 +43,7 @@ after the first `--skip` (the same simulation stopped there is subtracted), so t
 fill at the start is left out. Columns: seconds per learner step; samples/s relative to the
 synchronous run at the same size, and to the reference synchronous step (the anatomy's, as the
 fit's 200-step simulation achieved it); the learner's idle fraction (waiting for generation); the
-generators' mean idle fraction (throttled, blocked, waiting for rewards); the staleness (learner
+generators' mean idle fraction (waiting for tickets or rewards); the staleness (learner
 version at the take minus the generating version) mean and max. Last, one JSON line with the
 anatomy, the fitted knobs and every row.
 
@@ -195,7 +196,7 @@ def cluster_settings(calibration: Calibration, num_generators: int, max_stalenes
     """The cluster's settings (the default policies), everything else the calibrating run's."""
     return replace(
         calibration.settings, num_generators=num_generators, groups_per_step=groups_per_step,
-        max_staleness=max_staleness, stale_policy="both", full_policy="block", groups_per_call=0,
+        max_staleness=max_staleness, stale_policy="both", groups_per_call=0,
         push_every_steps=1,
         # Under the throttle several generators need room for every step they may run ahead.
         capacity_groups=(max_staleness + 1) * groups_per_step,
@@ -218,12 +219,12 @@ def fit_anatomy(calibration: Calibration, anatomy: Anatomy, base: Settings, skip
     anatomy.check()
     target_wait = anatomy.generation_frac * anatomy.step_s
     target_learner = anatomy.learner_frac * anatomy.step_s  # train + the learner's other time
-    share = base.groups_per_step / base.num_generators
+    part = base.groups_per_step / base.num_generators  # groups per call (rollout.groups_per_call=0)
     run = calibration.settings
     # First guesses from the calibration's means; the rounds below correct for the rest (the wait
     # for the slowest call, the fixed costs, the draws).
     mean_train = statistics.fmean(calibration.train_s) * base.groups_per_step / run.groups_per_step
-    mean_call = statistics.fmean(g.generate_s * (share / g.call_groups) ** base.call_size_exponent
+    mean_call = statistics.fmean(g.generate_s * (part / g.call_groups) ** base.call_size_exponent
                                  for g in calibration.generators)
     settings = replace(base, train_scale=target_learner / mean_train, generate_scale=target_wait / mean_call,
                        push_latency_s=anatomy.push_frac * anatomy.step_s,
@@ -302,11 +303,11 @@ def predict(calibration: Calibration, anatomy: Anatomy, *, generators: list[int]
 
 def describe_fit(anatomy: Anatomy, exponent: float, fitted: Settings, split: Split) -> str:
     f = split.fractions()
-    share = fitted.groups_per_step // fitted.num_generators
+    part = fitted.groups_per_step // fitted.num_generators
     return (f"call_size_exponent {exponent:g}: sim.generate_scale={fitted.generate_scale:.6g} "
             f"sim.train_scale={fitted.train_scale:.6g} sim.push_latency_s={fitted.push_latency_s:g} "
             f"sim.weight_load_s={fitted.weight_load_s:g}\n"
-            f"  synchronous step at {anatomy.reference_generators} generators ({share} groups each): "
+            f"  synchronous step at {anatomy.reference_generators} generators ({part} groups each): "
             f"{split.step_s:.2f} s = generation {f['generation']:.4f} + train {f['train']:.4f} + push "
             f"{f['push']:.4f} + learner other {f['learner_other']:.4f} "
             f"(target {anatomy.generation_frac:g} / {anatomy.learner_frac:g} with other / {anatomy.push_frac:g})")
@@ -323,8 +324,8 @@ def format_table(rows: list[Row], reference_generators: int) -> str:
     return "\n".join(lines)
 
 
-EXPONENT_MEANING = {1.0: "ideal data parallel: a call's time is proportional to its share",
-                    0.5: "decode memory-bound at small batches: half the share takes 0.71 of the time"}
+EXPONENT_MEANING = {1.0: "ideal data parallel: a call's time is proportional to its groups",
+                    0.5: "decode memory-bound at small batches: half the groups take 0.71 of the time"}
 
 
 def main(argv: list[str] | None = None) -> int:

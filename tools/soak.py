@@ -35,27 +35,26 @@ Checks (each printed PASS or FAIL; the exit code is 0 only if all pass):
                     equals the kills, and the driver logged as many "[restart] generator g rejoined"
   recording         the groups recorded (wire.record_dir, every group a learner took) number
                     steps x train.groups_per_step, which is also queue/consumed at the learner's finish
-  duplicates        none: no (generator, incarnation, sequence number), no prompt position of a generator,
-                    no prompt within one pass of a generator's stream trained twice (chaos.account)
-  no silent loss    prompt positions never trained below the highest trained of each generator (lost
+  duplicates        none: no (generator, incarnation, sequence number), no prompt position of the run's
+                    stream, no prompt within one pass of it trained twice (chaos.account)
+  no silent loss    prompt positions of the run's stream never trained below the highest trained (lost
                     actual) <= what the run counted as not trained (lost counted: queue/dropped_stale,
-                    dropped_full, lost, the model limits' rejections, reward/groups_dropped; chaos.counted_lost).
-                    A killed generator's queued groups are dropped at its rejoin (queue/dropped_restart) and
-                    generated again from the position past the newest trained: neither lost nor duplicated
-  queue identity    received == consumed + dropped_stale + dropped_full + dropped_restart + depth (queue/*,
+                    lost, the model limits' rejections, reward/groups_dropped; chaos.counted_lost).
+                    A killed generator's queued groups keep their slots; its slots not arrived are granted
+                    again with their prompts: neither lost nor duplicated
+  queue identity    received == consumed + dropped_stale + dropped_unheld + depth (queue/*,
                     replay.py) in every step record of metrics.jsonl and at the learner's finish
                     (summary.json learner)
   sent = received + lost
                     as far as it can be known. A SIGKILLed process's own count (gen/groups_sent) dies with it:
                     summary.json has only each generator's last incarnation's. So, at the learner's finish:
-                      replaced incarnations  received = their groups in the recording + queue/dropped_restart
-                                             (their groups still queued at the rejoin; exact when
-                                             dropped_stale + dropped_full = 0, as under the throttle);
+                      replaced incarnations  received = their groups in the recording (exact when
+                                             dropped_stale + dropped_unheld = 0);
                                              lost = the gaps in their recorded sequence numbers
                       last incarnations      sent (gen/groups_sent) = received (queue/received - the above)
                                              + lost (queue/lost - the above) + in flight at the shutdown
                     and the check is 0 <= in flight <= (train.max_staleness + 1) x train.groups_per_step, the
-                    most the generators' throttle lets them start beyond what the learner took (they go on
+                    most the dispatcher grants beyond what the learner took (they go on
                     generating until the shutdown reaches them; what arrives after the learner's last count
                     is in flight). What a killed process sent that never arrived is not known to have existed
                     (its heartbeats announce numbers; anything they announced is in queue/lost): it is
@@ -119,7 +118,7 @@ POLL_S = chaos.POLL_S
 # Keys the soak sets itself for each run.
 RESERVED_KEYS = ("run_dir", "seed", "resume", "train.max_steps", "train.max_train_minutes", "wire.record_dir",
                  "rollout.max_restarts", "eval.at_start", "eval.at_end")
-QUEUE_TERMS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_full", "queue/dropped_restart", "queue/depth")
+QUEUE_TERMS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_unheld", "queue/depth")
 
 Check = tuple[bool, str]
 
@@ -177,7 +176,7 @@ def within_references(acc: float, references: Sequence[float], n: int) -> tuple[
 
 
 def queue_identity(record: dict[str, Any]) -> tuple[bool, str]:
-    """received == consumed + dropped_stale + dropped_full + dropped_restart + depth, in one record
+    """received == consumed + dropped_stale + dropped_unheld + depth, in one record
     of the queue's counters (a step record, or the learner's finish)."""
     missing = [key for key in ("queue/received", *QUEUE_TERMS) if key not in record]
     if missing:
@@ -211,7 +210,7 @@ def sent_received_lost(sent_last: int, received: int, lost: int, replaced_receiv
     """(ok, in flight, text): the generators' last incarnations sent `sent_last` groups (their own
     count), of which the learner had, at its finish, received `received - replaced_received` and
     counted `lost - replaced_lost` lost (the totals less what the replaced incarnations account
-    for); the rest was in flight at the shutdown, which the throttle bounds by `lead`."""
+    for); the rest was in flight at the shutdown, which the grants bound by `lead`."""
     last_received, last_lost = received - replaced_received, lost - replaced_lost
     in_flight = sent_last - last_received - last_lost
     ok = 0 <= in_flight <= lead
@@ -420,7 +419,7 @@ def assess(phase: Phase, cfg: Any, steps: int | None, minutes: float | None, pla
     if result is not None:
         records = chaos.read_recording(phase.ctx.run_dir / "stream", [0])
         epoch_size = chaos.default_epoch_size() if cfg.task == type(cfg)().task else None
-        accounting = chaos.account(records, epoch_size, one_stream=cfg.rollout.dispatch == "tickets")
+        accounting = chaos.account(records, epoch_size)
         bound, groups_per_step = cfg.train.max_staleness, cfg.train.groups_per_step
         checks += end_checks(result, steps, minutes)
         checks += kill_checks(phase, planned_kills)
@@ -497,7 +496,7 @@ def sent_check(summary: dict[str, Any], records: Sequence[chaos.Consumed], lead:
     return sent_received_lost(
         sent_last=sum(int(report.get("gen/groups_sent", 0)) for report in reports),
         received=int(learner.get("queue/received", 0)), lost=int(learner.get("queue/lost", 0)),
-        replaced_received=sum(inc.consumed for inc in replaced) + int(learner.get("queue/dropped_restart", 0)),
+        replaced_received=sum(inc.consumed for inc in replaced),
         replaced_lost=sum(inc.gaps for inc in replaced), lead=lead)
 
 

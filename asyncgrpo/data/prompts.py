@@ -1,7 +1,6 @@
 """Turning file records into Problems: field mapping, prompt template, chat template, length filter.
 
-Then `epoch_stream` serves them: a seeded shuffle per epoch, a disjoint shard per generator, a
-fixed number of passes (or endless).
+Then `epoch_stream` serves them: a seeded shuffle per epoch, a fixed number of passes (or endless).
 """
 
 from __future__ import annotations
@@ -149,23 +148,18 @@ def split_holdout(problems: list[T], size: int, seed: int = 0) -> tuple[list[T],
     return ([p for i, p in enumerate(problems) if i not in chosen], [p for i, p in enumerate(problems) if i in chosen])
 
 
-def epoch_stream(items: Sequence[T], *, seed: int, epochs: int, shuffle: bool, shard: int = 0,
-                 num_shards: int = 1) -> Iterator[T]:
-    """Each epoch: all items in a seeded order (the same for every shard), this shard's every n-th.
-
-    Shards of one epoch are disjoint and together cover every item once; `epochs` (data.epochs) 0 is
-    endless; `shuffle` is data.shuffle (no defaults here: config's are the only ones).
+def epoch_stream(items: Sequence[T], *, seed: int, epochs: int, shuffle: bool) -> Iterator[T]:
+    """Each epoch: every item once, in a seeded order. `epochs` (data.epochs) 0 is endless;
+    `shuffle` is data.shuffle (no defaults here: config's are the only ones).
     Deterministic: the same (seed, epoch) always gives the same order.
     """
-    if not 0 <= shard < num_shards:
-        raise ValueError(f"shard {shard} is not in [0, {num_shards})")
-    if len(items) < num_shards:
-        raise DataError(f"{len(items)} training prompts cannot feed {num_shards} generators (rollout.num_generators)")
+    if not items:  # endless epochs of nothing would never yield
+        raise DataError("there are no training prompts to stream")
     epoch = 0
     while epochs == 0 or epoch < epochs:
         order = list(range(len(items)))
         if shuffle:
             random.Random(f"{seed}:{epoch}").shuffle(order)
-        for index in order[shard::num_shards]:
+        for index in order:
             yield items[index]
         epoch += 1

@@ -7,7 +7,7 @@
             start generators       ------>  GeneratorActor x N: vLLM engine, connects to both sockets
             weight rendezvous (if the weight backend has one)
     evaluation: eval at start, probes at start
-    loop: learner.train_steps(k)           generators run freely, throttled by staleness
+    loop: learner.train_steps(k)           generators ask for slots within the staleness bound
           write metrics, progress, samples
           a generator's process died: actors.restart_generator (its next incarnation rejoins)
     learner.finish() -> Shutdown           generators load the final weights and return

@@ -39,7 +39,6 @@ from asyncgrpo.placement import (
     node_resources,
     wire_transport,
 )
-from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.resources import plan_cores
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.schema import Config
@@ -100,7 +99,6 @@ class Actors:
         self.endpoints: dict[str, str] = {}  # learner rank 0's bound sockets
         self.weight_address: dict[str, Any] = {}  # learner rank 0's weight transport (WeightSender.join_address)
         self.restarts = [0] * cfg.rollout.num_generators  # per generator; its incarnation is this count
-        self._credited: dict[int, tuple[int, int]] = {}  # generator -> (incarnation, write-offs it was told of)
         # How a generator is started (`_start_generator`), kept for its restarts.
         self._generator_start: dict[str, Any] = {}
         self._pids: dict[str, Any] = {}  # run_dir/actors.json: pids, cores, nodes, the wire
@@ -142,11 +140,10 @@ class Actors:
         self._start_learners(gpus, learner_cores, keys.server() if keys else None)
         endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
         self.endpoints = endpoints
-        generator_dir, initial_version, skips = self._resume_learners(resume)
+        generator_dir, initial_version = self._resume_learners(resume)
         self._generator_start = {"gpus": gpus, "cores": generator_cores, "endpoints": endpoints, "keys": keys,
                                  "model_dir": generator_dir, "initial_version": initial_version}
-        self.generators = [self._start_generator(i, skip_problems=skips[i])
-                           for i in range(cfg.rollout.num_generators)]
+        self.generators = [self._start_generator(i) for i in range(cfg.rollout.num_generators)]
         ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,
                     "the generators starting (ready)")
         learner_pids = self.on_all_ranks("pid", timeout_s=learner_wait_timeout_s(cfg), all_results=True)
@@ -196,22 +193,19 @@ class Actors:
             for rank in range(world_size)
         ]
 
-    def _resume_learners(self, resume: dict[str, Any] | None) -> tuple[str, int, list[int]]:
+    def _resume_learners(self, resume: dict[str, Any] | None) -> tuple[str, int]:
         """Load the checkpoint into every rank; the generators then start from its weights, written in
-        Hugging Face format, at its version, past the prompts already used."""
+        Hugging Face format, at its version (learner rank 0's dispatcher knows the prompts used)."""
         cfg = self.cfg
         if resume is None:
-            return self.model_dir, 0, [0] * cfg.rollout.num_generators
+            return self.model_dir, 0
         self.on_all_ranks("load_checkpoint", resume["path"], timeout_s=cfg.wire.startup_timeout_s)
         weights_dir = Path(cfg.run_dir).resolve() / f"resume_step_{resume['version']}"
         self.on_all_ranks("export_hf", str(weights_dir), timeout_s=cfg.wire.startup_timeout_s)
-        positions = GeneratorRegistry()
-        positions.load_state_dict(resume["states"].get("registry", {}))
-        skips = [positions.position(i) for i in range(cfg.rollout.num_generators)]
         print(f"[resume] {resume['path']} at version {resume['version']}", flush=True)
-        return str(weights_dir), int(resume["version"]), skips
+        return str(weights_dir), int(resume["version"])
 
-    def _start_generator(self, index: int, skip_problems: int = 0, incarnation: int = 0) -> Any:
+    def _start_generator(self, index: int, incarnation: int = 0) -> Any:
         """Generator `index`'s actor (not waited for), on its own cores, with its own wire keys.
         Ray does not restart it (max_restarts=0): `restart_generator` does, knowing what to resume."""
         from asyncgrpo.rollout.generator import GeneratorActor
@@ -221,10 +215,9 @@ class Actors:
         on_node = node_resources(cfg.rollout.node_resource)
         options = {"num_cpus": cfg.rollout.num_cpus_per_generator, "num_gpus": start["gpus"], "max_restarts": 0,
                    **({"resources": on_node} if on_node else {})}
-        args = (cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"],
+        args = (cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"], endpoints["tickets"],
                 groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None)
-        kwargs = {"initial_version": start["initial_version"], "skip_problems": skip_problems,
-                  "incarnation": incarnation, "tickets_endpoint": endpoints.get("tickets", "")}
+        kwargs = {"initial_version": start["initial_version"], "incarnation": incarnation}
         if self.pool is not None:
             key = engine_key(cfg, start["model_dir"], start["cores"][index], start["gpus"])
             return self.pool.take(index, key, options, args, kwargs)
@@ -262,18 +255,12 @@ class Actors:
                 f"generator {index} joining the weight transport after its restart")
         rejoin = get(control(self.learner, "generator_rejoined", index, incarnation), timeout_s,
                      "learner rank 0 (generator_rejoined)")
-        get(generator.rejoin.remote(rejoin["position"], rejoin["base_version"], rejoin["newest_version"],
-                                    rejoin["save"]), timeout_s, f"generator {index} (rejoin)")
-        self._tell_leads(rejoin["leads"])
+        get(generator.rejoin.remote(rejoin["newest_version"], rejoin["save"]), timeout_s, f"generator {index} (rejoin)")
         self._pids["generator_pids"][index] = ready["pid"]
         self._write_pids()
-        if cfg.rollout.dispatch == "tickets":  # nothing to continue from: it asks for the slots to fill
-            print(f"[restart] generator {index} rejoined: loading version {rejoin['newest_version']}, then asking "
-                  "for tickets; its predecessor's slots not arrived went to the next asker", flush=True)
-        else:
-            print(f"[restart] generator {index} rejoined: prompts from position {rejoin['position']}, its share taken "
-                  f"again from learner version {rejoin['base_version']}, loading version {rejoin['newest_version']}; "
-                  f"{rejoin['dropped']} queued group(s) of its predecessor dropped", flush=True)
+        # Nothing to continue from: it asks for the slots to fill.
+        print(f"[restart] generator {index} rejoined: loading version {rejoin['newest_version']}, then asking "
+              "for tickets; its predecessor's slots not arrived went to the next asker", flush=True)
         return generator.run.remote()
 
     # ------------------------------------------------------------------ after the last step
@@ -342,38 +329,6 @@ class Actors:
         get(self.generators[0].ready.remote(), cfg.wire.startup_timeout_s, "generator 0 starting as the evaluator")
         self.dead_after_training.discard(0)
         return 0
-
-    def _tell_leads(self, leads: dict[int, int]) -> None:
-        """Each generator that lent groups to a down one may run as many further ahead (replay.py)."""
-        from ray.exceptions import RayActorError
-
-        for lender, lead in leads.items():
-            try:
-                get(control(self.generators[lender], "extend_lead", lead), self.cfg.wire.timeout_s,
-                    f"generator {lender} (extend_lead)")
-            except RayActorError:
-                pass  # it died meanwhile: the loop restarts it, and its next incarnation owes nothing
-
-    def credit_write_offs(self) -> None:
-        """Tell each generator how many of its current incarnation's groups the learner wrote off
-        (lost in transit, rejected, dropped; registry.py, Write-offs), when that changed: its
-        throttle may start as many more groups, or the losses would use up its lead for good."""
-        from ray.exceptions import RayActorError
-
-        timeout_s = self.cfg.wire.timeout_s
-        try:
-            counts = get(control(self.learner, "written_off"), timeout_s, "learner rank 0 (written_off)")
-        except RayActorError:
-            return  # rank 0 died: the steps' wait reports it (driver/loop.py, get_rank_result)
-        for index, (incarnation, groups) in counts.items():
-            if groups <= 0 or self._credited.get(index) == (incarnation, groups) or index >= len(self.generators):
-                continue
-            try:
-                get(control(self.generators[index], "credit_written_off", incarnation, groups), timeout_s,
-                    f"generator {index} (credit_written_off)")
-            except RayActorError:
-                continue  # it died meanwhile: the wait restarts it, and its next incarnation starts at 0
-            self._credited[index] = (incarnation, groups)
 
     def take_evaluations(self) -> list[dict[str, Any]]:
         """Generator 0's periodic evaluations (eval.every_steps) since the last call; none while it

@@ -185,9 +185,9 @@ def _steps_in_progress(learner: LearnerRanks, progress: Progress) -> list[dict[s
 
 
 # wire/rejected/<reason> of a group that decoded but that the learner cannot train on
-# (replay.GroupLimits.untrainable, and a sender beyond the shares): its sequence number counts as
-# seen, so it is no gap under queue/lost. A frame the decoder rejects is a gap, counted there.
-UNTRAINABLE_REASONS = ("empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab", "unknown_generator")
+# (replay.GroupLimits.untrainable): its sequence number counts as seen, so it is no gap under
+# queue/lost. A frame the decoder rejects is a gap, counted there.
+UNTRAINABLE_REASONS = ("empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab")
 
 
 @dataclass(frozen=True)
@@ -255,43 +255,22 @@ def periodic_eval_line(record: dict[str, Any]) -> str:
 
 # Generator index, why its process died -> the `run()` reference of its next incarnation.
 Restart = Callable[[int, BaseException], Any]
-# How often the steps' waits run their `credit` (Actors.credit_write_offs).
-CREDIT_EVERY_S = 1.0
-
-
-class Periodic:
-    """`fn` at most once every `every_s`, on a schedule kept across calls (one call of the steps
-    often waits less than `every_s`)."""
-
-    def __init__(self, fn: Callable[[], None], every_s: float) -> None:
-        self.fn, self.every_s = fn, every_s
-        self._next = time.monotonic() + every_s
-
-    def run_if_due(self) -> float:
-        """Run `fn` if it is due; the seconds until it is due again."""
-        if time.monotonic() >= self._next:
-            self.fn()
-            self._next = time.monotonic() + self.every_s
-        return max(0.0, self._next - time.monotonic())
 
 
 class RemoteLearner:
     """`LearnerRanks` over the learner actors; a step's wait restarts a generator whose process
     dies (`restart`; None: it fails the run), fails the run as soon as a generator (one of `runs`,
-    their `run()` calls, replaced in place on a restart) otherwise ends or a rank fails, and every
-    CREDIT_EVERY_S runs `credit` (the throttle's write-offs; None: nothing)."""
+    their `run()` calls, replaced in place on a restart) otherwise ends or a rank fails."""
 
-    def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any], restart: Restart | None = None,
-                 credit: Callable[[], None] | None = None) -> None:
+    def __init__(self, cfg: Config, ranks: list[Any], runs: list[Any], restart: Restart | None = None) -> None:
         self.ranks, self.runs, self.restart = ranks, runs, restart
-        self.credit = Periodic(credit, CREDIT_EVERY_S) if credit is not None else None
         self.timeout_s = learner_wait_timeout_s(cfg)
         self.steps_timeout_s = steps_wait_timeout_s(cfg)  # the steps may include a checkpoint save
         self._in_progress: list[Any] | None = None  # the train_steps call whose wait was cut short
 
     def train_steps(self, num_steps: int) -> list[dict[str, float]]:
         self._in_progress = [rank.train_steps.remote(num_steps) for rank in self.ranks]
-        records = wait_for_ranks(self._in_progress, self.runs, self.steps_timeout_s, self.restart, self.credit)
+        records = wait_for_ranks(self._in_progress, self.runs, self.steps_timeout_s, self.restart)
         self._in_progress = None
         return records
 
@@ -305,20 +284,16 @@ class RemoteLearner:
         return get(self.ranks[0].recent_samples.remote(num_groups), self.timeout_s, "learner rank 0 (recent_samples)")
 
 
-def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float, restart: Restart | None = None,
-                   credit: Periodic | None = None) -> Any:
+def wait_for_ranks(pending: list[Any], runs: list[Any], timeout_s: float, restart: Restart | None = None) -> Any:
     """Rank 0's result once every rank is done. A generator whose process dies first is restarted
     (`restart` replaces its entry of `runs`); one that raises or returns, or a rank that fails,
-    fails the run loudly. Meanwhile `credit` runs on its schedule."""
+    fails the run loudly."""
     import ray
 
     waiting = list(pending)
     deadline = time.monotonic() + timeout_s
     while waiting:
-        wait_s = max(0.0, deadline - time.monotonic())
-        if credit is not None:
-            wait_s = min(wait_s, credit.run_if_due())
-        ready, _ = ray.wait([*waiting, *runs], num_returns=1, timeout=wait_s)
+        ready, _ = ray.wait([*waiting, *runs], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         if not ready and time.monotonic() >= deadline:
             raise TrainingFailed(f"no learner progress for {timeout_s:.0f} s")
         for index, run in enumerate(runs):

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo import faults
-from asyncgrpo.config import groups_per_generator
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.engine_cluster import private_token_env
 from asyncgrpo.interrupts import interrupts_deferred
@@ -150,17 +149,11 @@ def load_data(cfg: Config, model_dir: str, summary: dict[str, Any]) -> list[Prob
 
 
 def steps_in_data(cfg: Config, num_train_problems: int) -> int | None:
-    """Full steps that data.epochs over the training prompts fill; None for endless data (epochs = 0).
-
-    Under shares each generator streams its own equal shard, so a shard's remainder smaller than its
-    quota is lost, and with uneven rollout.generator_shares the largest share's shard sets the steps.
-    Under tickets the generators read one stream: every full step of it."""
+    """Full steps that data.epochs over the training prompts fill (the generators read one stream);
+    None for endless data (epochs = 0)."""
     if cfg.data.epochs <= 0:
         return None
-    if cfg.rollout.dispatch == "tickets":
-        return num_train_problems * cfg.data.epochs // cfg.train.groups_per_step
-    per_generator = num_train_problems // cfg.rollout.num_generators * cfg.data.epochs
-    return min(per_generator // quota for quota in groups_per_generator(cfg))
+    return num_train_problems * cfg.data.epochs // cfg.train.groups_per_step
 
 
 def fit_steps_to_data(cfg: Config, num_train_problems: int) -> None:
@@ -172,10 +165,8 @@ def fit_steps_to_data(cfg: Config, num_train_problems: int) -> None:
         raise TrainingFailed(f"data.epochs={cfg.data.epochs} over {num_train_problems} training prompts is less "
                              f"than one step of train.groups_per_step={cfg.train.groups_per_step} groups")
     if cfg.train.max_steps > available:
-        uneven = len(set(groups_per_generator(cfg))) > 1
-        print(f"[data] {cfg.data.epochs} epoch(s) of {num_train_problems} prompts fill {available} steps"
-              + (" (equal shards per generator: the largest of rollout.generator_shares sets the steps)" if uneven else "")
-              + f": train.max_steps {cfg.train.max_steps} -> {available}", flush=True)
+        print(f"[data] {cfg.data.epochs} epoch(s) of {num_train_problems} prompts fill {available} steps: "
+              f"train.max_steps {cfg.train.max_steps} -> {available}", flush=True)
         cfg.train.max_steps = available
 
 

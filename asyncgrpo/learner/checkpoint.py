@@ -6,8 +6,8 @@ Layout of `<run_dir>/checkpoints/step_<N>/` (N = the policy version after step N
                   size can load them
     meta.json     version, world size, model directory, the run's settings a resume must match
                   (`run`: generators, task, data hashes; asyncgrpo/resume.py), and the JSON state of
-                  each stateful part (learner counters, LR schedule, generator registry: prompt
-                  positions, queue counters)
+                  each stateful part (learner counters, LR schedule, queue counters and the
+                  dispatcher's state: the next step, the next prompt, the prompts to give again)
     rng/rank_<r>.json   each rank's RNG states
     model_files/  the model's config and tokenizer files (what `asyncgrpo export` needs besides weights)
     MANIFEST.json every other file's relative path, size and SHA-256 (not itself, not COMPLETE)

@@ -48,8 +48,8 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
                         on_wait: Callable[[], None] | None = None, lag_name: str = "max_staleness") -> bool:
     """Hold the update until every generator has loaded a version >= `floor`; True if it waited.
 
-    The throttle keeps a generator's *groups* fresh; this keeps its *engine* fresh: a generator
-    stuck in a long call (or slow to load) cannot fall further behind than the bound. A generator
+    The grants keep a generator's *groups* fresh; this keeps a stalled *engine* from piling up the
+    versions it has not loaded (`Learner._wait_for_generators`). A generator
     that is down is not waited for (the registry leaves it out), and while one restarts, or has
     just rejoined, the wait does not time out (`GeneratorRegistry.restart_grace_until`). `on_wait`
     runs at every look (the learner re-publishes weights for a rejoined generator there).
@@ -64,8 +64,8 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
             on_wait()
         lagging = {g: v for g, v in registry.acked_versions(generator_ids).items() if v < floor}
         # A full step already queued means this step waits on nobody; and a generator blocked on a
-        # full queue cannot deliver its acknowledgement until the learner takes (they share the
-        # socket). What is trained stays bounded by the throttle and the drop at take.
+        # full socket cannot deliver its acknowledgement until the learner takes (they share the
+        # socket). What is trained stays bounded by the grants and the drop at take.
         if not lagging or source.depth >= groups_per_step:
             return waited
         waited = True
@@ -188,7 +188,7 @@ class Learner:
         return metrics
 
     def _wait_for_generators(self) -> None:
-        # With tickets each grant carries the bound (a slot only for weights fresh enough to train
+        # Each grant carries the bound (a slot only for weights fresh enough to train
         # it in time): an engine that lags gets no slots until it loads newer weights, and waiting
         # for it at max_staleness would hold every step back to the slowest generator again. It is
         # waited for only when it falls weights.max_backlog_versions (at least max_staleness + 1)
@@ -196,13 +196,11 @@ class Learner:
         if self.registry is None:
             return
         t = self.cfg.train
-        tickets = self.cfg.rollout.dispatch == "tickets"
-        lag = engine_lag_bound(t.max_staleness, self.cfg.weights.max_backlog_versions) if tickets else t.max_staleness
+        lag = engine_lag_bound(t.max_staleness, self.cfg.weights.max_backlog_versions)
         if wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
                                self.version - lag, t.groups_per_step, self.cfg.wire.timeout_s, lag,
                                on_wait=self._serve_rejoins,
-                               lag_name="max(weights.max_backlog_versions, train.max_staleness + 1)" if tickets
-                               else "max_staleness"):
+                               lag_name="max(weights.max_backlog_versions, train.max_staleness + 1)"):
             self.ack_waits += 1
 
     def _take(self) -> list[ScoredGroup]:
@@ -256,28 +254,21 @@ class Learner:
     # publishing to the step's thread (a ZeroMQ socket belongs to one thread).
 
     def generator_down(self, generator_id: int) -> None:
-        """Rank 0: the generator's process died and the driver is restarting it: its share may be
-        lent by the others, and nothing waits for its acknowledgements or times out meanwhile."""
+        """Rank 0: the generator's process died and the driver is restarting it: its slots not
+        arrived go to the next asker, and nothing waits for its acknowledgements or times out meanwhile."""
         self.source.generator_down(generator_id)
 
     def generator_rejoined(self, generator_id: int, incarnation: int) -> dict[str, Any]:
-        """Rank 0: the restarted generator is up and joined the weight transport. Returns where it
-        continues (`replay.Rejoin`) and the newest version it must load before generating, which
-        is published again until it acknowledges it."""
-        rejoin = self.source.rejoin(generator_id, incarnation, self.version)
+        """Rank 0: the restarted generator is up and joined the weight transport. Returns the newest
+        version it must load before generating, which is published again until it acknowledges it,
+        and the checkpoint save under way, if any."""
+        self.source.rejoin(generator_id, incarnation)
         newest = self.pushed_version
         with self._rejoin_lock:
             self._awaiting_weights[generator_id] = newest
             self._next_republish = 0.0
         save = self.save_in_progress()
-        return {"position": rejoin.position, "base_version": rejoin.base_version, "newest_version": newest,
-                "dropped": rejoin.dropped, "leads": rejoin.leads,
-                "save": None if save is None else {"version": save.version, "timeout_s": save.timeout_s}}
-
-    def written_off(self) -> dict[int, tuple[int, int]]:
-        """Rank 0: per generator, (its incarnation, how many of that incarnation's groups will never
-        be trained: lost, rejected, dropped); the driver credits them to its throttle (registry.py)."""
-        return self.registry.written_off() if self.registry is not None else {}
+        return {"newest_version": newest, "save": None if save is None else {"version": save.version, "timeout_s": save.timeout_s}}
 
     def _serve_rejoins(self) -> None:
         """On the step's thread: publish the newest weights again while a rejoined generator has
@@ -340,8 +331,6 @@ class Learner:
     def save_checkpoint(self, directory: str | Path) -> str:
         """A sharded checkpoint in `directory`/step_<version> (every rank calls it); returns its path."""
         states = {"learner": self.state_dict(), "schedule": self.policy.schedule_state_dict()}
-        if self.registry is not None:
-            states["registry"] = self.registry.state_dict()
         if self.source is not None and hasattr(self.source, "state_dict"):
             states["queue"] = self.source.state_dict()
         # Nothing is pushed or taken while the save runs: the generators, told so, wait up to
@@ -387,8 +376,6 @@ class Learner:
         states = meta["states"]
         self.load_state_dict(states["learner"])
         self.policy.load_schedule_state_dict(states["schedule"])
-        if self.registry is not None:
-            self.registry.load_state_dict(states.get("registry", {}))
         if self.source is not None and hasattr(self.source, "load_state_dict"):
             self.source.load_state_dict(states.get("queue", {}))
         return meta

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import collective_timeout_s, groups_per_generator, lend_steps
+from asyncgrpo.config import collective_timeout_s
 from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.placement import wire_transport
@@ -91,7 +91,7 @@ def group_limits(cfg: Config, model: torch.nn.Module) -> GroupLimits:
 
 
 def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
-    """Learner rank 0's dispatcher under rollout.dispatch=tickets; `positions_end`: the run's one
+    """Learner rank 0's dispatcher; `positions_end`: the run's one
     stream's length (finite data), or None."""
     return Dispatcher(cfg.train.groups_per_step, cfg.train.max_staleness,
                       throttle=cfg.train.stale_policy in THROTTLING_STALE_POLICIES,
@@ -122,26 +122,17 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     registry = GeneratorRegistry(RewardErrorWindow.from_config(cfg.reward))
     receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
                         transport=transport)
-    eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES,
-                                 full_policy=cfg.queue.full_policy)
-    throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
-    dispatcher = grants = None
-    if cfg.rollout.dispatch == "tickets":
-        # Finite data: the generators read the run's one stream, so its end is where grants stop.
-        dispatcher = make_dispatcher(cfg, run_stream_length(make_task(cfg, tokenizer), cfg)
-                                     if cfg.data.epochs > 0 else None)
-        grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
-    # Under the throttle with shares each step takes each generator's share: the throttle's bound relies on it.
-    shares = groups_per_generator(cfg) if throttle and dispatcher is None else None
+    eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES)
+    # Finite data: the generators read the run's one stream, so its end is where grants stop.
+    dispatcher = make_dispatcher(cfg, run_stream_length(make_task(cfg, tokenizer), cfg) if cfg.data.epochs > 0 else None)
+    grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
-                        shares=shares, registry=registry, lend_steps=lend_steps(cfg), dispatcher=dispatcher,
-                        grants=grants).start()
+                        registry=registry, dispatcher=dispatcher, grants=grants).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
     arguments.update(source=queue, registry=registry, weights=weights, recorder=recorder)
     # A wildcard bind is advertised under this node's address as the cluster knows it (network.py).
-    endpoints = {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint)}
-    if grants is not None:
-        endpoints["tickets"] = advertised(grants.endpoint)
+    endpoints = {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint),
+                 "tickets": advertised(grants.endpoint)}
     return LearnerParts(arguments, endpoints)

@@ -1,14 +1,12 @@
 """Delayed weight publication, for `train.fixed_staleness=k`: at version v the learner publishes
 the weights of version v - k, labelled v - k, instead of its newest.
 
-Why this fixes staleness at k (docs/ALGORITHMS.md, Fixed staleness): under the throttle at
-max_staleness = k with the queue's shares (`rollout.generator.throttle_limit`, replay.py), a group of
-step u is started only while its generator holds w >= u - k. A group of step u is started before
-the learner takes step u, i.e. at a learner version <= u, when the newest published weights are at
-most u - k. So w = u - k exactly, for every step u >= k. The first k steps (and the first k after a
-resume: the checkpoint holds only its own version) are sampled by the starting weights, staleness u.
-Under rollout.dispatch=tickets the dispatcher's two bounds (asyncgrpo/dispatch.py) play the
-throttle's part.
+Why this fixes staleness at k (docs/ALGORITHMS.md, Fixed staleness): the dispatcher
+(asyncgrpo/dispatch.py) grants a slot of step u only to a generator holding w >= u - k. A group of
+step u is started before the learner takes step u, i.e. at a learner version <= u, when the newest
+published weights are at most u - k. So w = u - k exactly, for every step u >= k (the dispatcher's
+lower bound makes it exact on its own). The first k steps (and the first k after a resume: the
+checkpoint holds only its own version) are sampled by the starting weights, staleness u.
 
 Rank 0 keeps CPU copies of the last k versions' state dicts in the dtype the weights travel in
 (`held_dtype`): casting before the sender casts again changes nothing, and costs k pushes of memory

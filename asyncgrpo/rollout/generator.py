@@ -4,21 +4,11 @@
 receiver); `Generator.from_config` builds the real ones, `GeneratorActor` builds them inside a Ray
 actor. The pure parts live beside it: segments.py (in-flight updates), groups.py (the message).
 
-Staleness throttle (DESIGN.md): with quota q = this generator's share of a step's groups, a
-group may start only while groups started < (max_staleness + v + 1) * q, where v is the policy
-version of the weights loaded in the engine. Generating with loaded weights v keeps every group
-within max_staleness versions of the learner that consumes it.
-
-A restarted generator (a new `incarnation` of the same generator id, started by the driver) is told
-by `rejoin` where its prompt stream continues, from which learner version its groups are counted
-and which weights it must load before generating; `extend_lead` tells a running generator how many
-groups the learner took from it beyond its shares while a peer was down (replay.py, Restarts), and
-`credit_written_off` how many of its groups the learner will never take (registry.py, Write-offs).
-
-With rollout.dispatch=tickets there is no quota and no count: the generator asks learner rank 0
-for the next slots of the training order (rollout/tickets.py), which grants only slots within the
-staleness bound of the weights it holds, and reads their prompts from the run's one prompt stream.
-A restarted one just asks.
+Tickets: the generator asks learner rank 0 for the next slots of the training order
+(rollout/tickets.py), which grants only slots within the staleness bound of the weights it holds,
+and reads their prompts from the run's one prompt stream. A restarted generator (a new
+`incarnation` of the same generator id, started by the driver) is told by `rejoin` which weights it
+must load before generating, and then just asks.
 """
 
 from __future__ import annotations
@@ -36,7 +26,6 @@ import torch
 
 from asyncgrpo import faults
 from asyncgrpo.memory import peak_memory
-from asyncgrpo.replay import THROTTLING_STALE_POLICIES
 from asyncgrpo.resources import pin_to_cores
 from asyncgrpo.rewards.judge import call_budget_s
 from asyncgrpo.rewards.scorer import Scorer
@@ -46,8 +35,7 @@ from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.rollout.sink import GroupSink, with_faults
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import Problem, Task, make_task, run_stream, train_stream
-from asyncgrpo.tasks.stream import PromptStream
+from asyncgrpo.tasks import Problem, Task, make_task, run_stream
 from asyncgrpo.timing import PhaseTimer
 from asyncgrpo.weights import WeightReceiver, make_receiver
 from asyncgrpo.wire import (
@@ -63,7 +51,7 @@ from asyncgrpo.wire import (
 )
 from asyncgrpo.wire.security import CurveClientKeys
 
-# While waiting (throttle, new weights, exhausted data) the learner still hears from us this often.
+# While waiting (for tickets, for new weights) the learner still hears from us this often.
 HEARTBEAT_EVERY_S = 1.0
 # Granted no ticket, a generator waits this long for newer weights before it asks again.
 TICKET_RETRY_S = 0.2
@@ -92,7 +80,7 @@ class _Scoring:
     prompts: list[list[int]]
     completions: list[list[Completion]]
     future: concurrent.futures.Future
-    slots: list[int] | None = None  # rollout.dispatch=tickets: each group's slot in the training order
+    slots: list[int]  # each group's slot in the training order
 
 
 class GeneratorStopped(Exception):
@@ -108,13 +96,12 @@ class GeneratorStats:
     inflight_switches: int = 0
     send_blocked_s: float = 0.0
     # Assembling and loading pushes into the engine, wherever it happens (top of the loop, while
-    # throttled, between in-flight segments): the generator's side of a weight transfer.
+    # granted nothing, between in-flight segments): the generator's side of a weight transfer.
     weight_load_s: float = 0.0
-    # The part of weight_load_s spent inside a wait (throttled, blocked on a full queue, out of
-    # data, rejoining), whose timer (gen_time/throttle_s, ...) therefore includes it: work done
-    # while otherwise waiting (tools/bench_async.py counts it as busy time).
+    # The part of weight_load_s spent inside a wait (granted nothing, blocked on a full queue,
+    # rejoining), whose timer (gen_time/throttle_s, ...) therefore includes it: work done while
+    # otherwise waiting (tools/bench_async.py counts it as busy time).
     weight_load_in_wait_s: float = 0.0
-    exhausted: bool = False
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
     def as_dict(self) -> dict[str, float]:
@@ -129,22 +116,6 @@ class GeneratorStats:
             "gen/weight_load_in_wait_s": self.weight_load_in_wait_s,
             **self.timer.metrics("gen_time/"),
         }
-
-
-def throttle_limit(max_staleness: int, loaded_version: int, quota_per_step: int) -> int:
-    """How many groups a generator may have started in total while it holds `loaded_version`.
-
-    The learner takes each generator's share (`quota`) per step, oldest first (replay.py), so this
-    generator's group k (0-based, in sending order) is trained at learner version k // quota
-    exactly, however fast the other generators are. Starting it only while
-    k < (max_staleness + v + 1) * quota, with weights v, gives k // quota - v <= max_staleness. A
-    group given back (reward.on_error=drop_group) only moves later groups to smaller k, and so does
-    one the learner writes off (lost, rejected, dropped): group k then sits at place k - w in the
-    schedule, w of its predecessors written off, and the throttle adds the credit w it was told of
-    (w' <= w, as only groups already sent are written off), which keeps (k - w) // quota - v <= max_staleness.
-    max_staleness = 0 gives lock-step synchronous GRPO.
-    """
-    return (max_staleness + loaded_version + 1) * quota_per_step
 
 
 def next_multiple(version: int, every: int) -> int:
@@ -163,9 +134,10 @@ def score_timeout_s(cfg: Config, num_groups: int) -> float:
     return cfg.wire.timeout_s + waves * per_call
 
 
-def groups_per_call(cfg: Config, quota_per_step: int) -> int:
-    """Prompts per vLLM call: rollout.groups_per_call, or one step's quota when 0."""
-    return cfg.rollout.groups_per_call or quota_per_step
+def groups_per_call(cfg: Config, step_part: int) -> int:
+    """Prompts per vLLM call (tickets asked for at once): rollout.groups_per_call, or when 0
+    `step_part`, the generator's part of a step spread evenly (config.groups_per_generator)."""
+    return cfg.rollout.groups_per_call or step_part
 
 
 class Generator:
@@ -180,47 +152,32 @@ class Generator:
         engine: SamplingEngine,
         tokenizer: Any,
         task: Task,
-        problems: PromptStream,
         scorer: Scorer,
         sink: GroupSink,
         weights: WeightReceiver,
-        quota_per_step: int,
+        tickets: TicketClient,
+        positioned: PositionedPrompts,
+        groups_per_call: int,
         initial_version: int = 0,
         incarnation: int = 0,
-        tickets: TicketClient | None = None,
-        positioned: PositionedPrompts | None = None,
     ) -> None:
-        """`initial_version`: the version of the weights `engine` starts with (a resumed checkpoint's);
-        `incarnation`: 0 for the generator's first process, +1 per restart. `tickets` and
-        `positioned` (rollout.dispatch=tickets): where slots and their prompts come from; then
-        `problems` and `quota_per_step` serve only to size a vLLM call."""
+        """`tickets` and `positioned`: where slots and their prompts come from; `groups_per_call`:
+        how many tickets to ask for at once (the prompts of a vLLM call). `initial_version`: the
+        version of the weights `engine` starts with (a resumed checkpoint's); `incarnation`: 0 for
+        the generator's first process, +1 per restart."""
         self.cfg = cfg
         self.generator_id = generator_id
-        self.engine, self.tokenizer, self.task, self.problems = engine, tokenizer, task, problems
+        self.engine, self.tokenizer, self.task = engine, tokenizer, task
         self.scorer, self.sink, self.weights = scorer, sink, weights
-        self.quota_per_step = quota_per_step
         self.tickets, self.positioned = tickets, positioned
-        if (tickets is None) != (positioned is None):
-            raise ValueError("tickets and positioned prompts go together")
         self._no_tickets_since: float | None = None  # the wait for a grant, across retries
         self._no_tickets_version = -1  # the weights held when that wait (re)started
         self.slowdown = faults.slowdown(generator_id)
         self.pace_s = faults.pace_s(generator_id)
-        self.throttle = cfg.train.stale_policy in THROTTLING_STALE_POLICIES
-        self.groups_per_call = groups_per_call(cfg, quota_per_step)
+        self.groups_per_call = groups_per_call
         self.version = initial_version
         self.incarnation = incarnation
         self.next_seq = 0
-        # As if the steps before the checkpoint had been generated here: the throttle then allows
-        # max_staleness + 1 steps ahead of the resumed version, not of version 0.
-        self.groups_started = initial_version * quota_per_step
-        # Groups the learner took from us beyond our shares (lent to a restarting peer): the throttle
-        # lets us start as many more. Set from the driver's thread (`extend_lead`), read by run().
-        self.lead = 0
-        # Groups of ours the learner will never take (lost in transit, rejected, dropped): its share
-        # comes from our later groups instead, so the throttle lets us start as many more. Set from
-        # the driver's thread (`credit_written_off`), read by run().
-        self.written_off = 0
         self._rejoin_version = initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
@@ -236,16 +193,14 @@ class Generator:
 
     @classmethod
     def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
-                    weights_endpoint: str, quota_per_step: int, cores: list[int] | None = None,
+                    weights_endpoint: str, tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
                     curve: CurveClientKeys | None = None, initial_version: int = 0,
-                    skip_problems: int = 0, incarnation: int = 0, tickets_endpoint: str = "") -> Generator:
-        """The real parts: vLLM on `model_dir`, the groups and weights sockets (and the grant
-        channel at `tickets_endpoint` under rollout.dispatch=tickets). Resuming from a checkpoint,
-        `model_dir` holds `initial_version`'s weights and the first `skip_problems` prompts of this
-        generator's stream were trained on."""
+                    incarnation: int = 0) -> Generator:
+        """The real parts: vLLM on `model_dir` (resuming from a checkpoint, it holds
+        `initial_version`'s weights), the groups and weights sockets and the grant channel;
+        `step_part` sizes a vLLM call (`groups_per_call`)."""
         return cls(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                        quota_per_step, cores, curve, initial_version, skip_problems, incarnation,
-                                        tickets_endpoint=tickets_endpoint))
+                                        tickets_endpoint, step_part, cores, curve, initial_version, incarnation))
 
     def join_weight_group(self, address: dict[str, Any]) -> None:
         """Join the learner's weight transport (`WeightSender.join_address`) as rank generator_id + 1."""
@@ -255,34 +210,14 @@ class Generator:
         return {"generator_id": self.generator_id, "pid": os.getpid(), "version": self.version,
                 "incarnation": self.incarnation}
 
-    def rejoin(self, position: int, base_version: int, newest_version: int,
-               save: dict[str, Any] | None = None) -> None:
-        """A restarted generator, before `run`: continue the prompt stream at `position` (past the
-        groups the learner consumed), count groups as if started from learner version
-        `base_version` (from which the learner takes our share again, so group k is still trained
-        at k // quota) and load version `newest_version` before generating anything. `save`: the
-        checkpoint save under way at learner rank 0 (`version`, `timeout_s` from now), whose
-        announcement went out before we subscribed: our waits may last as long as it."""
-        if self.tickets is None:  # with tickets nothing is counted: it asks for the slots to fill
-            self.problems.load_state_dict({"position": position})
-            self.groups_started = base_version * self.quota_per_step
+    def rejoin(self, newest_version: int, save: dict[str, Any] | None = None) -> None:
+        """A restarted generator, before `run`: load version `newest_version` before generating
+        anything, then ask for slots (nothing is counted or continued). `save`: the checkpoint save
+        under way at learner rank 0 (`version`, `timeout_s` from now), whose announcement went out
+        before we subscribed: our waits may last as long as it."""
         self._rejoin_version = newest_version
         if save is not None:
             self.weights.saves.note(SaveNotice(int(save["version"]), saving=True, timeout_s=float(save["timeout_s"])))
-
-    def extend_lead(self, groups: int) -> None:
-        """The learner has taken `groups` of ours beyond our shares in all (lent to a restarting
-        peer): they were trained earlier than their schedule, so the throttle may start as many more
-        (called from the driver's thread while `run` goes on; an int assignment is atomic)."""
-        self.lead = max(self.lead, groups)
-
-    def credit_written_off(self, incarnation: int, groups: int) -> None:
-        """The learner will never take `groups` of this incarnation's groups in all (registry.py,
-        Write-offs): each moves our later groups one place earlier in its schedule, so the throttle
-        may start as many more; otherwise every loss would use up one group of our lead for good.
-        A count for another incarnation (a predecessor's, arriving late) is ignored."""
-        if incarnation == self.incarnation:
-            self.written_off = max(self.written_off, groups)
 
     # ------------------------------------------------------------------------------------ the loop
 
@@ -290,7 +225,7 @@ class Generator:
         """Generate until the learner says stop; returns this generator's counters and timings.
 
         Rewards that take time (an HTTP judge) are computed while the next batch generates: a
-        batch is sent once the following vLLM call returns, or before waiting on the throttle.
+        batch is sent once the following vLLM call returns, or before waiting for tickets.
         """
         timer, run_start = self.stats.timer, time.perf_counter()
         pending: _Scoring | None = None
@@ -306,20 +241,15 @@ class Generator:
                 if self.eval_every and self.version >= self._next_eval_version:
                     with timer("eval"):
                         self._evaluate_loaded_version()
-                problems, positions, slots, room = self._next_batch()
+                with timer("ask"):
+                    problems, positions, slots = self._take_tickets()
                 if not problems:
                     if pending is not None:  # nothing to overlap its rewards with: send it now
                         self._send_scored(pending)
                         pending = None
-                    elif self.tickets is not None:
-                        with timer("throttle"):
-                            self._wait_for_tickets()
-                    elif room > 0:
-                        with timer("exhausted"):
-                            self._wait_for_shutdown()  # a finite dataset ran out
                     else:
                         with timer("throttle"):
-                            self._wait_for_new_weights()
+                            self._wait_for_tickets()
                     continue
                 prompts = self._tokenize(problems)
                 with timer("generate"):
@@ -345,41 +275,14 @@ class Generator:
         return self._summary(time.perf_counter() - run_start)
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
-        tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered} \
-            if self.tickets is not None else {}
+        tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered}
         return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), **tickets, "gen/version": self.version,
                 "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
                 "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
-    def _room(self) -> float:
-        """How many more groups the throttle lets this generator start now (inf without it, and
-        with tickets, whose grants carry the bound)."""
-        if not self.throttle or self.tickets is not None:
-            return float("inf")
-        limit = throttle_limit(self.cfg.train.max_staleness, self.version, self.quota_per_step)
-        limit += self.lead + self.written_off
-        return limit - self.groups_started
-
-    def _next_batch(self) -> tuple[list[Problem], list[int], list[int] | None, float]:
-        """The next vLLM call's prompts, their positions in the prompt stream, their slots (tickets;
-        None with shares) and the throttle's room left before them (inf with tickets)."""
-        if self.tickets is not None:
-            with self.stats.timer("ask"):
-                return (*self._take_tickets(), float("inf"))
-        room = self._room()
-        problems = self._take_problems(room)
-        return problems, list(range(self.problems.position - len(problems), self.problems.position)), None, room
-
-    def _take_problems(self, room: float) -> list[Problem]:
-        """The next vLLM call's prompts, at most `room`; empty when throttled or out of data."""
-        problems = self.problems.take(min(self.groups_per_call, room)) if room > 0 else []
-        self.groups_started += len(problems)
-        return problems
-
     def _take_tickets(self) -> tuple[list[Problem], list[int], list[int]]:
         """The next vLLM call's prompts, their positions and slots, as granted (none: wait, ask again)."""
-        assert self.tickets is not None and self.positioned is not None
         tickets = self.tickets.ask(self.version, self.groups_per_call)
         if tickets:
             self._no_tickets_since = None
@@ -402,9 +305,9 @@ class Generator:
                          "learner rank 0 granted none")
 
     def _submit(self, problems: list[Problem], positions: list[int], prompts: list[list[int]],
-                completions: list[list[Completion]], slots: list[int] | None) -> _Scoring:
-        """Start scoring a generated batch. `positions`: its prompts' in the prompt stream (the
-        learner records how far it trained); `slots`: with tickets, the groups' slots."""
+                completions: list[list[Completion]], slots: list[int]) -> _Scoring:
+        """Start scoring a generated batch. `positions`: its prompts' in the run's prompt stream;
+        `slots`: the groups' slots."""
         texts = [decode_completions(self.tokenizer, group) for group in completions]
         return _Scoring(problems, positions, prompts, completions, self.scorer.submit(problems, texts), slots)
 
@@ -415,37 +318,23 @@ class Generator:
         with timer("score_wait"):
             scores = scoring.future.result(timeout=score_timeout_s(self.cfg, len(scoring.problems)))
         with timer("send"):
-            slots = scoring.slots or [None] * len(scoring.problems)
             for problem, position, prompt, completions, score, slot in zip(
-                    scoring.problems, scoring.positions, scoring.prompts, scoring.completions, scores, slots):
+                    scoring.problems, scoring.positions, scoring.prompts, scoring.completions, scores, scoring.slots):
                 group = scored_group(self.generator_id, problem.id, prompt, completions, score, self.version)
-                if group is None:  # reward.on_error=drop_group: give the throttle quota (or the slot) back
-                    if self.tickets is not None and slot is not None:
-                        self.tickets.gave_back(slot)
-                    self.groups_started -= 1
+                if group is None:  # reward.on_error=drop_group: the slot goes to someone else
+                    self.tickets.gave_back(slot)
                     continue
                 group.pos = position
                 self.stats.tokens_generated += int(group.tokens.size)
                 self._send(group)
-                if self.tickets is not None and slot is not None:
-                    self.tickets.sent(slot)
+                self.tickets.sent(slot)
             self._heartbeat(periodic=False)
-
-    def _wait_for_shutdown(self) -> None:
-        """Nothing left to generate: keep loading weights and heartbeating until the learner says stop."""
-        if not self.stats.exhausted:
-            self.stats.exhausted = True
-            print(f"[generator {self.generator_id}] the training data is exhausted (data.epochs="
-                  f"{self.cfg.data.epochs}); waiting for the learner to stop", flush=True)
-        self._load_newest_weights(wait_s=0.5, in_wait=True)
-        self._heartbeat(periodic=True)
 
     @property
     def idle_s(self) -> float:
-        """Seconds spent waiting on the throttle (or for tickets), on rewards, on exhausted data or on a full queue."""
+        """Seconds spent asking for and waiting for tickets, on rewards or on a full queue."""
         seconds = self.stats.timer.seconds
-        return (seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + seconds["exhausted"]
-                + self.stats.send_blocked_s)
+        return seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + self.stats.send_blocked_s
 
     # ---------------------------------------------------------------------------------- sampling
 
@@ -545,15 +434,6 @@ class Generator:
             self._check_wait(started, f"restarted, incarnation {self.incarnation}, holding version {self.version}",
                              f"weights version {version} did not arrive")
 
-    def _wait_for_new_weights(self) -> None:
-        """Throttled: nothing may start until newer weights arrive, or the learner writes off groups
-        of ours (`credit_written_off`)."""
-        self.stats.throttled_waits += 1
-        started = time.monotonic()
-        while not self._load_newest_weights(wait_s=0.5, in_wait=True) and self._room() <= 0:
-            self._heartbeat(periodic=True)
-            self._check_wait(started, f"throttled at version {self.version}", "no new weights arrived")
-
     def _check_wait(self, started: float, state: str, what: str) -> None:
         """Fail a wait that began at `started` once it is past `wire.timeout_s`, or, while learner
         rank 0 announced a checkpoint save, past that save's bound (`SaveWatch`): a save stops both
@@ -612,20 +492,17 @@ class Generator:
         self.scorer.close()
         self.weights.close()
         self.sink.close()
-        if self.tickets is not None:
-            self.tickets.close()
+        self.tickets.close()
 
 
 class GeneratorActor(Generator):
     """The Ray actor: constructed from config, so the engine and sockets are built in the actor's process."""
 
     def __init__(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-                 quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
-                 initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0,
-                 tickets_endpoint: str = "") -> None:
+                 tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
+                 curve: CurveClientKeys | None = None, initial_version: int = 0, incarnation: int = 0) -> None:
         super().__init__(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                              quota_per_step, cores, curve, initial_version, skip_problems,
-                                              incarnation, tickets_endpoint=tickets_endpoint))
+                                              tickets_endpoint, step_part, cores, curve, initial_version, incarnation))
 
     @classmethod
     def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
@@ -651,16 +528,15 @@ class GeneratorActor(Generator):
         self._released = True
 
     def reset(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-              quota_per_step: int, cores: list[int] | None = None, curve: CurveClientKeys | None = None,
-              initial_version: int = 0, skip_problems: int = 0, incarnation: int = 0,
-              tickets_endpoint: str = "") -> None:
+              tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
+              curve: CurveClientKeys | None = None, initial_version: int = 0, incarnation: int = 0) -> None:
         """Become a new run's generator (the constructor's arguments) on the running engine: its
         starting weights, seed, prompt stream, rewards, sockets and counters; vLLM is not restarted."""
         self._released = False
         self.close()  # idempotent: release() has closed them already
         Generator.__init__(self, **_built_from_config(
-            cfg, generator_id, model_dir, groups_endpoint, weights_endpoint, quota_per_step, cores, curve,
-            initial_version, skip_problems, incarnation, engine=self.engine, tickets_endpoint=tickets_endpoint))
+            cfg, generator_id, model_dir, groups_endpoint, weights_endpoint, tickets_endpoint, step_part, cores, curve,
+            initial_version, incarnation, engine=self.engine))
 
     def node(self) -> dict[str, str]:
         """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
@@ -670,13 +546,10 @@ class GeneratorActor(Generator):
 
 
 def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-                       quota_per_step: int, cores: list[int] | None, curve: CurveClientKeys | None,
-                       initial_version: int, skip_problems: int, incarnation: int = 0,
-                       engine: VLLMEngine | None = None, tickets_endpoint: str = "") -> dict[str, Any]:
+                       tickets_endpoint: str, step_part: int, cores: list[int] | None, curve: CurveClientKeys | None,
+                       initial_version: int, incarnation: int = 0, engine: VLLMEngine | None = None) -> dict[str, Any]:
     """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`);
     `engine`: a running one to take `model_dir`'s weights instead of a new one (rollout.engine_pool)."""
-    if (cfg.rollout.dispatch == "tickets") != bool(tickets_endpoint):
-        raise ValueError(f"rollout.dispatch={cfg.rollout.dispatch} with tickets endpoint {tickets_endpoint!r}")
     pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
     from transformers import (
         AutoTokenizer,  # slow to import; only where a real generator is built
@@ -684,11 +557,6 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     task = make_task(cfg, tokenizer)
-    if tickets_endpoint:  # its prompts come from the run's one stream at granted positions (below)
-        problems = PromptStream(iter(()))
-    else:  # its own stream, past what a resumed run trained (skipping is work: only where it is read)
-        problems = PromptStream(train_stream(task, cfg, generator_id))
-        problems.load_state_dict({"position": skip_problems})
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
     seed = cfg.seed * 1000 + generator_id
@@ -707,18 +575,17 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
     engine.reseed(seed)
     # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
     # the learner's receiving thread, which competes with training for its core and the GIL.
-    # Memory stays bounded: a call's groups in the socket buffers, the rest by the throttle.
-    sink = with_faults(Sender(groups_endpoint, high_water_mark=max(8, groups_per_call(cfg, quota_per_step)),
+    # Memory stays bounded: a call's groups in the socket buffers, the rest by the slots granted.
+    call_groups = groups_per_call(cfg, step_part)
+    sink = with_faults(Sender(groups_endpoint, high_water_mark=max(8, call_groups),
                               curve=curve))  # with_faults: a chaos run's lost or corrupted groups
     subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     weights = make_receiver(cfg, subscriber, model_dir, device)
-    tickets = positioned = None
-    if tickets_endpoint:
-        grants = GrantDealer(tickets_endpoint, holder_identity(generator_id, incarnation), curve=curve)
-        tickets = TicketClient(sink, grants, generator_id, incarnation)
-        positioned = PositionedPrompts(lambda: run_stream(task, cfg))
-    return dict(cfg=cfg, generator_id=generator_id, engine=engine, tokenizer=tokenizer, task=task, problems=problems,
-                scorer=scorer, sink=sink, weights=weights, quota_per_step=quota_per_step,
-                initial_version=initial_version, incarnation=incarnation, tickets=tickets, positioned=positioned)
+    grants = GrantDealer(tickets_endpoint, holder_identity(generator_id, incarnation), curve=curve)
+    # Its prompts come from the run's one stream, at the positions it is granted.
+    return dict(cfg=cfg, generator_id=generator_id, engine=engine, tokenizer=tokenizer, task=task, scorer=scorer,
+                sink=sink, weights=weights, tickets=TicketClient(sink, grants, generator_id, incarnation),
+                positioned=PositionedPrompts(lambda: run_stream(task, cfg)), groups_per_call=call_groups,
+                initial_version=initial_version, incarnation=incarnation)

@@ -1,4 +1,4 @@
-"""A generator's side of dynamic dispatch (rollout.dispatch=tickets; asyncgrpo/dispatch.py).
+"""A generator's side of dynamic dispatch (asyncgrpo/dispatch.py).
 
 `TicketClient` asks learner rank 0 for tickets on the groups stream, so that each request is read
 after every group sent before it and doubles as a report (the newest grant received, the slots

@@ -1,7 +1,8 @@
 """Verifiable tasks: problems with a prompt, a reference answer and the task's own check.
 
 The interface is `Task` and `Problem` (asyncgrpo/tasks/problem.py). `make_task(cfg)` builds the
-configured task; `train_stream` gives a generator its share of the training problems.
+configured task; `run_stream` is the run's one stream of training problems, which every generator
+reads at the positions it is granted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from asyncgrpo.schema import Config
 
 __all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "Problem", "Task", "make_task",
-           "run_stream", "train_stream"]
+           "run_stream"]
 
 # task.name: each is built by `make_task`; the file tasks read their problems from data.* files.
 TASK_NAMES = ("arithmetic", "countdown", "gsm8k", "files")
@@ -43,28 +44,14 @@ def make_task(cfg: Config, tokenizer: Any | None = None) -> Task:
     raise ValueError(f"task.name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
 
 
-def train_stream(task: Task, cfg: Config, generator_id: int) -> Iterator[Problem]:
-    """Generator `generator_id`'s training problems.
-
-    Built-in tasks: an independent endless stream per generator (seeded by seed and generator id,
-    as before). File tasks: one seeded shuffle per epoch shared by all generators, each taking a
-    disjoint shard, so an epoch covers every prompt once; the stream ends after data.epochs.
-    """
-    from asyncgrpo.tasks.files import FileTask
-
-    if isinstance(task, FileTask):
-        return task.train_problems(seed=cfg.seed, shard=generator_id, num_shards=cfg.rollout.num_generators)
-    return task.train_problems(seed=cfg.seed * 1000 + generator_id)
-
-
 def run_stream(task: Task, cfg: Config) -> Iterator[Problem]:
-    """The run's one stream of training problems (rollout.dispatch=tickets): every generator builds
-    it alike and reads the positions it is granted. It is generator 0's stream of `train_stream`
-    with one generator: a built-in task's seeded stream, a file task's per-epoch shuffles unsharded."""
+    """The run's one stream of training problems: every generator builds it alike and reads the
+    positions it is granted. Built-in tasks: an endless stream seeded by the seed. File tasks: one
+    seeded shuffle per epoch; the stream ends after data.epochs."""
     from asyncgrpo.tasks.files import FileTask
 
     if isinstance(task, FileTask):
-        return task.train_problems(seed=cfg.seed, shard=0, num_shards=1)
+        return task.train_problems(seed=cfg.seed)
     return task.train_problems(seed=cfg.seed * 1000)
 
 

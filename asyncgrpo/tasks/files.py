@@ -81,10 +81,9 @@ class FileTask:
     def score(self, completion_text: str, problem: Problem) -> float:
         return verifiers.exact_match(completion_text, problem.answer)
 
-    def train_problems(self, seed: int, shard: int = 0, num_shards: int = 1) -> Iterator[Problem]:
-        """Seeded shuffle per epoch, this shard's share; data.epochs passes (0 = endless), then the stream ends."""
-        return epoch_stream(self._train, seed=seed, epochs=self.data.epochs, shuffle=self.data.shuffle,
-                            shard=shard, num_shards=num_shards)
+    def train_problems(self, seed: int) -> Iterator[Problem]:
+        """Seeded shuffle per epoch; data.epochs passes (0 = endless), then the stream ends."""
+        return epoch_stream(self._train, seed=seed, epochs=self.data.epochs, shuffle=self.data.shuffle)
 
     def eval_problems(self) -> list[Problem]:
         return list(self._eval)

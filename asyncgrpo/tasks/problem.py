@@ -22,8 +22,8 @@ class Problem:
 
 
 class Task(Protocol):
-    """A verifiable task. `make_task(cfg)` builds the configured one; `train_stream` gives each
-    generator its share of `train_problems` (file tasks also take `shard` and `num_shards`)."""
+    """A verifiable task. `make_task(cfg)` builds the configured one; `run_stream` is the run's
+    stream of `train_problems`."""
 
     def train_problems(self, seed: int) -> Iterator[Problem]:
         """Training problems in a seeded order (endless for the built-in tasks)."""

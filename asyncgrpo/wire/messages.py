@@ -1,9 +1,9 @@
 """Typed messages that cross process boundaries.
 
 Upstream (generator -> learner, one PUSH/PULL stream): `ScoredGroup`, `VersionAck`, `Heartbeat`,
-`TicketRequest` (rollout.dispatch=tickets).
+`TicketRequest`.
 Downstream (learner -> generators, one PUB/SUB stream): `WeightsChunk`, `Shutdown`, `SaveNotice`;
-and to one generator (ROUTER/DEALER, rollout.dispatch=tickets): `Grant`.
+and to one generator (ROUTER/DEALER): `Grant`.
 
 Arrays are numpy views on the received ZeroMQ frames; nothing here is pickled.
 """
@@ -60,8 +60,8 @@ class ScoredGroup:
     # Which process of this generator sent it: 0 for the first, +1 per restart. Sequence numbers
     # are per incarnation; the registry drops what a replaced incarnation sends late.
     incarnation: int = 0
-    # The prompt's position in its generator's prompt stream: the registry records how far each
-    # stream has been trained, which is where a resumed or restarted generator continues.
+    # The prompt's position in the run's prompt stream: with its sender, it names the slot the
+    # group fills (the dispatcher's index (holder, position) -> slot).
     pos: int = 0
 
     @property

@@ -349,8 +349,7 @@ def holder_identity(generator_id: int, incarnation: int) -> bytes:
 
 
 class GrantRouter(_Bound):
-    """Learner rank 0's side of the ticket channel (rollout.dispatch=tickets): answers each
-    generator by its routing id. A grant for a generator not connected (dead, or not yet there) is
+    """Learner rank 0's side of the ticket channel: answers each generator by its routing id. A grant for a generator not connected (dead, or not yet there) is
     dropped: the generator asks again, reporting the newest grant it received."""
 
     def __init__(self, host: str = "127.0.0.1", curve: CurveServerKeys | None = None, insecure: bool = False,

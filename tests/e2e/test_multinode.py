@@ -96,8 +96,7 @@ def listening_until_exit(cluster_pid: int, cli: subprocess.Popen, seen: dict[int
     return sockets
 
 
-@pytest.mark.parametrize("dispatch", ["shares", "tickets"])
-def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_all_on_loopback(tmp_path, dispatch):
+def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_all_on_loopback(tmp_path):
     # Ray's Unix sockets live under its temp dir, whose paths must stay short; private, so that
     # no other cluster on this machine (nor `ray.init(address="auto")` elsewhere) sees this one.
     ray_tmp = tempfile.mkdtemp(prefix="agmn", dir="/tmp")
@@ -116,7 +115,6 @@ def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_al
                 "train.export_at_end=false", "wire.startup_timeout_s=300",
                 f"ray.address={cluster['address']}",
                 f"learner.node_resource={LEARNER_RESOURCE}", f"rollout.node_resource={ROLLOUT_RESOURCE}",
-                f"rollout.dispatch={dispatch}",  # tickets: grants cross the nodes on a third socket
             ]
             with open(tmp_path / "cli.log", "w") as log:
                 cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -146,7 +144,7 @@ def test_the_learner_and_the_generator_on_two_nodes_train_over_tcp_with_curve_al
     assert learner["node_ip"] == generator["node_ip"] == "127.0.0.1"
     wire = actors["wire"]
     assert (wire["transport"], wire["curve"], wire["weights_backend"]) == ("tcp", True, "zmq")
-    assert ("tickets" in wire["endpoints"]) == (dispatch == "tickets")
+    assert "tickets" in wire["endpoints"]  # grants cross the nodes on a third socket
     ports = {int(endpoint.rpartition(":")[2]) for endpoint in wire["endpoints"].values()}
     assert all(endpoint.startswith("tcp://127.0.0.1:") for endpoint in wire["endpoints"].values()), wire
 

@@ -28,9 +28,10 @@ ba = load_tool("bench_async")
 def pipeline_run(steps: int, eta: int, quota: int, gen_s: float, load_s: float, learn_s: float,
                  overhead_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """summary.json and metrics.jsonl of a run of one generator and one learner with constant costs,
-    as the product's loops would produce them (generator.py's throttle and weight loads; the
-    learner's steps): one vLLM call of `gen_s` per step's `quota` groups, a load of `load_s` per
-    new version (at the top of the loop, or inside the throttle's wait), a learner step of
+    as the product's loops would produce them (the generator granted at most eta + 1 steps ahead of
+    its weights, its weight loads; the learner's steps): one vLLM call of `gen_s` per step's `quota`
+    groups, a load of `load_s` per new version (at the top of the loop, or inside the wait for
+    tickets), a learner step of
     `learn_s` busy seconds, and `overhead_s` of the driver's between steps (off both stages)."""
     ready: list[float] = []  # when call c's groups are in the queue
     ends: list[float] = []  # when learner step s ends, i.e. version s + 1 is pushed
@@ -56,7 +57,7 @@ def pipeline_run(steps: int, eta: int, quota: int, gen_s: float, load_s: float, 
         newest = sum(end <= t for end in ends)
         if newest > version:  # the top of the loop: a busy load
             t, version = t + load_s, newest
-        if calls > eta + version:  # throttled until version calls - eta arrives
+        if calls > eta + version:  # granted nothing until version calls - eta arrives
             needed = calls - eta
             if needed > steps:  # never pushed: wait for the shutdown
                 break
@@ -135,7 +136,7 @@ def generator_report(**values: float) -> dict[str, float]:
 
 
 def test_generator_busy_time_is_wall_but_waits_with_the_loads_inside_them_added_back():
-    report = generator_report(**{"gen_time/throttle_s": 3.0, "gen/send_blocked_s": 1.0, "gen_time/exhausted_s": 0.5,
+    report = generator_report(**{"gen_time/throttle_s": 3.0, "gen/send_blocked_s": 1.0, "gen_time/ask_s": 0.5,
                                  "gen_time/rejoin_s": 0.5, "gen/weight_load_in_wait_s": 0.2,
                                  # Busy phases, already in the wall time: never added again.
                                  "gen_time/generate_s": 4.0, "gen_time/score_wait_s": 0.3, "gen/weight_load_s": 0.4})
@@ -297,7 +298,7 @@ def test_the_table_prints_spreads_and_the_headline(capsys):
 
 
 def test_the_generator_counts_the_loads_done_inside_its_waits():
-    """A synchronous generator loads each version inside its throttle wait; those loads are work
+    """A synchronous generator loads each version inside its wait for tickets; those loads are work
     its wait timer holds, reported apart so the busy time can count them."""
     import test_generator as tg  # the generator's fakes, as the other generator tests import them
 
@@ -309,7 +310,7 @@ def test_the_generator_counts_the_loads_done_inside_its_waits():
     generator = tg.make_generator(tg.config(train={"max_staleness": 0}), versions=3, quota=2, engine=SlowLoads())
     stats = generator.run()
     assert stats["gen/weight_loads"] == 3
-    # The fake learner pushes only while the generator waits: every load is inside the throttle.
+    # The fake learner pushes only while the generator waits: every load is inside the wait for tickets.
     assert stats["gen/weight_load_in_wait_s"] == stats["gen/weight_load_s"] >= 0.03
     assert stats["gen_time/throttle_s"] >= stats["gen/weight_load_in_wait_s"]
     busy = ba.generator_busy_s(stats)

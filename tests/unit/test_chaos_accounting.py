@@ -18,7 +18,7 @@ def taken(n: int, run: int = 0, generator: int = 0, incarnation: int = 0, first_
 
 
 def test_a_clean_stream_has_nothing_lost_or_duplicated():
-    result = chaos.account(taken(32) + taken(32, generator=1), epoch_size=100)
+    result = chaos.account(taken(32) + taken(32, generator=1, first_pos=32), epoch_size=100)
     assert (result.consumed, result.duplicates, result.seq_gaps, result.skipped) == (64, 0, 0, 0)
 
 
@@ -35,8 +35,7 @@ def test_the_untrained_tail_is_not_counted_as_lost():
 
 
 def test_a_restart_renumbers_from_zero_and_continues_the_prompts_without_duplicates():
-    # Incarnation 0 trained positions 0..9; its queued 10..13 were dropped at the rejoin and the
-    # newcomer, numbering from 0 again, generates from position 10.
+    # Incarnation 0 trained positions 0..9; the newcomer, numbering from 0 again, is granted 10 on.
     records = taken(10) + taken(6, incarnation=1, first_pos=10)
     result = chaos.account(records)
     assert (result.duplicates, result.seq_gaps, result.skipped) == (0, 0, 0)
@@ -49,7 +48,7 @@ def test_a_replayed_sequence_number_is_a_duplicate():
 
 
 def test_a_prompt_position_trained_twice_is_a_duplicate_even_in_another_incarnation():
-    # A restarted generator that went back to position 8 (instead of past the consumed 9) trains 8 and 9 again.
+    # A restarted generator granted positions 8 and 9 again though they were trained.
     records = taken(10) + taken(4, incarnation=1, first_pos=8)
     result = chaos.account(records)
     assert (result.duplicate_prompts, result.duplicates, result.duplicate_seqs) == (2, 2, 0)
@@ -80,13 +79,13 @@ def test_staleness_is_the_take_version_minus_the_oldest_token_version():
 def test_counted_loss_sums_each_run_s_last_counters_and_every_step_s_reward_drops():
     run0 = [{"step": 1, "queue/lost": 1, "queue/dropped_stale": 0, "reward/groups_dropped": 2},
             {"step": 2, "queue/lost": 3, "queue/dropped_stale": 1, "wire/rejected": 2, "wire/rejected/bad_header": 1,
-             "wire/rejected/too_long": 1, "reward/groups_dropped": 1, "queue/dropped_restart": 4}]
-    run1 = [{"step": 3, "queue/lost": 2, "queue/dropped_full": 1, "reward/groups_dropped": 0}]
+             "wire/rejected/too_long": 1, "reward/groups_dropped": 1}]
+    run1 = [{"step": 3, "queue/lost": 2, "queue/dropped_stale": 1, "reward/groups_dropped": 0}]
     counted = chaos.counted_lost([run0, run1])
-    assert (counted.lost_in_transit, counted.dropped_stale, counted.dropped_full) == (5, 1, 1)
-    assert (counted.rejected, counted.rejected_limits, counted.reward_dropped, counted.dropped_restart) == (2, 1, 3, 4)
+    assert (counted.lost_in_transit, counted.dropped_stale) == (5, 2)
+    assert (counted.rejected, counted.rejected_limits, counted.reward_dropped) == (2, 1, 3)
     # A frame the codec rejected is already a gap in queue/lost; a group beyond the model's limits is not.
-    assert counted.lost == 5 + 1 + 1 + 1 + 3
+    assert counted.lost == 5 + 2 + 1 + 3
 
 
 def test_the_lineage_keeps_a_run_s_steps_up_to_where_its_successor_resumed():
@@ -104,12 +103,11 @@ def test_a_recorded_step_belongs_to_the_last_run_that_started_at_or_before_it():
     assert [chaos.run_of(v, starts) for v in (0, 99, 100, 149, 150, 300)] == [0, 0, 2, 2, 3, 3]
 
 
-def test_with_one_stream_positions_interleave_across_generators_and_a_position_twice_is_a_duplicate():
-    # Tickets: generators 0 and 1 took positions 0,2,4,... and 1,3,5,... of the run's one stream.
+def test_positions_interleave_across_generators_and_a_position_twice_is_a_duplicate():
+    # Generators 0 and 1 took positions 0,2,4,... and 1,3,5,... of the run's one stream.
     records = [Consumed(0, 0, i % 2, 0, i // 2, pos=i, prompt_id=i, version_min=0) for i in range(10)]
-    assert chaos.account(records, one_stream=True).skipped == 0
-    assert chaos.account(records).skipped == 4 + 5  # read per generator, every other position looks lost
+    assert chaos.account(records).skipped == 0
     again = records + [Consumed(0, 1, 1, 0, 5, pos=4, prompt_id=4, version_min=1)]  # position 4, other generator
-    assert chaos.account(again, one_stream=True).duplicate_prompts == 1
+    assert chaos.account(again).duplicate_prompts == 1
     del records[3]
-    assert chaos.account(records, one_stream=True).skipped == 1
+    assert chaos.account(records).skipped == 1

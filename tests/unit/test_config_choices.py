@@ -19,7 +19,7 @@ from asyncgrpo.config import ConfigError, load
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
-from asyncgrpo.replay import FULL_POLICIES, STALE_POLICIES
+from asyncgrpo.replay import STALE_POLICIES
 from asyncgrpo.resources import DEVICES
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
@@ -35,7 +35,6 @@ JUDGE_TERM = ["reward.terms=[{name: judged, kind: judge}]", "reward.judge.base_u
 # key -> (the implementing module's list, what the key reads from the loaded Config)
 CHOICES = {
     "train.stale_policy": (STALE_POLICIES, lambda cfg: cfg.train.stale_policy),
-    "queue.full_policy": (FULL_POLICIES, lambda cfg: cfg.queue.full_policy),
     "learner.mixed_precision": (MIXED_PRECISIONS, lambda cfg: cfg.learner.mixed_precision),
     "learner.lr_schedule": (LR_SCHEDULES, lambda cfg: cfg.learner.lr_schedule),
     "algo.kl.reference_on": (REFERENCE_PLACEMENTS, lambda cfg: cfg.algo.kl.reference_on),

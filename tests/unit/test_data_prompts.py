@@ -1,4 +1,4 @@
-"""Prompt templates, chat templates, seeded shuffling with shards and epochs, and the file task."""
+"""Prompt templates, chat templates, seeded shuffling with epochs, and the file task."""
 
 import itertools
 import json
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from asyncgrpo.config import ConfigError, load
 from asyncgrpo.data import DataError, PromptFormat, epoch_stream, split_holdout
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.tasks import make_task, train_stream
+from asyncgrpo.tasks import make_task, run_stream
 from asyncgrpo.tasks.files import FileTask
 
 CHAT_TEMPLATE = (
@@ -40,18 +40,17 @@ def test_chat_template_without_one_in_the_tokenizer_fails_clearly():
 
 
 @settings(max_examples=60, deadline=None)
-@given(size=st.integers(1, 60), num_shards=st.integers(1, 5), seed=st.integers(0, 10**6), epochs=st.integers(1, 3))
-def test_shards_of_an_epoch_are_disjoint_and_cover_every_item(size, num_shards, seed, epochs):
-    if size < num_shards:
-        with pytest.raises(DataError, match="rollout.num_generators"):
-            next(epoch_stream(list(range(size)), seed=seed, epochs=0, shuffle=True, num_shards=num_shards))
-        return
+@given(size=st.integers(1, 60), seed=st.integers(0, 10**6), epochs=st.integers(1, 3))
+def test_each_epoch_streams_every_item_once_in_the_same_seeded_order_again(size, seed, epochs):
     items = list(range(size))
-    shards = [list(epoch_stream(items, seed=seed, epochs=epochs, shuffle=True, shard=s, num_shards=num_shards))
-              for s in range(num_shards)]
-    assert Counter(itertools.chain(*shards)) == Counter({i: epochs for i in items})
-    again = list(epoch_stream(items, seed=seed, epochs=epochs, shuffle=True, shard=0, num_shards=num_shards))
-    assert again == shards[0]
+    stream = list(epoch_stream(items, seed=seed, epochs=epochs, shuffle=True))
+    assert Counter(stream) == Counter({i: epochs for i in items})
+    assert list(epoch_stream(items, seed=seed, epochs=epochs, shuffle=True)) == stream
+
+
+def test_no_training_prompts_is_one_data_error_not_an_endless_wait():
+    with pytest.raises(DataError, match="no training prompts"):
+        next(epoch_stream([], seed=0, epochs=0, shuffle=True))
 
 
 def test_order_depends_on_seed_and_changes_per_epoch():
@@ -95,19 +94,17 @@ def test_eval_files_are_used_and_capped_by_eval_size(tmp_path):
     assert {p.id for p in task.eval_problems()} <= set(range(40, 70))  # ids continue after the training records
 
 
-def test_generators_get_disjoint_shards_and_the_stream_ends_after_epochs(tmp_path):
+def test_the_run_stream_of_a_file_task_covers_every_prompt_once_per_epoch_then_ends(tmp_path):
     cfg = files_cfg(tmp_path, "rollout.num_generators=2", "data.epochs=1", "task.eval_size=4")
     task = make_task(cfg)
-    first, second = (list(train_stream(task, cfg, g)) for g in (0, 1))
-    assert len(first) + len(second) == task.num_train_problems
-    assert not {p.id for p in first} & {p.id for p in second}
+    stream = list(run_stream(task, cfg))
+    assert len(stream) == len({p.id for p in stream}) == task.num_train_problems
 
 
-def test_builtin_tasks_keep_their_per_generator_seeding():
+def test_a_builtin_tasks_run_stream_is_seeded_by_the_seed():
     cfg = load(["seed=3"])
     task = make_task(cfg)
-    stream = train_stream(task, cfg, 1)
-    assert list(itertools.islice(stream, 5)) == list(itertools.islice(task.train_problems(seed=3001), 5))
+    assert list(itertools.islice(run_stream(task, cfg), 5)) == list(itertools.islice(task.train_problems(seed=3000), 5))
 
 
 def test_all_prompts_too_long_fails_with_the_reason_and_the_fix(tmp_path):

@@ -120,21 +120,6 @@ def test_a_restart_that_cannot_be_made_fails_the_run_naming_why(tmp_path, overri
     assert actors.restarts == [0, 0]  # nothing was started
 
 
-def test_periodic_runs_at_most_once_per_period_on_a_schedule_kept_across_calls(monkeypatch):
-    from asyncgrpo.driver import loop
-
-    now = [100.0]
-    monkeypatch.setattr(loop.time, "monotonic", lambda: now[0])
-    calls = []
-    periodic = loop.Periodic(lambda: calls.append(now[0]), every_s=1.0)
-    assert periodic.run_if_due() == 1.0 and calls == []  # not due yet: the whole period to wait
-    now[0] = 100.6
-    assert periodic.run_if_due() == pytest.approx(0.4) and calls == []
-    now[0] = 101.0
-    assert periodic.run_if_due() == 1.0 and calls == [101.0]
-    assert periodic.run_if_due() == 1.0 and calls == [101.0]  # twice at once: once
-
-
 def test_periodic_evaluations_are_written_after_the_chunk_that_brought_them(tmp_path):
     cfg = config(tmp_path, "train.max_steps=8", "train.steps_per_call=4", "log.samples_every_steps=0",
                  "eval.every_steps=2")

@@ -34,25 +34,16 @@ def test_nccl_needs_a_whole_gpu_per_actor():
         check_gpu_share(config("learner.world_size=2", device="cuda"), 0.5)
 
 
-def test_finite_data_fits_max_steps_to_the_full_steps_it_fills(capsys):
+def test_finite_data_fits_max_steps_to_every_full_step_of_the_one_stream(capsys):
     cfg = config("rollout.num_generators=2", "train.groups_per_step=5", "train.max_steps=100", "data.epochs=2")
-    # 2 generators share 101 prompts: 50 each, x 2 epochs = 100 per generator; quotas 3 and 2 -> 33 steps.
-    assert steps_in_data(cfg, 101) == 33
-    fit_steps_to_data(cfg, 101)
-    assert cfg.train.max_steps == 33 and "train.max_steps 100 -> 33" in capsys.readouterr().out
-    fit_steps_to_data(cfg, 1000)  # more data than steps: max_steps stays
-    assert cfg.train.max_steps == 33
-    with pytest.raises(TrainingFailed, match="less than one step"):
-        fit_steps_to_data(cfg, 2)  # 1 prompt per generator, 2 epochs: less than a quota of 3
-
-
-def test_under_tickets_finite_data_fills_every_full_step_of_the_one_stream():
-    cfg = config("rollout.num_generators=2", "rollout.dispatch=tickets", "train.groups_per_step=5",
-                 "train.max_steps=100", "data.epochs=2")
-    # One stream of 101 prompts x 2 epochs = 202 for both generators: 40 full steps of 5 (not 33 under shares).
+    # One stream of 101 prompts x 2 epochs = 202, whatever the generators: 40 full steps of 5.
     assert steps_in_data(cfg, 101) == 40
     fit_steps_to_data(cfg, 101)
+    assert cfg.train.max_steps == 40 and "train.max_steps 100 -> 40" in capsys.readouterr().out
+    fit_steps_to_data(cfg, 1000)  # more data than steps: max_steps stays
     assert cfg.train.max_steps == 40
+    with pytest.raises(TrainingFailed, match="less than one step"):
+        fit_steps_to_data(cfg, 2)  # 2 prompts, 2 epochs: less than a step of 5
 
 
 def test_endless_data_leaves_max_steps_alone():

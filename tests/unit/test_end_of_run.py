@@ -242,8 +242,7 @@ def test_every_reason_the_learner_finds_a_group_untrainable_counts_as_lost():
     assert limits.untrainable(group()) is None
     reasons = {limits.untrainable(g)[0] for g in (group(prompt=0), group(lengths=(1, 1, 1)), group(lengths=(9, 1)),
                                                    group(token=10))}
-    assert reasons == {"empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab"}
-    assert reasons | {"unknown_generator"} == set(UNTRAINABLE_REASONS)
+    assert reasons == {"empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab"} == set(UNTRAINABLE_REASONS)
 
 
 def test_the_loop_totals_the_groups_dropped_for_reward_errors_over_its_steps(tmp_path):

@@ -45,7 +45,7 @@ class Sender:
 
 def learner_with(k: int, *overrides: str) -> Learner:
     cfg = load([f"train.fixed_staleness={k}", "rollout.num_generators=1", "train.groups_per_step=2", *overrides])
-    queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=False, full_policy="block"), limits=None, shares=[2])
+    queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=False), limits=None)
     return Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
                    registry=queue.registry, weights=Sender(), owns_process_group=False)
 
@@ -125,27 +125,21 @@ def test_fixed_staleness_zero_and_off_push_the_newest_weights_directly():
         assert labels_and_contents(learner) == [(1, 1, 1)]
 
 
-def test_the_acknowledgement_wait_passes_once_the_generators_hold_the_published_version():
-    learner = learner_with(2, "wire.timeout_s=0.2")
+def test_the_metrics_report_the_published_version_and_the_backlog_behind_it():
+    learner = learner_with(2)
     for _ in range(5):
-        advance(learner)  # version 5 publishes 3: the floor of the ack wait, 5 - max_staleness
+        advance(learner)  # version 5 publishes 3
     learner.source.put(VersionAck(0, 3))
-    learner._wait_for_generators()
-    assert learner.ack_waits == 0
     metrics = learner._generator_metrics()
     assert metrics["weights/published_version"] == 3 and metrics["weights/backlog"] == 0
-    learner.source.put(VersionAck(0, 2))  # a generator behind the published version: the wait holds
-    learner.version += 1
-    with pytest.raises(TimeoutError, match="load version >= 4"):
-        learner._wait_for_generators()
 
 
-def test_under_tickets_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_behind():
+def test_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_behind():
     from asyncgrpo.config import ConfigError
 
-    cfg = load(["rollout.dispatch=tickets", "rollout.num_generators=1", "train.groups_per_step=2",
+    cfg = load(["rollout.num_generators=1", "train.groups_per_step=2",
                 "train.max_staleness=1", "weights.max_backlog_versions=3", "wire.timeout_s=0.2"])
-    queue = ReplayQueue(None, 8, StalenessEviction(1, drop_stale=False, full_policy="block"), limits=None, shares=[2])
+    queue = ReplayQueue(None, 8, StalenessEviction(1, drop_stale=False), limits=None)
     learner = Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
                       registry=queue.registry, weights=Sender(), owns_process_group=False)
     for _ in range(5):
@@ -157,10 +151,10 @@ def test_under_tickets_the_learner_waits_only_for_an_engine_more_than_max_backlo
     with pytest.raises(TimeoutError, match=r"load version >= 3 \(max\(weights.max_backlog_versions, train.max_staleness \+ 1\)=3\)"):
         learner._wait_for_generators()
     with pytest.raises(ConfigError, match="weights.max_backlog_versions must be >= 1"):
-        load(["rollout.dispatch=tickets", "weights.max_backlog_versions=0"])
+        load(["weights.max_backlog_versions=0"])
 
 
-def test_the_engine_lag_the_learner_allows_under_tickets_is_never_below_what_the_bound_serves():
+def test_the_engine_lag_the_learner_allows_is_never_below_what_the_bound_serves():
     from asyncgrpo.dispatch import engine_lag_bound
 
     assert engine_lag_bound(max_staleness=2, max_backlog_versions=4) == 4
@@ -184,14 +178,14 @@ def test_config_sets_max_staleness_and_refuses_what_would_break_it():
         load(["train.fixed_staleness=-2"])
 
 
-def test_config_accepts_fixed_staleness_with_tickets_and_the_learner_builds_a_fixed_dispatcher():
-    cfg = load(["train.fixed_staleness=2", "rollout.dispatch=tickets", "rollout.num_generators=2"])
-    assert (cfg.rollout.dispatch, cfg.train.max_staleness) == ("tickets", 2)
+def test_config_accepts_fixed_staleness_and_the_learner_builds_a_fixed_dispatcher():
+    cfg = load(["train.fixed_staleness=2", "rollout.num_generators=2"])
+    assert cfg.train.max_staleness == 2
     from asyncgrpo.learner.parts import make_dispatcher
 
     d = make_dispatcher(cfg, positions_end=None)
     assert d.fixed_staleness and d.max_staleness == 2 and d.throttle
-    assert not make_dispatcher(load(["rollout.dispatch=tickets"]), positions_end=None).fixed_staleness
+    assert not make_dispatcher(load([]), positions_end=None).fixed_staleness
 
 
 def test_preflight_counts_the_held_versions_on_rank_0():

@@ -1,6 +1,6 @@
 """The generator, in-process: its pure parts (segments, groups) and its run loop on fakes (a scripted
-engine, a list as the sink, a weight receiver whose learner pushes whenever the generator waits).
-No vLLM, no sockets, no Ray."""
+engine, a list as the sink that delivers to the real queue and dispatcher, a weight receiver whose
+learner pushes whenever the generator waits). No vLLM, no sockets, no Ray."""
 
 from __future__ import annotations
 
@@ -14,22 +14,23 @@ import numpy as np
 import pytest
 
 from asyncgrpo.config import load
+from asyncgrpo.dispatch import Dispatcher
 from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.replay import THROTTLING_STALE_POLICIES, ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import (
     Generator,
     groups_per_call,
     score_timeout_s,
-    throttle_limit,
 )
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.segments import InFlight, tag_versions
+from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
-from asyncgrpo.tasks.stream import PromptStream
 from asyncgrpo.weights.base import SaveWatch
-from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck, WireTimeout
+from asyncgrpo.wire import Grant, Heartbeat, ScoredGroup, VersionAck, WireTimeout
 
 BASE_CONFIG = load([])
 TOKENIZER = build_char_tokenizer()
@@ -108,19 +109,23 @@ def test_rewards_see_the_text_without_special_tokens():
 
 
 class ListSink(list):
-    """Every message the generator sent, in order. `refuse`: how many sends to turn down (a full queue)."""
+    """Every message the generator sent, in order, each also handed to `deliver` (the learner's
+    queue). `refuse`: how many sends to turn down (a full socket)."""
 
     def __init__(self, on_send: Callable[[Any], None] | None = None) -> None:
         super().__init__()
         self.refuse = 0
         self.closed = False
         self.on_send = on_send
+        self.deliver: Callable[[Any], None] | None = None
 
     def try_send(self, message: Any, timeout_s: float) -> bool:
         if self.refuse > 0:
             self.refuse -= 1
             return False
         self.append(message)
+        if self.deliver is not None:
+            self.deliver(message)
         if self.on_send is not None:
             self.on_send(message)
         return True
@@ -256,16 +261,45 @@ def config(**sections: dict[str, Any]) -> Config:
     return cfg
 
 
+class Mailbox:
+    """The grant channel: the queue's answers (send_to) wait here for the generator (recv)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Grant] = []
+
+    def send_to(self, identity: bytes, grant: Grant) -> bool:
+        self.waiting.append(grant)
+        return True
+
+    def recv(self, timeout_s: float) -> Grant | None:
+        return self.waiting.pop(0) if self.waiting else None
+
+    def close(self) -> None:
+        pass
+
+
 def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: ArithmeticTask = TASK,
-                   problems: Iterator[Problem] | None = None, engine: AddingEngine | None = None,
+                   problems: Callable[[], Iterator[Problem]] | None = None, engine: AddingEngine | None = None,
                    scorer: Any = None, sink: ListSink | None = None, generator_id: int = 0,
-                   initial_version: int = 0) -> Generator:
-    return Generator(
+                   initial_version: int = 0, incarnation: int = 0) -> Generator:
+    """The generator alone in a run whose steps are `quota` groups, against the real queue and
+    dispatcher in process (nothing is taken: the generator runs until its versions are used up).
+    `problems`: the run's prompt stream (default: the task's, seeded 0)."""
+    sink = sink if sink is not None else ListSink()
+    mailbox = Mailbox()
+    dispatcher = Dispatcher(quota, cfg.train.max_staleness, throttle=cfg.train.stale_policy in THROTTLING_STALE_POLICIES,
+                            capacity_groups=64, first_step=initial_version)
+    queue = ReplayQueue(None, 64, StalenessEviction(cfg.train.max_staleness, drop_stale=False), limits=None,
+                        dispatcher=dispatcher, grants=mailbox)
+    sink.deliver = queue.put
+    stream = problems if problems is not None else (lambda: task.train_problems(seed=0))
+    generator = Generator(
         cfg=cfg, generator_id=generator_id, engine=engine or AddingEngine(), tokenizer=TOKENIZER, task=task,
-        problems=PromptStream(problems if problems is not None else task.train_problems(seed=generator_id)),
-        scorer=scorer or Scorer(task, cfg.reward), sink=sink if sink is not None else ListSink(),
-        weights=PushesWhileWaiting(versions, initial_version), quota_per_step=quota, initial_version=initial_version,
-    )
+        scorer=scorer or Scorer(task, cfg.reward), sink=sink, weights=PushesWhileWaiting(versions, initial_version),
+        tickets=TicketClient(sink, mailbox, generator_id, incarnation), positioned=PositionedPrompts(stream),
+        groups_per_call=groups_per_call(cfg, quota), initial_version=initial_version, incarnation=incarnation)
+    generator.queue = queue  # type: ignore[attr-defined]  # for the tests that look at what arrived
+    return generator
 
 
 def recording(stream: Iterator[Problem], taken: list[Problem]) -> Iterator[Problem]:
@@ -278,13 +312,13 @@ def recording(stream: Iterator[Problem], taken: list[Problem]) -> Iterator[Probl
 
 
 @pytest.mark.parametrize("max_staleness", [0, 2])
-def test_the_throttle_allows_max_staleness_plus_one_steps_per_loaded_version(max_staleness):
+def test_the_grants_allow_max_staleness_plus_one_steps_per_loaded_version(max_staleness):
     cfg = config(train={"max_staleness": max_staleness})
     generator = make_generator(cfg, versions=3, quota=2)
     stats = generator.run()
     sink = generator.sink
     groups = sink.of(ScoredGroup)
-    assert len(groups) == throttle_limit(max_staleness, 3, 2) == stats["gen/groups_sent"]
+    assert len(groups) == (max_staleness + 3 + 1) * 2 == stats["gen/groups_sent"]
     assert [g.seq for g in groups] == list(range(len(groups)))
     assert stats["gen/throttled_waits"] == 4  # once per version, the last one ended by the stop
     assert stats["gen/weight_loads"] == 3 and stats["gen/version"] == 3 and generator.loaded_version() == 3
@@ -340,17 +374,17 @@ def test_a_heartbeat_follows_each_batch_with_the_cumulative_report():
     assert [b.idle_s for b in beats] == sorted(b.idle_s for b in beats)  # cumulative
 
 
-def test_dropped_groups_give_their_quota_back_and_are_reported():
+def test_dropped_groups_give_their_slots_back_and_are_reported():
     cfg = config(reward={"on_error": "drop_group"}, train={"max_staleness": 1})
     taken: list[Problem] = []
     task = FlakyTask(num_digits=TASK.num_digits, eval_size=TASK.eval_size)
-    generator = make_generator(cfg, versions=1, task=task, problems=recording(task.train_problems(seed=0), taken))
+    generator = make_generator(cfg, versions=1, task=task, problems=lambda: recording(task.train_problems(seed=0), taken))
     stats = generator.run()
     groups = generator.sink.of(ScoredGroup)
     dropped = [p for p in taken if p.id % 3 == 0]
     assert dropped, "the stream should hold a problem the flaky check fails on"
-    # Replacements were started: the throttle still let through its full allowance.
-    assert len(groups) == throttle_limit(1, 1, 2) == len(taken) - len(dropped)
+    # Their slots were granted again, with new prompts: every slot the bound allows was filled.
+    assert len(groups) == (1 + 1 + 1) * 2 == len(taken) - len(dropped)
     assert all(g.prompt_id % 3 != 0 for g in groups)
     assert [g.seq for g in groups] == list(range(len(groups)))  # a dropped group leaves no gap
     last = generator.sink.of(Heartbeat)[-1]
@@ -367,34 +401,26 @@ def test_slow_rewards_are_sent_once_the_next_vllm_call_returns():
     generator = make_generator(cfg, quota=2, engine=engine, scorer=scorer, sink=sink)
     generator.run()
     # Group 0's rewards were computed during call 2, and it went out after that call; group 1 had
-    # nothing to overlap with (the throttle was reached) and went out before the wait.
+    # nothing to overlap with (no more slots were granted) and went out before the wait.
     assert sent_after == [2, 2]
     assert [g.rewards.tolist() for g in sink.of(ScoredGroup)] == [[1.0, 0.0], [1.0, 0.0]]
 
 
-def test_exhausted_data_keeps_loading_weights_until_told_to_stop():
-    cfg = config(train={"stale_policy": "drop"})
-    problems = iter([TASK.problem(i) for i in range(3)])
-    generator = make_generator(cfg, versions=2, problems=problems, quota=2)
-    stats = generator.run()
-    assert [g.prompt_id for g in generator.sink.of(ScoredGroup)] == [0, 1, 2]
-    assert generator.stats.exhausted and stats["gen/version"] == 2 and stats["gen/weight_loads"] == 2
-    assert stats["gen/idle_s"] >= stats["gen_time/exhausted_s"] > 0
-
-
 def test_a_full_queue_is_waited_on_and_counted_as_idle():
-    generator = make_generator(config(train={"max_staleness": 0}), quota=1)
-    generator.sink.on_send = lambda message: setattr(generator.sink, "refuse", 3)  # full after each send
+    generator = make_generator(config(train={"max_staleness": 0}), quota=2)
+    # Full after the first group: the second, of the same call, waits for room.
+    generator.sink.on_send = lambda message: isinstance(message, ScoredGroup) and message.seq == 0 \
+        and setattr(generator.sink, "refuse", 3)
     stats = generator.run()
-    assert [g.seq for g in generator.sink.of(ScoredGroup)] == [0]
-    assert stats["gen/groups_sent"] == 1 and stats["gen/send_blocked_s"] > 0
+    assert [g.seq for g in generator.sink.of(ScoredGroup)] == [0, 1]
+    assert stats["gen/groups_sent"] == 2 and stats["gen/send_blocked_s"] > 0
     assert stats["gen/idle_s"] >= stats["gen/send_blocked_s"]
 
 
 def test_a_queue_that_never_takes_fails_loudly():
     cfg = config(wire={"timeout_s": 0.05})
     generator = make_generator(cfg)
-    generator.sink.on_send = lambda message: setattr(generator.sink, "refuse", 10**9)
+    generator.sink.on_send = lambda message: isinstance(message, ScoredGroup) and setattr(generator.sink, "refuse", 10**9)
     with pytest.raises(WireTimeout, match="took no group"):
         generator.run()
 
@@ -434,9 +460,9 @@ def test_problems_are_taken_one_call_at_a_time():
     cfg = config(rollout={"groups_per_call": 3}, train={"max_staleness": 0})
     generator = make_generator(cfg, quota=4)
     generator.run()
-    # 4 allowed: a call of 3, then a call of the 1 left.
+    # 4 granted: a call of 3, then a call of the 1 left, the run's stream read in order.
     assert [len(c["prompts"]) for c in generator.engine.calls] == [3, 1]
-    assert list(itertools.islice(generator.problems, 1))  # the stream was not drained
+    assert [g.pos for g in generator.sink.of(ScoredGroup)] == [0, 1, 2, 3]
 
 
 class VirtualClock:
@@ -479,36 +505,6 @@ def test_waits_for_rewards_outlast_the_rewards_own_timeouts():
     assert groups_per_call(cfg, 5) == 5
     cfg.rollout.groups_per_call = 3
     assert groups_per_call(cfg, 5) == 3
-
-
-class CreditsWhileWaiting(PushesWhileWaiting):
-    """No new weights ever: at the first throttled wait the learner writes off `groups` of ours (the
-    driver's `credit_written_off`, here `credit`), at the next one it asks the generator to stop."""
-
-    def __init__(self, credit: Any) -> None:
-        super().__init__(versions=0)
-        self.credit, self.waits = credit, 0
-
-    def poll(self, timeout_s: float = 0.0) -> bool:
-        if timeout_s <= 0:
-            return False
-        self.waits += 1
-        if self.waits == 1:
-            self.credit()
-            return False
-        self.shutdown_reason = "training finished"
-        return True
-
-
-@pytest.mark.parametrize("incarnation, more", [(0, 2), (1, 0)])
-def test_groups_written_off_by_the_learner_let_the_throttled_generator_start_as_many_more(incarnation, more):
-    cfg = config(train={"max_staleness": 0})
-    generator = make_generator(cfg, quota=2)
-    generator.weights = CreditsWhileWaiting(lambda: generator.credit_written_off(incarnation, 2))
-    stats = generator.run()
-    # Version 0 and max_staleness 0 allow 2 groups; a credit for another incarnation (a late count
-    # for a predecessor) moves nothing.
-    assert stats["gen/groups_sent"] == 2 + more
 
 
 # --------------------------------------------------------------------------- periodic evaluation

@@ -1,5 +1,5 @@
 """A generator's waits while learner rank 0 saves a checkpoint, on a fake clock: a notice stretches
-the throttle's, the full queue's and the restart's waits to the save's bound; without one (a
+the wait for tickets, the full queue's and the restart's waits to the save's bound; without one (a
 generator that missed it) wire.timeout_s holds; past the bound the error names the save."""
 
 from __future__ import annotations
@@ -8,12 +8,10 @@ import types
 from typing import Any
 
 import pytest
-from test_generator import TASK, TOKENIZER, AddingEngine, ListSink, config
+from test_generator import ListSink, config, make_generator
 
-from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout import generator as generator_module
 from asyncgrpo.rollout.generator import Generator
-from asyncgrpo.tasks.stream import PromptStream
 from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import SaveNotice, ScoredGroup, WireTimeout, example_group
 
@@ -91,34 +89,33 @@ def clock(monkeypatch) -> Clock:
 
 def generator_on(clock: Clock, events: list[tuple[float, Any]], sink: ListSink | None = None) -> Generator:
     cfg = config(train={"max_staleness": 0}, wire={"timeout_s": TIMEOUT_S})
-    return Generator(cfg=cfg, generator_id=0, engine=AddingEngine(), tokenizer=TOKENIZER, task=TASK,
-                     problems=PromptStream(TASK.train_problems(seed=0)), scorer=Scorer(TASK, cfg.reward),
-                     sink=sink if sink is not None else ListSink(), weights=ScriptedLearner(clock, events),
-                     quota_per_step=2)
+    generator = make_generator(cfg, quota=2, sink=sink)
+    generator.weights = ScriptedLearner(clock, events)
+    return generator
 
 
 def saving(version: int, bound_s: float) -> SaveNotice:
     return SaveNotice(version, saving=True, timeout_s=bound_s)
 
 
-# -------------------------------------------------------------------------------- the throttle
+# -------------------------------------------------------------------------- waiting for tickets
 
 
-def test_a_save_notice_lets_the_throttled_wait_outlast_wire_timeout_and_is_logged_once(clock, capsys):
-    # Throttled at version 0 from t=0; the save is announced at t=1 and version 1 arrives at t=20,
+def test_a_save_notice_lets_the_wait_for_tickets_outlast_wire_timeout_and_is_logged_once(clock, capsys):
+    # Granted nothing at version 0 from t=0; the save is announced at t=1 and version 1 arrives at t=20,
     # ten wire timeouts later; it ends the save, and the next wait has wire.timeout_s again.
     generator = generator_on(clock, [(1.0, saving(0, 30.0)), (20.0, 1), (21.0, "training finished")])
     stats = generator.run()
     assert stats["gen/groups_sent"] == 4 and stats["gen/version"] == 1 and clock.now == 21.0
     assert generator.weights.saves.notice is None  # version 1 ended it
     logged = [line for line in capsys.readouterr().out.splitlines() if "saving a checkpoint" in line]
-    assert len(logged) == 1 and "throttled at version 0: no new weights arrived" in logged[0]
+    assert len(logged) == 1 and "asking for tickets with version 0: learner rank 0 granted none" in logged[0]
     assert "learner rank 0 is saving a checkpoint of version 0" in logged[0]
 
 
-def test_without_a_notice_the_throttled_wait_fails_after_wire_timeout(clock):
+def test_without_a_notice_the_wait_for_tickets_fails_after_wire_timeout(clock):
     generator = generator_on(clock, [(20.0, 1)])  # the same slow learner, unannounced (a missed notice)
-    with pytest.raises(WireTimeout, match=r"generator 0 \(throttled at version 0\): no new weights arrived for "
+    with pytest.raises(WireTimeout, match=r"generator 0 \(asking for tickets with version 0\): learner rank 0 granted none for "
                                           r"\d+ s \(wire.timeout_s=2\)"):
         generator.run()
     assert TIMEOUT_S < clock.now < TIMEOUT_S + 1
@@ -129,7 +126,7 @@ def test_past_the_saves_bound_the_wait_fails_naming_the_save(clock):
     with pytest.raises(WireTimeout) as raised:
         generator.run()
     message = str(raised.value)
-    assert "throttled at version 0" in message and "checkpoint save of version 0" in message
+    assert "asking for tickets with version 0" in message and "checkpoint save of version 0" in message
     assert "train.checkpoint_timeout_s" in message and "has not ended" in message
     assert 6.0 < clock.now < 7.0  # the bound counts from the announcement, at t=1
 

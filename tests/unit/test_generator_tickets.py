@@ -1,4 +1,4 @@
-"""A generator under rollout.dispatch=tickets against the real queue and dispatcher in process: it
+"""A generator against the real queue and dispatcher in process: it
 generates exactly the slots it is granted, with the prompts of the run's one stream at the granted
 positions, within the staleness bound, and reports what it gives back."""
 
@@ -13,6 +13,7 @@ from test_generator import (
     TOKENIZER,
     AddingEngine,
     FlakyTask,
+    Mailbox,
     PushesWhileWaiting,
     config,
 )
@@ -22,8 +23,7 @@ from asyncgrpo.replay import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.generator import Generator, WireTimeout
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
-from asyncgrpo.tasks.stream import PromptStream
-from asyncgrpo.wire import Grant, ScoredGroup
+from asyncgrpo.wire import ScoredGroup
 
 
 class QueueSink:
@@ -41,36 +41,18 @@ class QueueSink:
         pass
 
 
-class Mailbox:
-    """The grant channel: the queue's answers (send_to) wait here for the generator (recv)."""
-
-    def __init__(self) -> None:
-        self.waiting: list[Grant] = []
-
-    def send_to(self, identity: bytes, grant: Grant) -> bool:
-        self.waiting.append(grant)
-        return True
-
-    def recv(self, timeout_s: float) -> Grant | None:
-        return self.waiting.pop(0) if self.waiting else None
-
-    def close(self) -> None:
-        pass
-
-
 def ticketed(groups_per_step: int, max_staleness: int, versions: int, task=TASK, on_error: str = "zero"):
     cfg = config(train={"max_staleness": max_staleness, "groups_per_step": groups_per_step},
-                 rollout={"dispatch": "tickets", "groups_per_call": 3}, reward={"on_error": on_error})
+                 rollout={"groups_per_call": 3}, reward={"on_error": on_error})
     mailbox = Mailbox()
-    queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True, full_policy="block"), limits=None,
-                        shares=None, dispatcher=Dispatcher(groups_per_step, max_staleness, capacity_groups=64),
-                        grants=mailbox)
+    queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True), limits=None,
+                        dispatcher=Dispatcher(groups_per_step, max_staleness, capacity_groups=64), grants=mailbox)
     sink = QueueSink(queue)
     generator = Generator(
         cfg=cfg, generator_id=0, engine=AddingEngine(), tokenizer=TOKENIZER, task=task,
-        problems=PromptStream(iter(())), scorer=Scorer(task, cfg.reward), sink=sink,
-        weights=PushesWhileWaiting(versions), quota_per_step=groups_per_step,
-        tickets=TicketClient(sink, mailbox, 0, 0), positioned=PositionedPrompts(lambda: task.train_problems(seed=0)))
+        scorer=Scorer(task, cfg.reward), sink=sink, weights=PushesWhileWaiting(versions),
+        tickets=TicketClient(sink, mailbox, 0, 0), positioned=PositionedPrompts(lambda: task.train_problems(seed=0)),
+        groups_per_call=3)
     return generator, queue, sink
 
 

@@ -75,8 +75,8 @@ def learner_after_one_step(*overrides: str) -> tuple[Learner, dict[str, float]]:
     policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), reference,
                     torch.device("cpu"), torch.device("cpu"), rank=0, temperature=cfg.rollout.temperature)
     registry = GeneratorRegistry(RewardErrorWindow.from_config(cfg.reward))
-    queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=True, full_policy="block"),
-                        limits=None, shares=[2], registry=registry)
+    queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=True),
+                        limits=None, registry=registry)
     for group in scored_groups(2):
         queue.put(group)
     learner = Learner(cfg, policy=policy, model_dir="", pad_id=tokenizer.pad_token_id, rank=0, world_size=1,
@@ -151,8 +151,8 @@ def test_every_loss_metric_of_every_mode_and_loss_type_is_documented(mode, loss_
 
 
 def test_the_queue_wire_and_dispatch_counters_are_documented(step_docs):
-    queue = ReplayQueue(None, 8, StalenessEviction(2, drop_stale=True, full_policy="block"), limits=None,
-                        shares=None, dispatcher=Dispatcher(groups_per_step=2, max_staleness=2))
+    queue = ReplayQueue(None, 8, StalenessEviction(2, drop_stale=True), limits=None,
+                        dispatcher=Dispatcher(groups_per_step=2, max_staleness=2))
     try:
         queue.rejected.record_error("too_long", "a group longer than the model's context")
         stats = queue.stats()

@@ -27,7 +27,7 @@ def synthetic_calibration() -> Calibration:
     and group; learner steps of varying length, a little untimed learner work per step."""
     settings = Settings(num_generators=1, groups_per_step=16, samples_per_prompt=8, max_staleness=2,
                         stale_policy="both", groups_per_call=0, world_size=1, capacity_groups=64,
-                        full_policy="block", push_every_steps=1, steps=6)
+                        push_every_steps=1, steps=6)
     times = GeneratorTimes(generate_s=0.06, call_groups=16, score_s_per_group=1e-4, score_wait_s=2e-5,
                            send_s_per_group=1e-4, weight_load_s=2e-3, other_s=1e-3, first_call_extra_s=0.01)
     return Calibration(run_dir="synthetic", settings=settings, generators=[times],

@@ -1,13 +1,12 @@
-"""The replay queue: exact accounting, loss and duplicate detection, eviction policies, timeouts."""
+"""The replay queue without a dispatcher (groups in arrival order): exact accounting, loss and duplicate
+detection, the stale policy, timeouts. With one: tests/unit/test_replay_tickets.py."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Sequence
 
-import numpy as np
 import pytest
 import zmq
 
@@ -22,7 +21,7 @@ from asyncgrpo.wire import (
     example_group,
 )
 
-ACCOUNTING_KEYS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_full", "queue/depth")
+ACCOUNTING_KEYS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_unheld", "queue/depth")
 
 
 def group(generator_id: int = 0, seq: int = 0, version: int = 0, reward: float = 1.0) -> ScoredGroup:
@@ -40,18 +39,18 @@ def assert_accounted(queue: ReplayQueue) -> dict[str, float]:
     return stats
 
 
-def eviction(max_staleness: int, full_policy: str = "block", drop_stale: bool = True) -> StalenessEviction:
-    return StalenessEviction(max_staleness, drop_stale=drop_stale, full_policy=full_policy)
+def eviction(max_staleness: int, drop_stale: bool = True) -> StalenessEviction:
+    return StalenessEviction(max_staleness, drop_stale=drop_stale)
 
 
-def in_process_queue(capacity: int = 4, max_staleness: int = 2, full_policy: str = "block",
-                     drop_stale: bool = True) -> ReplayQueue:
-    return ReplayQueue(None, capacity, eviction(max_staleness, full_policy, drop_stale), limits=None, shares=None)
+def in_process_queue(capacity: int = 4, max_staleness: int = 2, drop_stale: bool = True) -> ReplayQueue:
+    """A queue without a dispatcher: groups in arrival order."""
+    return ReplayQueue(None, capacity, eviction(max_staleness, drop_stale), limits=None)
 
 
 def test_stats_keep_the_keys_the_learner_logs() -> None:
     stats = in_process_queue().stats()
-    for key in ("queue/depth", "queue/received", "queue/consumed", "queue/dropped_stale", "queue/dropped_full",
+    for key in ("queue/depth", "queue/received", "queue/consumed", "queue/dropped_stale", "queue/dropped_unheld",
                 "queue/lost", "queue/duplicates", "wire/rejected"):
         assert key in stats
 
@@ -65,36 +64,27 @@ def test_groups_come_out_oldest_first_and_are_counted() -> None:
     assert (stats["queue/received"], stats["queue/consumed"], stats["queue/depth"]) == (3, 2, 1)
 
 
-def test_block_policy_refuses_a_put_into_a_full_queue_without_counting_it() -> None:
-    queue = in_process_queue(capacity=2, full_policy="block")
+def test_a_full_queue_refuses_a_put_without_counting_it() -> None:
+    queue = in_process_queue(capacity=2)
     queue.put(group(seq=0))
     queue.put(group(seq=1))
     with pytest.raises(QueueFull):
         queue.put(group(seq=2), timeout_s=0.0)
     stats = assert_accounted(queue)
-    assert (stats["queue/received"], stats["queue/dropped_full"]) == (2, 0)
+    assert stats["queue/received"] == 2
     queue.take(1, learner_version=0, timeout_s=1)
     queue.put(group(seq=2))  # the refused group may be offered again: it was never seen
     assert assert_accounted(queue)["queue/duplicates"] == 0
 
 
-def test_block_policy_put_waits_for_a_take_in_another_thread() -> None:
-    queue = in_process_queue(capacity=1, full_policy="block")
+def test_a_put_into_a_full_queue_waits_for_a_take_in_another_thread() -> None:
+    queue = in_process_queue(capacity=1)
     queue.put(group(seq=0))
     taker = threading.Timer(0.05, queue.take, kwargs={"num_groups": 1, "learner_version": 0, "timeout_s": 5})
     taker.start()
     queue.put(group(seq=1), timeout_s=5)
     taker.join()
     assert assert_accounted(queue)["queue/consumed"] == 1
-
-
-def test_drop_oldest_policy_evicts_the_oldest_and_counts_it() -> None:
-    queue = in_process_queue(capacity=3, full_policy="drop_oldest")
-    for seq in range(5):
-        queue.put(group(seq=seq))
-    stats = assert_accounted(queue)
-    assert (stats["queue/received"], stats["queue/dropped_full"], stats["queue/depth"]) == (5, 2, 3)
-    assert [g.seq for g in queue.take(3, learner_version=0, timeout_s=1)] == [2, 3, 4]
 
 
 def test_too_stale_groups_are_dropped_at_take_time_not_at_put_time() -> None:
@@ -148,7 +138,7 @@ def test_take_more_than_capacity_is_refused() -> None:
 
 
 def test_sequence_gaps_count_as_lost_per_generator() -> None:
-    queue = in_process_queue(capacity=16, full_policy="drop_oldest")
+    queue = in_process_queue(capacity=16)
     for generator_id, seq in [(0, 0), (0, 1), (0, 4), (1, 0), (1, 2), (0, 5)]:
         queue.put(group(generator_id, seq))
     stats = assert_accounted(queue)
@@ -197,30 +187,9 @@ def test_put_refuses_downstream_messages() -> None:
         in_process_queue().put("not a message")  # type: ignore[arg-type]
 
 
-class EvictLowestReward:
-    """A custom policy: never too stale; when full, drop the group with the lowest mean reward."""
-
-    def too_stale(self, group: ScoredGroup, learner_version: int) -> bool:
-        return False
-
-    def victim_when_full(self, buffer: Sequence[ScoredGroup]) -> int | None:
-        return int(np.argmin([g.rewards.mean() for g in buffer]))
-
-
-def test_a_custom_policy_plugs_in_and_its_evictions_are_counted() -> None:
-    queue = ReplayQueue(None, 2, EvictLowestReward(), limits=None, shares=None)
-    for seq, reward in enumerate([0.5, 0.1, 0.9]):
-        queue.put(group(seq=seq, reward=reward))
-    stats = assert_accounted(queue)
-    assert stats["queue/dropped_full"] == 1
-    assert [g.seq for g in queue.take(2, learner_version=100, timeout_s=1)] == [0, 2]
-
-
 def test_policy_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="capacity_groups"):
-        ReplayQueue(None, 0, eviction(1), limits=None, shares=None)
-    with pytest.raises(ValueError, match="full_policy"):
-        in_process_queue(full_policy="drop_newest")
+        ReplayQueue(None, 0, eviction(1), limits=None)
     with pytest.raises(ValueError, match="max_staleness"):
         eviction(-1)
 
@@ -228,7 +197,7 @@ def test_policy_arguments_are_checked() -> None:
 def test_a_live_queue_rejects_malformed_messages_logs_each_kind_once_and_keeps_serving(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    queue = ReplayQueue(Receiver(), 4, eviction(1000), limits=None, shares=None, poll_interval_s=0.01).start()
+    queue = ReplayQueue(Receiver(), 4, eviction(1000), limits=None, poll_interval_s=0.01).start()
     raw = zmq.Context.instance().socket(zmq.PUSH)
     sender = Sender(queue.receiver.endpoint)
     try:
@@ -256,8 +225,8 @@ def test_a_live_queue_rejects_malformed_messages_logs_each_kind_once_and_keeps_s
         queue.close()
 
 
-def test_a_live_queue_stops_reading_when_full_under_the_block_policy() -> None:
-    queue = ReplayQueue(Receiver(high_water_mark=1), 2, eviction(1000), limits=None, shares=None, poll_interval_s=0.01).start()
+def test_a_live_queue_without_a_dispatcher_stops_reading_when_full() -> None:
+    queue = ReplayQueue(Receiver(high_water_mark=1), 2, eviction(1000), limits=None, poll_interval_s=0.01).start()
     sender = Sender(queue.receiver.endpoint, high_water_mark=1)
     # Big groups, so that the kernel's socket buffers between the two high-water marks hold few.
     big = example_group(num_samples=2, tokens_per_sample=1 << 16)
@@ -279,24 +248,7 @@ def test_a_live_queue_stops_reading_when_full_under_the_block_policy() -> None:
         while taken < sent:
             taken += len(queue.take(1, learner_version=0, timeout_s=5))
         stats = assert_accounted(queue)
-        assert (stats["queue/received"], stats["queue/consumed"], stats["queue/dropped_full"]) == (sent, sent, 0)
+        assert (stats["queue/received"], stats["queue/consumed"]) == (sent, sent)
     finally:
         sender.close()
         queue.close()
-
-
-def test_groups_lost_rejected_or_dropped_are_written_off_to_their_generator() -> None:
-    from asyncgrpo.replay import GroupLimits
-
-    queue = ReplayQueue(None, 3, eviction(max_staleness=1, full_policy="drop_oldest"),
-                        limits=GroupLimits(vocab_size=50_000, max_positions=256, max_samples=4), shares=None)
-    poison = group(generator_id=1, seq=0)
-    poison.tokens[0] = 60_000  # beyond the vocabulary: rejected
-    queue.put(poison)
-    queue.put(group(generator_id=0, seq=1, version=0))  # seq 0 of generator 0 lost in transit
-    for seq in range(2, 5):
-        queue.put(group(generator_id=0, seq=seq, version=3))  # the queue holds 3: seq 1 dropped full
-    assert queue.registry.written_off() == {0: (0, 2), 1: (0, 1)}
-    queue.put(group(generator_id=1, seq=1, version=0))  # seq 2 dropped full; this one too stale at the take
-    assert [g.seq for g in queue.take(2, learner_version=3, timeout_s=1)] == [3, 4]
-    assert queue.registry.written_off() == {0: (0, 3), 1: (0, 2)}

@@ -1,4 +1,4 @@
-"""The replay queue under rollout.dispatch=tickets: ticket requests answered in order with the
+"""The replay queue with its dispatcher: ticket requests answered in order with the
 groups, steps taken in slot order whoever filled them, exact accounting through deaths, losses,
 stale drops and a checkpoint."""
 
@@ -19,8 +19,7 @@ from asyncgrpo.wire import (
     holder_identity,
 )
 
-ACCOUNTING_KEYS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_full", "queue/dropped_restart",
-                   "queue/dropped_unheld", "queue/depth")
+ACCOUNTING_KEYS = ("queue/consumed", "queue/dropped_stale", "queue/dropped_unheld", "queue/depth")
 
 
 class Grants:
@@ -68,8 +67,8 @@ def tickets_queue(groups_per_step: int = 4, max_staleness: int = 1, capacity: in
                   drop_stale: bool = True) -> tuple[ReplayQueue, Grants]:
     grants = Grants()
     dispatcher = Dispatcher(groups_per_step, max_staleness, throttle=throttle, capacity_groups=capacity)
-    queue = ReplayQueue(None, capacity, StalenessEviction(max_staleness, drop_stale=drop_stale, full_policy="block"),
-                        limits=None, shares=None, dispatcher=dispatcher, grants=grants)
+    queue = ReplayQueue(None, capacity, StalenessEviction(max_staleness, drop_stale=drop_stale),
+                        limits=None, dispatcher=dispatcher, grants=grants)
     return queue, grants
 
 
@@ -146,7 +145,7 @@ def test_a_checkpoint_resumes_at_the_next_step_giving_the_untrained_prompts_firs
     resumed, resumed_grants = tickets_queue(groups_per_step=2, max_staleness=1)
     resumed.load_state_dict(state)
     assert Gen(resumed, resumed_grants, 0).ask(1, 4) == [(2, 2), (3, 3), (4, 4), (5, 5)]
-    with pytest.raises(ValueError, match="rollout.dispatch=shares"):
+    with pytest.raises(ValueError, match="written under the shares dispatch, which was removed"):
         resumed.load_state_dict({"counters": {}})
 
 
@@ -176,7 +175,7 @@ def test_after_a_reported_death_a_late_request_of_the_dead_process_is_refused_an
 def test_a_reported_death_refuses_a_restarted_process_that_died_before_its_first_request_was_read():
     queue, grants = tickets_queue(groups_per_step=2, max_staleness=0)
     queue.generator_down(0)
-    queue.rejoin(0, 1, learner_version=0)
+    queue.rejoin(0, 1)
     queue.generator_down(0)  # incarnation 1 died too, its first request still on its way
     assert Gen(queue, grants, 0, incarnation=1).ask(0, 2) == []
     assert Gen(queue, grants, 0, incarnation=2).ask(0, 2) == [(0, 0), (1, 1)]

@@ -214,7 +214,7 @@ def test_an_unreadable_lineage_file_is_one_line_naming_it(tmp_path):
 def test_a_checkpoint_written_by_the_learner_records_the_run(tmp_path):
     cfg = config(tmp_path, "rollout.num_generators=2", "seed=5")
     meta = checkpoint.read_meta(save(cfg, 3, run_record(cfg)))
-    assert meta["run"] == {"rollout.num_generators": 2, "rollout.dispatch": "shares", "task.name": "arithmetic",
+    assert meta["run"] == {"rollout.num_generators": 2, "rollout.dispatch": "tickets", "task.name": "arithmetic",
                            "seed": 5, "task.num_digits": 2, "task.eval_size": 500}
 
 
@@ -285,36 +285,12 @@ def test_resume_allow_changes_goes_on_and_logs_what_differs(tmp_path):
 
 
 def test_a_checkpoint_without_a_run_record_is_refused_unless_allowed(tmp_path):
-    message = refusal({"format": 3}, config(tmp_path))
+    tickets = {"format": 3, "states": {"queue": {"counters": {}, "dispatch": {"step": 3}}}}
+    message = refusal(tickets, config(tmp_path))
     assert "records no run settings" in message
     lines: list[str] = []
-    check_compatible({"format": 3}, config(tmp_path, "resume_allow_changes=true"), "ckpt", log=lines.append)
+    check_compatible(tickets, config(tmp_path, "resume_allow_changes=true"), "ckpt", log=lines.append)
     assert len(lines) == 1 and "resuming unchecked" in lines[0]
-
-
-@pytest.mark.parametrize(("written", "resumed"), [("tickets", "shares"), ("shares", "tickets")])
-@pytest.mark.parametrize("allow", ["false", "true"])
-def test_a_checkpoint_resumed_under_the_other_dispatch_is_refused_in_one_line_naming_both(tmp_path, written, resumed,
-                                                                                          allow):
-    saved = {"run": run_record(config(tmp_path, f"rollout.dispatch={written}"))}
-    cfg = config(tmp_path, f"rollout.dispatch={resumed}", f"resume_allow_changes={allow}")
-    with pytest.raises(ResumeRefused) as err:  # its prompts would be skipped: no setting resumes it
-        check_compatible(saved, cfg, "ckpt", log=lambda line: None)
-    message = str(err.value)
-    assert "\n" not in message
-    assert f"rollout.dispatch={written}" in message and f"rollout.dispatch={resumed}" in message
-
-
-@pytest.mark.parametrize(("queue", "resumed"), [({"counters": {}, "dispatch": {"next_step": 3}}, "shares"),
-                                                ({"counters": {}}, "tickets")])
-def test_a_checkpoint_whose_record_predates_the_dispatch_is_judged_by_its_queue_state(tmp_path, queue, resumed):
-    record = run_record(config(tmp_path))
-    del record["rollout.dispatch"]
-    meta = {"run": record, "states": {"queue": queue}}
-    with pytest.raises(ResumeRefused, match=f"rollout.dispatch={resumed}"):
-        check_compatible(meta, config(tmp_path, f"rollout.dispatch={resumed}"), "ckpt", log=lambda line: None)
-    other = "tickets" if resumed == "shares" else "shares"
-    assert check_compatible(meta, config(tmp_path, f"rollout.dispatch={other}"), "ckpt", log=lambda line: None) == []
 
 
 def test_record_differences_of_equal_records_is_empty():
@@ -561,3 +537,26 @@ def test_a_resumed_run_logs_each_step_once_setting_aside_what_the_crashed_run_lo
     assert steps == [1, 2, 3, 4, 5, 6]
     set_aside = [json.loads(line)["step"] for line in (run_dir / "metrics.abandoned.jsonl").read_text().splitlines()]
     assert set_aside == [4, 5]
+
+
+@pytest.mark.parametrize("allow", ["false", "true"])
+def test_a_checkpoint_written_under_shares_is_refused_in_one_line_naming_why(tmp_path, allow):
+    cfg = config(tmp_path, f"resume_allow_changes={allow}")
+    recorded = {**run_record(cfg), "rollout.dispatch": "shares"}
+    unrecorded = {key: value for key, value in run_record(cfg).items() if key != "rollout.dispatch"}
+    # Its record says so; a record from before it carried the dispatch, by a queue state without a
+    # dispatcher; and a checkpoint without any record predates tickets.
+    for meta in ({"run": recorded}, {"run": unrecorded, "states": {"queue": {"counters": {}}}}, {"format": 3}):
+        with pytest.raises(ResumeRefused) as err:  # no setting resumes it: its prompts would be skipped
+            check_compatible(meta, cfg, "ckpt", log=lambda line: None)
+        message = str(err.value)
+        assert "\n" not in message and "ckpt was written under the shares dispatch" in message \
+            and "tickets is the only dispatch" in message
+
+
+def test_a_tickets_checkpoint_resumes_whether_or_not_its_record_names_the_dispatch(tmp_path):
+    cfg = config(tmp_path)
+    unrecorded = {key: value for key, value in run_record(cfg).items() if key != "rollout.dispatch"}
+    for run in ({**unrecorded, "rollout.dispatch": "tickets"}, unrecorded):
+        meta = {"run": run, "states": {"queue": {"counters": {}, "dispatch": {"step": 3}}}}
+        assert check_compatible(meta, cfg, "ckpt", log=lambda line: None) == []

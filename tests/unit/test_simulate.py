@@ -38,7 +38,7 @@ def constant_run(*, generate_s: float = 1.0, score_s: float = 0.0, train_s: floa
     scoring `score_s`, and a learner whose step trains `train_s` and pushes `push_s`; no other cost."""
     settings = Settings(num_generators=num_generators, groups_per_step=groups_per_step, samples_per_prompt=2,
                         max_staleness=max_staleness, stale_policy="both", groups_per_call=0, world_size=1,
-                        capacity_groups=capacity_groups or (max_staleness + 1) * groups_per_step, full_policy="block",
+                        capacity_groups=capacity_groups or (max_staleness + 1) * groups_per_step,
                         push_every_steps=1, steps=steps, warmup_steps=warmup_steps)
     times = GeneratorTimes(generate_s=generate_s, call_groups=groups_per_step, score_s_per_group=score_s / groups_per_step,
                            score_wait_s=0.0, send_s_per_group=0.0, weight_load_s=weight_load_s, other_s=0.0)
@@ -104,14 +104,17 @@ def test_learner_ranks_divide_training_time_at_the_given_efficiency():
 
 
 def test_a_reward_wait_still_running_at_the_end_counts_as_idle_only_up_to_the_end():
-    # Three generators at a quarter speed, a group per call, then 1 s waiting for its rewards: the
-    # only step ends at 1.5 s, when the second waits have run 0.25 s of their 1 s. Idle 1.0 of 1.5 s each.
-    cal, s = constant_run(generate_s=0.0625 * 4, train_s=0.0, groups_per_step=4, steps=1, num_generators=3)
+    # Three generators, each call followed by 1 s waiting for its rewards. Generator 0 (a quarter
+    # speed) calls its 2 groups for 0.5 s and sends them at 1.5 s, which ends the only step; the
+    # other two (half speed) call 1 group for 0.125 s, send it at 1.125 s, call another until
+    # 1.25 s and have waited 0.25 s of its 1 s at the end. Idle 1.0 and 1.25 of 1.5 s.
+    cal, s = constant_run(generate_s=0.0625 * 4, train_s=0.0, groups_per_step=4, steps=1, num_generators=3,
+                          capacity_groups=8)
     cal.generators[0] = replace(cal.generators[0], call_groups=1, generate_s=0.0625, score_wait_s=1.0)
-    s = replace(s, stale_policy="drop", generator_speeds="0.25,0.25,0.25")
+    s = replace(s, stale_policy="drop", generator_speeds="0.25,0.5,0.5")
     result = simulate(cal, s)
     assert result.sim_time_s == pytest.approx(1.5)
-    assert result.generator_idle_fracs == pytest.approx([1.0 / 1.5] * 3)
+    assert result.generator_idle_fracs == pytest.approx([1.0 / 1.5, 1.25 / 1.5, 1.25 / 1.5])
 
 
 def test_warmup_steps_replay_the_runs_first_times_then_draw_from_the_rest():
@@ -146,33 +149,14 @@ def test_a_seed_makes_a_noisy_simulation_repeatable():
 # ------------------------------------------------------------------ the bound, any settings
 
 
-def test_tickets_give_a_half_speed_generator_half_the_work_where_fixed_shares_wait_for_it():
+def test_tickets_give_a_half_speed_generator_half_the_work_at_the_sum_of_their_speeds():
     # 16 groups a step, 0.5 s a group at speed 1, one group per call; a fast learner (0.1 s a step).
-    # Shares: the half-speed generator's 8 groups take 8 s a step, so 16 groups / 8 s = 2 groups/s.
-    # Tickets: each asks when free, 2 + 1 = 3 groups/s, the sum of their speeds alone.
+    # Each asks when free: 2 + 1 = 3 groups/s, the sum of their speeds alone.
     cal, s = constant_run(generate_s=8.0, train_s=0.1, groups_per_step=16, max_staleness=2, steps=60,
                           num_generators=2, warmup_steps=2)
-    uneven = replace(s, groups_per_call=1, generator_speeds="1,0.5")
-    groups_per_s = {dispatch: simulate(cal, replace(uneven, dispatch=dispatch)).steady_samples_per_s / 2
-                    for dispatch in sim.DISPATCHES}
-    assert groups_per_s["shares"] == pytest.approx(2.0, rel=0.03)
-    assert groups_per_s["tickets"] == pytest.approx(3.0, rel=0.05)
-    # Equal speeds: the same throughput either way.
-    even = [simulate(cal, replace(s, groups_per_call=1, dispatch=d)).steady_samples_per_s for d in sim.DISPATCHES]
-    assert even[0] == pytest.approx(even[1], rel=0.02)
-
-
-def test_shares_proportional_to_uneven_speeds_recover_what_even_shares_lose():
-    # As the tickets test: 2 groups/s with even shares; shares of 11 and 5 make a step 5.5 s (the
-    # fast one's 11 x 0.5 s) against the slow one's 5 s: 16 / 5.5 = 2.9 groups/s.
-    cal, s = constant_run(generate_s=8.0, train_s=0.1, groups_per_step=16, max_staleness=2, steps=60,
-                          num_generators=2, warmup_steps=2)
-    uneven = replace(s, groups_per_call=1, generator_speeds="1,0.5", generator_shares="11,5")
-    assert simulate(cal, uneven).steady_samples_per_s / 2 == pytest.approx(16 / 5.5, rel=0.03)
-    with pytest.raises(SimulationError, match=r"rollout.generator_shares must give each of rollout.num_generators=2"):
-        apply_overrides(s, ["rollout.generator_shares=10,5"])
-    with pytest.raises(SimulationError, match="comma-separated integers"):
-        apply_overrides(s, ["rollout.generator_shares=eleven,5"])
+    uneven = simulate(cal, replace(s, groups_per_call=1, generator_speeds="1,0.5"))
+    assert uneven.steady_samples_per_s / 2 == pytest.approx(3.0, rel=0.05)
+    assert uneven.staleness_max <= 2
 
 
 def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_line():
@@ -183,8 +167,12 @@ def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_li
                        ("0", "must give 1 speeds > 0")]:
         with pytest.raises(SimulationError, match=match):
             apply_overrides(s, [f"sim.generator_speeds={bad}"])
-    with pytest.raises(SimulationError, match=r"rollout.dispatch must be one of \('shares', 'tickets'\)"):
-        apply_overrides(s, ["rollout.dispatch=lottery"])
+
+@pytest.mark.parametrize("key", ["rollout.dispatch=tickets", "rollout.generator_shares=10,6", "queue.full_policy=block"])
+def test_the_removed_dispatch_keys_are_unknown_overrides(key):
+    _, s = constant_run()
+    with pytest.raises(SimulationError, match=r"unknown key"):
+        apply_overrides(s, [key])
 
 
 @st.composite
@@ -193,18 +181,15 @@ def random_run(draw: st.DrawFn) -> tuple[Calibration, Settings]:
     groups_per_step = draw(st.integers(num_generators, 12))
     max_staleness = draw(st.integers(0, 4))
     stale_policy = draw(st.sampled_from(sim.STALE_POLICIES))
-    needed = (max_staleness + 1) * groups_per_step if num_generators > 1 and stale_policy != "drop" else groups_per_step
     push_every_steps = draw(st.integers(1, max_staleness + 1))
     settings = Settings(
         num_generators=num_generators, groups_per_step=groups_per_step, samples_per_prompt=2,
         max_staleness=max_staleness, stale_policy=stale_policy, groups_per_call=draw(st.integers(0, 6)),
-        world_size=draw(st.integers(1, 4)), capacity_groups=needed + draw(st.integers(0, 8)),
-        full_policy=draw(st.sampled_from(sim.FULL_POLICIES)),
+        world_size=draw(st.integers(1, 4)), capacity_groups=groups_per_step + draw(st.integers(0, 24)),
         push_every_steps=push_every_steps, max_backlog_versions=draw(st.integers(1, 6)),
         steps=draw(st.integers(1, 25)),
         seed=draw(st.integers(0, 3)), warmup_steps=draw(st.integers(0, 2)), replay=draw(st.booleans()),
         scaling_efficiency=draw(st.floats(0.3, 1.0)), generate_cv=draw(st.floats(0.0, 1.0)),
-        dispatch=draw(st.sampled_from(sim.DISPATCHES)),
         generator_speeds=",".join(str(draw(st.sampled_from([0.25, 0.5, 1.0, 2.0]))) for _ in range(num_generators)))
     seconds = st.floats(0.0, 2.0)
     generators = [GeneratorTimes(generate_s=draw(st.floats(0.01, 3.0)), call_groups=draw(st.integers(1, 8)),
@@ -232,22 +217,16 @@ def test_no_simulated_group_is_ever_trained_beyond_max_staleness(run):
 
 def test_the_mirrored_formulas_and_choices_are_the_real_ones():
     from asyncgrpo import replay
-    from asyncgrpo.config import groups_per_generator as real_shares
+    from asyncgrpo.config import groups_per_generator as real_split
     from asyncgrpo.config import load
-    from asyncgrpo.rollout.generator import throttle_limit as real_limit
 
     assert sim.STALE_POLICIES == replay.STALE_POLICIES
     assert sim.THROTTLING_STALE_POLICIES == replay.THROTTLING_STALE_POLICIES
     assert sim.DROPPING_STALE_POLICIES == replay.DROPPING_STALE_POLICIES
-    assert sim.FULL_POLICIES == replay.FULL_POLICIES
     for n, total in [(1, 16), (3, 16), (5, 7), (7, 7)]:
         cfg = load([f"rollout.num_generators={n}", f"train.groups_per_step={total}",
                     f"queue.capacity_groups={3 * total}"])
-        assert sim.groups_per_generator(n, total) == real_shares(cfg)
-    cfg = load(["rollout.num_generators=3", "rollout.generator_shares=[9,4,3]", "queue.capacity_groups=64"])
-    assert sim.groups_per_generator(3, 16, [9, 4, 3]) == real_shares(cfg) == [9, 4, 3]
-    for args in [(0, 0, 4), (2, 5, 3), (4, 1, 16)]:
-        assert sim.throttle_limit(*args) == real_limit(*args)
+        assert sim.even_split(n, total) == real_split(cfg)
     assert sim.Settings.max_backlog_versions == load([]).weights.max_backlog_versions
 
 
@@ -264,7 +243,7 @@ CONFIG = """\
 rollout: {num_generators: 2, samples_per_prompt: 4, groups_per_call: 0}
 train: {groups_per_step: 6, max_staleness: 1, stale_policy: both}
 learner: {world_size: 1}
-queue: {capacity_groups: 12, full_policy: block}
+queue: {capacity_groups: 12}
 weights: {push_every_steps: 1}
 """
 
@@ -301,7 +280,7 @@ def test_calibration_derives_per_call_and_per_step_times_from_a_run_directory(tm
     assert cal.push_s == pytest.approx([0.2, 0.1, 0.3])
     assert cal.learner_other_s == pytest.approx((3.6 - 3.4) / 3)  # the driver's clock minus the timed phases
     first, second = cal.generators
-    # Share 3 per call; 10 groups sent = 4 calls (the last one cut short).
+    # Half a step (3 groups) per call; 10 groups sent = 4 calls (the last one cut short).
     assert first.call_groups == 3
     assert first.generate_s == pytest.approx(2.0 / 4)
     assert first.score_s_per_group == pytest.approx(1.0 / 10)
@@ -318,14 +297,54 @@ def test_calibration_derives_per_call_and_per_step_times_from_a_run_directory(tm
     assert m.steady_samples_per_s == pytest.approx(48 / 1.6)  # steps after the first
 
 
-def test_a_runs_dispatch_is_simulated_unless_overridden_and_older_runs_are_shares(tmp_path):
+def edit_config(run: Path, old: str, new: str) -> None:
+    config = (run / "config.yaml").read_text()
+    assert old in config
+    (run / "config.yaml").write_text(config.replace(old, new))
+
+
+# A run's config.yaml as written before the shares dispatch was removed: every one had
+# queue.full_policy, and rollout.dispatch once there was a choice (shares when absent).
+@pytest.mark.parametrize("rollout, queue, recorded", [
+    ("groups_per_call: 0}", "capacity_groups: 12}", "tickets"),  # written since: neither key
+    ("groups_per_call: 0, dispatch: tickets}", "capacity_groups: 12, full_policy: block}", "tickets"),
+    ("groups_per_call: 0, dispatch: shares}", "capacity_groups: 12, full_policy: block}", "shares"),
+    ("groups_per_call: 0}", "capacity_groups: 12, full_policy: block}", "shares"),  # before rollout.dispatch
+])
+def test_a_runs_recorded_dispatch_is_read_from_its_config_with_or_without_the_removed_keys(tmp_path, rollout, queue,
+                                                                                          recorded):
     run = fake_run(tmp_path)
-    assert Calibration.from_run(run).settings.dispatch == "shares"
-    config = (run / "config.yaml").read_text().replace("groups_per_call: 0}", "groups_per_call: 0, dispatch: tickets}")
-    (run / "config.yaml").write_text(config)
-    cal = Calibration.from_run(run)
-    assert cal.settings.dispatch == "tickets"
-    assert apply_overrides(cal.settings, ["rollout.dispatch=shares"]).dispatch == "shares"
+    edit_config(run, "groups_per_call: 0}", rollout)
+    edit_config(run, "capacity_groups: 12}", queue)
+    assert Calibration.from_run(run).recorded_dispatch == recorded
+
+
+def test_a_shares_run_calibrates_a_tickets_simulation_and_the_report_says_so(tmp_path, capsys):
+    run = fake_run(tmp_path)
+    tickets = Calibration.from_run(run)
+    edit_config(run, "groups_per_call: 0}", "groups_per_call: 0, dispatch: shares}")
+    shares = Calibration.from_run(run)
+    # Per-call and per-step times do not depend on the dispatch: the same calibration.
+    assert replace(shares, recorded_dispatch="tickets") == tickets
+    assert main(["simulate", str(run)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[2].startswith("note: the run was recorded under the removed shares dispatch")
+    assert json.loads(lines[-1])["recorded_dispatch"] == "shares"
+
+
+def test_a_shares_run_with_hand_set_shares_is_refused_in_one_line(tmp_path, capsys):
+    run = fake_run(tmp_path)
+    edit_config(run, "groups_per_call: 0}", "groups_per_call: 0, dispatch: shares, generator_shares: [4, 2]}")
+    assert main(["simulate", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "generator_shares=[4, 2], which sized each generator's calls" in err
+
+
+def test_a_run_with_an_unknown_dispatch_is_refused_in_one_line(tmp_path):
+    run = fake_run(tmp_path)
+    edit_config(run, "groups_per_call: 0}", "groups_per_call: 0, dispatch: lottery}")
+    with pytest.raises(SimulationError, match=r"rollout.dispatch must be tickets or shares \(got 'lottery'\)"):
+        Calibration.from_run(run)
 
 
 def test_a_runs_max_backlog_versions_is_simulated_and_older_runs_have_the_default(tmp_path):
@@ -340,16 +359,14 @@ def test_a_runs_max_backlog_versions_is_simulated_and_older_runs_have_the_defaul
         apply_overrides(settings, ["weights.max_backlog_versions=0"])
 
 
-def test_a_runs_generator_shares_set_each_generators_calls_in_the_calibration(tmp_path):
+def test_a_generators_waits_for_its_ticket_requests_answers_are_not_calibrated_as_busy_time(tmp_path):
+    # gen_time/ask_s: a ticket request's round trip to learner rank 0, waited for (idle in the run).
     run = fake_run(tmp_path)
-    config = (run / "config.yaml").read_text().replace("groups_per_call: 0}", "groups_per_call: 0, generator_shares: [4, 2]}")
-    (run / "config.yaml").write_text(config)
-    cal = Calibration.from_run(run)
-    assert cal.settings.generator_shares == "4,2" and cal.settings.quotas() == [4, 2]
-    first, second = cal.generators
-    assert (first.call_groups, second.call_groups) == (4, 2)
-    assert first.generate_s == pytest.approx(2.0 / 3)  # 10 groups = 3 calls of 4
-    assert second.generate_s == pytest.approx(2.0 / 5)  # 9 groups = 5 calls of 2
+    summary = json.loads((run / "summary.json").read_text())
+    summary["generators"][0] = {**summary["generators"][0], "gen_time/ask_s": 0.4, "gen/wall_s": 5.9}
+    (run / "summary.json").write_text(json.dumps(summary))
+    first = Calibration.from_run(run).generators[0]
+    assert first.other_s == pytest.approx((5.5 - (0.1 + 2.0 + 1.0 + 0.4 + 1.0 + 0.6)) / 4)
 
 
 def test_an_engine_warm_up_seen_in_the_first_steps_wait_is_taken_out_of_the_mean_call(tmp_path):
@@ -379,8 +396,8 @@ def test_overrides_change_settings_and_unknown_keys_fail_with_the_known_ones(tmp
         apply_overrides(base, ["train.max_staleness=two"])
     with pytest.raises(SimulationError, match=r"sim.replay='maybe' is not a bool"):
         apply_overrides(base, ["sim.replay=maybe"])
-    with pytest.raises(SimulationError, match=r"queue.capacity_groups must be >= \(train.max_staleness \+ 1\)"):
-        apply_overrides(base, ["train.max_staleness=4"])
+    with pytest.raises(SimulationError, match=r"queue.capacity_groups must hold at least one step"):
+        apply_overrides(base, ["queue.capacity_groups=5"])
 
 
 def test_the_command_prints_a_table_and_a_last_json_line(tmp_path, capsys):

@@ -131,6 +131,15 @@ def test_sim_cores_refuses_a_run_that_does_not_say_whether_its_actors_shared_cor
         simulate(cal, replace(s, cores=2))
 
 
+def test_sim_cores_refuses_a_shares_run_whose_actors_shared_cores_and_takes_one_whose_actors_did_not():
+    # Taking a run's contention out replays the run, dispatch included: the removed one cannot be.
+    cal, s = constant_run()
+    with pytest.raises(SimulationError, match="shared 2 cores under the removed shares dispatch"):
+        simulate(replace(cal, shared_cores=2, recorded_dispatch="shares"), replace(s, cores=2))
+    own = replace(cal, shared_cores=0, recorded_dispatch="shares")
+    assert simulate(own, replace(s, cores=2)) == simulate(replace(own, recorded_dispatch="tickets"), replace(s, cores=2))
+
+
 def test_sim_cores_is_an_override_and_must_not_be_negative():
     cal, s = constant_run()
     assert apply_overrides(s, ["sim.cores=4"]).cores == 4

@@ -14,14 +14,11 @@ from hypothesis import strategies as st
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import wait_for_generators
-from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.registry import GeneratorRegistry
 from asyncgrpo.replay import ReplayQueue, StalenessEviction
-from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import Generator
-from asyncgrpo.tasks import make_task
-from asyncgrpo.tasks.stream import PromptStream
+from test_generator import make_generator
 from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import Heartbeat, VersionAck, example_group
 
@@ -108,10 +105,9 @@ def generator_for(engine, **rollout) -> Generator:
     cfg = copy.deepcopy(BASE_CONFIG)
     for key, value in rollout.items():
         setattr(cfg.rollout, key, value)
-    task = make_task(cfg)
-    return Generator(cfg=cfg, generator_id=0, engine=engine, tokenizer=build_char_tokenizer(), task=task,
-                     problems=PromptStream(task.train_problems(seed=0)), scorer=Scorer(task, cfg.reward), sink=ListSink(),
-                     weights=PushEverySegment(), quota_per_step=cfg.train.groups_per_step)
+    generator = make_generator(cfg, engine=engine, quota=cfg.train.groups_per_step, sink=ListSink())
+    generator.weights = PushEverySegment()
+    return generator
 
 
 @settings(max_examples=40, deadline=None)
@@ -179,8 +175,7 @@ class AckWait:
         self.cfg = copy.deepcopy(BASE_CONFIG)
         self.version, self.max_staleness, self.num_generators, self.timeout_s = (
             version, max_staleness, num_generators, timeout_s)
-        self.queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True, full_policy="block"),
-                                 limits=None, shares=None)
+        self.queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True), limits=None)
         self.ack_waits = 0
 
     def __call__(self) -> None:

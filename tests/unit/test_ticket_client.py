@@ -71,8 +71,8 @@ class LossyQueueWire:
     answers to the requests numbered in `lose`."""
 
     def __init__(self, groups_per_step: int, lose: set[int]) -> None:
-        self.queue = ReplayQueue(None, 16, StalenessEviction(0, drop_stale=True, full_policy="block"), limits=None,
-                                 shares=None, dispatcher=Dispatcher(groups_per_step, 0, capacity_groups=16),
+        self.queue = ReplayQueue(None, 16, StalenessEviction(0, drop_stale=True), limits=None,
+                                 dispatcher=Dispatcher(groups_per_step, 0, capacity_groups=16),
                                  grants=self)
         self.lose, self.inbox, self.seq = lose, [], 0
 
