@@ -635,7 +635,7 @@ class Judge:
         self._thread.join(5)
 
 
-HANGING_REWARD = '''"""Written by tools/chaos.py: exact match, but every {every}th call never returns."""
+FAULTY_REWARD = '''"""Written by tools/chaos.py: exact match, but every {every}th call {what}."""
 import itertools
 import os
 import threading
@@ -650,9 +650,7 @@ def reward(prompt, completion, answer=None, **extra):
     with _lock:
         call = next(_calls)
     if call % {every} == 0:
-        with open({log!r}, "a") as log:
-            log.write(f"{{os.getpid()}} {{call}}\\n")
-        threading.Event().wait()  # forever: only reward.timeout_s gets the generator past it
+{fault}
     text = completion.rstrip()
     while text.endswith(EOS_TEXT):
         text = text.removesuffix(EOS_TEXT).rstrip()
@@ -660,26 +658,18 @@ def reward(prompt, completion, answer=None, **extra):
 '''
 
 
-FAILING_REWARD = '''"""Written by tools/chaos.py: exact match, but every {every}th call raises."""
-import itertools
-import threading
-
-from asyncgrpo.tasks.arithmetic import EOS_TEXT
-
-_calls = itertools.count(1)
-_lock = threading.Lock()
+def hanging_reward(every: int, log: Path) -> str:
+    """A reward module whose every `every`-th call never returns (each such call noted in `log`)."""
+    fault = (f"        with open({str(log)!r}, \"a\") as log:\n"
+             "            log.write(f\"{os.getpid()} {call}\\n\")\n"
+             "        threading.Event().wait()  # forever: only reward.timeout_s gets the generator past it")
+    return FAULTY_REWARD.format(every=every, what="never returns", fault=fault)
 
 
-def reward(prompt, completion, answer=None, **extra):
-    with _lock:
-        call = next(_calls)
-    if call % {every} == 0:
-        raise RuntimeError(f"chaos: reward call {{call}} fails")
-    text = completion.rstrip()
-    while text.endswith(EOS_TEXT):
-        text = text.removesuffix(EOS_TEXT).rstrip()
-    return 1.0 if text == answer else 0.0
-'''
+def failing_reward(every: int) -> str:
+    """A reward module whose every `every`-th call raises."""
+    fault = '        raise RuntimeError(f"chaos: reward call {call} fails")'
+    return FAULTY_REWARD.format(every=every, what="raises", fault=fault)
 
 
 @contextlib.contextmanager
@@ -925,7 +915,7 @@ def reward_hang(ctx: Context, row: Row) -> None:
     module_dir = ctx.directory / "reward_module"
     module_dir.mkdir(exist_ok=True)
     hangs = ctx.directory / "hangs.log"
-    (module_dir / "chaos_reward.py").write_text(HANGING_REWARD.format(every=every, log=str(hangs)))
+    (module_dir / "chaos_reward.py").write_text(hanging_reward(every, hangs))
     python_path = os.pathsep.join(p for p in (str(module_dir), os.environ.get("PYTHONPATH", "")) if p)
     result = ctx.finish(ctx.train([f"train.max_steps={steps}", "reward.fn=chaos_reward:reward",
                                    f"reward.timeout_s={timeout_s}", "reward.threads=4"],
@@ -948,7 +938,7 @@ def grant_drop(ctx: Context, row: Row) -> None:
     steps, every, fail_every = 200, 5, 97
     module_dir = ctx.directory / "reward_module"
     module_dir.mkdir(exist_ok=True)
-    (module_dir / "chaos_reward.py").write_text(FAILING_REWARD.format(every=fail_every))
+    (module_dir / "chaos_reward.py").write_text(failing_reward(fail_every))
     python_path = os.pathsep.join(p for p in (str(module_dir), os.environ.get("PYTHONPATH", "")) if p)
     result = ctx.finish(ctx.train([f"train.max_steps={steps}", "reward.fn=chaos_reward:reward",
                                    "reward.on_error=drop_group"],

@@ -6,6 +6,7 @@ tests/e2e/test_cli.py holds a real run's metrics.jsonl and summary.json to the s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from metrics_doc import METRICS_DOC, STEP_SECTION, SUMMARY_SECTION, documented_keys, section_keys, undocumented
+from test_update_modes import groups
 
 from asyncgrpo import algo
 from asyncgrpo.config import load
@@ -44,24 +46,10 @@ def step_docs(doc: str) -> set[str]:
 
 
 def scored_groups(num_groups: int, samples: int = 4) -> list[ScoredGroup]:
-    """Completions of varied lengths whose rollout log-probs are far from the tiny model's, with a
-    reward term in their meta as a generator's Scorer reports it."""
-    rng = np.random.default_rng(0)
-    groups = []
-    for g in range(num_groups):
-        lengths = rng.integers(1, 5, size=samples).astype(np.int32)
-        total = int(lengths.sum())
-        groups.append(ScoredGroup(
-            generator_id=0, seq=g, prompt_id=g, pos=g,
-            prompt_tokens=rng.integers(3, 60, size=5).astype(np.int32),
-            tokens=rng.integers(1, 60, size=total).astype(np.int32),
-            logprobs=-rng.uniform(0.5, 5.0, size=total).astype(np.float32),
-            versions=np.zeros(total, dtype=np.int32),
-            lengths=lengths,
-            rewards=(np.arange(samples) % 2).astype(np.float32),
-            meta={"reward/correct": 0.5, "reward/errors": 0},
-        ))
-    return groups
+    """test_update_modes' groups (rollout log-probs far from the tiny model's), each at its prompt's
+    position and with a reward term in its meta as a generator's Scorer reports it."""
+    return [dataclasses.replace(group, pos=g, meta={"reward/correct": 0.5, "reward/errors": 0})
+            for g, group in enumerate(groups(num_groups, samples))]
 
 
 def learner_after_one_step(*overrides: str) -> tuple[Learner, dict[str, float]]:
