@@ -1,7 +1,9 @@
 """The structured config schema: the one place where defaults live.
 
-Dataclasses registered in Hydra's ConfigStore; YAML under `configs/` and command-line overrides
-only change values. Unknown keys fail (OmegaConf struct mode). Units are in the names.
+Dataclasses registered in Hydra's ConfigStore; YAML under `asyncgrpo/configs/` and command-line
+overrides only change values. An unknown key fails in one line, with `+` or `++` too, naming the
+nearest real key (`asyncgrpo.config.checked_overrides`); a removed key says what replaced it.
+Units are in the names.
 
 A leaf: it imports no other asyncgrpo module, nor torch or ZeroMQ, so every part can import its own
 section of the config. Loading and validation live in `asyncgrpo.config`.
