@@ -146,9 +146,9 @@ def config_help() -> str:
 
 
 def _check(cfg: Config) -> int:
-    """check=true: the preflight report (asyncgrpo/preflight.py), or the one-line reason it fails."""
+    """check=true: the preflight report (asyncgrpo/driver/preflight.py), or the one-line reason it fails."""
     from asyncgrpo.models.check import ModelDirError
-    from asyncgrpo.preflight import (
+    from asyncgrpo.driver.preflight import (
         PreflightError,
         check_data,
         check_rewards,
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "study":
-        from asyncgrpo.study import command as study_command
+        from asyncgrpo.study.runner import command as study_command
 
         return study_command(args.spec, args.overrides, dry_run=args.dry_run, report_only=args.report_only,
                              keep_engines=not args.fresh_engines, concurrent=args.concurrent)
@@ -319,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     from asyncgrpo.driver import TrainingFailed
     from asyncgrpo.learner.checkpoint import CheckpointError
     from asyncgrpo.models.check import ModelDirError
-    from asyncgrpo.preflight import PreflightError
-    from asyncgrpo.resume import ResumeRefused
+    from asyncgrpo.driver.preflight import PreflightError
+    from asyncgrpo.learner.resume import ResumeRefused
     from asyncgrpo.train import train
 
     try:
@@ -373,7 +373,7 @@ def _plot(run_dirs: list[str], out: str | None) -> int:
 
 
 def _export(checkpoint: str, outdir: str) -> int:
-    from asyncgrpo.export import export_checkpoint
+    from asyncgrpo.learner.export import export_checkpoint
     from asyncgrpo.learner.checkpoint import CheckpointError
 
     try:
@@ -386,13 +386,13 @@ def _export(checkpoint: str, outdir: str) -> int:
 
 
 def _simulate_keys() -> list[str]:
-    from asyncgrpo.simulate import OVERRIDE_KEYS
+    from asyncgrpo.sim.simulator import OVERRIDE_KEYS
 
     return list(OVERRIDE_KEYS)
 
 
 def _simulate(run_dir: str, overrides: list[str]) -> int:
-    from asyncgrpo.simulate import SimulationError, run_command
+    from asyncgrpo.sim.simulator import SimulationError, run_command
 
     try:
         print(run_command(run_dir, overrides))

@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
-from asyncgrpo.placement import is_custom_resource, spans_nodes, wire_transport
-from asyncgrpo.replay import STALE_POLICIES, THROTTLING_STALE_POLICIES
-from asyncgrpo.resources import DEVICES, parse_cores
-from asyncgrpo.resume import RESUME_AUTO
+from asyncgrpo.runtime.placement import is_custom_resource, spans_nodes, wire_transport
+from asyncgrpo.queue.replay_queue import STALE_POLICIES, THROTTLING_STALE_POLICIES
+from asyncgrpo.runtime.resources import DEVICES, parse_cores
+from asyncgrpo.learner.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
@@ -409,7 +409,7 @@ def validate(cfg: Config) -> None:
 
 def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
     """`train.fixed_staleness=k` (docs/ALGORITHMS.md, Fixed staleness): the throttle at
-    max_staleness = k (the dispatcher's two bounds, asyncgrpo/dispatch.py), plus the learner publishing at version v the weights of version v - k, gives every group of
+    max_staleness = k (the dispatcher's two bounds, asyncgrpo/queue/dispatch.py), plus the learner publishing at version v the weights of version v - k, gives every group of
     step u >= k exactly the weights of version u - k. So it sets train.max_staleness to k, and
     refuses what would break the argument."""
     t = cfg.train

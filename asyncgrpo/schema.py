@@ -129,7 +129,7 @@ class RewardConfig:
 @dataclass
 class RolloutConfig:
     # Each asks learner rank 0 for the next slots of the training order as it is ready, within the
-    # staleness budget, so a faster one makes more (asyncgrpo/dispatch.py, docs/ARCHITECTURE.md, Dispatch).
+    # staleness budget, so a faster one makes more (asyncgrpo/queue/dispatch.py, docs/ARCHITECTURE.md, Dispatch).
     num_generators: int = 1
     samples_per_prompt: int = 8
     max_new_tokens: int = 5
@@ -153,7 +153,7 @@ class RolloutConfig:
     # weights.backend=nccl cannot take a new process into its group: there a death fails the run.
     max_restarts: int = 3
     # A Ray custom resource that marks the nodes generators may run on ("" = any node). Each
-    # generator asks for asyncgrpo.placement.NODE_RESOURCE_SHARE (0.001) of it, so a node started
+    # generator asks for asyncgrpo.runtime.placement.NODE_RESOURCE_SHARE (0.001) of it, so a node started
     # with `ray start --resources='{"NAME": 1}'` takes many. Set: the wire is tcp with CURVE and
     # weights go over zmq unless wire.transport / weights.backend say otherwise.
     node_resource: str = ""
@@ -295,7 +295,7 @@ class WireConfig:
     insecure: bool = False
     # auto = ipc (Unix socket, about half the kernel cost of TCP loopback) when wire.host is loopback,
     # tcp otherwise, and tcp whenever actors may run on several nodes (ray.address or a
-    # node_resource set: asyncgrpo/placement.py). ipc needs every process on this node, and drops
+    # node_resource set: asyncgrpo/runtime/placement.py). ipc needs every process on this node, and drops
     # what a generator sent but the learner had not read yet if that generator exits meanwhile; tcp
     # delivers it. See docs/WIRE.md.
     transport: str = "auto"  # auto | tcp | ipc
@@ -383,7 +383,7 @@ class Config:
     # A checkpoint records rollout.num_generators, the task (name, parameters, seed) and the SHA-256
     # of each data.train_files file; resuming with any of them changed, or from a checkpoint without
     # that record, is refused before Ray starts: each generator's saved prompt position would name
-    # other prompts. true = resume anyway, logging what differs (asyncgrpo/resume.py).
+    # other prompts. true = resume anyway, logging what differs (asyncgrpo/learner/resume.py).
     resume_allow_changes: bool = False
     # A fresh run (resume empty) into a run_dir that already holds a run (a non-empty metrics.jsonl,
     # a step in checkpoints/) is refused before anything starts; true = start afresh in it anyway (its
@@ -393,7 +393,7 @@ class Config:
     # through Ray's GPU resources, with NCCL between learner ranks), else cpu.
     device: str = "auto"
     progress: bool = True
-    # Check the config against the model and this machine (asyncgrpo/preflight.py: model directory,
+    # Check the config against the model and this machine (asyncgrpo/driver/preflight.py: model directory,
     # weight-push plan, KV cache, memory estimate, a file task's data files and prompt lengths),
     # print the report and exit; nothing heavy starts.
     check: bool = False

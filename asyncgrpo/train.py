@@ -33,8 +33,8 @@ from asyncgrpo.driver.prepare import (
     start_ray,
     starting_model,
 )
-from asyncgrpo.files import private_dir, write_atomic
-from asyncgrpo.interrupts import interrupts_deferred
+from asyncgrpo.runtime.files import private_dir, write_atomic
+from asyncgrpo.runtime.interrupts import interrupts_deferred
 from asyncgrpo.metrics import (
     MetricsSink,
     SampleLogger,
@@ -42,7 +42,7 @@ from asyncgrpo.metrics import (
     require_sink_packages,
     set_aside_steps_after,
 )
-from asyncgrpo.preflight import check_rewards, preflight
+from asyncgrpo.driver.preflight import check_rewards, preflight
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 # Importable from here, as before the driver became a package (cli, tools, tests).

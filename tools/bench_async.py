@@ -422,7 +422,7 @@ def main() -> int:
         parser.error("--repeats and --steps must be at least 1")
 
     from asyncgrpo.config import load
-    from asyncgrpo.resources import plan_cores
+    from asyncgrpo.runtime.resources import plan_cores
     from asyncgrpo.train import resolve_device
 
     # Not on the clock either way, but they cost minutes over many runs: the final export always,

@@ -16,7 +16,7 @@ vLLM call last P seconds per group (generator 1: P x slowdown; failpoint generat
 generator on a device of its own, whose speed the other processes do not change as long as the
 call's own work on this machine fits in its pace. Every run is a real `asyncgrpo train`
 (the embedded tiny model, default task, no evaluation, no export) with the same seed and steps,
-its groups dispatched by tickets (asyncgrpo/dispatch.py: slots to whichever generator asks):
+its groups dispatched by tickets (asyncgrpo/queue/dispatch.py: slots to whichever generator asks):
 
     fast alone      one generator, not slowed
     slow alone      one generator, slowed

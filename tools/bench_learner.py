@@ -54,7 +54,7 @@ def rank_main(rank: int, world_size: int, port: int, model_dir: str, steps: int,
     os.environ["OMP_NUM_THREADS"] = "1"
     from asyncgrpo.config import load
     from asyncgrpo.learner.learner import Learner
-    from asyncgrpo.timing import PhaseTimer
+    from asyncgrpo.runtime.timing import PhaseTimer
 
     cfg = load(["learner.warmup_steps=0", *overrides])
     learner = Learner.from_config(cfg, model_dir, rank=rank, world_size=world_size, master_port=port)

@@ -460,7 +460,7 @@ def run_bounded(command: list[str], log_path: Path, timeout_s: float, env: dict[
 
 def run_asyncgrpo(overrides: list[str], out_dir: Path, eval_every: int, timeout_s: float) -> dict[str, Any]:
     """`asyncgrpo train` with a checkpoint every `eval_every` steps; its timings and checkpoints."""
-    from asyncgrpo.export import export_checkpoint
+    from asyncgrpo.learner.export import export_checkpoint
 
     cfg = asyncgrpo_config(overrides)
     steps = cfg.train.max_steps

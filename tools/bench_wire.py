@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.wire import Receiver, ScoredGroup, Sender, encode_group, example_group
 
 SAMPLES_PER_GROUP = 8

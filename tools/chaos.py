@@ -12,7 +12,7 @@ with `resume=auto` in the same run_dir. Faults: SIGKILL of a generator or a lear
 from run_dir/actors.json) and SIGTERM of the driver, timed by the steps in metrics.jsonl (and, mid-
 checkpoint, by the step_N.tmp directory of a save slowed by the `checkpoint_save_delay_s`
 failpoint); groups dropped and corrupted on the wire (failpoints `wire_drop_every`,
-`wire_corrupt_every` in the generator's sender, asyncgrpo/faults.py); ticket answers lost
+`wire_corrupt_every` in the generator's sender, asyncgrpo/runtime/faults.py); ticket answers lost
 (`grant_drop_every`, learner rank 0) beside failing rewards; an HTTP judge on 127.0.0.1
 served from here that answers 500 for 30 s mid-run; a reward function, written into the scenario's
 directory, that hangs forever on some calls; a full disk: run_dir/checkpoints on a small tmpfs

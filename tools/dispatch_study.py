@@ -1,4 +1,4 @@
-"""Uneven generators under tickets (asyncgrpo/dispatch.py), simulated: together against each alone.
+"""Uneven generators under tickets (asyncgrpo/queue/dispatch.py), simulated: together against each alone.
 
     .venv/bin/python tools/dispatch_study.py runs/validate_simulator/g2_eta1
     .venv/bin/python tools/dispatch_study.py RUN_DIR --speeds 1,0.5 --etas 0,1,2,4 --calls 8,2 --seeds 5
@@ -28,7 +28,7 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from asyncgrpo.simulate import Calibration, Settings, SimulationError, simulate
+from asyncgrpo.sim.simulator import Calibration, Settings, SimulationError, simulate
 
 
 def samples_per_s(calibration: Calibration, settings: Settings, seeds: int) -> list[float]:

@@ -3,7 +3,7 @@
     .venv/bin/python tools/predict_cluster.py RUN_DIR
     .venv/bin/python tools/predict_cluster.py RUN_DIR --generators 8,64,256 --etas 0,2 --exponents 0.5
 
-RUN_DIR is a finished run (`asyncgrpo train`) the simulator is calibrated from (asyncgrpo/simulate.py,
+RUN_DIR is a finished run (`asyncgrpo train`) the simulator is calibrated from (asyncgrpo/sim/simulator.py,
 docs/SIMULATOR.md). What it contributes is the shape of the loop (the generator's and learner's
 phases, the throttle, the queue, the push) and the spread of the learner's step times; the sizes of
 the phases are replaced by a 7B step anatomy:
@@ -62,7 +62,7 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from asyncgrpo.simulate import (
+from asyncgrpo.sim.simulator import (
     Calibration,
     Result,
     Settings,

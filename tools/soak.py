@@ -43,7 +43,7 @@ Checks (each printed PASS or FAIL; the exit code is 0 only if all pass):
                     A killed generator's queued groups keep their slots; its slots not arrived are granted
                     again with their prompts: neither lost nor duplicated
   queue identity    received == consumed + dropped_stale + dropped_unheld + depth (queue/*,
-                    replay.py) in every step record of metrics.jsonl and at the learner's finish
+                    queue/replay_queue.py) in every step record of metrics.jsonl and at the learner's finish
                     (summary.json learner)
   sent = received + lost
                     as far as it can be known. A SIGKILLed process's own count (gen/groups_sent) dies with it:

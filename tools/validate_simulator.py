@@ -47,7 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.simulate import Calibration, Measured, Result, SimulationError, simulate
+from asyncgrpo.sim.simulator import Calibration, Measured, Result, SimulationError, simulate
 
 TOLERANCE = 0.15  # the bar: predicted samples/s within 15% of measured
 COLUMNS = ("cross", "same_generators", "own")

@@ -2,7 +2,7 @@
 generator restarts, the generators after the last step (a dead one is left out of the evaluations),
 stop.
 
-Placement (asyncgrpo/placement.py): the named node resources are checked against the cluster
+Placement (asyncgrpo/runtime/placement.py): the named node resources are checked against the cluster
 before anything starts; each learner rank's bundle and each generator asks for a share of its
 role's resource; once up, every actor's node is recorded in run_dir/actors.json and each generator
 on another machine than learner rank 0 is checked to reach it, before the weight rendezvous.
@@ -32,14 +32,14 @@ from asyncgrpo.config import (
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
 from asyncgrpo.driver.remote import CONTROL_GROUP, control, get, remote_class  # noqa: F401 - importable from here
-from asyncgrpo.files import write_atomic
-from asyncgrpo.placement import (
+from asyncgrpo.runtime.files import write_atomic
+from asyncgrpo.runtime.placement import (
     check_node_resources,
     check_reach,
     node_resources,
     wire_transport,
 )
-from asyncgrpo.resources import plan_cores
+from asyncgrpo.runtime.resources import plan_cores
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.schema import Config
 from asyncgrpo.weights import resolve_backend

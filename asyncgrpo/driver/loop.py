@@ -25,7 +25,7 @@ from asyncgrpo.config import learner_wait_timeout_s, steps_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.remote import get
 from asyncgrpo.metrics import MetricsSink, SampleLogger
-from asyncgrpo.registry import RunStopped
+from asyncgrpo.queue.registry import RunStopped
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.schema import Config
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo import faults
+from asyncgrpo.runtime import faults
 from asyncgrpo.driver import TrainingFailed
-from asyncgrpo.engine_cluster import private_token_env
-from asyncgrpo.interrupts import interrupts_deferred
-from asyncgrpo.resume import RESUME_AUTO, check_compatible
+from asyncgrpo.study.cluster import private_token_env
+from asyncgrpo.runtime.interrupts import interrupts_deferred
+from asyncgrpo.learner.resume import RESUME_AUTO, check_compatible
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
 
@@ -67,7 +67,7 @@ def resume_point(cfg: Config, log: Callable[[str], None] = print) -> dict[str, A
     """The checkpoint `resume` names (its meta, with `path`), or None for a fresh run. resume=auto:
     the newest checkpoint of the run directory's current lineage (learner/checkpoint.py), or None if
     there is none. Refuses (in one line, before Ray starts) a checkpoint that fails its manifest or
-    was written by a run whose prompt streams this one cannot continue (asyncgrpo/resume.py). Once
+    was written by a run whose prompt streams this one cannot continue (asyncgrpo/learner/resume.py). Once
     accepted, records in run_dir/checkpoints the lineage this run continues: the current one if it
     resumes that lineage's newest checkpoint, else a new one (a fresh start, or a branch from an
     older checkpoint), so its saves neither prune nor hide behind the checkpoints of another line."""

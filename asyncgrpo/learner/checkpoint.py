@@ -5,7 +5,7 @@ Layout of `<run_dir>/checkpoints/step_<N>/` (N = the policy version after step N
     dcp/          model and optimizer, sharded: each rank writes its own shards (DCP); any world
                   size can load them
     meta.json     version, world size, model directory, the run's settings a resume must match
-                  (`run`: generators, task, data hashes; asyncgrpo/resume.py), and the JSON state of
+                  (`run`: generators, task, data hashes; asyncgrpo/learner/resume.py), and the JSON state of
                   each stateful part (learner counters, LR schedule, queue counters and the
                   dispatcher's state: the next step, the next prompt, the prompts to give again)
     rng/rank_<r>.json   each rank's RNG states
@@ -67,8 +67,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncgrpo import faults
-from asyncgrpo.files import write_atomic
+from asyncgrpo.runtime import faults
+from asyncgrpo.runtime.files import write_atomic
 
 MARKER = "COMPLETE"
 META = "meta.json"
@@ -380,7 +380,7 @@ def save(directory: Path, version: int, sharded: ShardedState, states: dict[str,
          rank: int, world_size: int, keep: int, run: dict[str, Any] | None = None) -> Path:
     """Every rank calls it with the same arguments but its own shards. `states`: each part's JSON
     state (rank 0's are written). `keep`: complete checkpoints kept, 0 = all. `run`: the settings a
-    resume must match (asyncgrpo/resume.py; rank 0's is written, None = not recorded). Returns the path."""
+    resume must match (asyncgrpo/learner/resume.py; rank 0's is written, None = not recorded). Returns the path."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-from asyncgrpo import resume
-from asyncgrpo.dispatch import engine_lag_bound
+from asyncgrpo.learner import resume
+from asyncgrpo.queue.dispatch import engine_lag_bound
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.metrics import batch_metrics, rate_metrics
@@ -28,14 +28,14 @@ from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.learner.update import update
-from asyncgrpo.memory import peak_memory
+from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.metrics.samples import sample_records
 from asyncgrpo.recording.recorder import StreamRecorder
-from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import GroupSource, QueueTimeout
+from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.replay_queue import GroupSource, QueueTimeout
 from asyncgrpo.rewards.metrics import reward_term_metrics
 from asyncgrpo.schema import Config
-from asyncgrpo.timing import PhaseTimer
+from asyncgrpo.runtime.timing import PhaseTimer
 from asyncgrpo.weights.base import WeightSender
 from asyncgrpo.wire import SaveNotice, ScoredGroup
 
@@ -362,7 +362,7 @@ class Learner:
         return SaveNotice(self.version, saving=True, timeout_s=remaining)
 
     def run_record(self) -> dict[str, Any]:
-        """What a resume checks against (asyncgrpo/resume.py); the data files are hashed at the first
+        """What a resume checks against (asyncgrpo/learner/resume.py); the data files are hashed at the first
         save only: the run reads them once, at its start."""
         if self._run_record is None:
             self._run_record = resume.run_record(self.cfg)
@@ -382,7 +382,7 @@ class Learner:
 
     def export_hf(self, outdir: str | Path) -> str:
         """The current policy in Hugging Face format (every rank calls it; rank 0 writes)."""
-        from asyncgrpo.export import write_hf
+        from asyncgrpo.learner.export import write_hf
 
         named = list(self.policy.full_state_dict())
         if self.rank == 0:

@@ -13,19 +13,19 @@ import torch
 import torch.distributed as dist
 
 from asyncgrpo.config import collective_timeout_s
-from asyncgrpo.dispatch import Dispatcher
+from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
-from asyncgrpo.placement import wire_transport
+from asyncgrpo.runtime.placement import wire_transport
 from asyncgrpo.recording.recorder import StreamRecorder
-from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import (
+from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.replay_queue import (
     DROPPING_STALE_POLICIES,
     THROTTLING_STALE_POLICIES,
     GroupLimits,
     ReplayQueue,
     StalenessEviction,
 )
-from asyncgrpo.resources import pin_to_cores
+from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.rewards.errors import RewardErrorWindow
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import make_task, run_stream_length

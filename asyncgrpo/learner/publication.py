@@ -2,7 +2,7 @@
 the weights of version v - k, labelled v - k, instead of its newest.
 
 Why this fixes staleness at k (docs/ALGORITHMS.md, Fixed staleness): the dispatcher
-(asyncgrpo/dispatch.py) grants a slot of step u only to a generator holding w >= u - k. A group of
+(asyncgrpo/queue/dispatch.py) grants a slot of step u only to a generator holding w >= u - k. A group of
 step u is started before the learner takes step u, i.e. at a learner version <= u, when the newest
 published weights are at most u - k. So w = u - k exactly, for every step u >= k (the dispatcher's
 lower bound makes it exact on its own). The first k steps (and the first k after a resume: the

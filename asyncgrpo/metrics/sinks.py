@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from asyncgrpo.files import write_atomic
+from asyncgrpo.runtime.files import write_atomic
 from asyncgrpo.schema import Config, ConfigError, LogConfig
 
 # log.wandb_mode: offline needs no network or account (`wandb sync` uploads later); online.

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from asyncgrpo.files import private_dir
+from asyncgrpo.runtime.files import private_dir
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.tasks.arithmetic import ArithmeticTask

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from asyncgrpo.files import private_dir, write_atomic
+from asyncgrpo.runtime.files import private_dir, write_atomic
 from asyncgrpo.recording.stream import (
     CONFIG_DEFAULTS,
     CONFIG_FILE,

@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.config import load
-from asyncgrpo.files import private_dir, write_atomic
+from asyncgrpo.runtime.files import private_dir, write_atomic
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
 from asyncgrpo.recording.stream import RecordingError
-from asyncgrpo.replay import GroupSource
+from asyncgrpo.queue.replay_queue import GroupSource
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 # Set before the user's overrides (which may change them): a replay records nothing unless asked
@@ -83,7 +83,7 @@ def offline_learner(cfg: Config, model_dir: str, source: GroupSource, recorder: 
     from asyncgrpo.learner.learner import Learner
     from asyncgrpo.learner.parts import join_process_group, learner_device
     from asyncgrpo.learner.policy import Policy
-    from asyncgrpo.resources import pin_to_cores
+    from asyncgrpo.runtime.resources import pin_to_cores
 
     pin_to_cores([], torch_threads=cfg.learner.torch_threads)  # the thread count fixes the reduction order
     device = learner_device(cfg)

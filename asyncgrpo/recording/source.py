@@ -19,7 +19,7 @@ from asyncgrpo.recording.stream import (
     read_header,
     scan,
 )
-from asyncgrpo.replay import QueueTimeout
+from asyncgrpo.queue.replay_queue import QueueTimeout
 from asyncgrpo.wire import ScoredGroup
 
 

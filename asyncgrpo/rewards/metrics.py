@@ -13,7 +13,7 @@ RESERVED_TERM_NAMES = ("mean", "std", "errors", "calls", "error_rate", "groups_d
 
 def reward_term_metrics(groups: Iterable[Any]) -> dict[str, float]:
     """reward/<term>: mean over the groups that report it. Other meta keys are ignored, reward/errors
-    included: the step's count comes from the generators' reports (asyncgrpo/registry.py), which
+    included: the step's count comes from the generators' reports (asyncgrpo/queue/registry.py), which
     also hold the errors of groups that were dropped and never reached the learner."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}

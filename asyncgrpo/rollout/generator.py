@@ -24,9 +24,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo import faults
-from asyncgrpo.memory import peak_memory
-from asyncgrpo.resources import pin_to_cores
+from asyncgrpo.runtime import faults
+from asyncgrpo.runtime.memory import peak_memory
+from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.rewards.judge import call_budget_s
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, VLLMEngine
@@ -36,7 +36,7 @@ from asyncgrpo.rollout.sink import GroupSink, with_faults
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem, Task, make_task, run_stream
-from asyncgrpo.timing import PhaseTimer
+from asyncgrpo.runtime.timing import PhaseTimer
 from asyncgrpo.weights import WeightReceiver, make_receiver
 from asyncgrpo.wire import (
     GrantDealer,
@@ -540,7 +540,7 @@ class GeneratorActor(Generator):
 
     def node(self) -> dict[str, str]:
         """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
-        from asyncgrpo.placement import this_node
+        from asyncgrpo.runtime.placement import this_node
 
         return this_node()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from asyncgrpo import faults
+from asyncgrpo.runtime import faults
 from asyncgrpo.wire import Message, ScoredGroup, encode_group
 
 
@@ -23,7 +23,7 @@ class GroupSink(Protocol):
 
 class FaultySink:
     """Wraps a generator's sink to lose or corrupt scored groups on the way (failpoints
-    `wire_drop_every` and `wire_corrupt_every`, asyncgrpo/faults.py; used by tools/chaos.py).
+    `wire_drop_every` and `wire_corrupt_every`, asyncgrpo/runtime/faults.py; used by tools/chaos.py).
 
     The generator numbers a group before handing it over, so a dropped group is a gap in its
     sequence numbers, which the learner's registry counts as lost (`queue/lost`). A corrupted group

@@ -1,4 +1,4 @@
-"""A generator's side of dynamic dispatch (asyncgrpo/dispatch.py).
+"""A generator's side of dynamic dispatch (asyncgrpo/queue/dispatch.py).
 
 `TicketClient` asks learner rank 0 for tickets on the groups stream, so that each request is read
 after every group sent before it and doubles as a report (the newest grant received, the slots
@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from asyncgrpo.dispatch import Ticket
+from asyncgrpo.queue.dispatch import Ticket
 from asyncgrpo.rollout.sink import GroupSink
 from asyncgrpo.tasks import Problem
 from asyncgrpo.wire import Grant, GrantDealer, TicketRequest

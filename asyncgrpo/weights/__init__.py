@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncgrpo.placement import weights_backend
+from asyncgrpo.runtime.placement import weights_backend
 from asyncgrpo.schema import Config
 from asyncgrpo.weights.base import (
     BACKENDS,
@@ -28,7 +28,7 @@ __all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_r
 
 def resolve_backend(cfg: Config) -> str:
     """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc),
-    zmq otherwise, also whenever actors may span nodes (asyncgrpo/placement.py)."""
+    zmq otherwise, also whenever actors may span nodes (asyncgrpo/runtime/placement.py)."""
     return weights_backend(cfg)
 
 

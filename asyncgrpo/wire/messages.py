@@ -153,7 +153,7 @@ class SaveNotice:
 
 @dataclass
 class TicketRequest:
-    """A generator holding weights `version` asks for up to `wanted` tickets (asyncgrpo/dispatch.py).
+    """A generator holding weights `version` asks for up to `wanted` tickets (asyncgrpo/queue/dispatch.py).
     Sent on the groups stream, after every group sent so far, it is also a report: the newest grant
     received (`newest_grant`; a later one never reached it), the slots granted and not sent yet
     (`unsent`; any other slot of those grants that has not arrived was lost in transit) and the

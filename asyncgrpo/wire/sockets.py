@@ -28,7 +28,7 @@ from collections import Counter
 
 import zmq
 
-from asyncgrpo.files import owned_private_dir, remove_stale_owned_dirs
+from asyncgrpo.runtime.files import owned_private_dir, remove_stale_owned_dirs
 from asyncgrpo.wire.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Frame,

@@ -18,7 +18,7 @@ from learner_fixtures import full_params, make_model_dir, max_abs_diff, step_gro
 from asyncgrpo.config import load
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.learner import Learner
-from asyncgrpo.resume import run_record
+from asyncgrpo.learner.resume import run_record
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_resume_matches_an_uninterrupted_run(model_dir, tmp_path):
         first.close()
     assert saved.name == "step_3" and (saved / checkpoint.MARKER).is_file() and (saved / checkpoint.MANIFEST).is_file()
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
-    # What a resume is checked against (asyncgrpo/resume.py): this run's generators, task and seed.
+    # What a resume is checked against (asyncgrpo/learner/resume.py): this run's generators, task and seed.
     assert checkpoint.read_meta(saved)["run"] == run_record(load(OVERRIDES))
 
     resumed = Learner.from_config(load(OVERRIDES), model_dir)

@@ -1,4 +1,4 @@
-"""The study's own Ray cluster (asyncgrpo/engine_cluster.py): a driver with its environment joins it,
+"""The study's own Ray cluster (asyncgrpo/study/cluster.py): a driver with its environment joins it,
 every process of it listens on loopback only, and it is gone, processes and temporary directory,
 when the study leaves it. Its helper lives as long as the study process, not as long as the
 (worker) thread that happened to start it. A plain run's local cluster (driver/prepare.py) has a
@@ -19,7 +19,7 @@ import psutil
 import pytest
 from process_tree import listening, loopback, tree
 
-from asyncgrpo.engine_cluster import EngineCluster
+from asyncgrpo.study.cluster import EngineCluster
 
 
 @pytest.mark.slow
@@ -57,7 +57,7 @@ def shutdown():
 # The study's side: a slot's worker thread starts the cluster and exits, the process goes on.
 OWNER = """
 import sys, threading, time
-from asyncgrpo.engine_cluster import EngineCluster
+from asyncgrpo.study.cluster import EngineCluster
 clusters = []
 def start():
     print("tmp", flush=True)

@@ -1,4 +1,4 @@
-"""The study's cluster helper leaves no process of its session behind (asyncgrpo/engine_cluster.py):
+"""The study's cluster helper leaves no process of its session behind (asyncgrpo/study/cluster.py):
 what exits on its own is waited for, what is still there after the timeout is killed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from asyncgrpo.engine_cluster import _reap_session, session_processes
+from asyncgrpo.study.cluster import _reap_session, session_processes
 
 # A session leader that starts a grandchild (ignoring SIGTERM; after `lasts` s it writes `marker` and
 # ends), prints the grandchild's pid and exits.

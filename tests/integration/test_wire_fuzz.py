@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zmq
 
-from asyncgrpo.replay import GroupLimits, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import GroupLimits, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import (
     Heartbeat,
     Receiver,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
-from asyncgrpo.replay import QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import QueueTimeout, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import Heartbeat, Receiver, Sender, example_group
 
 PRODUCERS = 4

@@ -53,7 +53,7 @@ def test_a_save_needs_the_bytes_of_its_tensors():
 
 
 def test_the_save_raises_the_full_disk_from_the_failpoint(monkeypatch, tmp_path: Path):
-    from asyncgrpo import faults
+    from asyncgrpo.runtime import faults
     from asyncgrpo.learner import checkpoint
 
     monkeypatch.setenv(faults.ENV, '{"checkpoint_enospc": 3}')

@@ -120,7 +120,7 @@ def test_no_signature_default_shadows_config():
     from asyncgrpo.metrics.sinks import WandbSink
     from asyncgrpo.models.tiny import TinyModelSpec
     from asyncgrpo.models.warmstart import ensure_warm_model
-    from asyncgrpo.resources import pin_to_cores, plan_cores
+    from asyncgrpo.runtime.resources import pin_to_cores, plan_cores
     from asyncgrpo.rewards import verifiers
     from asyncgrpo.rewards.judge import parse_score
     from asyncgrpo.rollout.engine import VLLMEngine

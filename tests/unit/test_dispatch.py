@@ -1,4 +1,4 @@
-"""Tickets (asyncgrpo/dispatch.py): the staleness bound, exactly-once prompts and liveness for any
+"""Tickets (asyncgrpo/queue/dispatch.py): the staleness bound, exactly-once prompts and liveness for any
 number of generators at any relative speeds, with deaths, losses in transit, late grants and drops;
 the same under fixed staleness, where every step past the warm-up is sampled by exactly one version;
 then the small cases by hand."""
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.dispatch import Dispatcher, Ticket
+from asyncgrpo.queue.dispatch import Dispatcher, Ticket
 
 
 @dataclass

@@ -229,7 +229,7 @@ def test_every_reason_the_learner_finds_a_group_untrainable_counts_as_lost():
     import numpy as np
 
     from asyncgrpo.driver.loop import UNTRAINABLE_REASONS
-    from asyncgrpo.replay import GroupLimits
+    from asyncgrpo.queue.replay_queue import GroupLimits
     from asyncgrpo.wire import ScoredGroup
 
     def group(prompt: int = 2, lengths: tuple[int, ...] = (2, 2), token: int = 1) -> ScoredGroup:

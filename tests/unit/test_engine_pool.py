@@ -10,7 +10,7 @@ import pytest
 
 from asyncgrpo.config import ConfigError, load, wire_transport
 from asyncgrpo.driver.engine_pool import actor_name, engine_key
-from asyncgrpo.engine_cluster import cluster_overrides
+from asyncgrpo.study.cluster import cluster_overrides
 from asyncgrpo.weights import resolve_backend
 
 POOLED = ["ray.address=127.0.0.1:6379", "rollout.engine_pool=study-1"]
@@ -83,7 +83,7 @@ def test_a_runs_own_wire_transport_wins_over_the_clusters():
 def test_a_stopped_study_cluster_is_reported_before_a_run_would_fail_to_join_it():
     import subprocess
 
-    from asyncgrpo.engine_cluster import EngineCluster
+    from asyncgrpo.study.cluster import EngineCluster
 
     cluster = EngineCluster(num_cpus=2, pool="p")
     cluster.address = "127.0.0.1:1"

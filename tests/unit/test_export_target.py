@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from asyncgrpo.cli import main
-from asyncgrpo.export import EXPORT_MARKER, write_hf
+from asyncgrpo.learner.export import EXPORT_MARKER, write_hf
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""asyncgrpo/faults.py (named failpoints from ASYNCGRPO_FAULTS) and the generator's faulty sink."""
+"""asyncgrpo/runtime/faults.py (named failpoints from ASYNCGRPO_FAULTS) and the generator's faulty sink."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncgrpo import faults
-from asyncgrpo.registry import GeneratorRegistry
+from asyncgrpo.runtime import faults
+from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.rollout.sink import FaultySink, with_faults
 from asyncgrpo.wire import Heartbeat, WireError, decode, encode, example_group
 

@@ -1,4 +1,4 @@
-"""asyncgrpo.files: private directories (refused when another user could change them) and atomic writes."""
+"""asyncgrpo.runtime.files: private directories (refused when another user could change them) and atomic writes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncgrpo.config import ConfigError
-from asyncgrpo.files import UnsafeDirectory, private_dir, write_atomic
+from asyncgrpo.runtime.files import UnsafeDirectory, private_dir, write_atomic
 
 OTHER_UID = 4242
 
@@ -187,7 +187,7 @@ def test_recording_directory_writable_by_others_is_refused(tmp_path):
 
 
 def test_study_directory_writable_by_others_is_a_study_error_and_no_run_starts(tmp_path):
-    from asyncgrpo.study import Spec, StudyError, run_study
+    from asyncgrpo.study.runner import Spec, StudyError, run_study
 
     spec = Spec.parse({"name": "demo", "base": ["train.max_steps=3"], "grid": {"train.fixed_staleness": [0]},
                        "seeds": [0]})
@@ -202,7 +202,7 @@ def test_study_directory_writable_by_others_is_a_study_error_and_no_run_starts(t
 
 
 def test_owned_dirs_of_dead_processes_are_removed_and_live_or_unnamed_ones_kept(tmp_path):
-    from asyncgrpo.files import owned_private_dir, process_start_time, remove_stale_owned_dirs
+    from asyncgrpo.runtime.files import owned_private_dir, process_start_time, remove_stale_owned_dirs
 
     mine = Path(owned_private_dir("asyncgrpo-wire-", parent=str(tmp_path)))
     assert mine.name.startswith(f"asyncgrpo-wire-{os.getpid()}-{process_start_time(os.getpid())}-")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from asyncgrpo.config import load
-from asyncgrpo.dispatch import Dispatcher
+from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.replay import THROTTLING_STALE_POLICIES, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import THROTTLING_STALE_POLICIES, ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import (

@@ -17,7 +17,7 @@ from test_generator import make_generator
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import Learner, wait_for_generators
-from asyncgrpo.replay import QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import QueueTimeout, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck
 
 

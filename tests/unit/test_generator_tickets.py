@@ -18,8 +18,8 @@ from test_generator import (
     config,
 )
 
-from asyncgrpo.dispatch import Dispatcher
-from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.dispatch import Dispatcher
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.generator import Generator, WireTimeout
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient

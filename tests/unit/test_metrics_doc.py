@@ -18,15 +18,15 @@ from test_update_modes import groups
 
 from asyncgrpo import algo
 from asyncgrpo.config import load
-from asyncgrpo.dispatch import Dispatcher
+from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.driver.evaluation import evaluate, probe_report
 from asyncgrpo.driver.loop import Progress, note_lost_groups
 from asyncgrpo.learner.learner import Learner
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.models.tiny import TinyModelSpec, build_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.errors import RewardErrorWindow
 from asyncgrpo.rollout.generator import GeneratorStats
 from asyncgrpo.wire import ScoredGroup

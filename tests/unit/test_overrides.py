@@ -94,14 +94,14 @@ def _resolve_auto_to_cpu(monkeypatch):
 
 
 def test_check_refuses_bf16_when_auto_resolves_to_cpu(capsys, monkeypatch, tmp_path):
-    import asyncgrpo.preflight
+    import asyncgrpo.driver.preflight
 
     _resolve_auto_to_cpu(monkeypatch)
     # Were the preflight to run, it would pass: only validation on the resolved device refuses bf16.
-    monkeypatch.setattr(asyncgrpo.preflight, "check_rewards", lambda cfg: {})
-    monkeypatch.setattr(asyncgrpo.preflight, "model_dir_for_check", lambda cfg: contextlib.nullcontext("model"))
-    monkeypatch.setattr(asyncgrpo.preflight, "preflight", lambda cfg, model_dir: {})
-    monkeypatch.setattr(asyncgrpo.preflight, "format_report", lambda report: "report")
+    monkeypatch.setattr(asyncgrpo.driver.preflight, "check_rewards", lambda cfg: {})
+    monkeypatch.setattr(asyncgrpo.driver.preflight, "model_dir_for_check", lambda cfg: contextlib.nullcontext("model"))
+    monkeypatch.setattr(asyncgrpo.driver.preflight, "preflight", lambda cfg, model_dir: {})
+    monkeypatch.setattr(asyncgrpo.driver.preflight, "format_report", lambda report: "report")
     err = config_error(capsys, "check=true", "learner.mixed_precision=bf16", f"run_dir={tmp_path}")
     assert "learner.mixed_precision" in err and "'bf16'" in err
 

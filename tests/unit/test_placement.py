@@ -11,7 +11,7 @@ import types
 import pytest
 
 from asyncgrpo.config import ConfigError, load, use_curve
-from asyncgrpo.placement import (
+from asyncgrpo.runtime.placement import (
     NODE_RESOURCE_SHARE,
     check_node_resources,
     check_reach,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from asyncgrpo.learner.batch import collate
-from asyncgrpo.replay import GroupLimits, QueueFull, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import GroupLimits, QueueFull, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import Receiver, ScoredGroup, encode
 
 LIMITS = GroupLimits(vocab_size=100, max_positions=32, max_samples=4)

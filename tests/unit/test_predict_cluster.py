@@ -11,7 +11,7 @@ import pytest
 from test_simulate import NO_MEASUREMENT, fake_run
 from tool_modules import load_tool
 
-from asyncgrpo.simulate import (
+from asyncgrpo.sim.simulator import (
     Calibration,
     GeneratorTimes,
     Settings,

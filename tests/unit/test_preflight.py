@@ -13,7 +13,7 @@ from asyncgrpo.cli import main
 from asyncgrpo.config import CONFIG_DIR, load
 from asyncgrpo.models.bpe import train_tokenizer
 from asyncgrpo.models.shapes import SHAPES, qwen2_config
-from asyncgrpo.preflight import PreflightError, kv_cache_plan, memory_estimate
+from asyncgrpo.driver.preflight import PreflightError, kv_cache_plan, memory_estimate
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
 # The model each preset is written for (None: the embedded tiny model). A new preset must be added.
@@ -135,7 +135,7 @@ def test_shared_memory_slots_are_counted_once_not_per_generator():
 def test_too_little_shared_memory_for_the_weight_slots_fails_before_anything_starts(monkeypatch, tmp_path):
     import shutil
 
-    from asyncgrpo.preflight import check_shared_memory
+    from asyncgrpo.driver.preflight import check_shared_memory
 
     cfg = load([f"weights.shm_dir={tmp_path}"])
     check_shared_memory(cfg, 1024)

@@ -1,4 +1,4 @@
-"""The reward preflight (asyncgrpo/preflight.py: check_rewards): before anything starts, every user
+"""The reward preflight (asyncgrpo/driver/preflight.py: check_rewards): before anything starts, every user
 reward function is imported and the judge is probed; a typo or a judge that cannot be reached is
 one line on stderr and exit code 2, with summary.json saying `failed`. The only server is local."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from asyncgrpo.cli import main
 from asyncgrpo.config import ConfigError, load
-from asyncgrpo.preflight import PreflightError, check_rewards
+from asyncgrpo.driver.preflight import PreflightError, check_rewards
 
 
 def train(capsys, tmp_path, *overrides: str) -> tuple[int, str]:

@@ -4,7 +4,7 @@ restarts."""
 import numpy as np
 import pytest
 
-from asyncgrpo.registry import REPORTED_COUNTERS, GeneratorRegistry, WeightsRejected
+from asyncgrpo.queue.registry import REPORTED_COUNTERS, GeneratorRegistry, WeightsRejected
 from asyncgrpo.wire import Heartbeat, VersionAck
 
 

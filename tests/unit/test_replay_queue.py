@@ -10,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from asyncgrpo.replay import QueueFull, QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import QueueFull, QueueTimeout, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import (
     Heartbeat,
     Receiver,
@@ -166,7 +166,7 @@ def test_repeated_or_late_sequence_numbers_are_duplicates_and_never_enter() -> N
 
 def test_loss_is_logged_once_per_generator(caplog: pytest.LogCaptureFixture) -> None:
     queue = in_process_queue(capacity=16)
-    with caplog.at_level(logging.WARNING, logger="asyncgrpo.replay"):
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.queue.replay_queue"):
         for seq in (0, 2, 4, 6):
             queue.put(group(seq=seq))
     assert queue.stats()["queue/lost"] == 3

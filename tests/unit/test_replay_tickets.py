@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from asyncgrpo import faults
-from asyncgrpo.dispatch import Dispatcher
-from asyncgrpo.replay import QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.runtime import faults
+from asyncgrpo.queue.dispatch import Dispatcher
+from asyncgrpo.queue.replay_queue import QueueTimeout, ReplayQueue, StalenessEviction
 from asyncgrpo.wire import (
     Grant,
     ScoredGroup,

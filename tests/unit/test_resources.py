@@ -1,6 +1,6 @@
 import pytest
 
-from asyncgrpo.resources import parse_cores, plan_cores
+from asyncgrpo.runtime.resources import parse_cores, plan_cores
 
 
 def test_parse_cores():

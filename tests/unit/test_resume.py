@@ -21,9 +21,9 @@ from asyncgrpo.driver.prepare import (
     interrupt_on_sigterm,
     resume_point,
 )
-from asyncgrpo.interrupts import interrupts_deferred
+from asyncgrpo.runtime.interrupts import interrupts_deferred
 from asyncgrpo.learner import checkpoint
-from asyncgrpo.resume import (
+from asyncgrpo.learner.resume import (
     ResumeRefused,
     check_compatible,
     file_sha256,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.learner.learner import wait_for_generators
-from asyncgrpo.registry import (
+from asyncgrpo.queue.registry import (
     GeneratorRegistry,
     RewardOutage,
     RunStopped,

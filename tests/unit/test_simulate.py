@@ -1,4 +1,4 @@
-"""`asyncgrpo simulate` (asyncgrpo/simulate.py): the event model against hand-computed answers with
+"""`asyncgrpo simulate` (asyncgrpo/sim/simulator.py): the event model against hand-computed answers with
 constant times, the staleness bound over random settings, calibration from a fabricated run
 directory, and the command's one-line errors."""
 
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo import simulate as sim
+from asyncgrpo.sim import simulator as sim
 from asyncgrpo.cli import main
-from asyncgrpo.simulate import (
+from asyncgrpo.sim.simulator import (
     Calibration,
     GeneratorTimes,
     Measured,
@@ -216,7 +216,7 @@ def test_no_simulated_group_is_ever_trained_beyond_max_staleness(run):
 
 
 def test_the_mirrored_formulas_and_choices_are_the_real_ones():
-    from asyncgrpo import replay
+    from asyncgrpo.queue import replay_queue as replay
     from asyncgrpo.config import groups_per_generator as real_split
     from asyncgrpo.config import load
 
@@ -231,7 +231,7 @@ def test_the_mirrored_formulas_and_choices_are_the_real_ones():
 
 
 def test_importing_the_simulator_loads_neither_torch_nor_zmq():
-    code = "import sys, asyncgrpo.simulate; print(sorted(m for m in ('torch', 'zmq') if m in sys.modules))"
+    code = "import sys, asyncgrpo.sim.simulator; print(sorted(m for m in ('torch', 'zmq') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -1,4 +1,4 @@
-"""sim.cores (asyncgrpo/simulate.py): busy phases sharing a machine's processors, and a calibration
+"""sim.cores (asyncgrpo/sim/simulator.py): busy phases sharing a machine's processors, and a calibration
 freed of the contention its own run had. Hand-computed answers with constant times."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_simulate import constant_run
 
-from asyncgrpo.simulate import (
+from asyncgrpo.sim.simulator import (
     Calibration,
     Delay,
     EventLoop,
@@ -182,7 +182,7 @@ def test_shared_cores_is_unknown_without_driver_cores_across_nodes_or_without_ac
 
 
 def test_every_simulate_key_is_documented_in_the_simulator_doc():
-    from asyncgrpo.simulate import OVERRIDE_KEYS
+    from asyncgrpo.sim.simulator import OVERRIDE_KEYS
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "SIMULATOR.md").read_text()
     assert [key for key in OVERRIDE_KEYS if f"`{key}`" not in doc] == []
@@ -192,7 +192,7 @@ def test_every_simulate_key_is_documented_in_the_simulator_doc():
 
 
 def test_the_report_suggests_sim_cores_when_a_cpu_runs_actors_outnumber_its_cores():
-    from asyncgrpo.simulate import report
+    from asyncgrpo.sim.simulator import report
 
     cal, s = constant_run(num_generators=1)
     cal = replace(cal, device="cpu", machine_cores=2, shared_cores=0)

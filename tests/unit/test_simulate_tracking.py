@@ -10,7 +10,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from test_simulate import constant_run, random_run
 
-from asyncgrpo.simulate import EventLoop, Model, Result, SimulationStuck
+from asyncgrpo.sim.simulator import EventLoop, Model, Result, SimulationStuck
 
 
 def run_both(calibration, s) -> tuple[Result | str, Result | str]:

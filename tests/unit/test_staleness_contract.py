@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import wait_for_generators
-from asyncgrpo.registry import GeneratorRegistry
-from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import Generator
 from test_generator import make_generator

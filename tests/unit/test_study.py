@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncgrpo import study
-from asyncgrpo.study import (
+from asyncgrpo.study import runner as study
+from asyncgrpo.study.runner import (
     RunPlan,
     Spec,
     SpecError,
@@ -443,7 +443,7 @@ def test_a_run_gets_a_sigint_when_the_study_dies_without_passing_one_on(tmp_path
     marker = tmp_path / "marker"
     study_process = (
         "import sys\n"
-        "from asyncgrpo.study import Spec, SubprocessRunner\n"
+        "from asyncgrpo.study.runner import Spec, SubprocessRunner\n"
         f"plan = Spec.parse({{'name': 'x', 'grid': {{'seed_like': [1]}}, 'seeds': [0]}}).runs({str(tmp_path)!r})[0]\n"
         "runner = SubprocessRunner()\n"
         f"runner.command = lambda _: [sys.executable, '-c', {CHILD_WAITING_FOR_SIGINT!r}, {str(marker)!r}]\n"

@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from asyncgrpo.dispatch import Dispatcher, Ticket
-from asyncgrpo.replay import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.dispatch import Dispatcher, Ticket
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rollout.tickets import REPLY_TIMEOUTS_S, PositionedPrompts, TicketClient
 from asyncgrpo.tasks import ArithmeticTask
 from asyncgrpo.wire import Grant, TicketRequest, example_group

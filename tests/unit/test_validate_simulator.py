@@ -9,7 +9,7 @@ import pytest
 from test_simulate import constant_run
 from tool_modules import load_tool
 
-from asyncgrpo.simulate import Measured, simulate
+from asyncgrpo.sim.simulator import Measured, simulate
 
 vs = load_tool("validate_simulator")
 

@@ -1,6 +1,6 @@
 """Dynamic dispatch by tickets: prompts go to whichever generator asks, within the staleness budget.
 
-Learner rank 0's queue thread owns one (replay.py, Tickets), the generators ask through
+Learner rank 0's queue thread owns one (replay_queue.py, Tickets), the generators ask through
 rollout/tickets.py, and the simulator runs the same code.
 
 A ticket is a slot and a prompt. Slots number the groups in training order: the learner at

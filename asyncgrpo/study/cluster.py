@@ -1,7 +1,7 @@
 """A Ray cluster on this machine that outlives a study's runs, so that their generator engines can
 be kept between them (`rollout.engine_pool`, asyncgrpo/driver/engine_pool.py).
 
-It runs in a helper process of its own (`python -m asyncgrpo.engine_cluster`), which starts a local
+It runs in a helper process of its own (`python -m asyncgrpo.study.cluster`), which starts a local
 cluster with `ray.init` (every listener on 127.0.0.1, token authentication, a private temporary
 directory so that no other driver on this machine finds it with `ray.address=auto`), prints its
 address and waits until its stdin closes; then it shuts the cluster down, and the pooled engines
@@ -58,7 +58,7 @@ class EngineCluster:
                     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": self._tmp, **private_token_env(),
                     "RAY_USAGE_STATS_ENABLED": "0"}
         self._helper = subprocess.Popen(
-            [sys.executable, "-m", "asyncgrpo.engine_cluster",
+            [sys.executable, "-m", "asyncgrpo.study.cluster",
              json.dumps({"num_cpus": self.num_cpus, "parent": os.getpid()})],
             env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             start_new_session=True)

@@ -16,7 +16,7 @@ a token id beyond the vocabulary, a sequence beyond the context, more samples th
 does not enter either: it is counted under `wire/rejected/<reason>` beside the messages the codec
 rejects, and its sequence number counts as seen, not lost.
 
-Tickets (`dispatcher`; asyncgrpo/dispatch.py): a generator asks for tickets on the same stream as
+Tickets (`dispatcher`; asyncgrpo/queue/dispatch.py): a generator asks for tickets on the same stream as
 its groups (`TicketRequest`, answered through `grants`); a group fills the slot its sender holds
 for its prompt, and a take waits for the step's slots, in slot order. The dispatcher grants only
 slots the queue can hold beside the next step's, so nothing here waits for room; a group whose slot
@@ -43,9 +43,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from asyncgrpo import faults
-from asyncgrpo.dispatch import Dispatcher
-from asyncgrpo.registry import GeneratorRegistry
+from asyncgrpo.runtime import faults
+from asyncgrpo.queue.dispatch import Dispatcher
+from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.wire import (
     Grant,
     GrantRouter,

@@ -12,7 +12,7 @@ delivered is already counted as lost, and whatever it sends late is dropped and 
 `queue/old_incarnation`, acknowledgements and heartbeats under `queue/old_incarnation_reports`.
 
 Nothing here is checkpointed: sequence numbers and acknowledgements are per run, and where the
-prompts continue is the dispatcher's (asyncgrpo/dispatch.py).
+prompts continue is the dispatcher's (asyncgrpo/queue/dispatch.py).
 """
 
 from __future__ import annotations

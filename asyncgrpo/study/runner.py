@@ -9,7 +9,7 @@ describes the spec and the output.
 
 Each run is its own `asyncgrpo train` process (`SubprocessRunner`), which keeps one run's Python state
 (or crash) out of the next. By default the study starts one local Ray cluster of its own
-(asyncgrpo/engine_cluster.py) before the first run, and the runs keep their generator engines in it
+(asyncgrpo/study/cluster.py) before the first run, and the runs keep their generator engines in it
 between them (`rollout.engine_pool`): each run resets them to its own starting weights, seed and
 prompt streams instead of starting vLLM again. With `--fresh-engines`, or with `ray.address` in the
 spec's base, every run starts and stops its own Ray cluster (or joins that one) and its own engines.
@@ -45,13 +45,13 @@ from typing import Any
 
 import yaml
 
-from asyncgrpo.engine_cluster import (
+from asyncgrpo.study.cluster import (
     EngineCluster,
     cluster_overrides,
     signal_when_parent_dies,
 )
-from asyncgrpo.files import UnsafeDirectory, private_dir, write_atomic
-from asyncgrpo.interrupts import interrupts_deferred
+from asyncgrpo.runtime.files import UnsafeDirectory, private_dir, write_atomic
+from asyncgrpo.runtime.interrupts import interrupts_deferred
 from asyncgrpo.schema import CONFIG_DIR
 
 # ------------------------------------------------------------------------------------------ defaults

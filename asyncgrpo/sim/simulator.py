@@ -8,7 +8,7 @@ other settings (more generators, another staleness bound, more learner ranks, sl
 
 The model (docs/SIMULATOR.md states every assumption): each generator runs the real loop of
 asyncgrpo/rollout/generator.py (load the newest weights -> ask for tickets -> one vLLM call -> score ->
-send), the dispatcher of asyncgrpo/dispatch.py grants each call's slots to whichever generator asks
+send), the dispatcher of asyncgrpo/queue/dispatch.py grants each call's slots to whichever generator asks
 and hands each step its slots, and the learner runs the step of asyncgrpo/learner/learner.py (ack_wait ->
 gen_wait -> train -> push; a push is visible to the generators when it ends). Each actor has its
 own hardware, unless sim.cores makes them share a machine's cores (processor sharing, after taking
@@ -30,10 +30,10 @@ from typing import Any, Union
 
 import yaml
 
-from asyncgrpo.dispatch import Dispatcher, engine_lag_bound
+from asyncgrpo.queue.dispatch import Dispatcher, engine_lag_bound
 
 # The real run's choice lists and formulas, mirrored here because their modules import torch or
-# ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.replay and asyncgrpo.config.
+# ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.queue.replay_queue and asyncgrpo.config.
 STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
@@ -784,7 +784,7 @@ class Model:
         self.generators = [SimGenerator(i, call_groups, calibration.generators[i % len(calibration.generators)])
                            for i, call_groups in enumerate(settings.call_groups())]
         self.speeds = settings.speeds()
-        # Slots granted to whichever generator asks (asyncgrpo/dispatch.py, the real run's code).
+        # Slots granted to whichever generator asks (asyncgrpo/queue/dispatch.py, the real run's code).
         # No slot is granted that the queue could not hold, so no generator blocks on a full queue.
         self.dispatcher = Dispatcher(settings.groups_per_step, settings.max_staleness, settings.throttles,
                                      settings.capacity_groups)
@@ -932,7 +932,7 @@ class Model:
         return all(g.loaded >= floor for g in self.generators) or len(self.queue) >= self.s.groups_per_step
 
     def step_ready(self) -> bool:
-        # A take that comes up short still drops what is too stale (replay.py); the oldest queued
+        # A take that comes up short still drops what is too stale (queue/replay_queue.py); the oldest queued
         # version says whether anything is, without walking the queue.
         if (self.s.drops_stale and self.queued_per_version
                 and self.version - min(self.queued_per_version) > self.s.max_staleness):
