@@ -187,7 +187,8 @@ def test_recording_directory_writable_by_others_is_refused(tmp_path):
 
 
 def test_study_directory_writable_by_others_is_a_study_error_and_no_run_starts(tmp_path):
-    from asyncgrpo.study.runner import Spec, StudyError, run_study
+    from asyncgrpo.study.runner import StudyError, run_study
+    from asyncgrpo.study.spec import Spec
 
     spec = Spec.parse({"name": "demo", "base": ["train.max_steps=3"], "grid": {"train.fixed_staleness": [0]},
                        "seeds": [0]})

@@ -17,21 +17,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncgrpo.study import runner as study
-from asyncgrpo.study.runner import (
+from asyncgrpo.study.report import RESULT_COLUMNS, aggregate
+from asyncgrpo.study.results import accuracy_auc
+from asyncgrpo.study.runner import EXIT_INTERRUPTED, RUN_LOG, RUN_RECORD, StudyError, SubprocessRunner, run_study
+from asyncgrpo.study.spec import (
+    RUN_DEFAULTS,
+    STUDY_SPECS_DIR,
     RunPlan,
     Spec,
     SpecError,
-    StudyError,
-    SubprocessRunner,
-    accuracy_auc,
-    aggregate,
-    mean_ci,
+    find_spec,
     override_value,
-    paired_difference,
-    run_study,
-    t_quantile,
 )
+from asyncgrpo.study.stats import mean_ci, paired_difference, t_quantile
 
 GRID_SPEC = {
     "name": "demo",
@@ -125,7 +123,7 @@ def test_a_good_spec_gives_every_cell_in_grid_order_with_its_overrides_and_run_d
     assert len(plans) == 12  # 4 cells x 3 seeds, the seeds of a cell together
     assert plans[4].run_dir == tmp_path / "s" / "runs" / "train.fixed_staleness-0__mode-tis" / "seed_1"
     # The study's run defaults come first, so the spec's base and cells override them; seed last.
-    assert plans[4].overrides == (*study.RUN_DEFAULTS, "train.max_steps=3", *cells[1].overrides, "seed=1")
+    assert plans[4].overrides == (*RUN_DEFAULTS, "train.max_steps=3", *cells[1].overrides, "seed=1")
 
 
 def test_grid_values_are_written_so_the_config_reads_them_back_as_given():
@@ -241,7 +239,7 @@ class FakeRunner:
 
     def __call__(self, plan: RunPlan) -> int:
         self.calls.append(plan.label)
-        assert json.loads((plan.run_dir / study.RUN_RECORD).read_text())["overrides"] == list(plan.overrides)
+        assert json.loads((plan.run_dir / RUN_RECORD).read_text())["overrides"] == list(plan.overrides)
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
             fabricate_run(plan, status="interrupted", steps=1)
             raise KeyboardInterrupt
@@ -262,7 +260,7 @@ def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
     outcome = run_study(spec, tmp_path, runner=FakeRunner(), log=lambda _: None)
     assert outcome.exit_code == 0 and len(outcome.ran) == 12
     rows = read_csv(tmp_path / "results.csv")
-    assert list(rows[0]) == ["train.fixed_staleness", "mode", "seed", *study.RESULT_COLUMNS, "status", "run_dir"]
+    assert list(rows[0]) == ["train.fixed_staleness", "mode", "seed", *RESULT_COLUMNS, "status", "run_dir"]
     assert len(rows) == 12
     row = next(r for r in rows if r["train.fixed_staleness"] == "2" and r["mode"] == "tis" and r["seed"] == "1")
     end = 0.30 - 0.04 + 0.05 + 0.01
@@ -423,7 +421,7 @@ def test_the_subprocess_runner_passes_one_sigint_to_a_run_in_its_own_session(tmp
         signal.signal(signal.SIGINT, previous)
     sid, word = marker.read_text().split()
     assert word == "interrupted" and int(sid) != os.getsid(0)
-    assert (plan.run_dir / study.RUN_LOG).exists()
+    assert (plan.run_dir / RUN_LOG).exists()
 
 
 CHILD_WAITING_FOR_SIGINT = (
@@ -443,7 +441,8 @@ def test_a_run_gets_a_sigint_when_the_study_dies_without_passing_one_on(tmp_path
     marker = tmp_path / "marker"
     study_process = (
         "import sys\n"
-        "from asyncgrpo.study.runner import Spec, SubprocessRunner\n"
+        "from asyncgrpo.study.runner import SubprocessRunner\n"
+        "from asyncgrpo.study.spec import Spec\n"
         f"plan = Spec.parse({{'name': 'x', 'grid': {{'seed_like': [1]}}, 'seeds': [0]}}).runs({str(tmp_path)!r})[0]\n"
         "runner = SubprocessRunner()\n"
         f"runner.command = lambda _: [sys.executable, '-c', {CHILD_WAITING_FOR_SIGINT!r}, {str(marker)!r}]\n"
@@ -476,7 +475,7 @@ def test_aggregate_alone_rebuilds_the_results_from_the_run_directories(tmp_path)
 
 
 def test_the_example_specs_in_configs_studies_load(tmp_path):
-    for path in sorted(study.STUDY_SPECS_DIR.glob("*.yaml")):
+    for path in sorted(STUDY_SPECS_DIR.glob("*.yaml")):
         spec = Spec.load(path)
         assert spec.cells() and spec.seeds
         if spec.baseline is not None:
@@ -484,7 +483,7 @@ def test_the_example_specs_in_configs_studies_load(tmp_path):
 
 
 def test_a_study_name_finds_its_spec_in_configs_studies():
-    assert study.find_spec("quick") == study.STUDY_SPECS_DIR / "quick.yaml"
+    assert find_spec("quick") == STUDY_SPECS_DIR / "quick.yaml"
 
 
 def test_report_says_how_many_runs_started_on_a_kept_engine(tmp_path):
@@ -514,7 +513,7 @@ class SlowRunner(FakeRunner):
                 self.released.wait(30)
                 time.sleep(self.wrap_up_s if nth == 1 else 0.0)  # the first run takes longer to stop
                 fabricate_run(plan, status="interrupted", steps=1)
-                return study.EXIT_INTERRUPTED
+                return EXIT_INTERRUPTED
             time.sleep(0.05)
             return super().__call__(plan)
         finally:
@@ -551,7 +550,7 @@ def test_ctrl_c_during_concurrent_runs_reaches_every_run_and_starts_no_other(tmp
 
     threading.Thread(target=press_ctrl_c_once_both_run, daemon=True).start()
     outcome = run_study(Spec.parse(GRID_SPEC), tmp_path, runner=runner, log=logs.append, concurrent=2)
-    assert outcome.interrupted and outcome.exit_code == study.EXIT_INTERRUPTED
+    assert outcome.interrupted and outcome.exit_code == EXIT_INTERRUPTED
     assert runner.presses == [1] and len(runner.calls) == 2  # both runs told once; no third started
     assert len(outcome.not_finished) == 2 and (tmp_path / "results.csv").is_file()
     assert any("interrupt: stopping the runs in progress" in line for line in logs)

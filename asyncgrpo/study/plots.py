@@ -1,0 +1,149 @@
+"""The study's figures, in study_dir/plots/: accuracy and reward against samples per cell (bands
+over seeds), and the final accuracy against each factor's levels (docs/STUDIES.md, "What it
+writes"). matplotlib is imported only when a figure is drawn."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from asyncgrpo.study.results import RunResult, runs_by_cell
+from asyncgrpo.study.spec import Cell, Factor, Spec, safe_name
+from asyncgrpo.study.stats import CONFIDENCE, mean_ci
+
+
+def write_plots(spec: Spec, results: list[RunResult], out: Path) -> list[Path]:
+    """accuracy_vs_samples.png and reward_vs_samples.png (a panel per combination of all factors
+    but the last, a line per level of the last, bands over seeds), and final_accuracy_vs_<key>.png
+    for each factor. Nothing when no run has finished."""
+    if not any(r.finished for r in results):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    out.mkdir(parents=True, exist_ok=True)
+    by_cell = runs_by_cell(spec, results)
+    written = [
+        _plot_curves(spec, by_cell, lambda r: r.eval_curve, "held-out sampled accuracy", out / "accuracy_vs_samples.png",
+                     markers=True),
+        _plot_curves(spec, by_cell, lambda r: r.reward_curve, "training reward (reward/mean per step)",
+                     out / "reward_vs_samples.png", markers=False),
+    ]
+    for factor in spec.factors:
+        path = out / f"final_accuracy_vs_{safe_name(factor.key)}.png"
+        written.append(_plot_factor(spec, by_cell, factor, path))
+    return written
+
+
+def _panels(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]]) -> dict[str, list[tuple[Cell, list[RunResult]]]]:
+    """Cells grouped by every factor but the last (one group when there is one factor)."""
+    panels: dict[str, list[tuple[Cell, list[RunResult]]]] = {}
+    for cell, runs in by_cell:
+        title = " ".join(f"{key}={level.label}" for key, level in cell.levels[:-1]) or spec.name
+        panels.setdefault(title, []).append((cell, runs))
+    return panels
+
+
+def _band(curves: list[list[tuple[float, float]]]) -> tuple[Any, Any, Any] | None:
+    """Seeds' curves on a shared x grid: mean and the CI's low and high (the mean alone for one seed)."""
+    import numpy as np
+
+    curves = [c for c in curves if c]
+    if not curves:
+        return None
+    grid = np.unique(np.concatenate([[x for x, _ in c] for c in curves]))
+    stop = min(c[-1][0] for c in curves)  # only where every seed has data
+    grid = grid[grid <= stop]
+    ys = np.asarray([np.interp(grid, [x for x, _ in c], [y for _, y in c]) for c in curves])
+    estimates = [mean_ci(list(ys[:, j])) for j in range(len(grid))]
+    mean = np.asarray([e.mean for e in estimates])
+    low = np.asarray([e.low if e.low is not None else e.mean for e in estimates])
+    high = np.asarray([e.high if e.high is not None else e.mean for e in estimates])
+    return grid, mean, (low, high)
+
+
+def _plot_curves(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]],
+                 curve: Callable[[RunResult], list[tuple[float, float]]], what: str, path: Path,
+                 markers: bool) -> Path:
+    import matplotlib.pyplot as plt
+
+    panels = _panels(spec, by_cell)
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
+    fig.suptitle(f"{spec.name}: {what} vs samples (mean over seeds, band: {round(100 * CONFIDENCE)}% CI)")
+    palette = plt.get_cmap("tab10")
+    for ax, (title, cells) in zip(axes.flat, panels.items()):
+        drawn = False
+        for i, (cell, runs) in enumerate(cells):
+            band = _band([curve(r) for r in runs])
+            if band is None:
+                continue
+            x, mean, (low, high) = band
+            label = f"{cell.levels[-1][0]}={cell.levels[-1][1].label} (n={len(runs)})"
+            ax.plot(x, mean, "-o" if markers else "-", color=palette(i % 10), label=label, markersize=4)
+            ax.fill_between(x, low, high, color=palette(i % 10), alpha=0.2)
+            drawn = True
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("samples consumed")
+        ax.set_ylabel(what.split(" (")[0])
+        if drawn:
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no finished run", ha="center", va="center", transform=ax.transAxes, color="gray")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    return _save_figure(fig, path)
+
+
+def _plot_factor(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]], factor: Factor, path: Path) -> Path:
+    """Final held-out accuracy (sampled and greedy) against one factor's levels, a line per
+    combination of the other factors, error bars the CI over seeds."""
+    import matplotlib.pyplot as plt
+
+    index = spec.factors.index(factor)
+    lines: dict[str, dict[str, list[RunResult]]] = {}
+    for cell, runs in by_cell:
+        others = " ".join(f"{key}={level.label}" for j, (key, level) in enumerate(cell.levels) if j != index)
+        lines.setdefault(others or spec.name, {})[cell.levels[index][1].label] = runs
+    labels = [level.label for level in factor.levels]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
+    fig.suptitle(f"{spec.name}: final held-out accuracy vs {factor.key} (mean over seeds, bars: "
+                 f"{round(100 * CONFIDENCE)}% CI)")
+    palette = plt.get_cmap("tab10")
+    width = 0.6 / max(1, len(lines))
+    for ax, (column, what) in zip(axes.flat, (("eval_accuracy_end", "sampled"), ("eval_greedy_accuracy_end", "greedy"))):
+        for i, (name, per_level) in enumerate(lines.items()):
+            xs, means, errors = [], [], []
+            for j, label in enumerate(labels):
+                estimate = mean_ci([r.row[column] for r in per_level.get(label, [])])
+                if estimate.mean is None:
+                    continue
+                xs.append(j + (i - (len(lines) - 1) / 2) * width)  # side by side, not on top of each other
+                means.append(estimate.mean)
+                errors.append(estimate.half_width or 0.0)
+            if xs:
+                ax.errorbar(xs, means, yerr=errors, fmt="-o", capsize=3, color=palette(i % 10), label=name,
+                            markersize=4)
+        ax.set_xticks(range(len(labels)), labels, rotation=20 if max(map(len, labels)) > 6 else 0, fontsize=8)
+        ax.set_xlabel(factor.key)
+        ax.set_ylabel(f"held-out {what} accuracy at the end")
+        ax.grid(True, alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=7)
+    return _save_figure(fig, path)
+
+
+def _save_figure(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

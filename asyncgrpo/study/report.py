@@ -1,0 +1,174 @@
+"""A study's written results, from its run directories: results.csv (a row per run), report.md
+(per-cell means with intervals, paired differences against the baseline, the runs that did not
+finish) and the figures (`aggregate`). docs/STUDIES.md, "What it writes", describes them."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from asyncgrpo.runtime.files import write_atomic
+from asyncgrpo.study.plots import write_plots
+from asyncgrpo.study.results import RunResult, load_study, read_summary, runs_by_cell
+from asyncgrpo.study.spec import RUN_DEFAULTS, Spec
+from asyncgrpo.study.stats import CONFIDENCE, Estimate, is_number, mean_ci, paired_difference
+
+# results.csv, after the grid keys and `seed`; `status` and `run_dir` last.
+RESULT_COLUMNS = (
+    "eval_accuracy_start", "eval_accuracy_end", "eval_greedy_accuracy_start", "eval_greedy_accuracy_end",
+    "accuracy_auc", "steps", "samples", "samples_per_s", "staleness_mean", "staleness_max", "clipfrac", "ess",
+    "wall_s", "train_s",
+)
+# The report's per-cell tables and the paired differences: (column, heading).
+ACCURACY_METRICS = (
+    ("eval_accuracy_start", "held-out acc. start"), ("eval_accuracy_end", "held-out acc. end"),
+    ("eval_greedy_accuracy_end", "greedy end"), ("accuracy_auc", "acc. AUC"),
+)
+RUN_METRICS = (
+    ("samples_per_s", "samples/s"), ("staleness_mean", "staleness mean"), ("staleness_max", "staleness max"),
+    ("clipfrac", "clip fraction"), ("ess", "ESS"), ("wall_s", "wall s"),
+)
+DIFFERENCE_METRICS = (("eval_accuracy_end", "held-out acc. end"), ("eval_greedy_accuracy_end", "greedy end"),
+                      ("accuracy_auc", "acc. AUC"))
+
+
+def aggregate(study_dir: str | Path) -> list[Path]:
+    """results.csv, report.md and plots/*.png from the study's run directories; returns their paths."""
+    study_dir = Path(study_dir)
+    spec, results = load_study(study_dir)
+    written = [write_results_csv(spec, results, study_dir / "results.csv"),
+               write_report(spec, results, study_dir / "report.md")]
+    written += write_plots(spec, results, study_dir / "plots")
+    return written
+
+
+def write_results_csv(spec: Spec, results: list[RunResult], path: Path) -> Path:
+    """A row per started run: the grid's values, the seed, `RESULT_COLUMNS`, status and run_dir."""
+    columns = [*spec.grid_keys(), "seed", *RESULT_COLUMNS, "status", "run_dir"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for result in results:
+        writer.writerow({k: "" if result.row.get(k) is None else result.row[k] for k in columns})
+    write_atomic(path, buffer.getvalue())
+    return path
+
+
+def _fmt(value: float | None) -> str:
+    """Accuracies and fractions to 3 decimals; seconds and samples/s to what their noise allows."""
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}"
+
+
+def _fmt_estimate(estimate: Estimate, signed: bool = False) -> str:
+    if estimate.mean is None:
+        return "-"
+    sign = "+" if signed and estimate.mean >= 0 else ""
+    text = sign + _fmt(estimate.mean)
+    if estimate.half_width is not None:
+        text += f" [{_fmt(estimate.low)}, {_fmt(estimate.high)}]"
+    return text
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
+    """report.md: how the runs ran, per-cell estimates, paired differences, the runs not finished."""
+    plans = spec.runs(path.parent)
+    finished = [r for r in results if r.finished]
+    unfinished = [r for r in results if not r.finished]
+    percent = round(100 * CONFIDENCE)
+    lines = [
+        f"# Study {spec.name}",
+        "",
+        f"{len(spec.cells())} cells x {len(spec.seeds)} seed{'s' if len(spec.seeds) > 1 else ''} "
+        f"({', '.join(map(str, spec.seeds))}) = {len(plans)} runs: "
+        f"{len(finished)} finished, {len(unfinished)} failed or interrupted, {len(plans) - len(results)} not started. "
+        f"Every run: preset `{spec.config_name}`, the study's defaults `{' '.join(RUN_DEFAULTS)}`, the spec's "
+        f"base `{' '.join(spec.base) or '(none)'}`, its cell's values, then `seed`.",
+        "",
+        _engines_note(finished) + _overhead_note(finished) + ".",
+        "",
+        f"**Statistics**: per cell, the mean over seeds with a {percent}% confidence interval [low, high] = "
+        f"mean +- t({(1 + CONFIDENCE) / 2:g}, n-1) s / sqrt(n) (Student's t, s the sample standard deviation); no "
+        "interval with n < 2. Only finished runs count. `acc. AUC` is the area under held-out sampled accuracy vs "
+        "samples consumed (trapezoids over the evaluations) divided by the samples spanned; with evaluations at the "
+        "start and the end only it is (start + end) / 2. staleness, clip fraction (`loss/clipfrac`) and ESS "
+        "(`is/ess`, logged only with `algo.correction.is_level` set) are means over a run's steps; staleness max is "
+        "the run's maximum; samples/s is the training loop's (`summary.json`).",
+        "",
+    ]
+    keys = spec.grid_keys()
+    for title, metrics in (("Accuracy per cell", ACCURACY_METRICS), ("Training per cell", RUN_METRICS)):
+        rows = []
+        for cell, runs in runs_by_cell(spec, results):
+            estimates = [mean_ci([r.row[column] for r in runs]) for column, _ in metrics]
+            rows.append([*cell.values.values(), str(len(runs)), *(_fmt_estimate(e) for e in estimates)])
+        lines += [f"## {title}", "", *_table([*keys, "n", *(heading for _, heading in metrics)], rows), ""]
+    lines += ["## Paired differences against the baseline", ""]
+    baseline = spec.baseline_cell()
+    if baseline is None:
+        lines.append("No `baseline` in the spec: give one (a value for each grid key) to compare cells with it.")
+    else:
+        base_runs = next(runs for cell, runs in runs_by_cell(spec, results) if cell == baseline)
+        lines += [
+            f"Baseline: {baseline.label}. For each seed both finished, the cell's value minus the baseline's on "
+            f"that seed; the mean of those differences with its {percent}% t-interval over the n pairs. An "
+            "interval that excludes 0 is a difference the seeds support.",
+            "",
+        ]
+        rows = []
+        for cell, runs in runs_by_cell(spec, results):
+            if cell == baseline:
+                continue
+            diffs = []
+            n_pairs = 0
+            for column, _ in DIFFERENCE_METRICS:
+                estimate = paired_difference({r.plan.seed: r.row[column] for r in runs},
+                                             {r.plan.seed: r.row[column] for r in base_runs})
+                n_pairs = max(n_pairs, estimate.n)
+                diffs.append(_fmt_estimate(estimate, signed=True))
+            rows.append([*cell.values.values(), str(n_pairs), *diffs])
+        lines += _table([*keys, "n pairs", *(f"diff. {heading}" for _, heading in DIFFERENCE_METRICS)], rows)
+    if unfinished:
+        lines += ["", "## Runs not finished (left out of the statistics)", ""]
+        for result in unfinished:
+            summary = read_summary(result.plan.run_dir)
+            error = f": {summary['error']}" if summary.get("error") else ""
+            lines.append(f"- {result.plan.label}: {result.row['status']}{error} ({result.plan.run_dir})")
+    lines += ["", "Per run: `results.csv`; figures: `plots/`.", ""]
+    write_atomic(path, "\n".join(lines))
+    return path
+
+
+def _engines_note(finished: list[RunResult]) -> str:
+    """Whether the runs kept their generator engines between them, and how many started on a kept one."""
+    pooled = [r for r in finished if r.engines_reused is not None]
+    if not pooled:
+        return ("**Engines are not reused across runs**: each run is its own `asyncgrpo train` process, which "
+                "starts a local Ray cluster and its vLLM engine(s) and stops them at its end")
+    kept = sum(1 for r in pooled if r.engines_reused)
+    return (f"**Engines are kept between runs**: each run is its own `asyncgrpo train` process on the study's Ray "
+            f"cluster; {kept} of the {len(finished)} finished runs started on generator engines kept from the run "
+            "before (the others started new ones: the first run of an invocation, one after a run that did not "
+            "finish, or with other engine settings)")
+
+
+def _overhead_note(finished: list[RunResult]) -> str:
+    """What starting them per run costs: each run's wall clock outside its training loop."""
+    overheads = [r.row["wall_s"] - r.row["train_s"] for r in finished
+                 if is_number(r.row.get("wall_s")) and is_number(r.row.get("train_s"))]
+    walls = [r.row["wall_s"] for r in finished if is_number(r.row.get("wall_s"))]
+    if not overheads or not walls:
+        return ""
+    return (f"; each run spent {sum(overheads) / len(overheads):.0f} s on average outside its training loop "
+            f"(start-up, warm start, evaluations, shutdown: {100 * sum(overheads) / sum(walls):.0f}% of the "
+            "runs' wall clock)")

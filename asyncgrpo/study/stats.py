@@ -1,0 +1,110 @@
+"""The study's statistics: a mean over seeds with its Student's t confidence interval, and the
+paired difference of a cell against the baseline over the seeds both finished (docs/STUDIES.md,
+"The statistics"). Standard library only: scipy is not a dependency."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CONFIDENCE = 0.95  # of every interval in the report and the figures
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t distribution with df degrees of freedom (scipy's t.ppf), by
+    bisection on the CDF; scipy is not a dependency."""
+    if not 0 < p < 1 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0 (got p={p}, df={df})")
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if t_cdf(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-13 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t), T ~ Student's t(df): 1 - I_x(df/2, 1/2) / 2 for t >= 0, x = df / (df + t^2)."""
+    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t >= 0 else tail
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz;
+    Numerical Recipes' betacf), on the side where it converges fast."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * h / a
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over n values with its confidence interval (no interval for n < 2)."""
+
+    n: int
+    mean: float | None
+    half_width: float | None
+
+    @property
+    def low(self) -> float | None:
+        return None if self.mean is None or self.half_width is None else self.mean - self.half_width
+
+    @property
+    def high(self) -> float | None:
+        return None if self.mean is None or self.half_width is None else self.mean + self.half_width
+
+
+def mean_ci(values: Sequence[float | None], confidence: float = CONFIDENCE) -> Estimate:
+    """Mean and the t-interval mean +- t((1 + confidence) / 2, n - 1) * s / sqrt(n), s the sample
+    standard deviation (n - 1 in the denominator). Missing values are left out."""
+    xs = [float(v) for v in values if is_number(v)]
+    n = len(xs)
+    if n == 0:
+        return Estimate(0, None, None)
+    mean = sum(xs) / n
+    if n < 2:
+        return Estimate(1, mean, None)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return Estimate(n, mean, t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n))
+
+
+def paired_difference(cell: dict[int, float | None], baseline: dict[int, float | None],
+                      confidence: float = CONFIDENCE) -> Estimate:
+    """Mean of cell - baseline over the seeds both have a value for, with its t-interval: pairing by
+    seed removes what a seed does to both (its warm-started model, its prompts)."""
+    seeds = [s for s in cell if is_number(cell[s]) and is_number(baseline.get(s))]
+    return mean_ci([float(cell[s]) - float(baseline[s]) for s in seeds], confidence)  # type: ignore[arg-type]
+
+
+def is_number(value: Any) -> bool:
+    """A value that counts: a finite int or float (not a bool, NaN or a missing one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
