@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from asyncgrpo import __version__
@@ -177,16 +178,38 @@ def _check(cfg: Config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`asyncgrpo` with `argv` (default: sys.argv[1:]): the command's exit status."""
     # A process started in the background by a non-interactive shell inherits "ignore SIGINT";
     # Ctrl-C (or a supervisor's SIGINT) must always reach the driver so it can shut down cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupt_on_sigterm()  # SIGTERM (a scheduler's preemption notice) is handled as Ctrl-C
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if _names_a_hydra_cfg_kind(argv):
+        return _config_error(CFG_TAKES_NO_ARGUMENT)
+    args = _parse_args(parser, argv)
+    return COMMANDS[args.command](args)
+
+
+# argparse has no public name for what add_subparsers returns.
+_Subcommands = argparse._SubParsersAction
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: --version and one subcommand per entry of COMMANDS."""
     parser = argparse.ArgumentParser(
         prog="asyncgrpo", description="Asynchronous off-policy GRPO.", epilog=USAGE_EXAMPLES + "\n" + config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"asyncgrpo {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    for add_parser in (_add_train_parser, _add_plot_parser, _add_export_parser, _add_make_model_parser,
+                       _add_simulate_parser, _add_replay_parser, _add_study_parser):
+        add_parser(commands)
+    return parser
+
+
+def _add_train_parser(commands: _Subcommands) -> None:
     train_parser = commands.add_parser(
         "train", help="run a training job (key=value overrides)", epilog=USAGE_EXAMPLES + "\n" + config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -198,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     train_parser.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
     train_parser.add_argument("-m", "--multirun", action="store_true",
                               help="not here: a sweep is a study (asyncgrpo study, docs/STUDIES.md)")
+
+
+def _add_plot_parser(commands: _Subcommands) -> None:
     plot_parser = commands.add_parser(
         "plot", help="write PNG figures of one run, or overlay several",
         description="Figures from RUN_DIR/metrics.jsonl and summary.json: reward and held-out accuracy over samples "
@@ -206,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     plot_parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are overlaid")
     plot_parser.add_argument("--out", default=None,
                              help="output directory (default: RUN_DIR/plots for one run, ./plots_compare for several)")
+
+
+def _add_export_parser(commands: _Subcommands) -> None:
     export_parser = commands.add_parser(
         "export", help="write a checkpoint's policy in Hugging Face format",
         description="Safetensors + config + tokenizer files that transformers and vLLM load directly. CHECKPOINT is "
@@ -213,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     export_parser.add_argument("checkpoint", metavar="CHECKPOINT")
     export_parser.add_argument("outdir", metavar="OUTDIR")
+
+
+def _add_make_model_parser(commands: _Subcommands) -> None:
     make_model_parser = commands.add_parser(
         "make-model", help="write a randomly initialised Hugging Face model of a named shape",
         description="A Qwen2 model of a real architecture's shape with random float32 weights and a byte-level BPE "
@@ -225,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     make_model_parser.add_argument("--vocab-train-size", type=int, default=None, metavar="N",
                                    help="tokens in the trained tokenizer, special tokens included (default: "
                                         "asyncgrpo.models.bpe.DEFAULT_VOCAB_SIZE = 4096)")
+
+
+def _add_simulate_parser(commands: _Subcommands) -> None:
     simulate_parser = commands.add_parser(
         "simulate", help="predict throughput, idle fractions and staleness for other settings of a finished run",
         description="A discrete-event model of the generators, the queue, the learner and weight pushes, calibrated "
@@ -235,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     simulate_parser.add_argument("run_dir", metavar="RUN_DIR")
     simulate_parser.add_argument("overrides", nargs="*", help="key=value (the keys below)")
+
+
+def _add_replay_parser(commands: _Subcommands) -> None:
     replay_parser = commands.add_parser(
         "replay", help="train a learner on a recorded stream (wire.record_dir), no generators",
         description="Train on the groups a run recorded (wire.record_dir=DIR), step by step at the versions that "
@@ -245,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     replay_parser.add_argument("recording", metavar="DIR", help="a wire.record_dir of an earlier run")
     replay_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
+
+
+def _add_study_parser(commands: _Subcommands) -> None:
     study_parser = commands.add_parser(
         "study", help="run a grid of configs x seeds one after another, then report means and intervals",
         description="Every cell of SPEC's grid at every seed, as `asyncgrpo train` runs one after another into "
@@ -267,10 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     study_parser.add_argument("--concurrent", type=int, default=1, metavar="N",
                               help="N runs at a time (on a Ray cluster with room for them: ray.address in the spec's "
                                    "base, or the study's own cluster sized for N runs; default 1)")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"] and any(arg.startswith("--cfg=") or (arg == "--cfg" and following in HYDRA_CFG_KINDS)
-                                     for arg, following in zip(argv, [*argv[1:], ""])):
-        return _config_error(CFG_TAKES_NO_ARGUMENT)
+
+
+def _names_a_hydra_cfg_kind(argv: list[str]) -> bool:
+    """`train --cfg job` or `--cfg=all`: Hydra's spelling, which this --cfg does not take."""
+    return argv[:1] == ["train"] and any(arg.startswith("--cfg=") or (arg == "--cfg" and following in HYDRA_CFG_KINDS)
+                                         for arg, following in zip(argv, [*argv[1:], ""]))
+
+
+def _parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; argparse's error (exit 2) for an argument no command takes."""
     args, extra = parser.parse_known_args(argv)
     # argparse fills a `nargs="*"` positional once: overrides on both sides of an option
     # (`train a=1 --cfg b=2`) would leave the second part "unrecognized".
@@ -278,22 +325,19 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "study":
-        from asyncgrpo.study.runner import command as study_command
+    return args
 
-        return study_command(args.spec, args.overrides, dry_run=args.dry_run, report_only=args.report_only,
-                             keep_engines=not args.fresh_engines, concurrent=args.concurrent)
-    if args.command == "replay":
-        return _replay(args.recording, args.overrides)
-    if args.command == "simulate":
-        return _simulate(args.run_dir, args.overrides)
-    if args.command == "plot":
-        return _plot(args.run_dirs, args.out)
-    if args.command == "export":
-        return _export(args.checkpoint, args.outdir)
-    if args.command == "make-model":
-        return _make_model(args.shape, args.out_dir, args.seed, args.vocab_train_size)
 
+def _study(args: argparse.Namespace) -> int:
+    """`asyncgrpo study`: asyncgrpo/study/runner.py's command, with the flags as its options."""
+    from asyncgrpo.study.runner import command as study_command
+
+    return study_command(args.spec, args.overrides, dry_run=args.dry_run, report_only=args.report_only,
+                         keep_engines=not args.fresh_engines, concurrent=args.concurrent)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """`asyncgrpo train`: compose the config, then print it (--cfg), check it (check=true) or run it."""
     if args.multirun:
         return _config_error(MULTIRUN_IS_A_STUDY)
     try:
@@ -314,7 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if cfg.check:
         return _check(cfg)
+    return _run_training(cfg)
 
+
+def _run_training(cfg: Config) -> int:
+    """train(cfg): a failure as one line (a traceback only for the unexpected) and its exit status,
+    a finished run as one JSON line of its summary."""
     from asyncgrpo.data.records import DataError
     from asyncgrpo.driver import TrainingFailed
     from asyncgrpo.learner.checkpoint import CheckpointError
@@ -437,6 +486,18 @@ def _make_model(shape: str, out_dir: str, seed: int, vocab_train_size: int | Non
     print(json.dumps({"path": str(made.path), "shape": made.shape, "parameters": made.num_parameters,
                       "tokenizer_size": made.tokenizer_size, "wall_s": round(time.monotonic() - start, 1)}))
     return 0
+
+
+# One handler per subcommand of build_parser: the parsed command line in, the exit status out.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": _train,
+    "plot": lambda args: _plot(args.run_dirs, args.out),
+    "export": lambda args: _export(args.checkpoint, args.outdir),
+    "make-model": lambda args: _make_model(args.shape, args.out_dir, args.seed, args.vocab_train_size),
+    "simulate": lambda args: _simulate(args.run_dir, args.overrides),
+    "replay": lambda args: _replay(args.recording, args.overrides),
+    "study": _study,
+}
 
 
 def entry() -> NoReturn:

@@ -276,31 +276,26 @@ def _one_of(choices: tuple[str, ...]) -> str:
     return f"must be one of {', '.join(choices)}"
 
 
+def require(ok: bool, key: str, why: str, value: Any) -> None:
+    """One rule's verdict: unless `ok`, a ConfigError naming the key, why, and the value it got."""
+    if not ok:
+        raise ConfigError(f"{key} {why} (got {value!r})")
+
+
 def validate(cfg: Config) -> None:
     """Reject configs that cannot work, before anything starts. Messages name the key.
 
-    Each choice list comes from the module that implements the choice.
+    Each choice list comes from the module that implements the choice. The rules run in the order
+    of VALIDATION_RULES and the first broken one is reported, so a config with several faults is
+    told the same one every time.
     """
-    # Imported here, not at the top: these modules import torch, and `import asyncgrpo.config`
-    # (the CLI's help, the schema's users) should not pay for it.
-    from asyncgrpo.algo import (
-        ADVANTAGE_MODES,
-        AGG_MODES,
-        IS_LEVELS,
-        KL_KINDS,
-        LOSS_TYPES,
-        MODES,
-    )
-    from asyncgrpo.weights.base import BACKENDS
-    from asyncgrpo.weights.zmq import WIRE_DTYPES
-    from asyncgrpo.wire import MAX_HEADER_BYTES
+    for rule in VALIDATION_RULES:
+        rule(cfg)
 
-    def require(ok: bool, key: str, why: str, value: Any) -> None:
-        if not ok:
-            raise ConfigError(f"{key} {why} (got {value!r})")
 
-    r, t, q, learner = cfg.rollout, cfg.train, cfg.queue, cfg.learner
-    _apply_fixed_staleness(cfg, require)
+def _rollout_rules(cfg: Config) -> None:
+    """rollout.*: the group size, the generators, the sampling, restarts."""
+    r, t = cfg.rollout, cfg.train
     require(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", "must be >= 2: GRPO compares samples of a prompt", r.samples_per_prompt)
     require(1 <= r.num_generators <= t.groups_per_step, "rollout.num_generators",
             f"must be between 1 and train.groups_per_step={t.groups_per_step}", r.num_generators)
@@ -311,6 +306,11 @@ def validate(cfg: Config) -> None:
     require(r.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", r.groups_per_call)
     require(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0 (0 = a dead generator fails the run)",
             r.max_restarts)
+
+
+def _train_rules(cfg: Config) -> None:
+    """train.*: the driver loop's steps and staleness bound, and a queue that holds a step."""
+    t, q = cfg.train, cfg.queue
     require(t.max_staleness >= 0, "train.max_staleness", "must be >= 0", t.max_staleness)
     require(t.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", t.groups_per_step)
     require(t.max_steps >= 1, "train.max_steps", "must be >= 1", t.max_steps)
@@ -318,6 +318,11 @@ def validate(cfg: Config) -> None:
     require(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0", t.max_train_minutes)
     require(t.stale_policy in STALE_POLICIES, "train.stale_policy", _one_of(STALE_POLICIES), t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
+
+
+def _generator_cpu_rules(cfg: Config) -> None:
+    """rollout.num_cpus_per_generator on CPU: enough Ray CPUs for the cores a generator is pinned to."""
+    r = cfg.rollout
     if cfg.device != "cuda" and r.cpu_cores not in ("auto", ""):
         # vLLM on CPU runs one attention thread per core its process is pinned to, while Ray sets the
         # actor's OMP_NUM_THREADS from its CPUs; vLLM stops when they differ ("thread_num (1 vs. 2)").
@@ -328,6 +333,11 @@ def validate(cfg: Config) -> None:
         require(r.num_cpus_per_generator >= widest, "rollout.num_cpus_per_generator",
                 f"must be >= {widest} on CPU: rollout.cpu_cores={r.cpu_cores!r} pins a generator to {widest} cores "
                 "and vLLM's CPU attention needs a Ray CPU per pinned core", r.num_cpus_per_generator)
+
+
+def _learner_rules(cfg: Config) -> None:
+    """learner.*: the ranks, the precision the device allows, where the KL reference lives."""
+    learner = cfg.learner
     require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
     require(learner.mixed_precision in MIXED_PRECISIONS, "learner.mixed_precision", _one_of(MIXED_PRECISIONS),
             learner.mixed_precision)
@@ -335,6 +345,11 @@ def validate(cfg: Config) -> None:
             "bf16 needs a GPU (device=cuda or auto on a GPU machine)", learner.mixed_precision)
     require(cfg.algo.kl.reference_on in REFERENCE_PLACEMENTS, "algo.kl.reference_on", _one_of(REFERENCE_PLACEMENTS),
             cfg.algo.kl.reference_on)
+
+
+def _checkpoint_rules(cfg: Config) -> None:
+    """train.save_every_steps and its neighbours, and resume: what a run saves and continues from."""
+    t = cfg.train
     require(t.save_every_steps >= 0, "train.save_every_steps", "must be >= 0 (0 = never)", t.save_every_steps)
     require(t.keep_checkpoints >= 0, "train.keep_checkpoints", "must be >= 0 (0 = all)", t.keep_checkpoints)
     # Finite: it travels to the generators in a SaveNotice, whose decoder refuses infinity.
@@ -343,11 +358,27 @@ def validate(cfg: Config) -> None:
     # `auto` is resolved at start (it may find nothing); a path must be there now (./auto for a directory so named).
     require(not cfg.resume or cfg.resume == RESUME_AUTO or Path(cfg.resume).expanduser().is_dir(), "resume",
             f"must be {RESUME_AUTO}, a checkpoint directory or a run directory", cfg.resume)
+
+
+def _optimizer_rules(cfg: Config) -> None:
+    """learner.*: the learning rate, its schedule, the micro-batches."""
+    learner = cfg.learner
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
     require(learner.lr_schedule in LR_SCHEDULES, "learner.lr_schedule", _one_of(LR_SCHEDULES), learner.lr_schedule)
     require(0 <= learner.min_lr_ratio <= 1, "learner.min_lr_ratio", "must be in [0, 1]", learner.min_lr_ratio)
     require(learner.micro_batch_tokens >= 0, "learner.micro_batch_tokens", "must be >= 0", learner.micro_batch_tokens)
+
+
+def _weights_rules(cfg: Config) -> None:
+    """weights.*: the push backend, its cadence against the staleness bound, chunks that fit a
+    wire message; and rollout.inflight_chunk_tokens, the in-flight loading of those pushes."""
+    # Imported here, not at the top: these modules import torch, and `import asyncgrpo.config`
+    # (the CLI's help, the schema's users) should not pay for it.
+    from asyncgrpo.weights.base import BACKENDS
+    from asyncgrpo.weights.zmq import WIRE_DTYPES
+    from asyncgrpo.wire import MAX_HEADER_BYTES
+
     require(cfg.weights.backend in BACKENDS, "weights.backend", _one_of(BACKENDS), cfg.weights.backend)
     require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
             cfg.rollout.inflight_chunk_tokens)
@@ -365,6 +396,10 @@ def validate(cfg: Config) -> None:
             f"plus a message header ({MAX_HEADER_BYTES} bytes) must fit wire.max_message_bytes="
             f"{cfg.wire.max_message_bytes}: lower weights.chunk_bytes or raise wire.max_message_bytes",
             cfg.weights.chunk_bytes)
+
+
+def _wire_rules(cfg: Config) -> None:
+    """wire.timeout_s, and wire.record_*: the recording of the stream the learner consumes."""
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
     require(cfg.wire.record_fsync_every_steps >= 1, "wire.record_fsync_every_steps", "must be >= 1",
             cfg.wire.record_fsync_every_steps)
@@ -373,9 +408,19 @@ def validate(cfg: Config) -> None:
     require(not cfg.wire.record_dir or bool(cfg.resume) or not recording_exists(cfg.wire.record_dir),
             "wire.record_dir", "already holds a recording: choose another directory (only a resumed run continues one)",
             cfg.wire.record_dir)
+
+
+def _end_of_run_rules(cfg: Config) -> None:
+    """train.probe_tolerance and train.max_lost_fraction: what the end of a run checks and warns about."""
+    t = cfg.train
     require(t.probe_tolerance > 0, "train.probe_tolerance", "must be > 0", t.probe_tolerance)
     require(0 <= t.max_lost_fraction <= 1, "train.max_lost_fraction", "must be in [0, 1] (1 = never warn)",
             t.max_lost_fraction)
+
+
+def _wire_security_rules(cfg: Config) -> None:
+    """wire.curve and wire.transport: no unauthenticated TCP socket unless asked for, ipc only on
+    one node."""
     require(cfg.wire.curve in CURVE_MODES, "wire.curve", _one_of(CURVE_MODES), cfg.wire.curve)
     require(cfg.wire.transport in TRANSPORTS, "wire.transport", _one_of(TRANSPORTS), cfg.wire.transport)
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
@@ -386,7 +431,20 @@ def validate(cfg: Config) -> None:
             f"is off but wire.transport={cfg.wire.transport}{spanning} binds tcp on wire.host={cfg.wire.host!r}, open to "
             "any process that reaches it: set wire.curve=auto, or wire.insecure=true to allow unauthenticated TCP sockets",
             cfg.wire.curve)
-    _validate_placement(cfg, require)
+
+
+def _algo_rules(cfg: Config) -> None:
+    """algo.*: the advantage, the loss and its clipping, the IS correction, the KL term."""
+    # Imported here, not at the top: asyncgrpo.algo imports torch.
+    from asyncgrpo.algo import (
+        ADVANTAGE_MODES,
+        AGG_MODES,
+        IS_LEVELS,
+        KL_KINDS,
+        LOSS_TYPES,
+        MODES,
+    )
+
     require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", _one_of(ADVANTAGE_MODES), cfg.algo.advantage)
     require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", _one_of(LOSS_TYPES), cfg.algo.loss_type)
     require(cfg.algo.mode in MODES, "algo.mode", _one_of(MODES), cfg.algo.mode)
@@ -399,15 +457,9 @@ def validate(cfg: Config) -> None:
             f"must be null or one of {', '.join(IS_LEVELS)}", cfg.algo.correction.is_level)
     require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", _one_of(KL_KINDS), cfg.algo.kl.kind)
     require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
-    _validate_task_data_reward(cfg, require)
-    require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
-    require(cfg.device in DEVICES, "device", _one_of(DEVICES), cfg.device)
-    require(cfg.log.wandb_mode in WANDB_MODES, "log.wandb_mode", _one_of(WANDB_MODES), cfg.log.wandb_mode)
-    require(cfg.log.samples_every_steps >= 0, "log.samples_every_steps", "must be >= 0 (0 = off)", cfg.log.samples_every_steps)
-    require(cfg.log.samples_per_log >= 1, "log.samples_per_log", "must be >= 1", cfg.log.samples_per_log)
 
 
-def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
+def _fixed_staleness_rules(cfg: Config) -> None:
     """`train.fixed_staleness=k` (docs/ALGORITHMS.md, Fixed staleness): the throttle at
     max_staleness = k (the dispatcher's two bounds, asyncgrpo/queue/dispatch.py), plus the learner publishing at version v the weights of version v - k, gives every group of
     step u >= k exactly the weights of version u - k. So it sets train.max_staleness to k, and
@@ -429,9 +481,10 @@ def _apply_fixed_staleness(cfg: Config, require: Any) -> None:
             cfg.rollout.inflight_updates)
 
 
-def _validate_placement(cfg: Config, require: Any) -> None:
-    """The static half: the names and the address. Whether the cluster has the named resources is
-    known only once Ray is up (`placement.check_node_resources`)."""
+def _placement_rules(cfg: Config) -> None:
+    """*.node_resource, ray.address, rollout.engine_pool: the static half of placement, the names and the
+    address. Whether the cluster has the named resources is known only once Ray is up
+    (`placement.check_node_resources`)."""
     for key, name in (("learner.node_resource", cfg.learner.node_resource),
                       ("rollout.node_resource", cfg.rollout.node_resource)):
         require(not name or is_custom_resource(name), key,
@@ -453,8 +506,9 @@ def _validate_placement(cfg: Config, require: Any) -> None:
             "next's): use shm or zmq", pool)
 
 
-def _validate_task_data_reward(cfg: Config, require: Any) -> None:
-    task, data, reward = cfg.task, cfg.data, cfg.reward
+def _task_rules(cfg: Config) -> None:
+    """task.*: a known task, its parameters, the prompt files or model it needs; and eval.every_steps."""
+    task, data = cfg.task, cfg.data
     require(task.name in TASK_NAMES, "task.name", _one_of(TASK_NAMES), task.name)
     require(task.eval_size >= 1, "task.eval_size", "must be >= 1", task.eval_size)
     require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0: at the start and the end only)",
@@ -470,9 +524,19 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
             f"must name a Hugging Face model directory for task.name={task.name}: the embedded tiny model has a "
             f"{cfg.model.max_positions}-token context and a character vocabulary, so every {task.name} prompt would be "
             "filtered as too long", cfg.model.path)
+
+
+def _data_rules(cfg: Config) -> None:
+    """data.*: the prompt template and the limits on prompts and epochs."""
+    data = cfg.data
     require("{prompt}" in data.prompt_template, "data.prompt_template", "must contain {prompt}", data.prompt_template)
     require(data.max_prompt_tokens >= 0, "data.max_prompt_tokens", "must be >= 0 (0 = the context)", data.max_prompt_tokens)
     require(data.epochs >= 0, "data.epochs", "must be >= 0 (0 = endless)", data.epochs)
+
+
+def _reward_rules(cfg: Config) -> None:
+    """reward.*: the error policy and its limits, and terms with distinct names, known kinds and their functions."""
+    reward = cfg.reward
     require(reward.on_error in ON_ERROR_POLICIES, "reward.on_error", _one_of(ON_ERROR_POLICIES), reward.on_error)
     require(reward.timeout_s > 0, "reward.timeout_s", "must be > 0", reward.timeout_s)
     require(0 <= reward.max_error_rate <= 1, "reward.max_error_rate", "must be in [0, 1] (1 = never stop)",
@@ -494,19 +558,45 @@ def _validate_task_data_reward(cfg: Config, require: Any) -> None:
     kinds = [term.kind or term.name for term in reward.terms]
     require(not reward.fn or not reward.terms or "fn" in kinds, "reward.fn",
             "is set but no reward.terms entry has kind fn (with reward.terms set, add {name: fn} to use it)", reward.fn)
-    if "judge" in kinds:
-        judge = reward.judge
-        require(judge.base_url.startswith(("http://", "https://")), "reward.judge.base_url", "must be an http(s) URL", judge.base_url)
-        insecure = key_transport_error(judge.base_url, judge.api_key_env)
-        require(insecure is None, "reward.judge.base_url", insecure or "", judge.base_url)
-        require(judge.concurrency >= 1, "reward.judge.concurrency", "must be >= 1", judge.concurrency)
-        require(judge.timeout_s > 0, "reward.judge.timeout_s", "must be > 0", judge.timeout_s)
-        require(judge.retries >= 0, "reward.judge.retries", "must be >= 0", judge.retries)
-        require(judge.backoff_s >= 0, "reward.judge.backoff_s", "must be >= 0", judge.backoff_s)
-        require(judge.max_score > 0, "reward.judge.max_score", "must be > 0", judge.max_score)
-        require(judge.parser in JUDGE_PARSERS or judge.parser.startswith(REGEX_PARSER_PREFIX), "reward.judge.parser",
-                f"must be one of {', '.join(JUDGE_PARSERS)} or {REGEX_PARSER_PREFIX}<pattern>", judge.parser)
 
+
+def _judge_rules(cfg: Config) -> None:
+    """reward.judge.*, when a reward term is the LLM judge: a URL the API key may travel to, limits, a parser."""
+    if "judge" not in [term.kind or term.name for term in cfg.reward.terms]:
+        return
+    judge = cfg.reward.judge
+    require(judge.base_url.startswith(("http://", "https://")), "reward.judge.base_url", "must be an http(s) URL", judge.base_url)
+    insecure = key_transport_error(judge.base_url, judge.api_key_env)
+    require(insecure is None, "reward.judge.base_url", insecure or "", judge.base_url)
+    require(judge.concurrency >= 1, "reward.judge.concurrency", "must be >= 1", judge.concurrency)
+    require(judge.timeout_s > 0, "reward.judge.timeout_s", "must be > 0", judge.timeout_s)
+    require(judge.retries >= 0, "reward.judge.retries", "must be >= 0", judge.retries)
+    require(judge.backoff_s >= 0, "reward.judge.backoff_s", "must be >= 0", judge.backoff_s)
+    require(judge.max_score > 0, "reward.judge.max_score", "must be > 0", judge.max_score)
+    require(judge.parser in JUDGE_PARSERS or judge.parser.startswith(REGEX_PARSER_PREFIX), "reward.judge.parser",
+            f"must be one of {', '.join(JUDGE_PARSERS)} or {REGEX_PARSER_PREFIX}<pattern>", judge.parser)
+
+
+def _run_rules(cfg: Config) -> None:
+    """seed and device."""
+    require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
+    require(cfg.device in DEVICES, "device", _one_of(DEVICES), cfg.device)
+
+
+def _log_rules(cfg: Config) -> None:
+    """log.*: the W&B mode and the sample table."""
+    require(cfg.log.wandb_mode in WANDB_MODES, "log.wandb_mode", _one_of(WANDB_MODES), cfg.log.wandb_mode)
+    require(cfg.log.samples_every_steps >= 0, "log.samples_every_steps", "must be >= 0 (0 = off)", cfg.log.samples_every_steps)
+    require(cfg.log.samples_per_log >= 1, "log.samples_per_log", "must be >= 1", cfg.log.samples_per_log)
+
+
+# The order of the checks: the first broken rule is the one reported. _fixed_staleness_rules runs
+# first because it sets train.max_staleness, which later rules read.
+VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
+    _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
+    _optimizer_rules, _weights_rules, _wire_rules, _end_of_run_rules, _wire_security_rules, _placement_rules,
+    _algo_rules, _task_rules, _data_rules, _reward_rules, _judge_rules, _run_rules, _log_rules,
+)
 
 
 def recording_exists(record_dir: str) -> bool:

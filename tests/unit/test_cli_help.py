@@ -69,3 +69,8 @@ def test_bad_data_is_reported_in_one_line_not_a_traceback(capsys, monkeypatch, t
 def test_help_lists_the_presets(capsys):
     text = help_text(capsys, ["train", "--help"])
     assert "presets (--config-name NAME" in text and "gsm8k_qwen05b_1gpu" in text
+
+
+def test_every_subcommand_has_a_handler_and_every_handler_a_subcommand():
+    subcommands = next(action for action in cli.build_parser()._actions if action.dest == "command")
+    assert list(subcommands.choices) == list(cli.COMMANDS)

@@ -208,3 +208,35 @@ def test_a_removed_dispatch_key_in_a_preset_is_one_line_saying_tickets_is_the_on
     message = str(err.value)
     assert "\n" not in message and message.startswith("rollout.dispatch was removed") \
         and "tickets is the only dispatch" in message
+
+
+def _functions_calling_require() -> set[str]:
+    """The module-level functions of asyncgrpo/config.py that check something themselves."""
+    import ast
+    import inspect
+
+    from asyncgrpo import config
+
+    tree = ast.parse(inspect.getsource(config))
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+            and any(isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "require"
+                    for call in ast.walk(node))}
+
+
+def test_every_validation_rule_is_a_documented_function_in_the_list_and_validate_runs_each_in_order(monkeypatch):
+    import inspect
+
+    from asyncgrpo import config
+
+    listed = [rule.__name__ for rule in config.VALIDATION_RULES]
+    assert len(listed) == len(set(listed)), listed
+    for rule in config.VALIDATION_RULES:
+        assert inspect.isfunction(rule) and getattr(config, rule.__name__, None) is rule, rule
+        assert (rule.__doc__ or "").strip(), f"{rule.__name__} has no docstring"
+    # A rule written but left out of the list would never run.
+    assert _functions_calling_require() == set(listed)
+    ran = []
+    monkeypatch.setattr(config, "VALIDATION_RULES",
+                        tuple(lambda cfg, name=name: ran.append(name) for name in listed))
+    config.validate(Config())
+    assert ran == listed
