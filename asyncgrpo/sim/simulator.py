@@ -30,20 +30,16 @@ from typing import Any, Union
 
 import yaml
 
-from asyncgrpo.queue.dispatch import Dispatcher, engine_lag_bound
-
-# The real run's choice lists and formulas, mirrored here because their modules import torch or
-# ZeroMQ; tests/unit/test_simulate.py checks them against asyncgrpo.queue.replay_queue and asyncgrpo.config.
-STALE_POLICIES = ("throttle", "drop", "both")
-THROTTLING_STALE_POLICIES = ("throttle", "both")
-DROPPING_STALE_POLICIES = ("drop", "both")
-
-
-def even_split(num_generators: int, groups_per_step: int) -> list[int]:
-    """A step's groups divided among generators as evenly as possible (config.groups_per_generator):
-    with rollout.groups_per_call=0 a generator's call asks for its part of a step."""
-    return [groups_per_step // num_generators + (1 if i < groups_per_step % num_generators else 0)
-            for i in range(num_generators)]
+from asyncgrpo.contract import (
+    DROPPING_STALE_POLICIES,
+    THROTTLING_STALE_POLICIES,
+    check_staleness_settings,
+    engine_lag_bound,
+    even_split,
+    trainable,
+)
+from asyncgrpo.queue.dispatch import Dispatcher
+from asyncgrpo.schema import WeightsConfig
 
 
 class SimulationError(ValueError):
@@ -90,7 +86,7 @@ class Settings:
     generator_speeds: str = ""
     # weights.max_backlog_versions: the learner waits only for an engine this far behind (and at
     # least max_staleness + 1).
-    max_backlog_versions: int = 4
+    max_backlog_versions: int = WeightsConfig.max_backlog_versions
     # Processors every actor's busy phases share (processor sharing, docs/SIMULATOR.md); 0: each
     # actor has its own hardware, as a GPU cluster. A CPU machine's cores: the calibration is first
     # freed of the contention its own run had (Calibration.uncontended).
@@ -135,15 +131,12 @@ class Settings:
         require(1 <= self.num_generators <= self.groups_per_step, "rollout.num_generators",
                 f"must be between 1 and train.groups_per_step={self.groups_per_step}", self.num_generators)
         require(self.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", self.groups_per_step)
-        require(self.max_staleness >= 0, "train.max_staleness", "must be >= 0", self.max_staleness)
-        require(self.stale_policy in STALE_POLICIES, "train.stale_policy", f"must be one of {STALE_POLICIES}",
-                self.stale_policy)
+        check_staleness_settings(require, self.max_staleness, self.stale_policy, self.push_every_steps,
+                                 self.max_backlog_versions)
         require(self.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", self.groups_per_call)
         require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
         require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",
                 f"must hold at least one step (train.groups_per_step={self.groups_per_step})", self.capacity_groups)
-        require(1 <= self.push_every_steps <= self.max_staleness + 1, "weights.push_every_steps",
-                f"must be between 1 and train.max_staleness + 1 = {self.max_staleness + 1}", self.push_every_steps)
         require(self.steps >= 1, "sim.steps", "must be >= 1", self.steps)
         require(self.warmup_steps >= 0, "sim.warmup_steps", "must be >= 0", self.warmup_steps)
         require(0 < self.scaling_efficiency <= 1, "sim.scaling_efficiency", "must be in (0, 1]",
@@ -155,8 +148,6 @@ class Settings:
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
         require(self.cores >= 0, "sim.cores", "must be >= 0 (0: every actor has processors of its own)", self.cores)
-        require(self.max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1",
-                self.max_backlog_versions)
         self.speeds()
 
 
@@ -935,7 +926,7 @@ class Model:
         # A take that comes up short still drops what is too stale (queue/replay_queue.py); the oldest queued
         # version says whether anything is, without walking the queue.
         if (self.s.drops_stale and self.queued_per_version
-                and self.version - min(self.queued_per_version) > self.s.max_staleness):
+                and not trainable(min(self.queued_per_version), self.version, self.s.max_staleness)):
             fresh: deque[SimGroup] = deque()
             stale: list[SimGroup] = []
             for group in self.queue:
@@ -948,7 +939,7 @@ class Model:
         return self.dispatcher.ready()
 
     def too_stale(self, group: SimGroup) -> bool:
-        return self.version - group.version > self.s.max_staleness
+        return not trainable(group.version, self.version, self.s.max_staleness)
 
     def take(self) -> list[SimGroup]:
         """The next step's slots, in slot order."""

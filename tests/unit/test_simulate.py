@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.sim import simulator as sim
 from asyncgrpo.cli import main
+from asyncgrpo.contract import STALE_POLICIES
 from asyncgrpo.sim.simulator import (
     Calibration,
     GeneratorTimes,
@@ -180,7 +180,7 @@ def random_run(draw: st.DrawFn) -> tuple[Calibration, Settings]:
     num_generators = draw(st.integers(1, 5))
     groups_per_step = draw(st.integers(num_generators, 12))
     max_staleness = draw(st.integers(0, 4))
-    stale_policy = draw(st.sampled_from(sim.STALE_POLICIES))
+    stale_policy = draw(st.sampled_from(STALE_POLICIES))
     push_every_steps = draw(st.integers(1, max_staleness + 1))
     settings = Settings(
         num_generators=num_generators, groups_per_step=groups_per_step, samples_per_prompt=2,
@@ -213,21 +213,6 @@ def test_no_simulated_group_is_ever_trained_beyond_max_staleness(run):
     assert sum(result.staleness_histogram.values()) == s.steps * s.groups_per_step
     assert 0.0 <= result.learner_idle_frac <= 1.0 + 1e-9
     assert all(0.0 <= f <= 1.0 + 1e-9 for f in result.generator_idle_fracs)
-
-
-def test_the_mirrored_formulas_and_choices_are_the_real_ones():
-    from asyncgrpo.queue import replay_queue as replay
-    from asyncgrpo.config import groups_per_generator as real_split
-    from asyncgrpo.config import load
-
-    assert sim.STALE_POLICIES == replay.STALE_POLICIES
-    assert sim.THROTTLING_STALE_POLICIES == replay.THROTTLING_STALE_POLICIES
-    assert sim.DROPPING_STALE_POLICIES == replay.DROPPING_STALE_POLICIES
-    for n, total in [(1, 16), (3, 16), (5, 7), (7, 7)]:
-        cfg = load([f"rollout.num_generators={n}", f"train.groups_per_step={total}",
-                    f"queue.capacity_groups={3 * total}"])
-        assert sim.even_split(n, total) == real_split(cfg)
-    assert sim.Settings.max_backlog_versions == load([]).weights.max_backlog_versions
 
 
 def test_importing_the_simulator_loads_neither_torch_nor_zmq():
