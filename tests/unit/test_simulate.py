@@ -1,4 +1,4 @@
-"""`asyncgrpo simulate` (asyncgrpo/sim/simulator.py): the event model against hand-computed answers with
+"""`asyncgrpo simulate` (asyncgrpo/sim/): the event model against hand-computed answers with
 constant times, the staleness bound over random settings, calibration from a fabricated run
 directory, and the command's one-line errors."""
 
@@ -16,15 +16,9 @@ from hypothesis import strategies as st
 
 from asyncgrpo.cli import main
 from asyncgrpo.contract import STALE_POLICIES
-from asyncgrpo.sim.simulator import (
-    Calibration,
-    GeneratorTimes,
-    Measured,
-    Settings,
-    SimulationError,
-    apply_overrides,
-    simulate,
-)
+from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, Measured
+from asyncgrpo.sim.model import simulate
+from asyncgrpo.sim.settings import Settings, SimulationError, apply_overrides
 
 NO_MEASUREMENT = Measured(samples_per_s=0.0, steady_samples_per_s=0.0, learner_idle_frac=0.0, generator_idle_frac=0.0,
                           staleness_mean=0.0, staleness_histogram={})
@@ -216,7 +210,8 @@ def test_no_simulated_group_is_ever_trained_beyond_max_staleness(run):
 
 
 def test_importing_the_simulator_loads_neither_torch_nor_zmq():
-    code = "import sys, asyncgrpo.sim.simulator; print(sorted(m for m in ('torch', 'zmq') if m in sys.modules))"
+    code = ("import sys, asyncgrpo.sim.report, asyncgrpo.sim.events; "
+            "print(sorted(m for m in ('torch', 'zmq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
