@@ -435,13 +435,14 @@ def _export(checkpoint: str, outdir: str) -> int:
 
 
 def _simulate_keys() -> list[str]:
-    from asyncgrpo.sim.simulator import OVERRIDE_KEYS
+    from asyncgrpo.sim.settings import OVERRIDE_KEYS
 
     return list(OVERRIDE_KEYS)
 
 
 def _simulate(run_dir: str, overrides: list[str]) -> int:
-    from asyncgrpo.sim.simulator import SimulationError, run_command
+    from asyncgrpo.sim.report import run_command
+    from asyncgrpo.sim.settings import SimulationError
 
     try:
         print(run_command(run_dir, overrides))

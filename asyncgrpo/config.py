@@ -19,7 +19,7 @@ from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
 from asyncgrpo.runtime.placement import is_custom_resource, spans_nodes, wire_transport
-from asyncgrpo.queue.replay_queue import STALE_POLICIES, THROTTLING_STALE_POLICIES
+from asyncgrpo.contract import check_fixed_staleness, check_staleness_settings, even_split
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.learner.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
@@ -311,12 +311,12 @@ def _rollout_rules(cfg: Config) -> None:
 def _train_rules(cfg: Config) -> None:
     """train.*: the driver loop's steps and staleness bound, and a queue that holds a step."""
     t, q = cfg.train, cfg.queue
-    require(t.max_staleness >= 0, "train.max_staleness", "must be >= 0", t.max_staleness)
+    check_staleness_settings(require, t.max_staleness, t.stale_policy, cfg.weights.push_every_steps,
+                             cfg.weights.max_backlog_versions)
     require(t.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", t.groups_per_step)
     require(t.max_steps >= 1, "train.max_steps", "must be >= 1", t.max_steps)
     require(t.steps_per_call >= 1, "train.steps_per_call", "must be >= 1", t.steps_per_call)
     require(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0", t.max_train_minutes)
-    require(t.stale_policy in STALE_POLICIES, "train.stale_policy", _one_of(STALE_POLICIES), t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
 
 
@@ -382,13 +382,6 @@ def _weights_rules(cfg: Config) -> None:
     require(cfg.weights.backend in BACKENDS, "weights.backend", _one_of(BACKENDS), cfg.weights.backend)
     require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
             cfg.rollout.inflight_chunk_tokens)
-    require(cfg.weights.push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", cfg.weights.push_every_steps)
-    require(cfg.weights.max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1",
-            cfg.weights.max_backlog_versions)
-    # Generators only ever hold pushed versions (multiples of k): with k > max_staleness + 1 the
-    # throttle and the acknowledgement bound would wait for a version that is never pushed.
-    require(cfg.weights.push_every_steps <= cfg.train.max_staleness + 1, "weights.push_every_steps",
-            f"must be <= train.max_staleness + 1 = {cfg.train.max_staleness + 1}", cfg.weights.push_every_steps)
     require(cfg.weights.wire_dtype in WIRE_DTYPES, "weights.wire_dtype", _one_of(WIRE_DTYPES), cfg.weights.wire_dtype)
     require(cfg.weights.chunk_bytes >= 1024, "weights.chunk_bytes", "must be >= 1024", cfg.weights.chunk_bytes)
     # Any tensor is split into chunks, so a push of any size fits once one chunk and its header do.
@@ -461,24 +454,14 @@ def _algo_rules(cfg: Config) -> None:
 
 def _fixed_staleness_rules(cfg: Config) -> None:
     """`train.fixed_staleness=k` (docs/ALGORITHMS.md, Fixed staleness): the throttle at
-    max_staleness = k (the dispatcher's two bounds, asyncgrpo/queue/dispatch.py), plus the learner publishing at version v the weights of version v - k, gives every group of
+    max_staleness = k (the two admission bounds, asyncgrpo/contract.py), plus the learner publishing at version v the weights of version v - k, gives every group of
     step u >= k exactly the weights of version u - k. So it sets train.max_staleness to k, and
     refuses what would break the argument."""
     t = cfg.train
-    require(t.fixed_staleness >= -1, "train.fixed_staleness", "must be -1 (off) or >= 0", t.fixed_staleness)
-    if t.fixed_staleness < 0:
-        return
-    t.max_staleness = t.fixed_staleness
-    why = f"with train.fixed_staleness={t.fixed_staleness}"
-    require(t.stale_policy in THROTTLING_STALE_POLICIES, "train.stale_policy",
-            f"must throttle ({', '.join(THROTTLING_STALE_POLICIES)}) {why}: without it a generator runs ahead of the "
-            "weights it holds and the staleness is whatever the drop leaves", t.stale_policy)
-    # The published version would lag by up to push_every_steps - 1 more than k.
-    require(cfg.weights.push_every_steps == 1, "weights.push_every_steps", f"must be 1 {why}",
-            cfg.weights.push_every_steps)
-    # Weights loaded mid-generation would make a completion's later tokens fresher than k.
-    require(not cfg.rollout.inflight_updates, "rollout.inflight_updates", f"must be false {why}",
-            cfg.rollout.inflight_updates)
+    check_fixed_staleness(require, t.fixed_staleness, t.stale_policy, cfg.weights.push_every_steps,
+                          cfg.rollout.inflight_updates)
+    if t.fixed_staleness >= 0:
+        t.max_staleness = t.fixed_staleness
 
 
 def _placement_rules(cfg: Config) -> None:
@@ -616,8 +599,7 @@ def use_curve(cfg: Config) -> bool:
 def groups_per_generator(cfg: Config) -> list[int]:
     """A step's groups spread over the generators as evenly as possible: with
     rollout.groups_per_call=0, how many tickets each asks for at once (the prompts of a vLLM call)."""
-    n, total = cfg.rollout.num_generators, cfg.train.groups_per_step
-    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+    return even_split(cfg.rollout.num_generators, cfg.train.groups_per_step)
 
 
 

@@ -28,7 +28,9 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from asyncgrpo.sim.simulator import Calibration, Settings, SimulationError, simulate
+from asyncgrpo.sim.calibration import Calibration
+from asyncgrpo.sim.model import simulate
+from asyncgrpo.sim.settings import Settings, SimulationError
 
 
 def samples_per_s(calibration: Calibration, settings: Settings, seeds: int) -> list[float]:

@@ -3,7 +3,7 @@
     .venv/bin/python tools/predict_cluster.py RUN_DIR
     .venv/bin/python tools/predict_cluster.py RUN_DIR --generators 8,64,256 --etas 0,2 --exponents 0.5
 
-RUN_DIR is a finished run (`asyncgrpo train`) the simulator is calibrated from (asyncgrpo/sim/simulator.py,
+RUN_DIR is a finished run (`asyncgrpo train`) the simulator is calibrated from (asyncgrpo/sim/,
 docs/SIMULATOR.md). What it contributes is the shape of the loop (the generator's and learner's
 phases, the throttle, the queue, the push) and the spread of the learner's step times; the sizes of
 the phases are replaced by a 7B step anatomy:
@@ -62,14 +62,9 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from asyncgrpo.sim.simulator import (
-    Calibration,
-    Result,
-    Settings,
-    SimulationError,
-    _rounded,
-    simulate,
-)
+from asyncgrpo.sim.calibration import Calibration
+from asyncgrpo.sim.model import Result, _rounded, simulate
+from asyncgrpo.sim.settings import Settings, SimulationError
 
 
 @dataclass(frozen=True)

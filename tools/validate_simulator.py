@@ -47,7 +47,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.sim.simulator import Calibration, Measured, Result, SimulationError, simulate
+from asyncgrpo.sim.calibration import Calibration, Measured
+from asyncgrpo.sim.model import Result, simulate
+from asyncgrpo.sim.settings import SimulationError
 
 TOLERANCE = 0.15  # the bar: predicted samples/s within 15% of measured
 COLUMNS = ("cross", "same_generators", "own")

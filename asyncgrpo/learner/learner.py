@@ -20,7 +20,7 @@ import numpy as np
 import torch.distributed as dist
 
 from asyncgrpo.learner import resume
-from asyncgrpo.queue.dispatch import engine_lag_bound
+from asyncgrpo.contract import engine_lag_bound
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.metrics import batch_metrics, rate_metrics

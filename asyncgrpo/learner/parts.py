@@ -18,9 +18,8 @@ from asyncgrpo.learner.policy import Policy
 from asyncgrpo.runtime.placement import wire_transport
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.contract import DROPPING_STALE_POLICIES, THROTTLING_STALE_POLICIES
 from asyncgrpo.queue.replay_queue import (
-    DROPPING_STALE_POLICIES,
-    THROTTLING_STALE_POLICIES,
     GroupLimits,
     ReplayQueue,
     StalenessEviction,

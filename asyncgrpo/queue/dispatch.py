@@ -6,16 +6,16 @@ rollout/tickets.py, and the simulator runs the same code.
 A ticket is a slot and a prompt. Slots number the groups in training order: the learner at
 version u trains exactly slots u*G .. u*G + G - 1 (G = train.groups_per_step), whoever generated
 them, in whatever order they arrived. A generator asks for tickets with the version w of the
-weights in its engine; under a throttling stale policy it is granted slot s only if
-s < (w + max_staleness + 1) * G, so the slot is trained at s // G <= w + max_staleness: every
-group within the bound, for any number of generators at any relative speeds. A faster generator
-simply asks more often and gets more slots.
+weights in its engine; under a throttling stale policy it is granted only slots within the
+admission bound of asyncgrpo/contract.py (slot s only if s < (w + max_staleness + 1) * G), so every
+group is trained within max_staleness of the weights that sampled it, for any number of
+generators at any relative speeds. A faster generator simply asks more often and gets more slots.
 
-Under `train.fixed_staleness=k` (max_staleness = k) the lower bound is granted too: slot s only
-if s // G >= w + k, so a generator holding w fills step w + k exactly, and every step u past the
-warm-up is sampled by version u - k (the learner publishes v - k at version v, so at version v the
-engines hold <= v - k and fill step v: no deadlock). The starting weights (version first_step: the
-run's, or a resumed checkpoint's) fill steps first_step .. first_step + k.
+Under `train.fixed_staleness=k` (max_staleness = k) the contract's lower bound is granted too
+(s // G >= w + k): a generator holding w fills step w + k exactly, and every step u past the warm-up is sampled by
+version u - k (the learner publishes v - k at version v, so at version v the engines hold <= v - k
+and fill step v: no deadlock). The starting weights (version first_step: the run's, or a resumed
+checkpoint's) fill steps first_step .. first_step + k.
 
 A slot whose group will never be trained goes back to the pool and is granted again, lowest
 first (the learner waits for it): when its holder dies (`holder_down`), when its group is lost in
@@ -40,21 +40,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from asyncgrpo.contract import Ticket, admission_floor, admission_limit
+
 Holder = tuple[int, int]  # (generator id, incarnation): a restarted generator is a new holder
-
-
-def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
-    """Under tickets, how many versions a live generator's engine may lag the learner before the
-    learner waits for it (weights.max_backlog_versions): never less than max_staleness + 1, the lag
-    at which the engine stops being granted slots, so that the wait never binds an engine the
-    bound still serves."""
-    return max(max_backlog_versions, max_staleness + 1)
-
-
-@dataclass(frozen=True)
-class Ticket:
-    slot: int  # place in the training order: trained at learner version slot // groups_per_step
-    position: int  # the prompt's position in the run's prompt stream
 
 
 @dataclass
@@ -147,7 +135,7 @@ class Dispatcher:
     def slot_limit(self, loaded_version: int) -> float:
         """Slots below this may go to a generator holding `loaded_version`: the bound (under the
         throttle), and what the queue can hold from the next step on (with a capacity)."""
-        bound = (loaded_version + self.max_staleness + 1) * self.groups_per_step if self.throttle else math.inf
+        bound = admission_limit(loaded_version, self.max_staleness, self.groups_per_step) if self.throttle else math.inf
         room = self.step * self.groups_per_step + self.capacity_groups if self.capacity_groups is not None else math.inf
         end = self.end_step * self.groups_per_step if self.end_step is not None else math.inf
         return min(bound, room, end)
@@ -160,11 +148,9 @@ class Dispatcher:
         The learner's delayed publication (learner/publication.py) already keeps every engine at or
         below v - max_staleness; this bound makes exactness the dispatcher's own guarantee, so an
         engine that came by newer weights anyway is kept from sampling a step fresher than k."""
-        if not self.fixed_staleness or loaded_version == self.first_step:
+        if not self.fixed_staleness:
             return 0
-        if loaded_version < self.first_step:
-            return math.inf
-        return (loaded_version + self.max_staleness) * self.groups_per_step
+        return admission_floor(loaded_version, self.max_staleness, self.groups_per_step, self.first_step)
 
     def can_grant(self, loaded_version: int) -> bool:
         """Whether a generator holding `loaded_version` would be granted anything now."""

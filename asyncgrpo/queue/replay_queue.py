@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from asyncgrpo.contract import trainable
 from asyncgrpo.runtime import faults
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.registry import GeneratorRegistry
@@ -57,14 +58,6 @@ from asyncgrpo.wire import (
     VersionAck,
     holder_identity,
 )
-
-# train.stale_policy: throttle = no slot is granted to weights more than train.max_staleness
-# versions older than the step that trains it; drop = the queue drops groups that are too stale at
-# take time; both.
-STALE_POLICIES = ("throttle", "drop", "both")
-THROTTLING_STALE_POLICIES = ("throttle", "both")
-DROPPING_STALE_POLICIES = ("drop", "both")
-
 
 class QueueTimeout(TimeoutError):
     """`take` did not get its groups in time."""
@@ -95,7 +88,7 @@ class StalenessEviction:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
 
     def too_stale(self, group: ScoredGroup, learner_version: int) -> bool:
-        return self.drop_stale and learner_version - group.version_min > self.max_staleness
+        return self.drop_stale and not trainable(group.version_min, learner_version, self.max_staleness)
 
 
 @dataclass(frozen=True)

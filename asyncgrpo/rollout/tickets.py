@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from asyncgrpo.queue.dispatch import Ticket
+from asyncgrpo.contract import Ticket
 from asyncgrpo.rollout.sink import GroupSink
 from asyncgrpo.tasks import Problem
 from asyncgrpo.wire import Grant, GrantDealer, TicketRequest

@@ -19,7 +19,7 @@ from asyncgrpo.config import ConfigError, load
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
-from asyncgrpo.queue.replay_queue import STALE_POLICIES
+from asyncgrpo.contract import STALE_POLICIES
 from asyncgrpo.runtime.resources import DEVICES
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.queue.dispatch import Dispatcher, Ticket
+from asyncgrpo.contract import Ticket
+from asyncgrpo.queue.dispatch import Dispatcher
 
 
 @dataclass

@@ -155,7 +155,7 @@ def test_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_beh
 
 
 def test_the_engine_lag_the_learner_allows_is_never_below_what_the_bound_serves():
-    from asyncgrpo.queue.dispatch import engine_lag_bound
+    from asyncgrpo.contract import engine_lag_bound
 
     assert engine_lag_bound(max_staleness=2, max_backlog_versions=4) == 4
     assert engine_lag_bound(max_staleness=8, max_backlog_versions=4) == 9  # an engine 5-9 behind still gets slots

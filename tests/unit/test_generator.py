@@ -16,7 +16,8 @@ import pytest
 from asyncgrpo.config import load
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.queue.replay_queue import THROTTLING_STALE_POLICIES, ReplayQueue, StalenessEviction
+from asyncgrpo.contract import THROTTLING_STALE_POLICIES
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.generator import (

@@ -11,13 +11,9 @@ import pytest
 from test_simulate import NO_MEASUREMENT, fake_run
 from tool_modules import load_tool
 
-from asyncgrpo.sim.simulator import (
-    Calibration,
-    GeneratorTimes,
-    Settings,
-    SimulationError,
-    simulate,
-)
+from asyncgrpo.sim.calibration import Calibration, GeneratorTimes
+from asyncgrpo.sim.model import simulate
+from asyncgrpo.sim.settings import Settings, SimulationError
 
 pc = load_tool("predict_cluster")
 

@@ -1,4 +1,4 @@
-"""`asyncgrpo simulate` (asyncgrpo/sim/simulator.py): the event model against hand-computed answers with
+"""`asyncgrpo simulate` (asyncgrpo/sim/): the event model against hand-computed answers with
 constant times, the staleness bound over random settings, calibration from a fabricated run
 directory, and the command's one-line errors."""
 
@@ -14,17 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.sim import simulator as sim
 from asyncgrpo.cli import main
-from asyncgrpo.sim.simulator import (
-    Calibration,
-    GeneratorTimes,
-    Measured,
-    Settings,
-    SimulationError,
-    apply_overrides,
-    simulate,
-)
+from asyncgrpo.contract import STALE_POLICIES
+from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, Measured
+from asyncgrpo.sim.model import simulate
+from asyncgrpo.sim.settings import Settings, SimulationError, apply_overrides
 
 NO_MEASUREMENT = Measured(samples_per_s=0.0, steady_samples_per_s=0.0, learner_idle_frac=0.0, generator_idle_frac=0.0,
                           staleness_mean=0.0, staleness_histogram={})
@@ -180,7 +174,7 @@ def random_run(draw: st.DrawFn) -> tuple[Calibration, Settings]:
     num_generators = draw(st.integers(1, 5))
     groups_per_step = draw(st.integers(num_generators, 12))
     max_staleness = draw(st.integers(0, 4))
-    stale_policy = draw(st.sampled_from(sim.STALE_POLICIES))
+    stale_policy = draw(st.sampled_from(STALE_POLICIES))
     push_every_steps = draw(st.integers(1, max_staleness + 1))
     settings = Settings(
         num_generators=num_generators, groups_per_step=groups_per_step, samples_per_prompt=2,
@@ -215,23 +209,9 @@ def test_no_simulated_group_is_ever_trained_beyond_max_staleness(run):
     assert all(0.0 <= f <= 1.0 + 1e-9 for f in result.generator_idle_fracs)
 
 
-def test_the_mirrored_formulas_and_choices_are_the_real_ones():
-    from asyncgrpo.queue import replay_queue as replay
-    from asyncgrpo.config import groups_per_generator as real_split
-    from asyncgrpo.config import load
-
-    assert sim.STALE_POLICIES == replay.STALE_POLICIES
-    assert sim.THROTTLING_STALE_POLICIES == replay.THROTTLING_STALE_POLICIES
-    assert sim.DROPPING_STALE_POLICIES == replay.DROPPING_STALE_POLICIES
-    for n, total in [(1, 16), (3, 16), (5, 7), (7, 7)]:
-        cfg = load([f"rollout.num_generators={n}", f"train.groups_per_step={total}",
-                    f"queue.capacity_groups={3 * total}"])
-        assert sim.even_split(n, total) == real_split(cfg)
-    assert sim.Settings.max_backlog_versions == load([]).weights.max_backlog_versions
-
-
 def test_importing_the_simulator_loads_neither_torch_nor_zmq():
-    code = "import sys, asyncgrpo.sim.simulator; print(sorted(m for m in ('torch', 'zmq') if m in sys.modules))"
+    code = ("import sys, asyncgrpo.sim.report, asyncgrpo.sim.events; "
+            "print(sorted(m for m in ('torch', 'zmq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -1,4 +1,4 @@
-"""sim.cores (asyncgrpo/sim/simulator.py): busy phases sharing a machine's processors, and a calibration
+"""sim.cores (asyncgrpo/sim/events.py, asyncgrpo/sim/model.py): busy phases sharing a machine's processors, and a calibration
 freed of the contention its own run had. Hand-computed answers with constant times."""
 
 from __future__ import annotations
@@ -9,20 +9,10 @@ from pathlib import Path
 import pytest
 from test_simulate import constant_run
 
-from asyncgrpo.sim.simulator import (
-    Calibration,
-    Delay,
-    EventLoop,
-    Model,
-    Process,
-    SimulationError,
-    Work,
-    _machine_cores,
-    _shared_cores,
-    apply_overrides,
-    read_actors,
-    simulate,
-)
+from asyncgrpo.sim.calibration import Calibration, _machine_cores, _shared_cores, read_actors
+from asyncgrpo.sim.events import Delay, EventLoop, Process, Work
+from asyncgrpo.sim.model import Model, simulate, uncontended
+from asyncgrpo.sim.settings import SimulationError, apply_overrides
 
 # ------------------------------------------------------------------ the event loop
 
@@ -111,18 +101,18 @@ def test_uncontended_recovers_the_times_a_run_on_shared_cores_was_slowed_from():
     true = replace(true, generators=true.generators * 2, shared_cores=0)
     measured = contended_measurement(true, cores=2)
     assert measured.train_s[0] > 1.05 * true.train_s[0]  # the contention is there to take out
-    recovered = measured.uncontended()
+    recovered = uncontended(measured)
     assert recovered.train_s[0] == pytest.approx(true.train_s[0], rel=0.02)
     assert recovered.push_s[0] == pytest.approx(true.push_s[0], rel=0.02)
     for got, want in zip(recovered.generators, true.generators):
         assert got.generate_s == pytest.approx(want.generate_s, rel=0.02)
         assert got.score_s_per_group == pytest.approx(want.score_s_per_group, rel=0.02)
-    assert recovered.shared_cores == 0 and recovered.uncontended() == recovered  # never taken out twice
+    assert recovered.shared_cores == 0 and uncontended(recovered) == recovered  # never taken out twice
 
 
 def test_a_run_whose_actors_had_cores_of_their_own_is_its_own_uncontended_calibration():
     cal, _ = constant_run(num_generators=1)
-    assert replace(cal, shared_cores=0).uncontended() == replace(cal, shared_cores=0)
+    assert uncontended(replace(cal, shared_cores=0)) == replace(cal, shared_cores=0)
 
 
 def test_sim_cores_refuses_a_run_that_does_not_say_whether_its_actors_shared_cores():
@@ -182,7 +172,7 @@ def test_shared_cores_is_unknown_without_driver_cores_across_nodes_or_without_ac
 
 
 def test_every_simulate_key_is_documented_in_the_simulator_doc():
-    from asyncgrpo.sim.simulator import OVERRIDE_KEYS
+    from asyncgrpo.sim.settings import OVERRIDE_KEYS
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "SIMULATOR.md").read_text()
     assert [key for key in OVERRIDE_KEYS if f"`{key}`" not in doc] == []
@@ -192,7 +182,7 @@ def test_every_simulate_key_is_documented_in_the_simulator_doc():
 
 
 def test_the_report_suggests_sim_cores_when_a_cpu_runs_actors_outnumber_its_cores():
-    from asyncgrpo.sim.simulator import report
+    from asyncgrpo.sim.report import report
 
     cal, s = constant_run(num_generators=1)
     cal = replace(cal, device="cpu", machine_cores=2, shared_cores=0)

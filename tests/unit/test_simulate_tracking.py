@@ -10,7 +10,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from test_simulate import constant_run, random_run
 
-from asyncgrpo.sim.simulator import EventLoop, Model, Result, SimulationStuck
+from asyncgrpo.sim.events import EventLoop, SimulationStuck
+from asyncgrpo.sim.model import Model, Result
 
 
 def run_both(calibration, s) -> tuple[Result | str, Result | str]:

@@ -8,7 +8,8 @@ import itertools
 
 import pytest
 
-from asyncgrpo.queue.dispatch import Dispatcher, Ticket
+from asyncgrpo.contract import Ticket
+from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rollout.tickets import REPLY_TIMEOUTS_S, PositionedPrompts, TicketClient
 from asyncgrpo.tasks import ArithmeticTask

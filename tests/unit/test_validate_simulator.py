@@ -9,7 +9,8 @@ import pytest
 from test_simulate import constant_run
 from tool_modules import load_tool
 
-from asyncgrpo.sim.simulator import Measured, simulate
+from asyncgrpo.sim.calibration import Measured
+from asyncgrpo.sim.model import simulate
 
 vs = load_tool("validate_simulator")
 

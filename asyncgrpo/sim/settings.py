@@ -1,0 +1,176 @@
+"""What a simulation varies: `Settings` (the run's config keys under their own names, plus the
+sim.* knobs), the `key=value` overrides of `asyncgrpo simulate`, and the one-line errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from asyncgrpo.contract import (
+    DROPPING_STALE_POLICIES,
+    THROTTLING_STALE_POLICIES,
+    check_staleness_settings,
+    even_split,
+)
+from asyncgrpo.schema import WeightsConfig
+
+
+class SimulationError(ValueError):
+    """A bad run directory, an unknown or malformed override, or settings the real run would
+    refuse; the message is one line."""
+
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to simulate. The first group are the run's config keys (same names on the command
+    line); the sim.* knobs change the calibrated times or the simulation itself."""
+
+    num_generators: int
+    groups_per_step: int
+    samples_per_prompt: int
+    max_staleness: int
+    stale_policy: str
+    groups_per_call: int  # 0: a step's groups over the generators per call, as in the generator
+    world_size: int
+    capacity_groups: int
+    push_every_steps: int
+    steps: int  # learner steps to simulate; from a run: its own number of steps
+    seed: int = 0
+    # The first steps take longer (allocation, first-call compilation): they are replayed in order
+    # from the run and left out of the steady-state figures and of the times drawn afterwards.
+    warmup_steps: int = 1
+    # True: each step trains and pushes as long as the run's step of that number did, in order, as
+    # far as the run goes (its slow episodes included), then draws; False: draws after the warm-up.
+    # Resampling a short run's step times moves the total by their sampling error (several % here).
+    replay: bool = True
+    # Speed-up of n learner ranks over one: n x scaling_efficiency (1 for one rank).
+    scaling_efficiency: float = 1.0
+    push_latency_s: float | None = None  # None: the run's time/push_s per push
+    weight_load_s: float | None = None  # None: the run's load time per version, per generator
+    generate_scale: float = 1.0  # x every vLLM call's time (a faster or slower engine)
+    train_scale: float = 1.0  # x every step's prepare + train time
+    generate_cv: float = 0.0  # coefficient of variation of a call's time (gamma noise, mean kept)
+    call_size_exponent: float = 1.0  # a call of n groups takes (n / measured n) ** this x measured
+    # Relative speed of each generator's calls, comma-separated ("1,0.5": the second takes twice as
+    # long); "" = all 1. Models uneven generators (other hardware, a smaller core share).
+    generator_speeds: str = ""
+    # weights.max_backlog_versions: the learner waits only for an engine this far behind (and at
+    # least max_staleness + 1).
+    max_backlog_versions: int = WeightsConfig.max_backlog_versions
+    # Processors every actor's busy phases share (processor sharing, docs/SIMULATOR.md); 0: each
+    # actor has its own hardware, as a GPU cluster. A CPU machine's cores: the calibration is first
+    # freed of the contention its own run had (model.uncontended).
+    cores: int = 0
+
+    @property
+    def throttles(self) -> bool:
+        return self.stale_policy in THROTTLING_STALE_POLICIES
+
+    @property
+    def drops_stale(self) -> bool:
+        return self.stale_policy in DROPPING_STALE_POLICIES
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.groups_per_step * self.samples_per_prompt
+
+    def call_groups(self) -> list[int]:
+        """Each generator's groups per call (rollout.generator.groups_per_call)."""
+        return [self.groups_per_call or part for part in even_split(self.num_generators, self.groups_per_step)]
+
+    def speeds(self) -> list[float]:
+        """Each generator's relative speed (sim.generator_speeds)."""
+        if not self.generator_speeds.strip():
+            return [1.0] * self.num_generators
+        try:
+            values = [float(v) for v in self.generator_speeds.split(",")]
+        except ValueError:
+            raise SimulationError(f"sim.generator_speeds must be comma-separated numbers (got {self.generator_speeds!r})") \
+                from None
+        if len(values) != self.num_generators or min(values) <= 0:
+            raise SimulationError(f"sim.generator_speeds must give {self.num_generators} speeds > 0, one per generator "
+                                  f"(rollout.num_generators) (got {self.generator_speeds!r})")
+        return values
+
+    def check(self) -> None:
+        """Refuse what the real config validation (config.validate) refuses, and meaningless knobs."""
+        def require(ok: bool, key: str, why: str, value: Any) -> None:
+            if not ok:
+                raise SimulationError(f"{key} {why} (got {value!r})")
+
+        require(1 <= self.num_generators <= self.groups_per_step, "rollout.num_generators",
+                f"must be between 1 and train.groups_per_step={self.groups_per_step}", self.num_generators)
+        require(self.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", self.groups_per_step)
+        check_staleness_settings(require, self.max_staleness, self.stale_policy, self.push_every_steps,
+                                 self.max_backlog_versions)
+        require(self.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", self.groups_per_call)
+        require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
+        require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",
+                f"must hold at least one step (train.groups_per_step={self.groups_per_step})", self.capacity_groups)
+        require(self.steps >= 1, "sim.steps", "must be >= 1", self.steps)
+        require(self.warmup_steps >= 0, "sim.warmup_steps", "must be >= 0", self.warmup_steps)
+        require(0 < self.scaling_efficiency <= 1, "sim.scaling_efficiency", "must be in (0, 1]",
+                self.scaling_efficiency)
+        for key, value in (("sim.push_latency_s", self.push_latency_s), ("sim.weight_load_s", self.weight_load_s)):
+            require(value is None or value >= 0, key, "must be >= 0 (or null: the run's)", value)
+        require(self.generate_scale > 0, "sim.generate_scale", "must be > 0", self.generate_scale)
+        require(self.train_scale > 0, "sim.train_scale", "must be > 0", self.train_scale)
+        require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
+        require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
+        require(self.cores >= 0, "sim.cores", "must be >= 0 (0: every actor has processors of its own)", self.cores)
+        self.speeds()
+
+
+# Command-line key -> Settings field. The config keys keep the names `asyncgrpo train` uses.
+CONFIG_KEYS = {
+    "rollout.num_generators": "num_generators",
+    "weights.max_backlog_versions": "max_backlog_versions",
+    "rollout.groups_per_call": "groups_per_call",
+    "train.groups_per_step": "groups_per_step",
+    "train.max_staleness": "max_staleness",
+    "train.stale_policy": "stale_policy",
+    "learner.world_size": "world_size",
+    "queue.capacity_groups": "capacity_groups",
+    "weights.push_every_steps": "push_every_steps",
+}
+SIM_KEYS = {f"sim.{name}": name for name in (
+    "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",
+    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds", "cores")}
+OVERRIDE_KEYS = {**CONFIG_KEYS, **SIM_KEYS}
+
+
+def apply_overrides(settings: Settings, overrides: list[str]) -> Settings:
+    """`key=value` strings over `settings`; an unknown key or a bad value is one line."""
+    types = {f.name: f.type for f in fields(Settings)}
+    changes: dict[str, Any] = {}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep:
+            raise SimulationError(f"override {override!r} is not key=value")
+        if key not in OVERRIDE_KEYS:
+            raise SimulationError(f"unknown key {key!r}; known: {', '.join(OVERRIDE_KEYS)}")
+        name = OVERRIDE_KEYS[key]
+        kind = str(types[name])
+        try:
+            if "None" in kind and text.lower() in ("null", "none", ""):
+                changes[name] = None
+            elif kind == "bool":
+                changes[name] = {"true": True, "false": False}[text.lower()]
+            elif kind.startswith("int"):
+                changes[name] = int(text)
+            elif kind.startswith("float"):
+                changes[name] = float(text)
+            else:
+                changes[name] = text
+        except (ValueError, KeyError):
+            raise SimulationError(f"{key}={text!r} is not a {kind.split(' ')[0]}") from None
+    result = replace(settings, **changes)
+    result.check()
+    return result
+
+
+def changed_keys(base: Settings, settings: Settings) -> dict[str, tuple[Any, Any]]:
+    """Override key -> (run's value, simulated value), for each setting that differs."""
+    return {key: (getattr(base, name), getattr(settings, name)) for key, name in OVERRIDE_KEYS.items()
+            if getattr(base, name) != getattr(settings, name)}
