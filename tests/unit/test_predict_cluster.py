@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 from test_simulate import NO_MEASUREMENT, fake_run
-from tool_modules import load_tool
+from tools import predict_cluster as pc
 
 from asyncgrpo.sim.simulator import (
     Calibration,
@@ -18,8 +18,6 @@ from asyncgrpo.sim.simulator import (
     SimulationError,
     simulate,
 )
-
-pc = load_tool("predict_cluster")
 
 
 def synthetic_calibration() -> Calibration:
