@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
-from asyncgrpo.runtime.placement import is_custom_resource, spans_nodes, wire_transport
+from asyncgrpo.runtime.placement import is_custom_resource, spans_nodes
 from asyncgrpo.contract import check_fixed_staleness, check_staleness_settings, even_split
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.learner.resume import RESUME_AUTO
@@ -31,6 +31,7 @@ from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register, to_yaml 
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES  # noqa: F401 - re-exported for callers
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
+from asyncgrpo.wire.reach import wire_transport
 
 
 def _one_line(err: BaseException) -> str:
@@ -589,7 +590,7 @@ def recording_exists(record_dir: str) -> bool:
 
 
 def use_curve(cfg: Config) -> bool:
-    """Whether the learner's sockets use CURVE. auto: on over tcp (`placement.wire_transport`: also
+    """Whether the learner's sockets use CURVE. auto: on over tcp (`wire.reach.wire_transport`: also
     whenever actors may span nodes), loopback included (any local user can connect there), off over
     ipc (a socket file in a 0700 directory: only this user can).
     `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""

@@ -295,7 +295,7 @@ class WireConfig:
     insecure: bool = False
     # auto = ipc (Unix socket, about half the kernel cost of TCP loopback) when wire.host is loopback,
     # tcp otherwise, and tcp whenever actors may run on several nodes (ray.address or a
-    # node_resource set: asyncgrpo/runtime/placement.py). ipc needs every process on this node, and drops
+    # node_resource set: asyncgrpo/wire/reach.py). ipc needs every process on this node, and drops
     # what a generator sent but the learner had not read yet if that generator exits meanwhile; tcp
     # delivers it. See docs/WIRE.md.
     transport: str = "auto"  # auto | tcp | ipc

@@ -1,9 +1,9 @@
 """Async vs sync GRPO throughput: `asyncgrpo train` in several modes on one machine, each mode
 repeated, the repeats interleaved, every figure a median with its spread.
 
-    .venv/bin/python tools/bench_async.py                                     # 300 steps, etas 0,1,2,4, 3 repeats
-    .venv/bin/python tools/bench_async.py --steps 30 --etas 0,2 --repeats 1   # a smoke run
-    .venv/bin/python tools/bench_async.py --evals seed=1                      # held-out accuracy; overrides for every run
+    .venv/bin/python -m tools.bench_async                                     # 300 steps, etas 0,1,2,4, 3 repeats
+    .venv/bin/python -m tools.bench_async --steps 30 --etas 0,2 --repeats 1   # a smoke run
+    .venv/bin/python -m tools.bench_async --evals seed=1                      # held-out accuracy; overrides for every run
 
 Modes. Same model, task, batch sizes, seed and number of learner steps in every run:
 - async eta=k: train.max_staleness=k, for each k > 0 in --etas. The default max_staleness (the
@@ -405,7 +405,8 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_async", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=300, help="learner steps per run")
     parser.add_argument("--etas", type=parse_etas, default=parse_etas("0,1,2,4"),
                         help="max_staleness values; 0 = the sync modes (default: 0,1,2,4; the default "

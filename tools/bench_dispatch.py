@@ -1,9 +1,9 @@
 """Uneven generators under tickets, measured: two together against the sum of each alone.
 
-    .venv/bin/python tools/bench_dispatch.py                          # slowdown 2, 40 steps, 3 repeats
-    .venv/bin/python tools/bench_dispatch.py --slowdown 3 --steps 30 --repeats 1 --out /tmp/bd
-    .venv/bin/python tools/bench_dispatch.py --base-slowdown 4    # generators that hardly share cores
-    .venv/bin/python tools/bench_dispatch.py --pace-s 0.02        # generators on devices of their own
+    .venv/bin/python -m tools.bench_dispatch                          # slowdown 2, 40 steps, 3 repeats
+    .venv/bin/python -m tools.bench_dispatch --slowdown 3 --steps 30 --repeats 1 --out /tmp/bd
+    .venv/bin/python -m tools.bench_dispatch --base-slowdown 4    # generators that hardly share cores
+    .venv/bin/python -m tools.bench_dispatch --pace-s 0.02        # generators on devices of their own
 
 Two generators, generator 1 made `--slowdown` times slower by the failpoint generator_slowdown
 (it sleeps (f - 1) x each vLLM call's time after the call: a slower device, where this machine
@@ -55,8 +55,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_async import generator_busy_s, read_jsonl, spread  # noqa: E402
+from tools.bench_async import generator_busy_s, read_jsonl, spread
 
 MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator slowed)
     "fast alone": (["rollout.num_generators=1"], False),
@@ -161,7 +160,7 @@ def cell(s: dict[str, float] | None, fmt: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_dispatch", description=__doc__.splitlines()[0])
     parser.add_argument("--slowdown", type=float, default=2.0, help="generator 1's slowdown factor (>= 1)")
     parser.add_argument("--base-slowdown", type=float, default=1.0,
                         help="every generator's slowdown factor (>= 1), generator 1's on top of --slowdown")

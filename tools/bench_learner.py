@@ -9,7 +9,7 @@ longer completions (24 tokens, filling the model's 32-position context). Tokens 
 tokens (the ones the loss is on); "train" is forward/backward/optimizer, the rest of a step is
 collate + broadcast and the weight gather.
 
-Prints a table, then, last, one JSON line. Run: `.venv/bin/python tools/bench_learner.py`.
+Prints a table, then, last, one JSON line. Run: `.venv/bin/python -m tools.bench_learner`.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def run(world_size: int, model_dir: str, steps: int, warmup: int, overrides: lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_learner", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per shape")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--world-sizes", default="1,2")

@@ -1,9 +1,9 @@
 """asyncgrpo against TRL's GRPOTrainer, side by side in one run on one machine.
 
     pip install -e '.[peer]'                                   # TRL, pinned to the version measured
-    .venv/bin/python tools/bench_peer.py --quick               # smoke: both systems train, both are evaluated
-    .venv/bin/python tools/bench_peer.py --steps 200 --eval-every 40 --seeds 0,1,2 --lrs 1e-4,2e-4,4e-4
-    .venv/bin/python tools/bench_peer.py --report runs/bench_peer/<date-time>   # aggregate a run again
+    .venv/bin/python -m tools.bench_peer --quick               # smoke: both systems train, both are evaluated
+    .venv/bin/python -m tools.bench_peer --steps 200 --eval-every 40 --seeds 0,1,2 --lrs 1e-4,2e-4,4e-4
+    .venv/bin/python -m tools.bench_peer --report runs/bench_peer/<date-time>   # aggregate a run again
 
 Held equal between the two systems (the embedded default's values unless overridden):
 - model: asyncgrpo's warm-started tiny Qwen2 for the seed (driver.prepare.prepare_model), which TRL
@@ -634,7 +634,8 @@ def git_commit() -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_peer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps per run (x 128 samples by default)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds (each its own warm-started model and prompt order)")
     parser.add_argument("--lrs", default="1e-4,2e-4,4e-4",

@@ -1,9 +1,9 @@
 """Weight-push latency over the zmq backend: learner gather -> wire -> generator's running vLLM engine.
 
-    .venv/bin/python tools/bench_push.py                 # tiny default model and a ~100M-parameter one
-    .venv/bin/python tools/bench_push.py --sizes tiny --pushes 20
-    .venv/bin/python tools/bench_push.py --sizes qwen2.5-0.5b --pushes 5   # any `asyncgrpo make-model` shape
-    .venv/bin/python tools/bench_push.py --backends zmq,shm              # side by side (the default)
+    .venv/bin/python -m tools.bench_push                 # tiny default model and a ~100M-parameter one
+    .venv/bin/python -m tools.bench_push --sizes tiny --pushes 20
+    .venv/bin/python -m tools.bench_push --sizes qwen2.5-0.5b --pushes 5   # any `asyncgrpo make-model` shape
+    .venv/bin/python -m tools.bench_push --backends zmq,shm              # side by side (the default)
 
 For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format) and
 each weight backend (`weights.backend`: zmq chunks over a ZeroMQ socket, shm shared-memory slots):
@@ -157,7 +157,8 @@ def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_push", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="tiny,100M")
     parser.add_argument("--pushes", type=int, default=10)
     parser.add_argument("--backends", default="zmq,shm")

@@ -1,7 +1,7 @@
 """Real model shapes end to end: the anatomy of a step on Qwen2.5-0.5B's shape (and its 2-layer cut).
 
-    .venv/bin/python tools/bench_real.py                          # both shapes, 3 steps each
-    .venv/bin/python tools/bench_real.py --shapes qwen2.5-0.5b-2l --steps 5 --new-tokens 256
+    .venv/bin/python -m tools.bench_real                          # both shapes, 3 steps each
+    .venv/bin/python -m tools.bench_real --shapes qwen2.5-0.5b-2l --steps 5 --new-tokens 256
 
 For each shape: `asyncgrpo make-model` (random weights, a locally trained BPE tokenizer; cached under
 --models), then `asyncgrpo train` on the GSM8K-format sample (tests/data) with chat-templated
@@ -113,7 +113,8 @@ def print_table(row: dict) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_real", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen2.5-0.5b-2l,qwen2.5-0.5b")
     parser.add_argument("--steps", type=int, default=3, help="learner steps per shape (the first is not measured)")
     parser.add_argument("--new-tokens", type=int, default=256, help="rollout.max_new_tokens")

@@ -18,7 +18,7 @@ thread included) over the timed groups: CPU per group does not depend on what el
 runs, and `mb_per_cpu_s_large` (payload MB per CPU-second of producer + consumer) is the rate one
 fully available core would sustain. Ray runs for the whole benchmark, as it does under training.
 
-Prints a table, then, last, one JSON line. Run: `.venv/bin/python tools/bench_wire.py`.
+Prints a table, then, last, one JSON line. Run: `.venv/bin/python -m tools.bench_wire`.
 """
 
 from __future__ import annotations
@@ -222,7 +222,8 @@ def _us(seconds: float | None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_wire", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the number of timed groups")
     parser.add_argument("--repeat", type=int, default=1,
                         help="time each path this many times; rates and CPU times reported are the medians")

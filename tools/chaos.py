@@ -1,9 +1,9 @@
 """Chaos suite: each fault injected into a real `asyncgrpo train` run, checked against what should happen.
 
-    .venv/bin/python tools/chaos.py                          # every scenario (12-25 min on 2 cores)
-    .venv/bin/python tools/chaos.py --scenarios generator_kill,wire_drop
-    .venv/bin/python tools/chaos.py --list                   # scenarios, faults and expected outcomes
-    .venv/bin/python tools/chaos.py --keep --out runs/chaos/x  # keep every scenario's run directory
+    .venv/bin/python -m tools.chaos                          # every scenario (12-25 min on 2 cores)
+    .venv/bin/python -m tools.chaos --scenarios generator_kill,wire_drop
+    .venv/bin/python -m tools.chaos --list                   # scenarios, faults and expected outcomes
+    .venv/bin/python -m tools.chaos --keep --out runs/chaos/x  # keep every scenario's run directory
 
 Each scenario runs `python -m asyncgrpo.cli train` on the embedded tiny default (eval and export
 off, 200-300 learner steps: 15-60 s of training after 25-60 s of start-up, as loaded as the machine) with
@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 # A run's steps are logged in chunks of this many: the faults are timed by them.
 STEPS_PER_CALL = 2
@@ -1083,7 +1082,8 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", default="", help="comma-separated names (default: all; --list shows them)")
     parser.add_argument("--list", action="store_true", help="print the scenarios, their faults and expected outcomes")
     parser.add_argument("--keep", action="store_true",

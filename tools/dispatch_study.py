@@ -1,7 +1,7 @@
 """Uneven generators under tickets (asyncgrpo/queue/dispatch.py), simulated: together against each alone.
 
-    .venv/bin/python tools/dispatch_study.py runs/validate_simulator/g2_eta1
-    .venv/bin/python tools/dispatch_study.py RUN_DIR --speeds 1,0.5 --etas 0,1,2,4 --calls 8,2 --seeds 5
+    .venv/bin/python -m tools.dispatch_study runs/validate_simulator/g2_eta1
+    .venv/bin/python -m tools.dispatch_study RUN_DIR --speeds 1,0.5 --etas 0,1,2,4 --calls 8,2 --seeds 5
 
 Issue 16 asks that a generator half as fast get half the work: samples/s of two uneven generators
 at least 90% of the sum of their speeds alone. Tickets grant slots to whichever generator asks,
@@ -73,7 +73,7 @@ def table(rows: list[dict[str, Any]], speeds: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.dispatch_study", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a finished run to calibrate from (asyncgrpo simulate's RUN_DIR)")
     parser.add_argument("--speeds", default="1,0.5", help="relative speed of each generator (default 1,0.5)")
     parser.add_argument("--etas", default="0,1,2,4", help="train.max_staleness values")

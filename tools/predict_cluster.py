@@ -1,7 +1,7 @@
 """Predict what bounded staleness buys on GPU clusters no one here can run, with the simulator.
 
-    .venv/bin/python tools/predict_cluster.py RUN_DIR
-    .venv/bin/python tools/predict_cluster.py RUN_DIR --generators 8,64,256 --etas 0,2 --exponents 0.5
+    .venv/bin/python -m tools.predict_cluster RUN_DIR
+    .venv/bin/python -m tools.predict_cluster RUN_DIR --generators 8,64,256 --etas 0,2 --exponents 0.5
 
 RUN_DIR is a finished run (`asyncgrpo train`) the simulator is calibrated from (asyncgrpo/sim/,
 docs/SIMULATOR.md). What it contributes is the shape of the loop (the generator's and learner's
@@ -324,7 +324,8 @@ EXPONENT_MEANING = {1.0: "ideal data parallel: a call's time is proportional to 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.predict_cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a finished run to calibrate from")
     parser.add_argument("--generators", default="8,16,32,64,128,256", help="cluster sizes (default: 8,...,256)")
     parser.add_argument("--etas", default="0,1,2,4", help="train.max_staleness values (default: 0,1,2,4)")

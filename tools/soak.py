@@ -1,8 +1,8 @@
 """Soak: one long run with a generator SIGKILLed every few minutes, then undisturbed runs of as many steps.
 
-    .venv/bin/python tools/soak.py                 # 30 min, a kill every 5, 3 undisturbed runs (~1 h 45 min in all)
-    .venv/bin/python tools/soak.py --minutes 1.5 --kill-every-minutes 0.5 --references 1 --out /tmp/soak_smoke  # ~4 min
-    .venv/bin/python tools/soak.py --minutes 60 rollout.num_generators=2   # key=value: overrides for every run
+    .venv/bin/python -m tools.soak                 # 30 min, a kill every 5, 3 undisturbed runs (~1 h 45 min in all)
+    .venv/bin/python -m tools.soak --minutes 1.5 --kill-every-minutes 0.5 --references 1 --out /tmp/soak_smoke  # ~4 min
+    .venv/bin/python -m tools.soak --minutes 60 rollout.num_generators=2   # key=value: overrides for every run
 
 Every run is `python -m asyncgrpo.cli train` on the embedded tiny default (tools/chaos.py's `Context`,
 `Train` and its base overrides, here with the evaluations at the start and at the end back on), with
@@ -100,11 +100,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-# tools/ is not a package: chaos.py is found through the path above.
-import chaos
-from chaos import Context, RunResult, ScenarioError
+from tools import chaos
+from tools.chaos import Context, RunResult, ScenarioError
 
 REPO = chaos.REPO
 # The last kill comes at least this long before the time bound: the loop must still be waiting on
@@ -221,7 +218,8 @@ def sent_received_lost(sent_last: int, received: int, lost: int, replaced_receiv
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0, help="training minutes of the disturbed run")
     parser.add_argument("--kill-every-minutes", type=float, default=5.0, help="minutes between generator kills")
     parser.add_argument("--out", default="", help="directory for every run (default: runs/soak/<date-time>)")

@@ -1,9 +1,9 @@
 """Does `asyncgrpo simulate` predict runs it was not calibrated from?
 
-    .venv/bin/python tools/validate_simulator.py                                # etas 0,1,2,4 x 1 and 2 generators
-    .venv/bin/python tools/validate_simulator.py --etas 0,2 --generators 1 --steps 30
-    .venv/bin/python tools/validate_simulator.py --reuse --out /tmp/simval      # simulate finished runs again
-    .venv/bin/python tools/validate_simulator.py --steps 200 --repeats 3        # every setting 3 times, medians
+    .venv/bin/python -m tools.validate_simulator                                # etas 0,1,2,4 x 1 and 2 generators
+    .venv/bin/python -m tools.validate_simulator --etas 0,2 --generators 1 --steps 30
+    .venv/bin/python -m tools.validate_simulator --reuse --out /tmp/simval      # simulate finished runs again
+    .venv/bin/python -m tools.validate_simulator --steps 200 --repeats 3        # every setting 3 times, medians
 
 For each (generators, max_staleness): a short real `asyncgrpo train` (the embedded tiny model on
 the default task, no evaluation, no export) into OUT/g<generators>_eta<max_staleness>. Then each
@@ -223,7 +223,8 @@ def predict(source: Calibration, target: Calibration, cores: int) -> dict[str, A
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.validate_simulator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--etas", default="0,1,2,4", help="train.max_staleness values (default: 0,1,2,4)")
     parser.add_argument("--generators", default="1,2", help="rollout.num_generators values (default: 1,2)")
     parser.add_argument("--steps", type=int, default=40, help="learner steps per run (default: 40)")

@@ -5,7 +5,8 @@ stop.
 Placement (asyncgrpo/runtime/placement.py): the named node resources are checked against the cluster
 before anything starts; each learner rank's bundle and each generator asks for a share of its
 role's resource; once up, every actor's node is recorded in run_dir/actors.json and each generator
-on another machine than learner rank 0 is checked to reach it, before the weight rendezvous.
+on another machine than learner rank 0 is checked to reach it (asyncgrpo/wire/reach.py), before the
+weight rendezvous.
 
 Both actor classes are plain Python classes; they become Ray actors here, with `ray.remote`, with a
 second concurrency group, `control`: a call there (`control`) runs on its own thread while the
@@ -33,12 +34,7 @@ from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
 from asyncgrpo.driver.remote import CONTROL_GROUP, control, get, remote_class  # noqa: F401 - importable from here
 from asyncgrpo.runtime.files import write_atomic
-from asyncgrpo.runtime.placement import (
-    check_node_resources,
-    check_reach,
-    node_resources,
-    wire_transport,
-)
+from asyncgrpo.runtime.placement import check_node_resources, node_resources
 from asyncgrpo.runtime.resources import plan_cores
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.schema import Config
@@ -47,6 +43,7 @@ from asyncgrpo.weights.shm import default_directory as default_shm_directory
 from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.weights.shm import remove_stale_slots
 from asyncgrpo.wire.network import free_port
+from asyncgrpo.wire.reach import check_reach, wire_transport
 from asyncgrpo.wire.security import WireKeys
 from asyncgrpo.wire.sockets import remove_ipc_endpoint, remove_stale_ipc_dirs
 

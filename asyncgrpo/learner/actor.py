@@ -7,8 +7,8 @@ from typing import Any
 
 from asyncgrpo.learner.learner import Learner
 from asyncgrpo.learner.parts import learner_parts
-from asyncgrpo.runtime.placement import this_node
 from asyncgrpo.schema import Config
+from asyncgrpo.wire.reach import this_node
 from asyncgrpo.wire.security import CurveServerKeys
 
 

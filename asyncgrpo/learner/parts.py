@@ -15,7 +15,6 @@ import torch.distributed as dist
 from asyncgrpo.config import collective_timeout_s
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
-from asyncgrpo.runtime.placement import wire_transport
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.contract import DROPPING_STALE_POLICIES, THROTTLING_STALE_POLICIES
@@ -31,6 +30,7 @@ from asyncgrpo.tasks import make_task, run_stream_length
 from asyncgrpo.weights import make_sender
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
+from asyncgrpo.wire.reach import wire_transport
 from asyncgrpo.wire.security import CurveServerKeys
 
 
@@ -103,7 +103,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
                   curve: CurveServerKeys | None = None) -> LearnerParts:
     from transformers import AutoTokenizer
 
-    pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads)
+    pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
     device = learner_device(cfg)
     owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port)
     policy = Policy.from_config(cfg, model_dir, device, rank, world_size)

@@ -77,6 +77,7 @@ def new_run_dir(directory: Path) -> Path:
 
 def offline_learner(cfg: Config, model_dir: str, source: GroupSource, recorder: StreamRecorder | None = None):
     """A learner of one rank on `source`, with no generators, no weight pushes and no sockets."""
+    import torch
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
@@ -85,7 +86,8 @@ def offline_learner(cfg: Config, model_dir: str, source: GroupSource, recorder: 
     from asyncgrpo.learner.policy import Policy
     from asyncgrpo.runtime.resources import pin_to_cores
 
-    pin_to_cores([], torch_threads=cfg.learner.torch_threads)  # the thread count fixes the reduction order
+    # The thread count fixes the reduction order.
+    pin_to_cores([], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
     device = learner_device(cfg)
     owns_group = join_process_group(cfg, device, 0, 1, "127.0.0.1", None)
     try:

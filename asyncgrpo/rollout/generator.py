@@ -540,7 +540,7 @@ class GeneratorActor(Generator):
 
     def node(self) -> dict[str, str]:
         """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
-        from asyncgrpo.runtime.placement import this_node
+        from asyncgrpo.wire.reach import this_node
 
         return this_node()
 
@@ -550,7 +550,8 @@ def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_en
                        initial_version: int, incarnation: int = 0, engine: VLLMEngine | None = None) -> dict[str, Any]:
     """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`);
     `engine`: a running one to take `model_dir`'s weights instead of a new one (rollout.engine_pool)."""
-    pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
+    # First: the threads started below inherit the pinning.
+    pin_to_cores(cores or [], torch_threads=None, set_num_threads=torch.set_num_threads)
     from transformers import (
         AutoTokenizer,  # slow to import; only where a real generator is built
     )

@@ -1,4 +1,4 @@
-"""Which node each actor runs on, and what that decides for the wire and the weight backend.
+"""Which node each actor runs on: the Ray node resources that place learner ranks and generators.
 
 Nodes are chosen by Ray custom resource: `learner.node_resource` and `rollout.node_resource` name a
 resource the chosen nodes were started with (`ray start --resources='{"NAME": 1}'`). Each learner
@@ -6,12 +6,9 @@ rank's placement-group bundle and each generator actor asks for `NODE_RESOURCE_S
 resource marks nodes, it does not count actors (their CPUs and GPUs do), so a node started with 1
 takes up to 1,000 of them.
 
-Whether a generator may run on another node than learner rank 0 must be known before rank 0 binds
-its sockets, and alike in every process that builds a weight sender or receiver (the driver's
-preflight, rank 0, each generator). So it is read from the config alone (`spans_nodes`): joining an
-existing cluster (`ray.address`) or placing actors by node resource makes `wire.transport=auto` tcp
-(with CURVE, `config.use_curve`) and `weights.backend=auto` zmq. What the user forces is kept, and
-checked against where the actors landed once they are up (`check_reach`).
+`spans_nodes` says, from the config alone, whether generators may run on another node than learner
+rank 0; what that decides for the wire and the weight backend, and the check of where the actors
+landed, are asyncgrpo.wire.reach's.
 """
 
 from __future__ import annotations
@@ -20,8 +17,6 @@ import platform
 from typing import Any
 
 from asyncgrpo.schema import Config, ConfigError
-from asyncgrpo.wire.network import is_loopback
-from asyncgrpo.wire.sockets import resolve_transport
 
 # The share of a node resource each actor (generator, learner rank's bundle) asks for: small
 # enough that one unit holds any realistic number of actors, and above Ray's resource precision
@@ -41,25 +36,9 @@ def spans_nodes(cfg: Config) -> bool:
     return bool(cfg.ray.address or cfg.rollout.node_resource or cfg.learner.node_resource)
 
 
-def wire_transport(cfg: Config) -> str:
-    """The transport learner rank 0 binds (ipc or tcp): `wire.transport` with auto decided, tcp
-    when the actors may span nodes (a Unix socket reaches only its own machine)."""
-    if cfg.wire.transport == "auto" and spans_nodes(cfg):
-        return "tcp"
-    return resolve_transport(cfg.wire.transport, cfg.wire.host)
-
-
 def ordered_memory_platform(machine: str | None = None) -> bool:
     """Whether `machine` (this one's by default) keeps the store and load order shm's seqlock needs."""
     return (machine if machine is not None else platform.machine()) in ORDERED_MACHINES
-
-
-def weights_backend(cfg: Config) -> str:
-    """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc)
-    and the machine is x86-64 (the slots' seqlock needs its memory ordering), zmq otherwise."""
-    if cfg.weights.backend != "auto":
-        return cfg.weights.backend
-    return "shm" if wire_transport(cfg) == "ipc" and ordered_memory_platform() else "zmq"
 
 
 def node_resources(name: str) -> dict[str, float]:
@@ -98,33 +77,3 @@ def check_node_resources(cfg: Config, nodes: list[dict[str, Any]]) -> None:
         if most < cpus:
             raise ConfigError(f"{key}={name!r}: the nodes with that resource have at most {most:g} CPUs, but "
                               f"{cpus_key}={cpus:g}: start them with more --num-cpus or lower {cpus_key}")
-
-
-def this_node() -> dict[str, str]:
-    """The Ray node this process runs on: its id and its address as the cluster knows it."""
-    import ray
-    from ray.util import get_node_ip_address
-
-    return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": get_node_ip_address()}
-
-
-def check_reach(cfg: Config, learner: dict[str, str], generators: dict[int, dict[str, str]]) -> None:
-    """Once the actors are up, before the weight rendezvous: every generator on another machine
-    (another node address) than learner rank 0 can reach it. An ipc socket, shared-memory slots and
-    a loopback address reach only their own machine; several Ray nodes on one machine share them.
-    `learner` and `generators` (by generator index) are `this_node()`'s answers."""
-    transport, backend = wire_transport(cfg), weights_backend(cfg)
-    for index, node in sorted(generators.items()):
-        if node["node_ip"] == learner["node_ip"]:
-            continue
-        where = (f"generator {index} runs on node {node['node_ip']} and learner rank 0 on node {learner['node_ip']}, "
-                 "another machine")
-        if transport == "ipc":
-            raise ConfigError(f"wire.transport={cfg.wire.transport} binds a Unix socket (ipc), but {where}: "
-                              "use wire.transport=tcp")
-        if is_loopback(cfg.wire.host):
-            raise ConfigError(f"wire.host={cfg.wire.host} is loopback, but {where}: set wire.host to an address of the "
-                              "learner's node that the other nodes reach, or 0.0.0.0")
-        if backend == "shm":
-            raise ConfigError(f"weights.backend=shm shares memory within one machine, but {where}: "
-                              "use weights.backend=zmq")

@@ -7,6 +7,7 @@ nearly their speed alone (measured: 100% / 95%), unpinned the learner dropped to
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 # device: auto = cuda when the driver sees an NVIDIA GPU, else cpu.
 DEVICES = ("auto", "cpu", "cuda")
@@ -51,17 +52,17 @@ def plan_cores(num_generators: int, num_learner_ranks: int, generator_spec: str,
     return generators, learners
 
 
-def pin_to_cores(cores: list[int], *, torch_threads: int | None) -> None:
+def pin_to_cores(cores: list[int], *, torch_threads: int | None, set_num_threads: Callable[[int], None]) -> None:
     """Pin this process (and the threads it starts later) to `cores`; size torch's thread pool.
 
     `torch_threads`: learner.torch_threads for a learner rank (no default here: config's is the only
     one); None (a generator, which has no such key) = one thread per pinned core.
+    `set_num_threads`: `torch.set_num_threads`, passed by the caller, which has torch loaded already,
+    so that this module stays importable without it.
     """
-    import torch
-
     if cores:
         os.sched_setaffinity(0, cores)
     threads = torch_threads or len(cores) or None
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
-        torch.set_num_threads(threads)
+        set_num_threads(threads)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from asyncgrpo.runtime.placement import weights_backend
 from asyncgrpo.schema import Config
 from asyncgrpo.weights.base import (
     BACKENDS,
@@ -21,6 +20,7 @@ from asyncgrpo.weights.shm import ShmWeightReceiver, ShmWeightSender, default_di
 from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype_for
 from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
+from asyncgrpo.wire.reach import weights_backend
 
 __all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
            "resolve_backend"]
@@ -28,7 +28,7 @@ __all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_r
 
 def resolve_backend(cfg: Config) -> str:
     """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc),
-    zmq otherwise, also whenever actors may span nodes (asyncgrpo/runtime/placement.py)."""
+    zmq otherwise, also whenever actors may span nodes (asyncgrpo/wire/reach.py)."""
     return weights_backend(cfg)
 
 

@@ -14,12 +14,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tool_modules import load_tool
+from tools import bench_async as ba
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-ba = load_tool("bench_async")
 
 
 # ------------------------------------------------------------------ a synthetic run of the two loops

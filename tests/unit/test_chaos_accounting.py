@@ -3,9 +3,8 @@ recording) and of what it counted, without running anything."""
 
 from __future__ import annotations
 
-from tool_modules import load_tool
+from tools import chaos
 
-chaos = load_tool("chaos")
 Consumed = chaos.Consumed
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_simulate import constant_run, fake_run
-from tool_modules import TOOLS, load_tool
+from tools import dispatch_study as ds
 
-ds = load_tool("dispatch_study")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_rows_compare_tickets_against_the_sum_of_each_generator_alone():
@@ -33,8 +34,9 @@ def test_a_faster_learner_raises_the_learner_bound():
 
 
 def test_the_command_prints_a_table_and_a_last_json_line(tmp_path):
-    out = subprocess.run([sys.executable, str(TOOLS / "dispatch_study.py"), str(fake_run(tmp_path)), "--etas", "1",
-                          "--calls", "1", "--seeds", "1", "--steps", "20"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "tools.dispatch_study", str(fake_run(tmp_path)), "--etas", "1",
+                          "--calls", "1", "--seeds", "1", "--steps", "20"], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("speeds [1.0, 0.5]")
     payload = json.loads(lines[-1])
@@ -42,7 +44,7 @@ def test_the_command_prints_a_table_and_a_last_json_line(tmp_path):
 
 
 def test_a_bad_argument_is_one_line_and_a_nonzero_exit(tmp_path):
-    out = subprocess.run([sys.executable, str(TOOLS / "dispatch_study.py"), str(fake_run(tmp_path)), "--speeds",
-                          "1,fast"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "tools.dispatch_study", str(fake_run(tmp_path)), "--speeds",
+                          "1,fast"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert out.stderr.startswith("dispatch_study:")

@@ -1,5 +1,13 @@
 """The package's import graph, read from the source (every import statement, function-level ones
-included): no cycles, and the config schema is a leaf that needs neither torch nor ZeroMQ."""
+included): no cycles, and the layering. The rules, each a test of its own:
+
+- the rollout imports nothing of the queue (what both sides of dispatch share is asyncgrpo.contract);
+- the config schema and the contract are leaves: they import nothing of the package;
+- asyncgrpo.runtime imports nothing of the package but the schema, the contract and itself;
+- these light layers (schema, contract, runtime) import nothing heavy (`HEAVY`) anywhere in their
+  source, and importing each of them leaves none of it in sys.modules: roles and tools load them
+  without paying for torch, vLLM, Ray or ZeroMQ, by construction rather than by imports hidden in
+  functions."""
 
 from __future__ import annotations
 
@@ -8,7 +16,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "asyncgrpo"
+# Third-party packages too heavy for the light layers: seconds to import, or native libraries.
+HEAVY = ("torch", "vllm", "ray", "zmq", "msgpack", "numpy")
+# The light layers: leaves and the process plumbing every role uses. asyncgrpo.contract is listed
+# before it exists; the rules hold for it once it does.
+LEAVES = ("asyncgrpo.schema", "asyncgrpo.contract")
+RUNTIME = "asyncgrpo.runtime"
+# What must exist for the light-layer rules to test anything (a move or rename fails here, loudly).
+REQUIRED_LIGHT = ("asyncgrpo.schema", "asyncgrpo.runtime", "asyncgrpo.runtime.faults", "asyncgrpo.runtime.files",
+                  "asyncgrpo.runtime.interrupts", "asyncgrpo.runtime.memory", "asyncgrpo.runtime.placement",
+                  "asyncgrpo.runtime.resources", "asyncgrpo.runtime.timing")
 
 
 def module_name(path: Path) -> str:
@@ -16,27 +36,43 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported_names(name: str, path: Path) -> set[str]:
+    """Every absolute module name `path` (module `name`) imports anywhere in its body, relative
+    imports resolved; for `from a import b`, both `a` and `a.b` (b may be a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def within(name: str, prefix: str) -> bool:
+    """`name` is the module or package `prefix` or lies inside it."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the asyncgrpo modules it imports anywhere in its body (a package's __init__ is
     imported with any of its submodules, so `a.b` also depends on `a`)."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = package_modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    graph[name].add(target)
+        for target in imported_names(name, path):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
     for name in modules:  # importing a.b.c runs a/__init__ and a/b/__init__ first
         parent = name.rpartition(".")[0]
         while parent:
@@ -87,11 +123,47 @@ def test_a_cycle_is_found_when_there_is_one():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_config_schema_is_a_leaf():
-    assert import_graph()["asyncgrpo.schema"] <= {"asyncgrpo"}
+def light_modules() -> list[str]:
+    """The modules the light-layer rules cover: the leaves that exist and everything in runtime."""
+    return sorted(name for name in package_modules() if name in LEAVES or within(name, RUNTIME))
 
 
-def test_importing_the_config_schema_loads_neither_torch_nor_zmq():
-    code = "import sys, asyncgrpo.schema; print(sorted(m for m in ('torch', 'zmq') if m in sys.modules))"
+def test_the_light_layers_exist():
+    missing = sorted(set(REQUIRED_LIGHT) - set(light_modules()))
+    assert not missing, f"the light-layer rules would not test: {', '.join(missing)}"
+
+
+def test_rollout_imports_nothing_of_the_queue():
+    graph = import_graph()
+    found = sorted(f"{name} -> {target}" for name in graph if within(name, "asyncgrpo.rollout")
+                   for target in graph[name] if within(target, "asyncgrpo.queue"))
+    assert not found, "; ".join(found)
+
+
+def test_the_config_schema_and_the_contract_are_leaves():
+    graph = import_graph()
+    found = sorted(f"{name} -> {target}" for name in LEAVES if name in graph
+                   for target in graph[name] if target != "asyncgrpo")
+    assert not found, "; ".join(found)
+
+
+def test_runtime_imports_only_the_schema_the_contract_and_runtime():
+    graph = import_graph()
+    allowed = {"asyncgrpo", *LEAVES}
+    found = sorted(f"{name} -> {target}" for name in graph if within(name, RUNTIME)
+                   for target in graph[name] if target not in allowed and not within(target, RUNTIME))
+    assert not found, "; ".join(found)
+
+
+def test_the_light_layers_import_nothing_heavy_even_inside_functions():
+    modules = package_modules()
+    found = sorted(f"{name} -> {target}" for name in light_modules()
+                   for target in imported_names(name, modules[name]) if target.split(".")[0] in HEAVY)
+    assert not found, "; ".join(found)
+
+
+@pytest.mark.parametrize("module", light_modules())
+def test_importing_a_light_module_loads_nothing_heavy(module):
+    code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert out.strip() == "[]", f"importing {module} loads {out.strip()}"

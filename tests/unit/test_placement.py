@@ -14,14 +14,13 @@ from asyncgrpo.config import ConfigError, load, use_curve
 from asyncgrpo.runtime.placement import (
     NODE_RESOURCE_SHARE,
     check_node_resources,
-    check_reach,
     custom_resources,
     node_resources,
     spans_nodes,
-    wire_transport,
 )
 from asyncgrpo.weights import resolve_backend
 from asyncgrpo.wire.network import advertised, advertised_host
+from asyncgrpo.wire.reach import check_reach, wire_transport
 
 
 @pytest.mark.parametrize(("overrides", "transport", "curve", "backend"), [

@@ -9,13 +9,11 @@ from dataclasses import replace
 
 import pytest
 from test_simulate import NO_MEASUREMENT, fake_run
-from tool_modules import load_tool
+from tools import predict_cluster as pc
 
 from asyncgrpo.sim.calibration import Calibration, GeneratorTimes
 from asyncgrpo.sim.model import simulate
 from asyncgrpo.sim.settings import Settings, SimulationError
-
-pc = load_tool("predict_cluster")
 
 
 def synthetic_calibration() -> Calibration:

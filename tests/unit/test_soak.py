@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from tool_modules import load_tool
+from tools import soak
 
-soak = load_tool("soak")
 Consumed = soak.chaos.Consumed
 
 GOOD_QUEUE = {"queue/received": 100, "queue/consumed": 80, "queue/dropped_stale": 3, "queue/dropped_unheld": 12,

@@ -7,12 +7,10 @@ from dataclasses import replace
 
 import pytest
 from test_simulate import constant_run
-from tool_modules import load_tool
+from tools import validate_simulator as vs
 
 from asyncgrpo.sim.calibration import Measured
 from asyncgrpo.sim.model import simulate
-
-vs = load_tool("validate_simulator")
 
 
 def measured(samples_per_s: float) -> Measured:

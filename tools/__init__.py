@@ -1,0 +1,18 @@
+"""Benchmarks, studies and fault drills around asyncgrpo, run from the repository root as modules,
+`python -m tools.NAME` (tools that use another import it as `from tools import NAME`):
+
+    bench_async         async vs sync throughput, interleaved repeats
+    bench_dispatch      uneven generators under tickets against each alone, measured
+    bench_learner       learner step time and memory at world size 1 and 2
+    bench_peer          asyncgrpo against TRL's GRPOTrainer, side by side
+    bench_push          weight-push latency, zmq and shm
+    bench_real          a step's anatomy at real model shapes
+    bench_wire          the group stream against a Ray queue and memcpy
+    chaos               each fault injected into a real run, checked (docs/RELIABILITY.md)
+    soak                a long run with a generator killed every few minutes
+    validate_simulator  simulator predictions against real runs
+    predict_cluster     the simulator on GPU clusters no one here can run
+    dispatch_study      uneven generators under tickets against each alone, simulated
+
+gpu_check.sh, beside them, is the checks that need an NVIDIA GPU as one shell script.
+"""
