@@ -7,6 +7,8 @@ argument. The semantics follow verl (trainer/ppo/core_algos.py and rollout_corr_
 formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.md.
 
 * ``group_advantages``: GRPO / Dr.GRPO / RLOO advantages from outcome rewards and group ids.
+* ``LossSettings`` (with ``CorrectionSettings``, ``KLSettings``): the ``algo.*`` keys the losses
+  read, validated once when built.
 * ``policy_loss``, ``aggregate``: PPO-clip (asymmetric, dual clip) and REINFORCE losses and their
   token / sequence aggregation, additive over micro-batches given global counts.
 * ``kl_penalty``: k1 / abs / k2 / k3 KL estimators, optionally with the k2 gradient (``+``).
@@ -24,17 +26,22 @@ from asyncgrpo.algo.correction import IS_LEVELS, RS_OPTIONS, rollout_correction
 from asyncgrpo.algo.entropy import token_entropy
 from asyncgrpo.algo.kl import KL_KINDS, kl_penalty
 from asyncgrpo.algo.losses import (
-    AGG_MODES,
-    LOSS_TYPES,
     aggregate,
     bypass_policy_loss,
     policy_loss,
 )
 from asyncgrpo.algo.modes import (
-    MODES,
     decoupled_policy_loss,
     mode_policy_loss,
     naive_policy_loss,
+)
+from asyncgrpo.algo.settings import (
+    AGG_MODES,
+    LOSS_TYPES,
+    MODES,
+    CorrectionSettings,
+    KLSettings,
+    LossSettings,
 )
 
 __all__ = [
@@ -45,6 +52,9 @@ __all__ = [
     "LOSS_TYPES",
     "MODES",
     "RS_OPTIONS",
+    "CorrectionSettings",
+    "KLSettings",
+    "LossSettings",
     "aggregate",
     "bypass_policy_loss",
     "decoupled_policy_loss",

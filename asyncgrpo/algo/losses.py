@@ -15,7 +15,8 @@ API
     Passing the counts of the whole (global) batch makes the loss additive: summing the results over
     any split of the batch into micro-batches (and ranks) gives the unsplit loss and its gradient.
 
-``policy_loss(logp, old_logp, advantages, mask, *, loss_type, clip_low, ...) -> (loss, metrics)``
+``policy_loss(logp, old_logp, advantages, mask, settings, *, is_weights=None, ...) -> (loss, metrics)``
+    ``settings`` is a ``LossSettings`` (asyncgrpo/algo/settings.py); per ``settings.loss_type``:
     ``ppo_clip``: asymmetric clipped surrogate with dual clip, r = exp(clamp(logp - old_logp, ±20)),
     per-token loss max(-A r, -A clamp(r, 1-clip_low, 1+clip_high)), capped at -A*clip_c where A < 0.
     ``reinforce``: per-token loss -A * logp.
@@ -29,25 +30,28 @@ API
     real tokens; ``clipfrac`` is 0 for ``reinforce`` and for ``cispo`` the fraction of clipped IS
     weights; ``clipfrac_lower``, the dual clip's, is 0 for all but ``ppo_clip``).
 
-``bypass_policy_loss(logp, rollout_logp, advantages, mask, *, ...) -> (loss, metrics)``
+``bypass_policy_loss(logp, rollout_logp, advantages, mask, settings, *, ...) -> (loss, metrics)``
     Bypass mode: the rollout log-probs stand in for the old log-probs (no recompute pass).
-    ``rollout_correction`` is run on (logp, rollout_logp); its rejection mask applies to every loss
-    type, its IS weights multiply the ``reinforce`` loss only (the ratio of ``ppo_clip``, ``gspo`` and
-    ``cispo`` is already taken against the rollout policy, so applying them would count the
-    correction twice).
+    ``rollout_correction`` is run on (logp, rollout_logp) with ``settings.correction``; its
+    rejection mask applies to every loss type, its IS weights multiply the ``reinforce`` loss only
+    (the ratio of ``ppo_clip``, ``gspo`` and ``cispo`` is already taken against the rollout policy,
+    so applying them would count the correction twice).
     Denominators count the tokens / sequences of the input mask, before rejection: a rejected token
     adds zero to the loss but still counts, as in verl's data-parallel engine. Metrics: the policy
     metrics under ``loss/`` plus the ``is/`` and ``mismatch/`` metrics of ``rollout_correction``.
 
-Arguments that are config keys (``loss_type``, ``clip_low``, ``clip_high``, ``clip_c``, ``agg``,
-``norm_constant``: ``algo.*``; the correction's: ``algo.correction.*``) are keyword-only and have no
-defaults here: config's are the only ones.
+The config keys (``algo.*``, ``algo.correction.*``) arrive as one ``LossSettings``, validated when
+it was built; ``global_num_tokens`` and ``global_num_seqs`` are the batch's, keyword-only.
 
 Gradients flow into ``logp`` only: ``old_logp``, ``rollout_logp``, ``advantages`` and the IS
 weights are treated as constants (detached).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -61,11 +65,10 @@ from asyncgrpo.algo._checks import (
 )
 from asyncgrpo.algo._masked import masked_mean, masked_row_mean, masked_sum, to_floats
 from asyncgrpo.algo.correction import rollout_correction
+from asyncgrpo.algo.settings import AGG_MODES, LossSettings
 
-LOSS_TYPES = ("ppo_clip", "reinforce", "gspo", "cispo")
 # The losses whose ratio is taken against the old policy; `reinforce` ignores old_logp.
 _RATIO_LOSS_TYPES = ("ppo_clip", "gspo", "cispo")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 _LOG_RATIO_BOUND = 20.0
 
@@ -132,18 +135,36 @@ def _aggregate(
     return loss
 
 
+class _TokenLoss(NamedTuple):
+    """One loss type's per-token terms, each [B, T]."""
+
+    loss: torch.Tensor  # the per-token loss, before IS weights
+    clipped: torch.Tensor  # bool: where the clip range binds (clipfrac)
+    dual_clipped: torch.Tensor  # bool: where the dual clip binds (clipfrac_lower)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tokens:
+    """The validated per-token inputs of one ``policy_loss`` call, each [B, T].
+
+    ``logp`` carries the gradient; ``old_logp`` and ``advantages`` are detached; ``keep`` is the mask
+    as bool; ``log_ratio`` is logp - old_logp clamped to ±20.
+    """
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    log_ratio: torch.Tensor
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    loss_type: str,
-    clip_low: float,
-    clip_high: float,
-    clip_c: float,
-    agg: str,
-    norm_constant: float | None,
     is_weights: torch.Tensor | None = None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
@@ -155,108 +176,107 @@ def policy_loss(
         old_logp: [B, T] log-probabilities under the behaviour policy (detached).
         advantages: [B, T] per-token advantages, usually ``group_advantages(...)[:, None] * mask``.
         mask: [B, T] 0/1 float or bool, 1 on real response tokens.
-        loss_type: one of ``LOSS_TYPES`` (see the module docstring).
-        clip_low: lower clip range, 0 < clip_low < 1 (ratio floor 1 - clip_low); ``cispo`` also
-            takes 1 (IS-weight floor 0, i.e. none). Unused by ``reinforce``.
-        clip_high: upper clip range, > 0 (ratio ceiling 1 + clip_high). Unused by ``reinforce``.
-        clip_c: dual-clip bound for negative advantages, > 1; used by ``ppo_clip`` only.
-        agg: aggregation mode, one of ``AGG_MODES``.
+        settings: ``loss_type``, the clip ranges, ``agg`` and ``norm_constant`` are read (see
+            ``LossSettings``); the mode, correction and KL settings are not.
         is_weights: optional [B, T] weights multiplying the per-token loss (detached).
-        norm_constant, global_num_tokens, global_num_seqs: as in ``aggregate``.
+        global_num_tokens, global_num_seqs: as in ``aggregate``.
 
     Returns:
         ([] loss, metrics) with metrics ``pg``, ``clipfrac``, ``clipfrac_lower``, ``approx_kl``.
 
     Raises:
-        ValueError: unknown loss_type or agg, out-of-range clip parameter, shape mismatch,
-            non-0/1 mask, NaN in an input.
+        ValueError: negative or non-numeric count, shape mismatch, non-0/1 mask, NaN in an input.
     """
-    check_choice("loss_type", loss_type, LOSS_TYPES)
-    check_choice("agg", agg, AGG_MODES)
-    clip_low = check_positive("clip_low", clip_low)
-    # CISPO clips an IS weight, not the surrogate: a floor of 0 (clip_low = 1) is its paper's setting.
-    if clip_low > 1 or (clip_low == 1 and loss_type != "cispo"):
-        raise ValueError(f"clip_low must be < 1 (or exactly 1 with loss_type cispo), got {clip_low!r}")
-    clip_high = check_positive("clip_high", clip_high)
-    clip_c = check_positive("clip_c", clip_c)
-    if clip_c <= 1:
-        raise ValueError(f"clip_c must be > 1, got {clip_c!r}")
-    norm_constant = None if norm_constant is None else check_positive("norm_constant", norm_constant)
     global_num_tokens = check_optional_count("global_num_tokens", global_num_tokens)
     global_num_seqs = check_optional_count("global_num_seqs", global_num_seqs)
+    tokens = _checked_tokens(logp, old_logp, advantages, mask)
+    if is_weights is not None:
+        is_weights = check_token_tensor("is_weights", is_weights)
+        check_same_shape("is_weights", is_weights, "logp", logp)
+
+    terms = _TOKEN_LOSSES[settings.loss_type](tokens, settings)
+    per_token = terms.loss if is_weights is None else terms.loss * is_weights.detach()
+    loss = _aggregate(per_token, tokens.keep, settings.agg, settings.norm_constant, global_num_tokens,
+                      global_num_seqs)
+    with torch.no_grad():
+        metrics = to_floats(
+            {
+                "pg": loss,
+                "clipfrac": masked_mean(terms.clipped, tokens.keep, logp.dtype),
+                "clipfrac_lower": masked_mean(terms.dual_clipped, tokens.keep, logp.dtype),
+                "approx_kl": masked_mean(-tokens.log_ratio, tokens.keep),
+            }
+        )
+    return loss, metrics
+
+
+def _checked_tokens(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> _Tokens:
+    """Validate ``policy_loss``'s tensors and detach the ones that must carry no gradient."""
     logp = check_token_tensor("logp", logp)
     old_logp = check_token_tensor("old_logp", old_logp)
     advantages = check_token_tensor("advantages", advantages)
     check_same_shape("old_logp", old_logp, "logp", logp)
     check_same_shape("advantages", advantages, "logp", logp)
     keep = check_mask(mask, "logp", logp)
-    if is_weights is not None:
-        is_weights = check_token_tensor("is_weights", is_weights)
-        check_same_shape("is_weights", is_weights, "logp", logp)
-
     old_logp = old_logp.detach()
-    advantages = advantages.detach()
     log_ratio = (logp - old_logp).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
-    if loss_type == "ppo_clip":
-        ratio = log_ratio.exp()
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
-        pessimistic = torch.maximum(unclipped, clipped)
-        dual_clip_bound = -advantages * clip_c
-        negative = advantages < 0
-        per_token = torch.where(negative, torch.minimum(pessimistic, dual_clip_bound), pessimistic)
-        clipped_tokens = clipped > unclipped
-        dual_clipped_tokens = (pessimistic > dual_clip_bound) & negative
-    elif loss_type == "gspo":
-        per_token, clipped_tokens = _gspo(logp, old_logp, advantages, keep, clip_low, clip_high)
-        dual_clipped_tokens = torch.zeros_like(keep)
-    elif loss_type == "cispo":
-        ratio = log_ratio.detach().exp()
-        # The weight is detached: every token keeps its gradient -A * w * grad logp, clipped or not.
-        per_token = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high) * logp
-        clipped_tokens = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
-        dual_clipped_tokens = torch.zeros_like(keep)
-    else:
-        per_token = -advantages * logp
-        clipped_tokens = dual_clipped_tokens = torch.zeros_like(keep)
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach()
-
-    loss = _aggregate(per_token, keep, agg, norm_constant, global_num_tokens, global_num_seqs)
-    with torch.no_grad():
-        metrics = to_floats(
-            {
-                "pg": loss,
-                "clipfrac": masked_mean(clipped_tokens, keep, logp.dtype),
-                "clipfrac_lower": masked_mean(dual_clipped_tokens, keep, logp.dtype),
-                "approx_kl": masked_mean(-log_ratio, keep),
-            }
-        )
-    return loss, metrics
+    return _Tokens(logp, old_logp, advantages.detach(), keep, log_ratio)
 
 
-def _gspo(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    keep: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GSPO's per-token clipped surrogate and which tokens were clipped, both [B, T].
+def _ppo_clip(tokens: _Tokens, settings: LossSettings) -> _TokenLoss:
+    """The asymmetric clipped surrogate, capped at -A * clip_c where A < 0 (the dual clip)."""
+    advantages = tokens.advantages
+    ratio = tokens.log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - settings.clip_low, 1 + settings.clip_high)
+    pessimistic = torch.maximum(unclipped, clipped)
+    dual_clip_bound = -advantages * settings.clip_c
+    negative = advantages < 0
+    loss = torch.where(negative, torch.minimum(pessimistic, dual_clip_bound), pessimistic)
+    return _TokenLoss(loss, clipped > unclipped, (pessimistic > dual_clip_bound) & negative)
 
-    ``old_logp`` and ``advantages`` are already detached. The sequence log-ratio is the mean over
-    the row's real tokens (an empty row gets 0).
+
+def _reinforce(tokens: _Tokens, settings: LossSettings) -> _TokenLoss:
+    """-A * logp: no ratio, so nothing is clipped."""
+    nothing = torch.zeros_like(tokens.keep)
+    return _TokenLoss(-tokens.advantages * tokens.logp, nothing, nothing)
+
+
+def _gspo(tokens: _Tokens, settings: LossSettings) -> _TokenLoss:
+    """GSPO's per-token clipped surrogate on the sequence ratio; no dual clip.
+
+    The sequence log-ratio is the mean over the row's real tokens (an empty row gets 0).
     """
-    seq_log_ratio = masked_row_mean(logp.detach() - old_logp, keep)
+    logp, keep, advantages = tokens.logp, tokens.keep, tokens.advantages
+    seq_log_ratio = masked_row_mean(logp.detach() - tokens.old_logp, keep)
     # logp - sg[logp] is exactly 0 and is added first, so the value is the sequence log-ratio to the
     # last bit (verl#2775); filling padding keeps an infinite padded logp from turning into NaN.
     token_log_ratio = (logp - logp.detach()).masked_fill(~keep, 0) + seq_log_ratio[:, None]
     # Clamped like every other log-ratio: beyond ±20 the value is bounded and the gradient is 0.
     ratio = token_log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).exp()
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
-    return torch.maximum(unclipped, clipped), clipped > unclipped
+    clipped = -advantages * ratio.clamp(1 - settings.clip_low, 1 + settings.clip_high)
+    return _TokenLoss(torch.maximum(unclipped, clipped), clipped > unclipped, torch.zeros_like(keep))
+
+
+def _cispo(tokens: _Tokens, settings: LossSettings) -> _TokenLoss:
+    """The clipped IS weight, detached, times -A * logp; ``clipped`` marks the clipped weights."""
+    ratio = tokens.log_ratio.detach().exp()
+    floor, ceiling = 1 - settings.clip_low, 1 + settings.clip_high
+    # The weight is detached: every token keeps its gradient -A * w * grad logp, clipped or not.
+    loss = -tokens.advantages * ratio.clamp(floor, ceiling) * tokens.logp
+    return _TokenLoss(loss, (ratio < floor) | (ratio > ceiling), torch.zeros_like(tokens.keep))
+
+
+# One entry per LOSS_TYPES name.
+_TOKEN_LOSSES: dict[str, Callable[[_Tokens, LossSettings], _TokenLoss]] = {
+    "ppo_clip": _ppo_clip,
+    "reinforce": _reinforce,
+    "gspo": _gspo,
+    "cispo": _cispo,
+}
 
 
 def bypass_policy_loss(
@@ -264,18 +284,8 @@ def bypass_policy_loss(
     rollout_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    loss_type: str,
-    clip_low: float,
-    clip_high: float,
-    clip_c: float,
-    agg: str,
-    norm_constant: float | None,
-    is_level: str | None,
-    is_threshold: float | str | None,
-    is_batch_normalize: bool,
-    rs: str | None,
-    rs_threshold: float | str | None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -286,8 +296,7 @@ def bypass_policy_loss(
         rollout_logp: [B, T] log-probabilities reported by the rollout engine (detached).
         advantages: [B, T] per-token advantages.
         mask: [B, T] 0/1 float or bool, 1 on real response tokens (before rejection).
-        loss_type, clip_low, clip_high, clip_c, agg, norm_constant: as in ``policy_loss``.
-        is_level, is_threshold, is_batch_normalize, rs, rs_threshold: as in ``rollout_correction``.
+        settings: as in ``policy_loss``, and ``settings.correction`` for ``rollout_correction``.
         global_num_tokens, global_num_seqs: as in ``aggregate``; when omitted, the counts of
             ``mask`` (before rejection) are used.
 
@@ -298,7 +307,6 @@ def bypass_policy_loss(
     Raises:
         ValueError: any invalid argument of ``policy_loss`` or ``rollout_correction``.
     """
-    check_choice("loss_type", loss_type, LOSS_TYPES)
     logp = check_token_tensor("logp", logp)
     rollout_logp = check_token_tensor("rollout_logp", rollout_logp)
     advantages = check_token_tensor("advantages", advantages)
@@ -306,14 +314,7 @@ def bypass_policy_loss(
     check_same_shape("advantages", advantages, "logp", logp)
     keep = check_mask(mask, "logp", logp)
     weights, kept_mask, correction_metrics = rollout_correction(
-        logp.detach(),
-        rollout_logp,
-        mask,
-        is_level=is_level,
-        is_threshold=is_threshold,
-        is_batch_normalize=is_batch_normalize,
-        rs=rs,
-        rs_threshold=rs_threshold,
+        logp.detach(), rollout_logp, mask, **dataclasses.asdict(settings.correction)
     )
     if global_num_tokens is None:
         global_num_tokens = float(keep.sum())
@@ -324,13 +325,8 @@ def bypass_policy_loss(
         rollout_logp,
         advantages,
         kept_mask,
-        loss_type=loss_type,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        clip_c=clip_c,
-        agg=agg,
-        is_weights=None if loss_type in _RATIO_LOSS_TYPES else weights,
-        norm_constant=norm_constant,
+        settings,
+        is_weights=None if settings.loss_type in _RATIO_LOSS_TYPES else weights,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
     )

@@ -7,24 +7,24 @@ pi_theta, the policy being trained (``logp``, with gradient).
 
 API
 ---
-``MODES = ("bypass", "decoupled", "naive")``
+``MODES = ("bypass", "decoupled", "naive")`` (asyncgrpo/algo/settings.py, beside ``LossSettings``)
 
 ``bypass_policy_loss`` (asyncgrpo/algo/losses.py)
     ``bypass``: no recompute pass; mu is the anchor, ``old_logp := rollout_logp``.
 
-``decoupled_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, *, ...) -> (loss, metrics)``
+``decoupled_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, settings, *, ...) -> (loss, metrics)``
     ``decoupled`` (verl's decoupled mode, AReaL's decoupled PPO): pi_prox is the anchor,
     ``old_logp := prox_logp``, and ``rollout_correction(prox_logp, rollout_logp, mask, ...)`` gives IS
-    weights pi_prox / mu (token or sequence level, truncated or masked per ``algo.correction.*``)
+    weights pi_prox / mu (token or sequence level, truncated or masked per ``settings.correction``)
     that multiply the per-token loss of every loss type, and a rejection mask that applies to it.
 
-``naive_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, *, ...) -> (loss, metrics)``
+``naive_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, settings, *, ...) -> (loss, metrics)``
     ``naive``: pi_prox is the anchor and there is no rollout correction at all (stale samples are
     treated as on-policy); ``rollout_logp`` feeds the ``mismatch/`` diagnostics only, never the loss.
 
-``mode_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, *, mode, ...) -> (loss, metrics)``
-    Dispatches on ``mode``: ``prox_logp`` must be ``None`` under ``bypass`` (nothing was recomputed)
-    and a tensor under the two other modes.
+``mode_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, settings, *, ...) -> (loss, metrics)``
+    Dispatches on ``settings.mode``: ``prox_logp`` must be ``None`` under ``bypass`` (nothing was
+    recomputed) and a tensor under the two other modes.
 
 Shapes: ``logp``, ``prox_logp``, ``rollout_logp``, ``advantages`` and ``mask`` are [B, T]; the loss
 is a 0-d tensor. Gradients flow into ``logp`` only (``prox_logp``, ``rollout_logp``, the advantages
@@ -34,23 +34,24 @@ Metrics: the ``policy_loss`` metrics under ``loss/`` (``loss/approx_kl`` is the 
 anchor), the ``is/`` metrics (``decoupled`` with ``is_level`` set) and the ``mismatch/`` metrics of
 pi_prox against mu (all three modes that recompute; under ``bypass`` they compare pi_theta with mu).
 
-The config keys (``algo.*``, ``algo.correction.*``) are keyword-only and have no defaults here.
+The config keys (``algo.*``, ``algo.correction.*``) arrive as one ``LossSettings``; the per-mode
+functions ignore its ``mode``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from asyncgrpo.algo._checks import (
-    check_choice,
     check_mask,
     check_same_shape,
     check_token_tensor,
 )
 from asyncgrpo.algo.correction import rollout_correction
-from asyncgrpo.algo.losses import LOSS_TYPES, bypass_policy_loss, policy_loss
-
-MODES = ("bypass", "decoupled", "naive")
+from asyncgrpo.algo.losses import bypass_policy_loss, policy_loss
+from asyncgrpo.algo.settings import LossSettings
 
 
 def _check_inputs(
@@ -74,18 +75,8 @@ def decoupled_policy_loss(
     rollout_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    loss_type: str,
-    clip_low: float,
-    clip_high: float,
-    clip_c: float,
-    agg: str,
-    norm_constant: float | None,
-    is_level: str | None,
-    is_threshold: float | str | None,
-    is_batch_normalize: bool,
-    rs: str | None,
-    rs_threshold: float | str | None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -98,8 +89,7 @@ def decoupled_policy_loss(
         rollout_logp: [B, T] log-probabilities reported by the rollout engine (detached).
         advantages: [B, T] per-token advantages.
         mask: [B, T] 0/1 float or bool, 1 on real response tokens (before rejection).
-        loss_type, clip_low, clip_high, clip_c, agg, norm_constant: as in ``policy_loss``.
-        is_level, is_threshold, is_batch_normalize, rs, rs_threshold: as in ``rollout_correction``,
+        settings: as in ``policy_loss``, and ``settings.correction`` for ``rollout_correction``,
             applied to (prox_logp, rollout_logp).
         global_num_tokens, global_num_seqs: as in ``aggregate``; when omitted, the counts of
             ``mask`` (before rejection) are used.
@@ -111,17 +101,9 @@ def decoupled_policy_loss(
     Raises:
         ValueError: any invalid argument of ``policy_loss`` or ``rollout_correction``.
     """
-    check_choice("loss_type", loss_type, LOSS_TYPES)
     prox_logp, keep = _check_inputs(logp, prox_logp, rollout_logp, advantages, mask)
     weights, kept_mask, correction_metrics = rollout_correction(
-        prox_logp,
-        rollout_logp,
-        mask,
-        is_level=is_level,
-        is_threshold=is_threshold,
-        is_batch_normalize=is_batch_normalize,
-        rs=rs,
-        rs_threshold=rs_threshold,
+        prox_logp, rollout_logp, mask, **dataclasses.asdict(settings.correction)
     )
     # Rejected tokens add 0 but still count, as in bypass mode: the loss does not depend on the split.
     if global_num_tokens is None:
@@ -133,12 +115,7 @@ def decoupled_policy_loss(
         prox_logp,
         advantages,
         kept_mask,
-        loss_type=loss_type,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        clip_c=clip_c,
-        agg=agg,
-        norm_constant=norm_constant,
+        settings,
         # Unlike bypass, the ratio is against pi_prox, not mu: the weights apply to every loss type.
         is_weights=weights,
         global_num_tokens=global_num_tokens,
@@ -153,13 +130,8 @@ def naive_policy_loss(
     rollout_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    loss_type: str,
-    clip_low: float,
-    clip_high: float,
-    clip_c: float,
-    agg: str,
-    norm_constant: float | None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -169,7 +141,7 @@ def naive_policy_loss(
         logp, prox_logp, advantages, mask: as in ``decoupled_policy_loss``.
         rollout_logp: [B, T] rollout log-probabilities, used for the ``mismatch/`` metrics only
             (how stale the samples were); the loss and its gradient do not depend on it.
-        loss_type, clip_low, clip_high, clip_c, agg, norm_constant: as in ``policy_loss``.
+        settings: as in ``policy_loss``; ``settings.correction`` is ignored.
         global_num_tokens, global_num_seqs: as in ``aggregate``.
 
     Returns:
@@ -180,7 +152,6 @@ def naive_policy_loss(
         ValueError: any invalid argument of ``policy_loss``, or a shape mismatch or NaN in
             ``prox_logp`` / ``rollout_logp``.
     """
-    check_choice("loss_type", loss_type, LOSS_TYPES)
     prox_logp, _ = _check_inputs(logp, prox_logp, rollout_logp, advantages, mask)
     # Diagnostics only: no weights, no rejection.
     _, _, mismatch_metrics = rollout_correction(
@@ -192,12 +163,7 @@ def naive_policy_loss(
         prox_logp,
         advantages,
         mask,
-        loss_type=loss_type,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        clip_c=clip_c,
-        agg=agg,
-        norm_constant=norm_constant,
+        settings,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
     )
@@ -210,43 +176,29 @@ def mode_policy_loss(
     rollout_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    mode: str,
-    loss_type: str,
-    clip_low: float,
-    clip_high: float,
-    clip_c: float,
-    agg: str,
-    norm_constant: float | None,
-    is_level: str | None,
-    is_threshold: float | str | None,
-    is_batch_normalize: bool,
-    rs: str | None,
-    rs_threshold: float | str | None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy loss of ``mode`` (one of ``MODES``); the other arguments as in ``decoupled_policy_loss``.
+    """The policy loss of ``settings.mode``; the other arguments as in ``decoupled_policy_loss``.
 
     ``prox_logp`` is ``None`` under ``bypass`` and a [B, T] tensor under ``decoupled`` and ``naive``.
-    ``naive`` ignores the ``is_*`` and ``rs*`` arguments.
+    ``naive`` ignores ``settings.correction``.
 
     Raises:
-        ValueError: unknown mode, ``prox_logp`` given under ``bypass`` or missing under the other
-            modes, and every error of the mode's own function.
+        ValueError: ``prox_logp`` given under ``bypass`` or missing under the other modes, and every
+            error of the mode's own function.
     """
-    check_choice("mode", mode, MODES)
-    policy = {"loss_type": loss_type, "clip_low": clip_low, "clip_high": clip_high, "clip_c": clip_c, "agg": agg,
-              "norm_constant": norm_constant, "global_num_tokens": global_num_tokens,
-              "global_num_seqs": global_num_seqs}
-    correction = {"is_level": is_level, "is_threshold": is_threshold, "is_batch_normalize": is_batch_normalize,
-                  "rs": rs, "rs_threshold": rs_threshold}
-    if mode == "bypass":
+    counts = {"global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
+    if settings.mode == "bypass":
         if prox_logp is not None:
             raise ValueError("prox_logp must be None under mode bypass: the rollout log-probs are the anchor")
-        return bypass_policy_loss(logp, rollout_logp, advantages, mask, **policy, **correction)
+        return bypass_policy_loss(logp, rollout_logp, advantages, mask, settings, **counts)
     if prox_logp is None:
-        raise ValueError(f"prox_logp is required under mode {mode}: the recomputed proximal log-probs are the anchor")
-    if mode == "decoupled":
-        return decoupled_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, **policy, **correction)
-    return naive_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, **policy)
+        raise ValueError(
+            f"prox_logp is required under mode {settings.mode}: the recomputed proximal log-probs are the anchor"
+        )
+    if settings.mode == "decoupled":
+        return decoupled_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, settings, **counts)
+    return naive_policy_loss(logp, prox_logp, rollout_logp, advantages, mask, settings, **counts)

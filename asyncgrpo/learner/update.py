@@ -1,7 +1,8 @@
 """One optimizer step of GRPO on a batch: advantages, under algo.mode=decoupled|naive the proximal
 log-probs (one forward pass without gradient, before the gradient micro-batches), the loss over
 token-budget micro-batches with global denominators, gradient clipping, the optimizer and schedule
-steps. The loss itself, per mode, is asyncgrpo.algo's; this module only orchestrates.
+steps. The loss itself, per mode, is asyncgrpo.algo's; this module only orchestrates, and reads the
+algo section into the loss's settings once per step (`loss_settings`).
 
 Every rank holds the whole batch: advantages and the loss denominators (the batch's global token
 and sequence counts) come from all of it, so the update depends neither on how the batch is split
@@ -25,6 +26,7 @@ from asyncgrpo.schema import Config
 def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int) -> dict[str, float]:
     """Every rank calls it with the same batch; returns the step's loss and optimizer metrics."""
     policy.model.train()
+    settings = loss_settings(cfg)
     advantages = algo.group_advantages(batch.rewards, batch.group_index, mode=cfg.algo.advantage)
     global_tokens = float(batch.mask.sum())
     global_seqs = float((batch.mask.sum(1) > 0).sum())
@@ -39,7 +41,7 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     indices = [torch.tensor(mine[i] if i < len(mine) else [0], dtype=torch.int64, device=batch.rewards.device)
                for i in range(num_micro)]
     prox_logps, recompute_s = None, 0.0
-    if cfg.algo.mode != "bypass":
+    if settings.mode != "bypass":
         # The anchor is the weights before this step's optimizer step (the only one per batch):
         # computed once, up front, for every micro-batch.
         recompute_start = time.perf_counter()
@@ -52,7 +54,7 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
         padding = i >= len(mine)
         micro = batch.select(index)
         loss, metrics = micro_batch_loss(policy, micro, None if prox_logps is None else prox_logps[i],
-                                         advantages.index_select(0, index), cfg, global_tokens, global_seqs)
+                                         advantages.index_select(0, index), settings, global_tokens, global_seqs)
         (loss * 0.0 if padding else loss).backward()
         if padding:
             parts.append((0.0, metrics))
@@ -86,16 +88,38 @@ def proximal_logprobs(policy: Policy, batch: Batch, indices: list[torch.Tensor])
     return prox_logps
 
 
+def loss_settings(cfg: Config) -> algo.LossSettings:
+    """The algo section as the loss reads it. `algo.advantage` is read by `update` itself and
+    `algo.kl.reference_on` by `Policy.from_config`; `algo.kl.enabled` decides whether `kl` is set."""
+    a = cfg.algo
+    return algo.LossSettings(
+        mode=a.mode,
+        loss_type=a.loss_type,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        clip_c=a.clip_c,
+        agg=a.agg,
+        # Dr.GRPO's constant must not depend on a micro-batch's padding.
+        norm_constant=a.norm_constant or float(cfg.rollout.max_new_tokens),
+        correction=algo.CorrectionSettings(
+            is_level=a.correction.is_level,
+            is_threshold=a.correction.is_threshold,
+            is_batch_normalize=a.correction.is_batch_normalize,
+            rs=a.correction.rs,
+            rs_threshold=a.correction.rs_threshold,
+        ),
+        kl=algo.KLSettings(kind=a.kl.kind, coef=a.kl.coef) if a.kl.enabled else None,
+    )
+
+
 def micro_batch_loss(policy: Policy, micro: Batch, prox_logp: torch.Tensor | None, advantages: torch.Tensor,
-                     cfg: Config, global_tokens: float, global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+                     settings: algo.LossSettings, global_tokens: float,
+                     global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the global loss (policy loss plus the KL penalty, if on).
 
     prox_logp [B, T]: the proximal log-probs (None under algo.mode=bypass); advantages [B];
     global_tokens / global_seqs: the whole batch's counts (the denominators).
     """
-    a = cfg.algo
-    # Dr.GRPO's constant must not depend on a micro-batch's padding.
-    norm_constant = a.norm_constant or float(cfg.rollout.max_new_tokens)
     logp, entropy = policy.logprobs_and_entropy(micro)
     loss, metrics = algo.mode_policy_loss(
         logp,
@@ -103,28 +127,17 @@ def micro_batch_loss(policy: Policy, micro: Batch, prox_logp: torch.Tensor | Non
         micro.rollout_logp,
         advantages.unsqueeze(1) * micro.mask,
         micro.mask,
-        mode=a.mode,
-        loss_type=a.loss_type,
-        clip_low=a.clip_low,
-        clip_high=a.clip_high,
-        clip_c=a.clip_c,
-        agg=a.agg,
-        norm_constant=norm_constant,
-        is_level=a.correction.is_level,
-        is_threshold=a.correction.is_threshold,
-        is_batch_normalize=a.correction.is_batch_normalize,
-        rs=a.correction.rs,
-        rs_threshold=a.correction.rs_threshold,
+        settings,
         global_num_tokens=global_tokens,
         global_num_seqs=global_seqs,
     )
     # This micro-batch's mean over its real tokens; combine_metrics weights it by tokens.
     metrics["policy/entropy"] = float((entropy * micro.mask).sum() / micro.mask.sum().clamp(min=1))
-    if policy.reference is not None:
-        kl = algo.aggregate(algo.kl_penalty(logp, policy.reference_logprobs(micro), kind=a.kl.kind), micro.mask,
-                            a.agg, norm_constant=norm_constant, global_num_tokens=global_tokens,
-                            global_num_seqs=global_seqs)
-        loss = loss + a.kl.coef * kl
+    if settings.kl is not None:
+        kl = algo.aggregate(algo.kl_penalty(logp, policy.reference_logprobs(micro), kind=settings.kl.kind),
+                            micro.mask, settings.agg, norm_constant=settings.norm_constant,
+                            global_num_tokens=global_tokens, global_num_seqs=global_seqs)
+        loss = loss + settings.kl.coef * kl
         # Each micro-batch's share of the global mean; combine_metrics weights by tokens.
         metrics["loss/kl"] = float(kl.detach()) * global_tokens / max(1.0, float(micro.mask.sum()))
     return loss, metrics

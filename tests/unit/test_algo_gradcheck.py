@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from flat_settings import call_with_settings
 from torch.autograd import gradcheck
 
 from asyncgrpo.algo import AGG_MODES, bypass_policy_loss, kl_penalty, policy_loss
@@ -32,7 +33,7 @@ def test_policy_loss(agg, loss_type):
 
     def loss(logp):
         options = PPO | {"loss_type": loss_type, "agg": agg}
-        return policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options, is_weights=weights)[0]
+        return call_with_settings(policy_loss, logp, OLD_LOGP, ADVANTAGES, MASK, **options, is_weights=weights)[0]
 
     assert gradcheck(loss, (current_logp(),))
 
@@ -42,7 +43,7 @@ def test_bypass_ppo_clip_with_rejection(agg):
     # token_k1 at 3 keeps ratios in [1/3, 3]: the ratio 5 is rejected, the others are far from the bounds.
     def loss(logp):
         options = PPO | NO_CORRECTION | {"agg": agg, "is_level": "token", "rs": "token_k1", "rs_threshold": 3.0}
-        return bypass_policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options)[0]
+        return call_with_settings(bypass_policy_loss, logp, OLD_LOGP, ADVANTAGES, MASK, **options)[0]
 
     assert gradcheck(loss, (current_logp(),))
 
@@ -53,7 +54,7 @@ def test_bypass_reinforce(is_level):
     # locally constant, so finite differences see only the detached-weight gradient.
     def loss(logp):
         options = PPO | NO_CORRECTION | {"loss_type": "reinforce", "is_level": is_level, "is_threshold": 0.4}
-        return bypass_policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options)[0]
+        return call_with_settings(bypass_policy_loss, logp, OLD_LOGP, ADVANTAGES, MASK, **options)[0]
 
     assert gradcheck(loss, (current_logp(),))
 
@@ -97,7 +98,8 @@ def test_gspo(agg, with_weights):
 
     def loss(logp):
         options = PPO | {"loss_type": "gspo", "agg": agg}
-        return policy_loss(logp, GSPO_OLD_LOGP, GSPO_ADVANTAGES, GSPO_MASK, **options, is_weights=row_weights)[0]
+        return call_with_settings(policy_loss, logp, GSPO_OLD_LOGP, GSPO_ADVANTAGES, GSPO_MASK, **options,
+                                  is_weights=row_weights)[0]
 
     assert gradcheck(loss, ((GSPO_OLD_LOGP + GSPO_RATIOS.log()).requires_grad_(),))
 
@@ -117,6 +119,6 @@ def test_cispo(agg):
 
     def loss(logp):
         options = PPO | {"loss_type": "cispo", "agg": agg}
-        return policy_loss(logp, OLD_LOGP, ADVANTAGES, MASK, **options, is_weights=weights)[0]
+        return call_with_settings(policy_loss, logp, OLD_LOGP, ADVANTAGES, MASK, **options, is_weights=weights)[0]
 
     assert gradcheck(loss, ((OLD_LOGP + CISPO_RATIOS.log()).requires_grad_(),))

@@ -1,18 +1,20 @@
 """Hand-computed cases for asyncgrpo.algo.aggregate, policy_loss and bypass_policy_loss."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from asyncgrpo.algo import aggregate, bypass_policy_loss, policy_loss
+from flat_settings import NO_CORRECTION, call_with_settings, flat_settings
 
-# The functions take their config keys (algo.*, algo.correction.*) without defaults. The
-# hand-computed cases below assume these values unless a test overrides them: a symmetric clip
-# range of 0.2, dual clip 3, token-mean, and no rollout correction.
+from asyncgrpo.algo import CorrectionSettings, KLSettings, aggregate, bypass_policy_loss, policy_loss
+
+# The functions take their config keys (algo.*, algo.correction.*) as a LossSettings without
+# defaults. The hand-computed cases below assume these values unless a test overrides them: a
+# symmetric clip range of 0.2, dual clip 3, token-mean, and no rollout correction.
 PPO = {"loss_type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2, "clip_c": 3.0, "agg": "token-mean",
        "norm_constant": None}
-NO_CORRECTION = {"is_level": None, "is_threshold": 2.0, "is_batch_normalize": False, "rs": None, "rs_threshold": None}
 
 
 def f64(values):
@@ -21,12 +23,13 @@ def f64(values):
 
 def ppo(logp, old_logp, advantages, mask, **options):
     """policy_loss with PPO's settings, `options` overriding them."""
-    return policy_loss(logp, old_logp, advantages, mask, **(PPO | options))
+    return call_with_settings(policy_loss, logp, old_logp, advantages, mask, **(PPO | options))
 
 
 def bypass(logp, rollout_logp, advantages, mask, **options):
     """bypass_policy_loss with PPO's settings and no correction, `options` overriding them."""
-    return bypass_policy_loss(logp, rollout_logp, advantages, mask, **(PPO | NO_CORRECTION | options))
+    return call_with_settings(bypass_policy_loss, logp, rollout_logp, advantages, mask,
+                              **(PPO | NO_CORRECTION | options))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +298,7 @@ def test_policy_loss_invalid_arguments(kwargs, argument):
     logp, old_logp = regime_inputs()
     arguments = {"logp": logp, "old_logp": old_logp, "advantages": ADVANTAGES, "mask": REGIME_MASK} | PPO | kwargs
     with pytest.raises(ValueError, match=argument):
-        policy_loss(**arguments)
+        call_with_settings(policy_loss, **arguments)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,18 +393,22 @@ def test_bypass_invalid_arguments(kwargs, argument):
     logp, rollout_logp, advantages, mask = bypass_inputs()
     arguments = {"logp": logp, "rollout_logp": rollout_logp, "advantages": advantages, "mask": mask} | PPO | NO_CORRECTION
     with pytest.raises(ValueError, match=argument):
-        bypass_policy_loss(**(arguments | kwargs))
+        call_with_settings(bypass_policy_loss, **(arguments | kwargs))
 
 
-@pytest.mark.parametrize("function", [policy_loss, bypass_policy_loss])
-@pytest.mark.parametrize("key", ["loss_type", "clip_low", "clip_high", "clip_c", "agg", "norm_constant"])
-def test_config_keys_have_no_default(function, key):
+COMPLETE_SETTINGS = [flat_settings(**PPO), CorrectionSettings(**NO_CORRECTION), KLSettings(kind="k3", coef=0.1)]
+
+
+@pytest.mark.parametrize(
+    ("complete", "key"),
+    [(settings, field.name) for settings in COMPLETE_SETTINGS for field in dataclasses.fields(settings)],
+)
+def test_config_keys_have_no_default(complete, key):
     """A missing config key is an error, not a silent default that may differ from config's."""
-    logp, old_logp = regime_inputs()
-    arguments = PPO | (NO_CORRECTION if function is bypass_policy_loss else {})
+    arguments = {field.name: getattr(complete, field.name) for field in dataclasses.fields(complete)}
     del arguments[key]
     with pytest.raises(TypeError, match=key):
-        function(logp, old_logp, ADVANTAGES, REGIME_MASK, **arguments)
+        type(complete)(**arguments)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from flat_settings import call_with_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,8 +51,9 @@ def three_policies(draw, max_rows=6, max_tokens=6):
 
 
 def loss_and_gradient(function, logp, *args, **options):
+    """function(logp, *args) with config's settings (PPO, CORRECTION), `options` overriding them."""
     logp = logp.detach().clone().requires_grad_()
-    loss, metrics = function(logp, *args, **options)
+    loss, metrics = call_with_settings(function, logp, *args, **(PPO | CORRECTION | options))
     (gradient,) = torch.autograd.grad(loss, logp)
     return loss.detach(), gradient, metrics
 
@@ -66,8 +68,8 @@ ADVANTAGES = f64([[1.0, 1.0]])
 MASK = torch.ones(1, 2, dtype=torch.float64)
 
 
-def decoupled(logp, prox=PROX, rollout=ROLLOUT, **options):
-    return decoupled_policy_loss(logp, prox, rollout, ADVANTAGES, MASK, **(PPO | CORRECTION | options))
+def decoupled(logp, prox=PROX, rollout=ROLLOUT, *, settings):
+    return decoupled_policy_loss(logp, prox, rollout, ADVANTAGES, MASK, settings)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +112,8 @@ def test_decoupled_rejection_uses_prox_over_mu_and_still_counts_rejected_tokens(
 
 
 def test_decoupled_metric_keys():
-    _, metrics = decoupled(PROX.clone().requires_grad_(), is_level="sequence", rs="seq_mean_k3", rs_threshold=5.0)
+    options = PPO | CORRECTION | {"is_level": "sequence", "rs": "seq_mean_k3", "rs_threshold": 5.0}
+    _, metrics = call_with_settings(decoupled, PROX.clone().requires_grad_(), **options)
     assert {"loss/pg", "loss/clipfrac", "loss/clipfrac_lower", "loss/approx_kl"} <= metrics.keys()
     assert {"is/mean", "is/ess", "is/rs_masked_token_frac", "mismatch/kl", "mismatch/chi2_seq"} <= metrics.keys()
     assert all(key.split("/")[0] in {"loss", "is", "mismatch"} for key in metrics)
@@ -172,7 +175,7 @@ def test_decoupled_loss_over_micro_batches_equals_unsplit(data, batch, loss_type
     logp.requires_grad_()
     options = PPO | CORRECTION | {"loss_type": loss_type, "agg": agg, "is_level": is_level, "rs": rs,
                                   "rs_threshold": "1.5"}
-    whole, _ = decoupled_policy_loss(logp, prox, rollout, advantages, mask, **options)
+    whole, _ = call_with_settings(decoupled_policy_loss, logp, prox, rollout, advantages, mask, **options)
     (whole_grad,) = torch.autograd.grad(whole, logp)
     order = data.draw(st.permutations(range(len(mask))))
     cuts = sorted(data.draw(st.sets(st.integers(1, len(mask) - 1), max_size=len(mask) - 1))) if len(mask) > 1 else []
@@ -180,8 +183,8 @@ def test_decoupled_loss_over_micro_batches_equals_unsplit(data, batch, loss_type
     parts = 0.0
     for start, end in itertools.pairwise([0, *cuts, len(mask)]):
         rows = torch.tensor(order[start:end])
-        part, _ = decoupled_policy_loss(logp[rows], prox[rows], rollout[rows], advantages[rows], mask[rows],
-                                        **options, **counts)
+        part, _ = call_with_settings(decoupled_policy_loss, logp[rows], prox[rows], rollout[rows], advantages[rows],
+                                     mask[rows], **options, **counts)
         parts = parts + part
     (parts_grad,) = torch.autograd.grad(parts, logp)
     assert parts.item() == pytest.approx(whole.item(), rel=1e-9, abs=1e-12)
@@ -210,7 +213,7 @@ def test_naive_ignores_mu_entirely(batch, loss_type, agg):
 
 def test_naive_still_reports_the_mismatch_of_prox_and_mu():
     logp = PROX.clone().requires_grad_()
-    _, metrics = naive_policy_loss(logp, PROX, ROLLOUT, ADVANTAGES, MASK, **PPO)
+    _, metrics = call_with_settings(naive_policy_loss, logp, PROX, ROLLOUT, ADVANTAGES, MASK, **PPO)
     assert metrics["mismatch/kl"] == pytest.approx((-math.log(3.0) + math.log(1.5)) / 2, rel=1e-12)
     assert metrics["loss/pg"] == pytest.approx(-1.0)  # ratio 1, A = 1, no weights
 
@@ -247,7 +250,8 @@ def test_mode_policy_loss_dispatches_to_the_mode(mode):
 )
 def test_mode_policy_loss_refuses_a_missing_or_unexpected_anchor(mode, prox, argument):
     with pytest.raises(ValueError, match=argument):
-        mode_policy_loss(PROX.clone().requires_grad_(), prox, ROLLOUT, ADVANTAGES, MASK, mode=mode, **PPO, **CORRECTION)
+        call_with_settings(mode_policy_loss, PROX.clone().requires_grad_(), prox, ROLLOUT, ADVANTAGES, MASK, mode=mode,
+                           **PPO, **CORRECTION)
 
 
 @pytest.mark.parametrize("function", [decoupled_policy_loss, naive_policy_loss])
@@ -268,4 +272,4 @@ def test_invalid_arguments(function, kwargs, argument):
     if function is decoupled_policy_loss:
         arguments |= CORRECTION
     with pytest.raises(ValueError, match=argument):
-        function(**(arguments | kwargs))
+        call_with_settings(function, **(arguments | kwargs))

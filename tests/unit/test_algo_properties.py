@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from flat_settings import call_with_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -153,7 +154,7 @@ def test_weights_path_carries_no_gradient(batch, level):
     logp, rollout_logp, advantages, mask = batch
     logp.requires_grad_()
     options = PPO | CORRECTION | {"loss_type": "reinforce", "is_level": level, "is_threshold": 1e6}
-    loss, _ = bypass_policy_loss(logp, rollout_logp, advantages, mask, **options)
+    loss, _ = call_with_settings(bypass_policy_loss, logp, rollout_logp, advantages, mask, **options)
     (gradient,) = torch.autograd.grad(loss, logp)
     weights, _, _ = rollout_correction(logp.detach(), rollout_logp, mask, **(CORRECTION | {"is_level": level, "is_threshold": 1e6}))
     # d/dlogp of -A * logp * w / N with w held constant; a gradient through w would add A*logp*w/N terms.
@@ -195,11 +196,12 @@ def test_policy_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, a
     logp, old_logp, advantages, mask = batch
     logp.requires_grad_()
     options = PPO | {"loss_type": loss_type, "agg": agg}
-    whole, _ = policy_loss(logp, old_logp, advantages, mask, **options)
+    whole, _ = call_with_settings(policy_loss, logp, old_logp, advantages, mask, **options)
     (whole_grad,) = torch.autograd.grad(whole, logp)
     parts = 0.0
     for rows in data.draw(row_splits(len(mask))):
-        part, _ = policy_loss(
+        part, _ = call_with_settings(
+            policy_loss,
             logp[rows],
             old_logp[rows],
             advantages[rows],
@@ -226,12 +228,13 @@ def test_bypass_loss_over_micro_batches_equals_unsplit(data, batch, loss_type, a
     logp, rollout_logp, advantages, mask = batch
     logp.requires_grad_()
     options = PPO | CORRECTION | {"loss_type": loss_type, "agg": agg, "is_level": is_level, "rs": rs, "rs_threshold": "1.5"}
-    whole, _ = bypass_policy_loss(logp, rollout_logp, advantages, mask, **options)
+    whole, _ = call_with_settings(bypass_policy_loss, logp, rollout_logp, advantages, mask, **options)
     (whole_grad,) = torch.autograd.grad(whole, logp)
     parts = 0.0
     for rows in data.draw(row_splits(len(mask))):
-        part, _ = bypass_policy_loss(
-            logp[rows], rollout_logp[rows], advantages[rows], mask[rows], **options, **global_counts(mask)
+        part, _ = call_with_settings(
+            bypass_policy_loss, logp[rows], rollout_logp[rows], advantages[rows], mask[rows], **options,
+            **global_counts(mask)
         )
         parts = parts + part
     (parts_grad,) = torch.autograd.grad(parts, logp)
@@ -245,7 +248,7 @@ def test_extreme_log_ratios_stay_finite(batch):
     logp, old_logp, advantages, mask = batch
     logp.requires_grad_()
     options = PPO | CORRECTION | {"is_level": "sequence", "rs": "seq_sum_k1", "rs_threshold": 1e3}
-    loss, metrics = bypass_policy_loss(logp, old_logp, advantages, mask, **options)
+    loss, metrics = call_with_settings(bypass_policy_loss, logp, old_logp, advantages, mask, **options)
     (gradient,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and bool(torch.isfinite(gradient).all())
     assert all(math.isfinite(value) for value in metrics.values())
@@ -263,8 +266,10 @@ def test_on_policy_ratio_losses_have_the_policy_gradient_of_reinforce(batch, agg
     # weight is 1. For gspo that is the sequence-mean policy gradient under seq-mean-token-mean.
     logp, _, advantages, mask = batch
     logp.requires_grad_()
-    loss, _ = policy_loss(logp, logp.detach(), advantages, mask, **(PPO | {"loss_type": loss_type, "agg": agg}))
-    reinforce, _ = policy_loss(logp, logp.detach(), advantages, mask, **(PPO | {"loss_type": "reinforce", "agg": agg}))
+    loss, _ = call_with_settings(policy_loss, logp, logp.detach(), advantages, mask,
+                                 **(PPO | {"loss_type": loss_type, "agg": agg}))
+    reinforce, _ = call_with_settings(policy_loss, logp, logp.detach(), advantages, mask,
+                                      **(PPO | {"loss_type": "reinforce", "agg": agg}))
     (gradient,) = torch.autograd.grad(loss, logp)
     (reinforce_gradient,) = torch.autograd.grad(reinforce, logp)
     torch.testing.assert_close(gradient, reinforce_gradient)
@@ -281,7 +286,7 @@ def test_gspo_is_the_clipped_sequence_objective_with_its_gradient(batch):
     logp.requires_grad_()
     clip_low, clip_high = PPO["clip_low"], PPO["clip_high"]
     options = PPO | {"loss_type": "gspo", "agg": "seq-mean-token-mean"}
-    loss, _ = policy_loss(logp, old_logp, advantages, mask, **options)
+    loss, _ = call_with_settings(policy_loss, logp, old_logp, advantages, mask, **options)
     (gradient,) = torch.autograd.grad(loss, logp)
 
     lengths = mask.sum(-1)
@@ -304,7 +309,7 @@ def test_cispo_gradient_is_minus_advantage_times_the_clipped_weight(batch, clip_
     logp, old_logp, advantages, mask = batch
     logp.requires_grad_()
     options = PPO | {"loss_type": "cispo", "clip_low": clip_low, "agg": "token-mean"}
-    loss, metrics = policy_loss(logp, old_logp, advantages, mask, **options)
+    loss, metrics = call_with_settings(policy_loss, logp, old_logp, advantages, mask, **options)
     (gradient,) = torch.autograd.grad(loss, logp)
     ratio = (logp.detach() - old_logp).clamp(-20, 20).exp()
     weight = ratio.clamp(1 - clip_low, 1 + PPO["clip_high"])

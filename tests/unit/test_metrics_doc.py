@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from flat_settings import call_with_settings
 from metrics_doc import METRICS_DOC, STEP_SECTION, SUMMARY_SECTION, documented_keys, section_keys, undocumented
 from test_update_modes import groups
 
@@ -128,8 +129,8 @@ def test_every_loss_metric_of_every_mode_and_loss_type_is_documented(mode, loss_
     logp = -torch.rand(shape, generator=generator) - 0.1
     rollout = -torch.rand(shape, generator=generator) - 0.1
     mask = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2, [1.0] + [0.0] * 4])
-    _, metrics = algo.mode_policy_loss(
-        logp.requires_grad_(), None if mode == "bypass" else logp.detach() + 0.05, rollout,
+    _, metrics = call_with_settings(
+        algo.mode_policy_loss, logp.requires_grad_(), None if mode == "bypass" else logp.detach() + 0.05, rollout,
         torch.randn(shape, generator=generator) * mask, mask, mode=mode, loss_type=loss_type,
         clip_low=1.0 if loss_type == "cispo" else 0.2, clip_high=0.28, clip_c=3.0, agg="token-mean",
         norm_constant=None, is_level="token", is_threshold=is_threshold, is_batch_normalize=True,
