@@ -32,7 +32,7 @@ from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.metrics.samples import sample_records
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.queue.registry import GeneratorRegistry
-from asyncgrpo.queue.replay_queue import GroupSource, QueueTimeout
+from asyncgrpo.queue.sources import GroupSource, QueueTimeout
 from asyncgrpo.rewards.metrics import reward_term_metrics
 from asyncgrpo.schema import Config
 from asyncgrpo.runtime.timing import PhaseTimer
@@ -331,7 +331,7 @@ class Learner:
     def save_checkpoint(self, directory: str | Path) -> str:
         """A sharded checkpoint in `directory`/step_<version> (every rank calls it); returns its path."""
         states = {"learner": self.state_dict(), "schedule": self.policy.schedule_state_dict()}
-        if self.source is not None and hasattr(self.source, "state_dict"):
+        if self.source is not None:
             states["queue"] = self.source.state_dict()
         # Nothing is pushed or taken while the save runs: the generators, told so, wait up to
         # train.checkpoint_timeout_s instead of failing after wire.timeout_s.
@@ -376,7 +376,7 @@ class Learner:
         states = meta["states"]
         self.load_state_dict(states["learner"])
         self.policy.load_schedule_state_dict(states["schedule"])
-        if self.source is not None and hasattr(self.source, "load_state_dict"):
+        if self.source is not None:
             self.source.load_state_dict(states.get("queue", {}))
         return meta
 

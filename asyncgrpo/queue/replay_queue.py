@@ -28,8 +28,7 @@ Without a dispatcher (in-process tests, tools/bench_wire.py) the queue takes gro
 order, whoever sent them; while it is full the receiving thread stops reading, so the senders'
 ZeroMQ high-water marks fill and their sends block (docs/WIRE.md).
 
-The learner takes groups from a `GroupSource`: this queue, or a `ListSource` of fixed groups
-(tests, offline benchmarks).
+The queue is one of the learner's `GroupSource`s (asyncgrpo/queue/sources.py).
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +44,7 @@ import numpy as np
 from asyncgrpo.runtime import faults
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import (
     Grant,
     GrantRouter,
@@ -64,10 +63,6 @@ from asyncgrpo.wire import (
 STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
-
-
-class QueueTimeout(TimeoutError):
-    """`take` did not get its groups in time."""
 
 
 class QueueFull(TimeoutError):
@@ -137,47 +132,6 @@ class GroupLimits:
         if highest >= self.vocab_size:
             return "token_out_of_vocab", f"token id {highest} >= vocabulary size {self.vocab_size}"
         return None
-
-
-class GroupSource(Protocol):
-    """Where the learner takes its groups from."""
-
-    @property
-    def depth(self) -> int:
-        """Groups ready to be taken."""
-
-    def take(self, num_groups: int, learner_version: int, timeout_s: float) -> list[ScoredGroup]:
-        """`num_groups` groups fit to train on at `learner_version`, oldest first; raises
-        `QueueTimeout` if they do not come within `timeout_s`."""
-
-    def stats(self) -> dict[str, float]:
-        """Counters for the step metrics (queue/*, wire/*)."""
-
-    def close(self) -> None: ...
-
-
-class ListSource:
-    """A fixed list of groups, taken in order (tests and offline benchmarks)."""
-
-    def __init__(self, groups: Sequence[ScoredGroup]) -> None:
-        self._groups = deque(groups)
-        self.consumed = 0
-
-    @property
-    def depth(self) -> int:
-        return len(self._groups)
-
-    def take(self, num_groups: int, learner_version: int, timeout_s: float) -> list[ScoredGroup]:
-        if len(self._groups) < num_groups:
-            raise QueueTimeout(f"the list holds {len(self._groups)} groups, {num_groups} asked for")
-        self.consumed += num_groups
-        return [self._groups.popleft() for _ in range(num_groups)]
-
-    def stats(self) -> dict[str, float]:
-        return {"queue/depth": len(self._groups), "queue/consumed": self.consumed}
-
-    def close(self) -> None:
-        pass
 
 
 class ReplayQueue:

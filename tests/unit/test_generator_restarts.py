@@ -17,7 +17,8 @@ from test_generator import make_generator
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import Learner, wait_for_generators
-from asyncgrpo.queue.replay_queue import QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck
 
 
