@@ -49,7 +49,7 @@ class Learner:
         no pushes; `recorder` None: nothing recorded)."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
         self.rank, self.world_size = rank, world_size
-        self.source, self.registry, self.weights, self.recorder = source, registry, weights, recorder
+        self.source, self.weights, self.recorder = source, weights, recorder
         self._owns_process_group = owns_process_group
         self.version = 0
         self.samples_consumed = 0
@@ -120,6 +120,7 @@ class Learner:
         return groups
 
     def _wait_for_generators(self) -> None:
+        """The `ack_wait` phase; a wait counts in `learner/ack_waits`."""
         if self.intake.wait_for_generators(self.version):
             self.ack_waits += 1
 
@@ -171,8 +172,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------- restarts
     # The driver calls these three on rank 0 from the actor's control group, i.e. on another
-    # thread while a step runs: they touch only the queue and the registry (both locked), and leave
-    # publishing to the step's thread (a ZeroMQ socket belongs to one thread).
+    # thread while a step runs: they touch only the queue, the registry and the intake's rejoins (all
+    # locked), and leave publishing to the step's thread (a ZeroMQ socket belongs to one thread).
 
     def generator_down(self, generator_id: int) -> None:
         """Rank 0: the generator's process died and the driver is restarting it: its slots not
