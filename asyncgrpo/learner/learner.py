@@ -1,6 +1,9 @@
 """A learner rank: take groups, update the policy, push the new weights.
 
-    step():  ack_wait -> gen_wait (take) -> prepare -> train (update) -> push
+    step():  ack_wait -> gen_wait (take) -> record -> prepare -> train (update) -> push
+
+Rank 0's first phases wait for lagging engines and take the step's groups through `intake.GroupIntake`,
+which also keeps publishing the newest weights to a restarted generator until it loads them.
 
 Rank 0 owns the group source (the replay queue), the generator registry, the weight sender and,
 with `wire.record_dir`, the stream recorder; the other ranks receive rank 0's batch and join every
@@ -10,9 +13,7 @@ weight sender), `asyncgrpo replay` a `RecordedSource`, and `actor.LearnerActor` 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ import numpy as np
 import torch.distributed as dist
 
 from asyncgrpo.learner import resume
-from asyncgrpo.contract import engine_lag_bound
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
+from asyncgrpo.learner.intake import GroupIntake
 from asyncgrpo.learner.metrics import batch_metrics, rate_metrics
 from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
@@ -32,49 +33,12 @@ from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.metrics.samples import sample_records
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.queue.registry import GeneratorRegistry
-from asyncgrpo.queue.replay_queue import GroupSource, QueueTimeout
+from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.rewards.metrics import reward_term_metrics
 from asyncgrpo.schema import Config
 from asyncgrpo.runtime.timing import PhaseTimer
 from asyncgrpo.weights.base import WeightSender
 from asyncgrpo.wire import SaveNotice, ScoredGroup
-
-# While a restarted generator has not loaded the newest weights, they are published again this often.
-REPUBLISH_EVERY_S = 2.0
-
-
-def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, generator_ids: range, floor: int,
-                        groups_per_step: int, timeout_s: float, max_staleness: int,
-                        on_wait: Callable[[], None] | None = None, lag_name: str = "max_staleness") -> bool:
-    """Hold the update until every generator has loaded a version >= `floor`; True if it waited.
-
-    The grants keep a generator's *groups* fresh; this keeps a stalled *engine* from piling up the
-    versions it has not loaded (`Learner._wait_for_generators`). A generator
-    that is down is not waited for (the registry leaves it out), and while one restarts, or has
-    just rejoined, the wait does not time out (`GeneratorRegistry.restart_grace_until`). `on_wait`
-    runs at every look (the learner re-publishes weights for a rejoined generator there).
-    """
-    if floor <= 0:
-        return False
-    deadline = time.monotonic() + timeout_s
-    waited = False
-    while True:
-        registry.check_reports()
-        if on_wait is not None:
-            on_wait()
-        lagging = {g: v for g, v in registry.acked_versions(generator_ids).items() if v < floor}
-        # A full step already queued means this step waits on nobody; and a generator blocked on a
-        # full socket cannot deliver its acknowledgement until the learner takes (they share the
-        # socket). What is trained stays bounded by the grants and the drop at take.
-        if not lagging or source.depth >= groups_per_step:
-            return waited
-        waited = True
-        deadline = max(deadline, registry.restart_grace_until(timeout_s))
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"learner at version {floor + max_staleness} waited {timeout_s:.0f} s for generators "
-                               f"to load version >= {floor} "
-                               f"({lag_name}={max_staleness}); acknowledged versions: {lagging}")
-        time.sleep(0.0005)
 
 
 class Learner:
@@ -85,7 +49,7 @@ class Learner:
         no pushes; `recorder` None: nothing recorded)."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
         self.rank, self.world_size = rank, world_size
-        self.source, self.registry, self.weights, self.recorder = source, registry, weights, recorder
+        self.source, self.weights, self.recorder = source, weights, recorder
         self._owns_process_group = owns_process_group
         self.version = 0
         self.samples_consumed = 0
@@ -101,11 +65,7 @@ class Learner:
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
         # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
         self._ring = VersionRing.from_config(cfg)
-        # Rejoined generator -> the version it must load; written by the driver's thread
-        # (`generator_rejoined`), served by the step's (`_serve_rejoins`).
-        self._awaiting_weights: dict[int, int] = {}
-        self._rejoin_lock = threading.Lock()
-        self._next_republish = 0.0
+        self.intake = GroupIntake(cfg, source, registry, weights) if source is not None else None
 
     @classmethod
     def from_config(cls, cfg: Config, model_dir: str, rank: int = 0, world_size: int = 1, **where: Any) -> Learner:
@@ -128,43 +88,41 @@ class Learner:
         return records
 
     def step(self) -> dict[str, float]:
-        """One step; only rank 0's metrics carry the queue's and the generators' numbers."""
+        """One step: rank 0's `ack_wait`, `gen_wait` and `record`, then every rank's `prepare`,
+        `train` and `push`, each timed; only rank 0's metrics carry the queue's and the generators'
+        numbers."""
         timer = PhaseTimer()
         start = time.perf_counter()
         self._first_step_start = self._first_step_start or start
-        groups = None
-        if self.rank == 0:
-            with timer("ack_wait"):
-                self._wait_for_generators()
-            with timer("gen_wait"):
-                groups = self._take()
-            if self.recorder is not None:
-                with timer("record"):  # before training: the version is the one that took them
-                    self.recorder.record_step(self.version, groups)
-            self._last_taken = (self.version, groups)
+        groups = self._take_groups(timer) if self.rank == 0 else None
         metrics = self.train_on(groups, timer)
-        self._serve_rejoins()
+        if self.intake is not None:
+            self.intake.rejoins.serve()
         self.idle_s += timer.seconds["ack_wait"] + timer.seconds["gen_wait"]
         self._busy_until = time.perf_counter()
         metrics.update(rate_metrics(metrics, self._busy_until - start))
         metrics.update({"learner/ack_waits": self.ack_waits, **timer.metrics()})
         if self.rank == 0:
-            metrics.update(self._generator_metrics())
+            metrics.update(self.intake.generator_metrics(self.pushed_version))
             metrics.update(self.source.stats())
         return metrics
 
-    def _generator_metrics(self) -> dict[str, float]:
-        """What the generators reported; a generator that rejected weights ends the run, since it
-        would never load another version, and so do reward errors beyond reward.max_error_rate."""
-        if self.registry is None:
-            return {}
-        self.registry.check_reports()
-        acked = self.registry.acked_versions(range(self.cfg.rollout.num_generators))
-        return {**self.registry.report_increments(), "weights/rejected": 0.0,
-                # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait);
-                # under train.fixed_staleness=k the published version is k behind the learner's.
-                "weights/backlog": float(self.pushed_version - min(acked.values(), default=self.pushed_version)),
-                "weights/published_version": float(self.pushed_version)}
+    def _take_groups(self, timer: PhaseTimer) -> list[ScoredGroup]:
+        """Rank 0's phases before training: wait for lagging engines, take the step's groups, record them."""
+        with timer("ack_wait"):
+            self._wait_for_generators()
+        with timer("gen_wait"):
+            groups = self.intake.take(self.version)
+        if self.recorder is not None:
+            with timer("record"):  # before training: the version is the one that took them
+                self.recorder.record_step(self.version, groups)
+        self._last_taken = (self.version, groups)
+        return groups
+
+    def _wait_for_generators(self) -> None:
+        """The `ack_wait` phase; a wait counts in `learner/ack_waits`."""
+        if self.intake.wait_for_generators(self.version):
+            self.ack_waits += 1
 
     def train_on(self, groups: list[ScoredGroup] | None, timer: PhaseTimer | None = None) -> dict[str, float]:
         """Prepare, update and push on `groups` (rank 0's; the other ranks pass None and receive them)."""
@@ -186,42 +144,6 @@ class Learner:
         if groups is not None:
             metrics.update(reward_term_metrics(groups))
         return metrics
-
-    def _wait_for_generators(self) -> None:
-        # Each grant carries the bound (a slot only for weights fresh enough to train
-        # it in time): an engine that lags gets no slots until it loads newer weights, and waiting
-        # for it at max_staleness would hold every step back to the slowest generator again. It is
-        # waited for only when it falls weights.max_backlog_versions (at least max_staleness + 1)
-        # behind, stalled: every version it has not loaded waits in its receive buffer.
-        if self.registry is None:
-            return
-        t = self.cfg.train
-        lag = engine_lag_bound(t.max_staleness, self.cfg.weights.max_backlog_versions)
-        if wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
-                               self.version - lag, t.groups_per_step, self.cfg.wire.timeout_s, lag,
-                               on_wait=self._serve_rejoins,
-                               lag_name="max(weights.max_backlog_versions, train.max_staleness + 1)"):
-            self.ack_waits += 1
-
-    def _take(self) -> list[ScoredGroup]:
-        """A step's groups; while waiting, a report that ends the run (rejected weights, a reward
-        outage) ends the wait."""
-        n, timeout_s = self.cfg.train.groups_per_step, self.cfg.wire.timeout_s
-        if self.registry is None:
-            return self.source.take(n, self.version, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.registry.check_reports()
-            self._serve_rejoins()
-            # A generator being restarted sends nothing: vLLM's start may take longer than timeout_s.
-            deadline = max(deadline, self.registry.restart_grace_until(timeout_s))
-            remaining = deadline - time.monotonic()
-            try:
-                # Slices of a second at most, so a report that ends the run is heard within one.
-                return self.source.take(n, self.version, min(1.0, max(0.0, remaining)))
-            except QueueTimeout as err:
-                if remaining <= 1.0:
-                    raise QueueTimeout(f"no full step within wire.timeout_s={timeout_s:.0f} s; last {err}") from None
 
     def _prepare(self, groups: list[ScoredGroup] | None) -> Batch:
         batch = collate(groups, self.pad_id) if self.rank == 0 else None
@@ -250,8 +172,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------- restarts
     # The driver calls these three on rank 0 from the actor's control group, i.e. on another
-    # thread while a step runs: they touch only the queue and the registry (both locked), and leave
-    # publishing to the step's thread (a ZeroMQ socket belongs to one thread).
+    # thread while a step runs: they touch only the queue, the registry and the intake's rejoins (all
+    # locked), and leave publishing to the step's thread (a ZeroMQ socket belongs to one thread).
 
     def generator_down(self, generator_id: int) -> None:
         """Rank 0: the generator's process died and the driver is restarting it: its slots not
@@ -264,25 +186,9 @@ class Learner:
         and the checkpoint save under way, if any."""
         self.source.rejoin(generator_id, incarnation)
         newest = self.pushed_version
-        with self._rejoin_lock:
-            self._awaiting_weights[generator_id] = newest
-            self._next_republish = 0.0
+        self.intake.rejoins.add(generator_id, newest)
         save = self.save_in_progress()
         return {"newest_version": newest, "save": None if save is None else {"version": save.version, "timeout_s": save.timeout_s}}
-
-    def _serve_rejoins(self) -> None:
-        """On the step's thread: publish the newest weights again while a rejoined generator has
-        not acknowledged them (its subscription may have come up after any one publication)."""
-        if not self._awaiting_weights or self.weights is None or self.registry is None:
-            return
-        with self._rejoin_lock:
-            acked = self.registry.acked_versions(list(self._awaiting_weights))
-            # A generator left out of `acked` is down again: its next rejoin asks anew.
-            self._awaiting_weights = {g: v for g, v in self._awaiting_weights.items() if acked.get(g, v) < v}
-            if not self._awaiting_weights or time.monotonic() < self._next_republish:
-                return
-            self._next_republish = time.monotonic() + REPUBLISH_EVERY_S
-        self.weights.republish()
 
     def finish(self, reason: str = "training finished") -> dict[str, Any]:
         """Make sure the generators hold the final weights, then tell them to stop (every rank calls it)."""
@@ -331,7 +237,7 @@ class Learner:
     def save_checkpoint(self, directory: str | Path) -> str:
         """A sharded checkpoint in `directory`/step_<version> (every rank calls it); returns its path."""
         states = {"learner": self.state_dict(), "schedule": self.policy.schedule_state_dict()}
-        if self.source is not None and hasattr(self.source, "state_dict"):
+        if self.source is not None:
             states["queue"] = self.source.state_dict()
         # Nothing is pushed or taken while the save runs: the generators, told so, wait up to
         # train.checkpoint_timeout_s instead of failing after wire.timeout_s.
@@ -376,7 +282,7 @@ class Learner:
         states = meta["states"]
         self.load_state_dict(states["learner"])
         self.policy.load_schedule_state_dict(states["schedule"])
-        if self.source is not None and hasattr(self.source, "load_state_dict"):
+        if self.source is not None:
             self.source.load_state_dict(states.get("queue", {}))
         return meta
 

@@ -1,2 +1,3 @@
-"""The replay queue between the group stream and the learner (replay_queue), what it knows of each
-generator (registry), and the dispatcher that grants prompts to generators (dispatch)."""
+"""The replay queue between the group stream and the learner (replay_queue, with its ticket slots in
+slots), what it knows of each generator (registry), the dispatcher that grants prompts to
+generators (dispatch), and the interface the learner takes groups through (sources)."""

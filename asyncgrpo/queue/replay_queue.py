@@ -16,7 +16,7 @@ a token id beyond the vocabulary, a sequence beyond the context, more samples th
 does not enter either: it is counted under `wire/rejected/<reason>` beside the messages the codec
 rejects, and its sequence number counts as seen, not lost.
 
-Tickets (`dispatcher`; asyncgrpo/queue/dispatch.py): a generator asks for tickets on the same stream as
+Tickets (`dispatcher`; asyncgrpo/queue/dispatch.py, kept by `TicketSlots` in asyncgrpo/queue/slots.py): a generator asks for tickets on the same stream as
 its groups (`TicketRequest`, answered through `grants`); a group fills the slot its sender holds
 for its prompt, and a take waits for the step's slots, in slot order. The dispatcher grants only
 slots the queue can hold beside the next step's, so nothing here waits for room; a group whose slot
@@ -28,8 +28,7 @@ Without a dispatcher (in-process tests, tools/bench_wire.py) the queue takes gro
 order, whoever sent them; while it is full the receiving thread stops reading, so the senders'
 ZeroMQ high-water marks fill and their sends block (docs/WIRE.md).
 
-The learner takes groups from a `GroupSource`: this queue, or a `ListSource` of fixed groups
-(tests, offline benchmarks).
+The queue is one of the learner's `GroupSource`s (asyncgrpo/queue/sources.py).
 """
 
 from __future__ import annotations
@@ -37,18 +36,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from asyncgrpo.contract import trainable
-from asyncgrpo.runtime import faults
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.slots import TicketSlots
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import (
-    Grant,
     GrantRouter,
     Heartbeat,
     Receiver,
@@ -56,11 +54,8 @@ from asyncgrpo.wire import (
     ScoredGroup,
     TicketRequest,
     VersionAck,
-    holder_identity,
 )
 
-class QueueTimeout(TimeoutError):
-    """`take` did not get its groups in time."""
 
 
 class QueueFull(TimeoutError):
@@ -132,45 +127,26 @@ class GroupLimits:
         return None
 
 
-class GroupSource(Protocol):
-    """Where the learner takes its groups from."""
+@dataclass
+class QueueCounters:
+    """The terms of the accounting identity (above), beside the deepest the queue has been."""
 
-    @property
-    def depth(self) -> int:
-        """Groups ready to be taken."""
+    received: int = 0
+    consumed: int = 0
+    dropped_stale: int = 0
+    dropped_unheld: int = 0
+    peak_depth: int = 0
 
-    def take(self, num_groups: int, learner_version: int, timeout_s: float) -> list[ScoredGroup]:
-        """`num_groups` groups fit to train on at `learner_version`, oldest first; raises
-        `QueueTimeout` if they do not come within `timeout_s`."""
-
-    def stats(self) -> dict[str, float]:
-        """Counters for the step metrics (queue/*, wire/*)."""
-
-    def close(self) -> None: ...
-
-
-class ListSource:
-    """A fixed list of groups, taken in order (tests and offline benchmarks)."""
-
-    def __init__(self, groups: Sequence[ScoredGroup]) -> None:
-        self._groups = deque(groups)
-        self.consumed = 0
-
-    @property
-    def depth(self) -> int:
-        return len(self._groups)
-
-    def take(self, num_groups: int, learner_version: int, timeout_s: float) -> list[ScoredGroup]:
-        if len(self._groups) < num_groups:
-            raise QueueTimeout(f"the list holds {len(self._groups)} groups, {num_groups} asked for")
-        self.consumed += num_groups
-        return [self._groups.popleft() for _ in range(num_groups)]
-
-    def stats(self) -> dict[str, float]:
-        return {"queue/depth": len(self._groups), "queue/consumed": self.consumed}
-
-    def close(self) -> None:
-        pass
+    def stats(self, depth: int, capacity_groups: int) -> dict[str, float]:
+        return {
+            "queue/depth": depth,
+            "queue/peak_depth": self.peak_depth,
+            "queue/capacity": capacity_groups,
+            "queue/received": self.received,
+            "queue/consumed": self.consumed,
+            "queue/dropped_stale": self.dropped_stale,
+            "queue/dropped_unheld": self.dropped_unheld,
+        }
 
 
 class ReplayQueue:
@@ -206,10 +182,9 @@ class ReplayQueue:
         self.poll_interval_s = poll_interval_s
         self.registry = registry if registry is not None else GeneratorRegistry()
         self.counters_at_resume: dict[str, float] = {}
-        self.received = self.consumed = self.dropped_stale = self.dropped_unheld = self.peak_depth = 0
-        self.dispatcher, self.grants = dispatcher, grants
-        self._filled: dict[int, ScoredGroup] = {}  # tickets: slot -> its group, not taken yet
-        self._ticketed_answers = 0  # tickets: answers carrying tickets, for failpoint grant_drop_every
+        self.counters = QueueCounters()
+        # With tickets, groups wait in their slots; without, in `_buffer`, in arrival order.
+        self.tickets = TicketSlots(dispatcher, grants) if dispatcher is not None else None
         self._buffer: deque[ScoredGroup] = deque()
         self._lock = threading.Lock()
         # Two conditions on one lock, so a producer waiting for room and a taker waiting for groups
@@ -264,7 +239,8 @@ class ReplayQueue:
                 # It takes no room: it never waits for any.
                 if self.registry.admit(message.generator_id, message.seq, message.incarnation):
                     self.rejected.record_error(*problem)
-                    self._release_unfilled(message)
+                    if self.tickets is not None:
+                        self.tickets.release(message)
             elif isinstance(message, ScoredGroup):
                 if not self._wait_for_room(deadline):
                     return False
@@ -274,7 +250,10 @@ class ReplayQueue:
             elif isinstance(message, Heartbeat):
                 self.registry.on_heartbeat(message)
             elif isinstance(message, TicketRequest):
-                self._answer(message)
+                if self.tickets is None:
+                    self.rejected.record_error("unexpected_type", "a ticket request to a queue without a dispatcher")
+                else:
+                    self.tickets.answer(message)
             else:
                 raise TypeError(f"the replay queue takes groups, acks, heartbeats and ticket requests, "
                                 f"not {type(message).__name__}")
@@ -283,7 +262,7 @@ class ReplayQueue:
     def _wait_for_room(self, deadline: float | None) -> bool:
         """With the lock held: True once a group may be admitted; False at `deadline` or on stop.
         With tickets always: the dispatcher grants no slot the buffer could not hold."""
-        while self.dispatcher is None and len(self._buffer) >= self.capacity_groups:
+        while self.tickets is None and len(self._buffer) >= self.capacity_groups:
             if self._stop.is_set():
                 return False
             wait_s = self.poll_interval_s if deadline is None else deadline - time.monotonic()
@@ -293,82 +272,19 @@ class ReplayQueue:
         return True
 
     def _admit(self, group: ScoredGroup) -> None:
+        """With the lock held: file the group, in its slot or at the end of the buffer."""
         if not self.registry.admit(group.generator_id, group.seq, group.incarnation):
             return  # the stream is ordered: an old sequence number is a replay; or a replaced process's
-        self.received += 1
-        if self.dispatcher is not None:
-            self._fill(group)
+        self.counters.received += 1
+        if self.tickets is None:
+            self._buffer.append(group)
+        elif not self.tickets.fill(group):
+            self.counters.dropped_unheld += 1
             return
-        self._buffer.append(group)
-        self.peak_depth = max(self.peak_depth, len(self._buffer))
-        if self._waiting_takers and len(self._buffer) >= min(self._waiting_takers):
+        self.counters.peak_depth = max(self.counters.peak_depth, self._depth())
+        # With tickets any arrival may complete the step; without, a take waits for its count.
+        if self._waiting_takers and (self.tickets is not None or len(self._buffer) >= min(self._waiting_takers)):
             self._groups_ready.notify_all()
-
-    # ------------------------------------------------------------------------------- tickets
-
-    def _answer(self, request: TicketRequest) -> None:
-        """With the lock held: a generator's ticket request (its report first), answered at once."""
-        if self.dispatcher is None:
-            self.rejected.record_error("unexpected_type", "a ticket request to a queue without a dispatcher")
-            return
-        holder = (request.generator_id, request.incarnation)
-        grant, tickets = self.dispatcher.request(holder, request.version, request.wanted, request.newest_grant,
-                                                 request.unsent, request.given_back)
-        if self.grants is not None and not (tickets and self._answer_lost()):
-            # Not delivered (the process is gone): its next request, if any, reports it unreceived.
-            self.grants.send_to(holder_identity(*holder), Grant(request.request, grant, [t.slot for t in tickets],
-                                                                [t.position for t in tickets]))
-
-    def _answer_lost(self) -> bool:
-        """Failpoint grant_drop_every: whether this answer carrying tickets is to be lost on the way."""
-        every = faults.every("grant_drop_every")
-        if not every:
-            return False
-        self._ticketed_answers += 1
-        return self._ticketed_answers % every == 0
-
-    def _fill(self, group: ScoredGroup) -> None:
-        """With the lock held: the group fills the slot its sender holds for its prompt, if it still does."""
-        assert self.dispatcher is not None
-        holder = (group.generator_id, group.incarnation)
-        slot = self.dispatcher.slot_of(holder, group.pos)
-        if slot is None or not self.dispatcher.arrived(holder, slot):
-            self.dropped_unheld += 1
-            return
-        self._filled[slot] = group
-        self.peak_depth = max(self.peak_depth, len(self._filled))
-        if self._waiting_takers:
-            self._groups_ready.notify_all()
-
-    def _release_unfilled(self, group: ScoredGroup) -> None:
-        """With the lock held: a rejected group's slot is granted again (not its prompt: it was
-        rejected for what it is)."""
-        if self.dispatcher is not None:
-            slot = self.dispatcher.slot_of((group.generator_id, group.incarnation), group.pos)
-            if slot is not None:
-                self.dispatcher.release(slot)
-
-    def _take_step(self, num_groups: int, learner_version: int) -> list[ScoredGroup] | None:
-        """With the lock held, tickets: the step's groups in slot order once all are in; None before.
-        A group of the step too stale for the policy is dropped and its slot granted again."""
-        d = self.dispatcher
-        assert d is not None
-        if num_groups != d.groups_per_step:
-            raise ValueError(f"with tickets a take is one step of {d.groups_per_step} groups, not {num_groups}")
-        if d.step != learner_version:
-            raise RuntimeError(f"the learner takes at version {learner_version} but the dispatcher is at step "
-                               f"{d.step}: every version takes exactly one step of slots")
-        for slot in d.step_slots():
-            group = self._filled.get(slot)
-            if group is not None and self.policy.too_stale(group, learner_version):
-                del self._filled[slot]
-                d.release(slot)
-                self.dropped_stale += 1
-        if not d.ready():
-            return None
-        batch = [self._filled.pop(slot) for slot, _, _ in d.take()]
-        self.consumed += num_groups
-        return batch
 
     # ------------------------------------------------------------------------------- consumer side
 
@@ -386,11 +302,9 @@ class ReplayQueue:
             while True:
                 if self._error is not None:
                     raise RuntimeError("replay queue receiver thread failed") from self._error
-                if self.dispatcher is not None:
-                    batch = self._take_step(num_groups, learner_version)
-                else:
-                    batch = self._pop_fresh(num_groups, learner_version) if len(self._buffer) >= num_groups else None
+                batch = self._take_ready(num_groups, learner_version)
                 if batch is not None:
+                    self.counters.consumed += num_groups
                     return batch
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -401,6 +315,15 @@ class ReplayQueue:
                 finally:
                     self._waiting_takers.remove(num_groups)
 
+    def _take_ready(self, num_groups: int, learner_version: int) -> list[ScoredGroup] | None:
+        """With the lock held: the groups, if they are in (tickets: the step's slots, in slot order;
+        else the oldest fresh ones); None if not yet. Too-stale groups met are dropped and counted."""
+        if self.tickets is not None:
+            batch, dropped = self.tickets.take_step(num_groups, learner_version, self.policy.too_stale)
+            self.counters.dropped_stale += dropped
+            return batch
+        return self._pop_fresh(num_groups, learner_version) if len(self._buffer) >= num_groups else None
+
     def _pop_fresh(self, num_groups: int, learner_version: int) -> list[ScoredGroup] | None:
         """With the lock held, no dispatcher: pop `num_groups` fresh groups in arrival order,
         dropping stale ones on the way; None if the buffer does not hold them yet (the fresh ones
@@ -409,7 +332,7 @@ class ReplayQueue:
         kept: deque[ScoredGroup] = deque()
         for group in self._buffer:
             if self.policy.too_stale(group, learner_version):
-                self.dropped_stale += 1
+                self.counters.dropped_stale += 1
             elif len(batch) < num_groups:
                 batch.append(group)
             else:
@@ -419,7 +342,6 @@ class ReplayQueue:
             self._buffer = deque(batch)
             return None
         self._buffer = kept
-        self.consumed += num_groups
         return batch
 
     # ------------------------------------------------------------------------------- restarts
@@ -429,8 +351,8 @@ class ReplayQueue:
         go to the next asker, and its late requests get none."""
         incarnation = self.registry.mark_down(generator_id)
         with self._lock:
-            if self.dispatcher is not None:
-                self.dispatcher.generator_down(generator_id, incarnation)
+            if self.tickets is not None:
+                self.tickets.generator_down(generator_id, incarnation)
 
     def rejoin(self, generator_id: int, incarnation: int) -> None:
         """Incarnation `incarnation` of the generator is up: the registry follows it. Its
@@ -442,15 +364,13 @@ class ReplayQueue:
         return (
             f"waited {timeout_s:.0f} s for {num_groups} groups at learner version {learner_version}, "
             f"the queue holds {self._depth()} (capacity {self.capacity_groups}); "
-            + (f"the step still misses slots {self.dispatcher.missing()}; " if self.dispatcher is not None else "")
-            + ("the run's prompts ran out (data.epochs): groups dropped on the way took prompts the last steps "
-               "needed; " if self.dispatcher is not None and not self.dispatcher.prompts_left() else "")
+            + (self.tickets.waiting_for() if self.tickets is not None else "")
             + f"generators last seen: {self.registry.last_seen()}; lost in transit: {self.registry.lost}; "
             f"rejected messages: {rejected or 'none'}"
         )
 
     def _depth(self) -> int:
-        return len(self._filled) if self.dispatcher is not None else len(self._buffer)
+        return self.tickets.depth if self.tickets is not None else len(self._buffer)
 
     @property
     def depth(self) -> int:
@@ -459,18 +379,9 @@ class ReplayQueue:
 
     def stats(self) -> dict[str, float]:
         with self._lock:
-            stats: dict[str, float] = {
-                "queue/depth": self._depth(),
-                "queue/peak_depth": self.peak_depth,
-                "queue/capacity": self.capacity_groups,
-                "queue/received": self.received,
-                "queue/consumed": self.consumed,
-                "queue/dropped_stale": self.dropped_stale,
-                "queue/dropped_unheld": self.dropped_unheld,
-                **self.registry.stats(),
-            }
-            if self.dispatcher is not None:
-                stats.update({f"dispatch/{key}": value for key, value in self.dispatcher.counts.items()})
+            stats = {**self.counters.stats(self._depth(), self.capacity_groups), **self.registry.stats()}
+            if self.tickets is not None:
+                stats.update(self.tickets.stats())
         rejected = self.rejected.counts()
         stats["wire/rejected"] = sum(rejected.values())
         stats.update({f"wire/rejected/{reason}": count for reason, count in sorted(rejected.items())})
@@ -481,19 +392,19 @@ class ReplayQueue:
         saved (the dispatcher gives their prompts again first); a resumed run's queue counts from
         the resume."""
         state: dict[str, Any] = {"counters": self.stats()}
-        if self.dispatcher is not None:
+        if self.tickets is not None:
             with self._lock:
-                state["dispatch"] = self.dispatcher.state_dict()
+                state["dispatch"] = self.tickets.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counters_at_resume = dict(state.get("counters", {}))
-        if self.dispatcher is not None:
+        if self.tickets is not None:
             if "dispatch" not in state:
                 raise ValueError("the checkpoint was written under the shares dispatch, which was removed: "
                                  "tickets is the only dispatch, and it cannot continue a shares checkpoint")
             with self._lock:
-                self.dispatcher = self.dispatcher.restored(state["dispatch"])
+                self.tickets.load_state_dict(state["dispatch"])
 
     def close(self) -> None:
         self._stop.set()
@@ -503,5 +414,5 @@ class ReplayQueue:
             self._thread.join(timeout=5)
         if self.receiver is not None:
             self.receiver.close()
-        if self.grants is not None:
-            self.grants.close()
+        if self.tickets is not None:
+            self.tickets.close()

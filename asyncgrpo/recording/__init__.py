@@ -3,7 +3,7 @@ on again by `asyncgrpo replay DIR` with any algo settings and no generators.
 
     stream     the file format: records, a torn tail, corruption (no torch)
     recorder   the writer, on learner rank 0
-    source     the reader: `open_recording`, `RecordedSource` (a `replay.GroupSource`)
+    source     the reader: `open_recording`, `RecordedSource` (a `queue.sources.GroupSource`)
     rerun      the replay command (imports the learner; not imported here, since the learner
                imports the recorder)
 """

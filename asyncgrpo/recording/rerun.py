@@ -41,7 +41,7 @@ from asyncgrpo.runtime.files import private_dir, write_atomic
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
 from asyncgrpo.recording.stream import RecordingError
-from asyncgrpo.queue.replay_queue import GroupSource
+from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 # Set before the user's overrides (which may change them): a replay records nothing unless asked

@@ -1,5 +1,6 @@
 """Reading a recording back: `open_recording` checks the directory and indexes its steps,
-`RecordedSource` serves them to a learner as its `replay.GroupSource`, one recorded step per take."""
+`RecordedSource` serves them to a learner as its `GroupSource` (asyncgrpo/queue/sources.py), one
+recorded step per take."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from asyncgrpo.recording.stream import (
     read_header,
     scan,
 )
-from asyncgrpo.queue.replay_queue import QueueTimeout
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import ScoredGroup
 
 
@@ -70,7 +71,9 @@ def open_recording(directory: str | Path) -> Recording:
 
 class RecordedSource:
     """Serves the recorded steps in order, each to the learner version that took it, so a replay's
-    staleness (learner version minus a group's oldest token version) is the recording's."""
+    staleness (learner version minus a group's oldest token version) is the recording's. No
+    generator feeds it, so it ignores their restarts; a checkpoint keeps nothing of it (a replay
+    resumes no checkpoint, and one it starts from holds the recording run's queue, not this)."""
 
     def __init__(self, recording: Recording, steps: Sequence[RecordedStep]) -> None:
         self.name = str(recording.stream)
@@ -98,6 +101,18 @@ class RecordedSource:
 
     def stats(self) -> dict[str, float]:
         return {"queue/depth": self.depth, "queue/consumed": self.consumed, "replay/steps_left": len(self._steps)}
+
+    def generator_down(self, generator_id: int) -> None:
+        pass
+
+    def rejoin(self, generator_id: int, incarnation: int) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
     def close(self) -> None:
         self._file.close()

@@ -18,7 +18,7 @@ from asyncgrpo.config import load
 from asyncgrpo.recording import StreamRecorder
 from asyncgrpo.recording.rerun import offline_learner
 from asyncgrpo.recording.stream import STREAM_FILE
-from asyncgrpo.queue.replay_queue import ListSource
+from asyncgrpo.queue.sources import ListSource
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import zmq
 
-from asyncgrpo.queue.replay_queue import QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import Heartbeat, Receiver, Sender, example_group
 
 PRODUCERS = 4

@@ -130,7 +130,7 @@ def test_the_metrics_report_the_published_version_and_the_backlog_behind_it():
     for _ in range(5):
         advance(learner)  # version 5 publishes 3
     learner.source.put(VersionAck(0, 3))
-    metrics = learner._generator_metrics()
+    metrics = learner.intake.generator_metrics(learner.pushed_version)
     assert metrics["weights/published_version"] == 3 and metrics["weights/backlog"] == 0
 
 

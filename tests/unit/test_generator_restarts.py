@@ -16,8 +16,10 @@ from test_generator import config as generator_config
 from test_generator import make_generator
 
 from asyncgrpo.config import load
-from asyncgrpo.learner.learner import Learner, wait_for_generators
-from asyncgrpo.queue.replay_queue import QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.learner.intake import wait_for_generators
+from asyncgrpo.learner.learner import Learner
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck
 
 
@@ -62,10 +64,10 @@ def test_the_learners_take_outlasts_wire_timeout_while_a_generator_restarts():
     queue = queue_of()
     learner = learner_on(queue, timeout_s=0.3)
     with pytest.raises(QueueTimeout, match="no full step within wire.timeout_s"):
-        learner._take()  # nothing restarting: the usual timeout
+        learner.intake.take(learner.version)  # nothing restarting: the usual timeout
     learner.generator_down(0)
     taken: list[list[ScoredGroup]] = []
-    taking = threading.Thread(target=lambda: taken.append(learner._take()))
+    taking = threading.Thread(target=lambda: taken.append(learner.intake.take(learner.version)))
     taking.start()
     taking.join(1.5)
     assert taking.is_alive(), "the take timed out while the generator was being restarted"
@@ -82,20 +84,20 @@ def test_the_newest_weights_are_published_again_until_the_rejoined_generator_ack
     learner.version = learner.pushed_version = 4
     learner.generator_down(0)
     assert learner.generator_rejoined(0, incarnation=1)["newest_version"] == 4
-    learner._serve_rejoins()
-    learner._serve_rejoins()  # within REPUBLISH_EVERY_S: once is enough for now
+    learner.intake.rejoins.serve()
+    learner.intake.rejoins.serve()  # within REPUBLISH_EVERY_S: once is enough for now
     assert learner.weights.republished == 1
-    learner._next_republish = 0.0
-    learner._serve_rejoins()
+    learner.intake.rejoins.next_republish = 0.0
+    learner.intake.rejoins.serve()
     assert learner.weights.republished == 2
     queue.put(VersionAck(0, 4, incarnation=0))  # the dead process's: counts for nothing
-    learner._next_republish = 0.0
-    learner._serve_rejoins()
+    learner.intake.rejoins.next_republish = 0.0
+    learner.intake.rejoins.serve()
     assert learner.weights.republished == 3
     queue.put(Heartbeat(0, next_seq=0, version=4, incarnation=1))
-    learner._next_republish = 0.0
-    learner._serve_rejoins()
-    assert learner.weights.republished == 3 and not learner._awaiting_weights
+    learner.intake.rejoins.next_republish = 0.0
+    learner.intake.rejoins.serve()
+    assert learner.weights.republished == 3 and not learner.intake.rejoins.awaiting
 
 
 def test_the_acknowledgement_wait_skips_a_down_generator():

@@ -80,7 +80,7 @@ def test_a_group_whose_rewards_failed_gives_its_slot_back_for_another_prompt():
     counts = queue.stats()
     assert counts["dispatch/released"] >= 1  # given back with the next request
     # Every slot of steps 0 and 1 ends filled, some by a later prompt than its first.
-    assert set(queue._filled) == set(range(6)) and len(groups) == 6
+    assert set(queue.tickets.filled) == set(range(6)) and len(groups) == 6
     assert len({g.pos for g in groups}) == 6 and max(g.pos for g in groups) > 5
 
 

@@ -25,7 +25,7 @@ from asyncgrpo.recording.stream import (
     pack_record,
     read_header,
 )
-from asyncgrpo.queue.replay_queue import QueueTimeout
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import ScoredGroup, encode_group, example_group
 
 

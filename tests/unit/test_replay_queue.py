@@ -10,7 +10,8 @@ import time
 import pytest
 import zmq
 
-from asyncgrpo.queue.replay_queue import QueueFull, QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import QueueFull, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import (
     Heartbeat,
     Receiver,

@@ -10,7 +10,8 @@ import pytest
 
 from asyncgrpo.runtime import faults
 from asyncgrpo.queue.dispatch import Dispatcher
-from asyncgrpo.queue.replay_queue import QueueTimeout, ReplayQueue, StalenessEviction
+from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
+from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import (
     Grant,
     ScoredGroup,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.driver import TrainingFailed
-from asyncgrpo.learner.learner import wait_for_generators
+from asyncgrpo.learner.intake import wait_for_generators
 from asyncgrpo.queue.registry import (
     GeneratorRegistry,
     RewardOutage,

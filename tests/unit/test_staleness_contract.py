@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.config import load
-from asyncgrpo.learner.learner import wait_for_generators
+from asyncgrpo.learner.intake import wait_for_generators
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rollout.engine import Completion

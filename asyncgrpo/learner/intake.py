@@ -1,0 +1,147 @@
+"""Learner rank 0's side of the group stream: before a step, wait for engines that lag too far
+behind (`wait_for_generators`), take the step's groups from the `GroupSource`, and meanwhile keep
+publishing the newest weights to restarted generators until they load them (`Rejoins`).
+
+`GroupIntake` is what `Learner.step` calls for its `ack_wait` and `gen_wait` phases
+(asyncgrpo/learner/learner.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from asyncgrpo.contract import engine_lag_bound
+from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.sources import GroupSource, QueueTimeout
+from asyncgrpo.schema import Config
+from asyncgrpo.weights.base import WeightSender
+from asyncgrpo.wire import ScoredGroup
+
+# While a restarted generator has not loaded the newest weights, they are published again this often.
+REPUBLISH_EVERY_S = 2.0
+
+
+def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, generator_ids: range, floor: int,
+                        groups_per_step: int, timeout_s: float, max_staleness: int,
+                        on_wait: Callable[[], None] | None = None, lag_name: str = "max_staleness") -> bool:
+    """Hold the update until every generator has loaded a version >= `floor`; True if it waited.
+
+    The grants keep a generator's *groups* fresh; this keeps a stalled *engine* from piling up the
+    versions it has not loaded (`GroupIntake.wait_for_generators`). A generator
+    that is down is not waited for (the registry leaves it out), and while one restarts, or has
+    just rejoined, the wait does not time out (`GeneratorRegistry.restart_grace_until`). `on_wait`
+    runs at every look (the learner re-publishes weights for a rejoined generator there).
+    """
+    if floor <= 0:
+        return False
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    while True:
+        registry.check_reports()
+        if on_wait is not None:
+            on_wait()
+        lagging = {g: v for g, v in registry.acked_versions(generator_ids).items() if v < floor}
+        # A full step already queued means this step waits on nobody; and a generator blocked on a
+        # full socket cannot deliver its acknowledgement until the learner takes (they share the
+        # socket). What is trained stays bounded by the grants and the drop at take.
+        if not lagging or source.depth >= groups_per_step:
+            return waited
+        waited = True
+        deadline = max(deadline, registry.restart_grace_until(timeout_s))
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"learner at version {floor + max_staleness} waited {timeout_s:.0f} s for generators "
+                               f"to load version >= {floor} "
+                               f"({lag_name}={max_staleness}); acknowledged versions: {lagging}")
+        time.sleep(0.0005)
+
+
+class Rejoins:
+    """Restarted generators that have not acknowledged the newest weights yet. The driver's thread
+    adds them (`Learner.generator_rejoined`); the step's thread serves them (a ZeroMQ socket belongs
+    to one thread), so the table is locked."""
+
+    def __init__(self, registry: GeneratorRegistry | None, weights: WeightSender | None) -> None:
+        self.registry, self.weights = registry, weights
+        self.awaiting: dict[int, int] = {}  # generator -> the version it must load
+        self.next_republish = 0.0  # time.monotonic() of the next publication again
+        self._lock = threading.Lock()
+
+    def add(self, generator_id: int, version: int) -> None:
+        with self._lock:
+            self.awaiting[generator_id] = version
+            self.next_republish = 0.0
+
+    def serve(self) -> None:
+        """On the step's thread: publish the newest weights again while a rejoined generator has
+        not acknowledged them (its subscription may have come up after any one publication)."""
+        if not self.awaiting or self.weights is None or self.registry is None:
+            return
+        with self._lock:
+            acked = self.registry.acked_versions(list(self.awaiting))
+            # A generator left out of `acked` is down again: its next rejoin asks anew.
+            self.awaiting = {g: v for g, v in self.awaiting.items() if acked.get(g, v) < v}
+            if not self.awaiting or time.monotonic() < self.next_republish:
+                return
+            self.next_republish = time.monotonic() + REPUBLISH_EVERY_S
+        self.weights.republish()
+
+
+class GroupIntake:
+    """Rank 0: where each step's groups come from. `registry` None (an offline learner on a list or
+    a recording): no generators to wait for or hear from."""
+
+    def __init__(self, cfg: Config, source: GroupSource, registry: GeneratorRegistry | None,
+                 weights: WeightSender | None) -> None:
+        self.cfg, self.source, self.registry = cfg, source, registry
+        self.rejoins = Rejoins(registry, weights)
+
+    def wait_for_generators(self, version: int) -> bool:
+        """The `ack_wait` phase of the step at `version`; True if it waited."""
+        # Each grant carries the bound (a slot only for weights fresh enough to train
+        # it in time): an engine that lags gets no slots until it loads newer weights, and waiting
+        # for it at max_staleness would hold every step back to the slowest generator again. It is
+        # waited for only when it falls weights.max_backlog_versions (at least max_staleness + 1)
+        # behind, stalled: every version it has not loaded waits in its receive buffer.
+        if self.registry is None:
+            return False
+        t = self.cfg.train
+        lag = engine_lag_bound(t.max_staleness, self.cfg.weights.max_backlog_versions)
+        return wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
+                                   version - lag, t.groups_per_step, self.cfg.wire.timeout_s, lag,
+                                   on_wait=self.rejoins.serve,
+                                   lag_name="max(weights.max_backlog_versions, train.max_staleness + 1)")
+
+    def take(self, version: int) -> list[ScoredGroup]:
+        """The `gen_wait` phase: the step's groups; while waiting, a report that ends the run
+        (rejected weights, a reward outage) ends the wait."""
+        n, timeout_s = self.cfg.train.groups_per_step, self.cfg.wire.timeout_s
+        if self.registry is None:
+            return self.source.take(n, version, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.registry.check_reports()
+            self.rejoins.serve()
+            # A generator being restarted sends nothing: vLLM's start may take longer than timeout_s.
+            deadline = max(deadline, self.registry.restart_grace_until(timeout_s))
+            remaining = deadline - time.monotonic()
+            try:
+                # Slices of a second at most, so a report that ends the run is heard within one.
+                return self.source.take(n, version, min(1.0, max(0.0, remaining)))
+            except QueueTimeout as err:
+                if remaining <= 1.0:
+                    raise QueueTimeout(f"no full step within wire.timeout_s={timeout_s:.0f} s; last {err}") from None
+
+    def generator_metrics(self, pushed_version: int) -> dict[str, float]:
+        """What the generators reported; a generator that rejected weights ends the run, since it
+        would never load another version, and so do reward errors beyond reward.max_error_rate."""
+        if self.registry is None:
+            return {}
+        self.registry.check_reports()
+        acked = self.registry.acked_versions(range(self.cfg.rollout.num_generators))
+        return {**self.registry.report_increments(), "weights/rejected": 0.0,
+                # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait);
+                # under train.fixed_staleness=k the published version is k behind the learner's.
+                "weights/backlog": float(pushed_version - min(acked.values(), default=pushed_version)),
+                "weights/published_version": float(pushed_version)}
