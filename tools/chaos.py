@@ -69,7 +69,7 @@ EXTRA_OVERRIDES: list[str] = []
 # The default's train.max_staleness and train.groups_per_step, which every scenario keeps (one
 # generator: its share of a step is all of it).
 MAX_STALENESS, GROUPS_PER_STEP = 2, 16
-# The group rejections that happen after decoding (replay.GroupLimits and the queue): their sequence
+# The group rejections that happen after decoding (queue.replay_queue.GroupLimits and the queue): their sequence
 # numbers were seen, so they are not in queue/lost. Every other wire/rejected reason is a frame the
 # codec could not read, whose number the registry then counts as a gap (queue/lost).
 LIMIT_REJECTIONS = ("empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab", "unknown_generator")

@@ -185,7 +185,7 @@ def _steps_in_progress(learner: LearnerRanks, progress: Progress) -> list[dict[s
 
 
 # wire/rejected/<reason> of a group that decoded but that the learner cannot train on
-# (replay.GroupLimits.untrainable): its sequence number counts as seen, so it is no gap under
+# (queue.replay_queue.GroupLimits.untrainable): its sequence number counts as seen, so it is no gap under
 # queue/lost. A frame the decoder rejects is a gap, counted there.
 UNTRAINABLE_REASONS = ("empty_prompt", "too_many_samples", "too_long", "token_out_of_vocab")
 

@@ -1,7 +1,6 @@
 """train.fixed_staleness=k: the learner's delayed publication (asyncgrpo/learner/publication.py).
 At version v it publishes version v - k's weights, labelled v - k; at the end, the newest. The
-staleness this gives with real generators' throttle and queue is simulated in
-tests/unit/test_throttle_many_generators.py."""
+dispatcher's lower bound that goes with it is tested in tests/unit/test_dispatch.py."""
 
 from __future__ import annotations
 
