@@ -210,16 +210,25 @@ def policy_loss(
     return loss, metrics
 
 
+def _checked_inputs(
+    logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    behaviour_name: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A loss's [B, T] tensors checked (finite floats of one shape, a 0/1 mask), with the mask as
+    bool; `behaviour_name` names the behaviour log-probs in the error."""
+    logp = check_token_tensor("logp", logp)
+    behaviour_logp = check_token_tensor(behaviour_name, behaviour_logp)
+    advantages = check_token_tensor("advantages", advantages)
+    check_same_shape(behaviour_name, behaviour_logp, "logp", logp)
+    check_same_shape("advantages", advantages, "logp", logp)
+    return logp, behaviour_logp, advantages, check_mask(mask, "logp", logp)
+
+
 def _checked_tokens(
     logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
 ) -> _Tokens:
     """Validate ``policy_loss``'s tensors and detach the ones that must carry no gradient."""
-    logp = check_token_tensor("logp", logp)
-    old_logp = check_token_tensor("old_logp", old_logp)
-    advantages = check_token_tensor("advantages", advantages)
-    check_same_shape("old_logp", old_logp, "logp", logp)
-    check_same_shape("advantages", advantages, "logp", logp)
-    keep = check_mask(mask, "logp", logp)
+    logp, old_logp, advantages, keep = _checked_inputs(logp, old_logp, advantages, mask, "old_logp")
     old_logp = old_logp.detach()
     log_ratio = (logp - old_logp).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     return _Tokens(logp, old_logp, advantages.detach(), keep, log_ratio)
@@ -307,12 +316,7 @@ def bypass_policy_loss(
     Raises:
         ValueError: any invalid argument of ``policy_loss`` or ``rollout_correction``.
     """
-    logp = check_token_tensor("logp", logp)
-    rollout_logp = check_token_tensor("rollout_logp", rollout_logp)
-    advantages = check_token_tensor("advantages", advantages)
-    check_same_shape("rollout_logp", rollout_logp, "logp", logp)
-    check_same_shape("advantages", advantages, "logp", logp)
-    keep = check_mask(mask, "logp", logp)
+    logp, rollout_logp, advantages, keep = _checked_inputs(logp, rollout_logp, advantages, mask, "rollout_logp")
     weights, kept_mask, correction_metrics = rollout_correction(
         logp.detach(), rollout_logp, mask, **dataclasses.asdict(settings.correction)
     )

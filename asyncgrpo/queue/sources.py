@@ -50,9 +50,25 @@ class GroupSource(Protocol):
         """Release the source's sockets, threads or files."""
 
 
-class ListSource:
-    """A fixed list of groups, taken in order (tests and offline benchmarks). No generator feeds it,
-    so it ignores their restarts, and a checkpoint keeps nothing of it."""
+class OfflineSource:
+    """The members of a source that no generator feeds: restarts are ignored, and a checkpoint keeps
+    nothing of it."""
+
+    def generator_down(self, generator_id: int) -> None:
+        pass
+
+    def rejoin(self, generator_id: int, incarnation: int) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class ListSource(OfflineSource):
+    """A fixed list of groups, taken in order (tests and offline benchmarks)."""
 
     def __init__(self, groups: Sequence[ScoredGroup]) -> None:
         self._groups = deque(groups)
@@ -70,18 +86,6 @@ class ListSource:
 
     def stats(self) -> dict[str, float]:
         return {"queue/depth": len(self._groups), "queue/consumed": self.consumed}
-
-    def generator_down(self, generator_id: int) -> None:
-        pass
-
-    def rejoin(self, generator_id: int, incarnation: int) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
     def close(self) -> None:
         pass

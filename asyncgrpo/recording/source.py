@@ -20,7 +20,7 @@ from asyncgrpo.recording.stream import (
     read_header,
     scan,
 )
-from asyncgrpo.queue.sources import QueueTimeout
+from asyncgrpo.queue.sources import OfflineSource, QueueTimeout
 from asyncgrpo.wire import ScoredGroup
 
 
@@ -69,7 +69,7 @@ def open_recording(directory: str | Path) -> Recording:
     return Recording(directory, header, index)
 
 
-class RecordedSource:
+class RecordedSource(OfflineSource):
     """Serves the recorded steps in order, each to the learner version that took it, so a replay's
     staleness (learner version minus a group's oldest token version) is the recording's. No
     generator feeds it, so it ignores their restarts; a checkpoint keeps nothing of it (a replay
@@ -101,18 +101,6 @@ class RecordedSource:
 
     def stats(self) -> dict[str, float]:
         return {"queue/depth": self.depth, "queue/consumed": self.consumed, "replay/steps_left": len(self._steps)}
-
-    def generator_down(self, generator_id: int) -> None:
-        pass
-
-    def rejoin(self, generator_id: int, incarnation: int) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
     def close(self) -> None:
         self._file.close()
