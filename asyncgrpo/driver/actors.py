@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.config import (
-    groups_per_generator,
     learner_wait_timeout_s,
     save_wait_timeout_s,
     use_curve,
 )
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
-from asyncgrpo.driver.remote import CONTROL_GROUP, control, get, remote_class  # noqa: F401 - importable from here
+from asyncgrpo.driver.remote import control, get, remote_class
 from asyncgrpo.runtime.files import write_atomic
 from asyncgrpo.runtime.placement import (
     check_node_resources,
@@ -41,6 +40,7 @@ from asyncgrpo.runtime.placement import (
 )
 from asyncgrpo.runtime.resources import plan_cores
 from asyncgrpo.rewards.errors import one_line
+from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.schema import Config
 from asyncgrpo.weights import resolve_backend
 from asyncgrpo.weights.shm import default_directory as default_shm_directory
@@ -99,8 +99,9 @@ class Actors:
         self.endpoints: dict[str, str] = {}  # learner rank 0's bound sockets
         self.weight_address: dict[str, Any] = {}  # learner rank 0's weight transport (WeightSender.join_address)
         self.restarts = [0] * cfg.rollout.num_generators  # per generator; its incarnation is this count
-        # How a generator is started (`_start_generator`), kept for its restarts.
-        self._generator_start: dict[str, Any] = {}
+        # What each generator was last started with (`_start_generator`): its restarts start from it.
+        self.specs: list[GeneratorSpec] = []
+        self._generator_gpus = 0.0
         self._pids: dict[str, Any] = {}  # run_dir/actors.json: pids, cores, nodes, the wire
         # After the last step: generators whose process died (not restarted: nothing is left to
         # generate), and the directory of the final weights a fresh evaluator engine started from.
@@ -141,9 +142,11 @@ class Actors:
         endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
         self.endpoints = endpoints
         generator_dir, initial_version = self._resume_learners(resume)
-        self._generator_start = {"gpus": gpus, "cores": generator_cores, "endpoints": endpoints, "keys": keys,
-                                 "model_dir": generator_dir, "initial_version": initial_version}
-        self.generators = [self._start_generator(i) for i in range(cfg.rollout.num_generators)]
+        self._generator_gpus = gpus
+        self.specs = [GeneratorSpec.for_run(cfg, i, generator_dir, endpoints, generator_cores[i],
+                                            keys.client(i) if keys else None, initial_version)
+                      for i in range(cfg.rollout.num_generators)]
+        self.generators = [self._start_generator(spec) for spec in self.specs]
         ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,
                     "the generators starting (ready)")
         learner_pids = self.on_all_ranks("pid", timeout_s=learner_wait_timeout_s(cfg), all_results=True)
@@ -205,23 +208,19 @@ class Actors:
         print(f"[resume] {resume['path']} at version {resume['version']}", flush=True)
         return str(weights_dir), int(resume["version"])
 
-    def _start_generator(self, index: int, incarnation: int = 0) -> Any:
-        """Generator `index`'s actor (not waited for), on its own cores, with its own wire keys.
-        Ray does not restart it (max_restarts=0): `restart_generator` does, knowing what to resume."""
-        from asyncgrpo.rollout.generator import GeneratorActor
+    def _start_generator(self, spec: GeneratorSpec) -> Any:
+        """The actor of the generator `spec` describes (not waited for), on its own cores, with its own
+        wire keys. Ray does not restart it (max_restarts=0): `restart_generator` does, knowing what to resume."""
+        from asyncgrpo.rollout.actor import GeneratorActor
 
-        cfg, start = self.cfg, self._generator_start
-        keys, endpoints = start["keys"], start["endpoints"]
+        cfg, gpus = self.cfg, self._generator_gpus
+        self.specs[spec.generator_id] = spec
         on_node = node_resources(cfg.rollout.node_resource)
-        options = {"num_cpus": cfg.rollout.num_cpus_per_generator, "num_gpus": start["gpus"], "max_restarts": 0,
+        options = {"num_cpus": cfg.rollout.num_cpus_per_generator, "num_gpus": gpus, "max_restarts": 0,
                    **({"resources": on_node} if on_node else {})}
-        args = (cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"], endpoints["tickets"],
-                groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None)
-        kwargs = {"initial_version": start["initial_version"], "incarnation": incarnation}
         if self.pool is not None:
-            key = engine_key(cfg, start["model_dir"], start["cores"][index], start["gpus"])
-            return self.pool.take(index, key, options, args, kwargs)
-        return remote_class(GeneratorActor).options(**options).remote(*args, **kwargs)
+            return self.pool.take(spec, engine_key(cfg, spec.model_dir, list(spec.cores), gpus), options)
+        return remote_class(GeneratorActor).options(**options).remote(cfg, spec)
 
     def restart_generator(self, index: int, cause: BaseException) -> Any:
         """Generator `index`'s process died (`cause`): start its next incarnation and bring it back
@@ -245,7 +244,7 @@ class Actors:
         timeout_s, startup_s = cfg.wire.timeout_s, cfg.wire.startup_timeout_s
         get(control(self.learner, "generator_down", index), timeout_s, "learner rank 0 (generator_down)")
         ray.kill(self.generators[index], no_restart=True)  # whatever is left of the dead process
-        self.generators[index] = generator = self._start_generator(index, incarnation=incarnation)
+        self.generators[index] = generator = self._start_generator(self.specs[index].restarted(incarnation))
         ready = get(generator.ready.remote(), startup_s, f"generator {index} restarting (ready)")
         node = get(generator.node.remote(), timeout_s, f"generator {index} restarting (node)")
         self._pids["generator_nodes"][index] = node
@@ -324,8 +323,8 @@ class Actors:
         self.on_all_ranks("export_hf", str(self._evaluator_weights), timeout_s=cfg.wire.startup_timeout_s)
         print(f"[finish] no generator left: starting one on the final weights (version {version}) for the "
               "evaluations and the probe", flush=True)
-        self._generator_start.update(model_dir=str(self._evaluator_weights), initial_version=version)
-        self.generators[0] = self._start_generator(0, incarnation=self.restarts[0] + 1)
+        self.generators[0] = self._start_generator(
+            self.specs[0].starting_from(str(self._evaluator_weights), version, incarnation=self.restarts[0] + 1))
         get(self.generators[0].ready.remote(), cfg.wire.startup_timeout_s, "generator 0 starting as the evaluator")
         self.dead_after_training.discard(0)
         return 0

@@ -1,8 +1,9 @@
 """The generator: sample groups with vLLM, score them, stream them to the learner.
 
-`Generator` receives its parts (engine, tokenizer, task, prompt stream, scorer, sink, weight
-receiver); `Generator.from_config` builds the real ones, `GeneratorActor` builds them inside a Ray
-actor. The pure parts live beside it: segments.py (in-flight updates), groups.py (the message).
+`Generator` runs on the parts it is given (rollout/parts.py: engine, tokenizer, task, prompt
+stream, scorer, sink, weight receiver) as the generator its `GeneratorSpec` describes
+(rollout/spec.py); `GeneratorActor` (rollout/actor.py) builds the real parts inside a Ray actor.
+The pure parts live beside it: segments.py (in-flight updates), groups.py (the message).
 
 Tickets: the generator asks learner rank 0 for the next slots of the training order
 (rollout/tickets.py), which grants only slots within the staleness bound of the weights it holds,
@@ -17,58 +18,34 @@ import concurrent.futures
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import torch
 
 from asyncgrpo.runtime import faults
 from asyncgrpo.runtime.memory import peak_memory
-from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.rewards.judge import call_budget_s
-from asyncgrpo.rewards.scorer import Scorer
-from asyncgrpo.rollout.engine import Completion, VLLMEngine
+from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.segments import InFlight, tag_versions
-from asyncgrpo.rollout.sink import GroupSink, with_faults
-from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
+from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import Problem, Task, make_task, run_stream
+from asyncgrpo.tasks import Problem
 from asyncgrpo.runtime.timing import PhaseTimer
-from asyncgrpo.weights import WeightReceiver, make_receiver
 from asyncgrpo.wire import (
-    GrantDealer,
     Heartbeat,
     SaveNotice,
     ScoredGroup,
-    Sender,
-    Subscriber,
     VersionAck,
     WireTimeout,
-    holder_identity,
 )
-from asyncgrpo.wire.security import CurveClientKeys
 
 # While waiting (for tickets, for new weights) the learner still hears from us this often.
 HEARTBEAT_EVERY_S = 1.0
 # Granted no ticket, a generator waits this long for newer weights before it asks again.
 TICKET_RETRY_S = 0.2
-
-
-class SamplingEngine(Protocol):
-    """What the generator needs of an engine (`VLLMEngine`)."""
-
-    weight_load_path: str
-
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, temperature: float,
-                 seed: int | None = None, max_tokens_per_prompt: Sequence[int] | None = None
-                 ) -> list[list[Completion]]: ...
-
-    def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]: ...
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
 
 @dataclass
@@ -134,73 +111,37 @@ def score_timeout_s(cfg: Config, num_groups: int) -> float:
     return cfg.wire.timeout_s + waves * per_call
 
 
-def groups_per_call(cfg: Config, step_part: int) -> int:
-    """Prompts per vLLM call (tickets asked for at once): rollout.groups_per_call, or when 0
-    `step_part`, the generator's part of a step spread evenly (config.groups_per_generator)."""
-    return cfg.rollout.groups_per_call or step_part
-
-
 class Generator:
     """Samples groups with `engine`, scores them with `scorer`, sends them to `sink`; loads new
     weights from `weights` at safe points (between calls, between segments, while waiting)."""
 
-    def __init__(
-        self,
-        *,
-        cfg: Config,
-        generator_id: int,
-        engine: SamplingEngine,
-        tokenizer: Any,
-        task: Task,
-        scorer: Scorer,
-        sink: GroupSink,
-        weights: WeightReceiver,
-        tickets: TicketClient,
-        positioned: PositionedPrompts,
-        groups_per_call: int,
-        initial_version: int = 0,
-        incarnation: int = 0,
-    ) -> None:
-        """`tickets` and `positioned`: where slots and their prompts come from; `groups_per_call`:
-        how many tickets to ask for at once (the prompts of a vLLM call). `initial_version`: the
-        version of the weights `engine` starts with (a resumed checkpoint's); `incarnation`: 0 for
-        the generator's first process, +1 per restart."""
+    def __init__(self, cfg: Config, spec: GeneratorSpec, parts: GeneratorParts) -> None:
+        """`spec`: who this generator is and which weights its engine starts with; `parts`: what it
+        runs on (`tickets` and `positioned`: where slots and their prompts come from)."""
         self.cfg = cfg
-        self.generator_id = generator_id
-        self.engine, self.tokenizer, self.task = engine, tokenizer, task
-        self.scorer, self.sink, self.weights = scorer, sink, weights
-        self.tickets, self.positioned = tickets, positioned
+        self.generator_id, self.incarnation = spec.generator_id, spec.incarnation
+        self.engine, self.tokenizer, self.task = parts.engine, parts.tokenizer, parts.task
+        self.scorer, self.sink, self.weights = parts.scorer, parts.sink, parts.weights
+        self.tickets, self.positioned = parts.tickets, parts.positioned
         self._no_tickets_since: float | None = None  # the wait for a grant, across retries
         self._no_tickets_version = -1  # the weights held when that wait (re)started
-        self.slowdown = faults.slowdown(generator_id)
-        self.pace_s = faults.pace_s(generator_id)
-        self.groups_per_call = groups_per_call
-        self.version = initial_version
-        self.incarnation = incarnation
+        self.slowdown = faults.slowdown(spec.generator_id)
+        self.pace_s = faults.pace_s(spec.generator_id)
+        self.groups_per_call = spec.groups_per_call
+        self.version = spec.initial_version
         self.next_seq = 0
-        self._rejoin_version = initial_version  # the version to load before generating (`rejoin`)
+        self._rejoin_version = spec.initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
         self._reported_rejections = 0
         self._save_logged: int | None = None  # the checkpoint save whose wait was logged (once per save)
         # eval.every_steps (generator 0 only): held-out evaluations of the loaded weights, taken by
         # the driver (`take_evaluations`, from the control thread).
-        self.eval_every = cfg.eval.every_steps if generator_id == 0 else 0
-        self._next_eval_version = next_multiple(initial_version, self.eval_every)
+        self.eval_every = cfg.eval.every_steps if spec.generator_id == 0 else 0
+        self._next_eval_version = next_multiple(spec.initial_version, self.eval_every)
         self._evaluations: list[dict[str, float]] = []
         self._evaluations_lock = threading.Lock()
         self._eval_problems: list[Problem] | None = None
-
-    @classmethod
-    def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
-                    weights_endpoint: str, tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
-                    curve: CurveClientKeys | None = None, initial_version: int = 0,
-                    incarnation: int = 0) -> Generator:
-        """The real parts: vLLM on `model_dir` (resuming from a checkpoint, it holds
-        `initial_version`'s weights), the groups and weights sockets and the grant channel;
-        `step_part` sizes a vLLM call (`groups_per_call`)."""
-        return cls(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                        tickets_endpoint, step_part, cores, curve, initial_version, incarnation))
 
     def join_weight_group(self, address: dict[str, Any]) -> None:
         """Join the learner's weight transport (`WeightSender.join_address`) as rank generator_id + 1."""
@@ -493,99 +434,3 @@ class Generator:
         self.weights.close()
         self.sink.close()
         self.tickets.close()
-
-
-class GeneratorActor(Generator):
-    """The Ray actor: constructed from config, so the engine and sockets are built in the actor's process."""
-
-    def __init__(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-                 tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
-                 curve: CurveClientKeys | None = None, initial_version: int = 0, incarnation: int = 0) -> None:
-        super().__init__(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                              tickets_endpoint, step_part, cores, curve, initial_version, incarnation))
-
-    @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
-        return cls(*args, **kwargs)  # this constructor already takes from_config's arguments
-
-    # ------------------------------------------------------------- kept between runs (engine_pool)
-
-    _pool_key: str = ""
-    _released = False
-
-    def reusable_key(self) -> str:
-        """The engine settings this actor was started with (`driver.engine_pool.engine_key`) once a
-        run has released it; "" while a run holds it (a driver that died without releasing it leaves
-        it in an unknown state, perhaps still generating): then it is not to be reused."""
-        return self._pool_key if self._released else ""
-
-    def set_pool_key(self, key: str) -> None:
-        self._pool_key = key
-
-    def release(self) -> None:
-        """The run is over and this engine stays for the next: close its sockets and reward threads."""
-        self.close()
-        self._released = True
-
-    def reset(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-              tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
-              curve: CurveClientKeys | None = None, initial_version: int = 0, incarnation: int = 0) -> None:
-        """Become a new run's generator (the constructor's arguments) on the running engine: its
-        starting weights, seed, prompt stream, rewards, sockets and counters; vLLM is not restarted."""
-        self._released = False
-        self.close()  # idempotent: release() has closed them already
-        Generator.__init__(self, **_built_from_config(
-            cfg, generator_id, model_dir, groups_endpoint, weights_endpoint, tickets_endpoint, step_part, cores, curve,
-            initial_version, incarnation, engine=self.engine))
-
-    def node(self) -> dict[str, str]:
-        """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
-        from asyncgrpo.runtime.placement import this_node
-
-        return this_node()
-
-
-def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-                       tickets_endpoint: str, step_part: int, cores: list[int] | None, curve: CurveClientKeys | None,
-                       initial_version: int, incarnation: int = 0, engine: VLLMEngine | None = None) -> dict[str, Any]:
-    """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`);
-    `engine`: a running one to take `model_dir`'s weights instead of a new one (rollout.engine_pool)."""
-    pin_to_cores(cores or [], torch_threads=None)  # first: the threads started below inherit the pinning
-    from transformers import (
-        AutoTokenizer,  # slow to import; only where a real generator is built
-    )
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    task = make_task(cfg, tokenizer)
-    # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
-    scorer = Scorer(task, cfg.reward)
-    seed = cfg.seed * 1000 + generator_id
-    if engine is None:
-        engine = VLLMEngine(
-            model_dir,
-            seed=seed,
-            max_model_len=cfg.model.max_positions,
-            dtype=cfg.rollout.dtype,
-            kv_cache_gib=cfg.rollout.kv_cache_gib,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        )
-    else:
-        engine.load_model_dir(model_dir)
-    # Also a new engine: its start-up drew from the random streams, a reused one's last run did.
-    engine.reseed(seed)
-    # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
-    # the learner's receiving thread, which competes with training for its core and the GIL.
-    # Memory stays bounded: a call's groups in the socket buffers, the rest by the slots granted.
-    call_groups = groups_per_call(cfg, step_part)
-    sink = with_faults(Sender(groups_endpoint, high_water_mark=max(8, call_groups),
-                              curve=curve))  # with_faults: a chaos run's lost or corrupted groups
-    subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
-    # After the engine: on a GPU, vLLM has set up this process's device by now.
-    device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-    weights = make_receiver(cfg, subscriber, model_dir, device)
-    grants = GrantDealer(tickets_endpoint, holder_identity(generator_id, incarnation), curve=curve)
-    # Its prompts come from the run's one stream, at the positions it is granted.
-    return dict(cfg=cfg, generator_id=generator_id, engine=engine, tokenizer=tokenizer, task=task, scorer=scorer,
-                sink=sink, weights=weights, tickets=TicketClient(sink, grants, generator_id, incarnation),
-                positioned=PositionedPrompts(lambda: run_stream(task, cfg)), groups_per_call=call_groups,
-                initial_version=initial_version, incarnation=incarnation)
