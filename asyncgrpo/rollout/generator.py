@@ -14,9 +14,7 @@ must load before generating, and then just asks.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,12 +23,14 @@ import numpy as np
 
 from asyncgrpo.runtime import faults
 from asyncgrpo.runtime.memory import peak_memory
-from asyncgrpo.rewards.judge import call_budget_s
 from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.rollout.evaluations import PeriodicEvaluations
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.parts import GeneratorParts
+from asyncgrpo.rollout.scoring import ScoringBatch
 from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.rollout.spec import GeneratorSpec
+from asyncgrpo.rollout.waits import WaitLimit
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem
 from asyncgrpo.runtime.timing import PhaseTimer
@@ -39,25 +39,12 @@ from asyncgrpo.wire import (
     SaveNotice,
     ScoredGroup,
     VersionAck,
-    WireTimeout,
 )
 
 # While waiting (for tickets, for new weights) the learner still hears from us this often.
 HEARTBEAT_EVERY_S = 1.0
 # Granted no ticket, a generator waits this long for newer weights before it asks again.
 TICKET_RETRY_S = 0.2
-
-
-@dataclass
-class _Scoring:
-    """A generated batch whose rewards are being computed."""
-
-    problems: list[Problem]
-    positions: list[int]  # each problem's position in the prompt stream
-    prompts: list[list[int]]
-    completions: list[list[Completion]]
-    future: concurrent.futures.Future
-    slots: list[int]  # each group's slot in the training order
 
 
 class GeneratorStopped(Exception):
@@ -81,6 +68,19 @@ class GeneratorStats:
     weight_load_in_wait_s: float = 0.0
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
+    @property
+    def idle_s(self) -> float:
+        """Seconds spent asking for and waiting for tickets, on rewards or on a full queue."""
+        seconds = self.timer.seconds
+        return seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + self.send_blocked_s
+
+    def count_weight_load(self, seconds: float, in_wait: bool) -> None:
+        """A push loaded into the engine in `seconds`; `in_wait`: inside a wait whose timer includes them."""
+        self.weight_loads += 1
+        self.weight_load_s += seconds
+        if in_wait:
+            self.weight_load_in_wait_s += seconds
+
     def as_dict(self) -> dict[str, float]:
         return {
             "gen/groups_sent": self.groups_sent,
@@ -93,22 +93,6 @@ class GeneratorStats:
             "gen/weight_load_in_wait_s": self.weight_load_in_wait_s,
             **self.timer.metrics("gen_time/"),
         }
-
-
-def next_multiple(version: int, every: int) -> int:
-    """The first multiple of `every` after `version` (eval.every_steps); 0 when `every` is 0."""
-    return (version // every + 1) * every if every else 0
-
-
-def score_timeout_s(cfg: Config, num_groups: int) -> float:
-    """How long to wait for a batch's rewards. Generous: every reward call is bounded by its own
-    timeout and retries (a judge call by call_budget_s, which its waits and requests keep within);
-    this only catches a hang."""
-    judge = cfg.reward.judge
-    calls = num_groups * cfg.rollout.samples_per_prompt
-    waves = -(-calls // max(1, judge.concurrency))
-    per_call = max(cfg.reward.timeout_s, call_budget_s(judge))
-    return cfg.wire.timeout_s + waves * per_call
 
 
 class Generator:
@@ -134,14 +118,10 @@ class Generator:
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
         self._reported_rejections = 0
-        self._save_logged: int | None = None  # the checkpoint save whose wait was logged (once per save)
-        # eval.every_steps (generator 0 only): held-out evaluations of the loaded weights, taken by
-        # the driver (`take_evaluations`, from the control thread).
-        self.eval_every = cfg.eval.every_steps if spec.generator_id == 0 else 0
-        self._next_eval_version = next_multiple(spec.initial_version, self.eval_every)
-        self._evaluations: list[dict[str, float]] = []
-        self._evaluations_lock = threading.Lock()
-        self._eval_problems: list[Problem] | None = None
+        self.wait_limit = WaitLimit(spec.generator_id, cfg.wire)
+        # eval.every_steps (generator 0 only), taken by the driver (`take_evaluations`).
+        self.evaluations = PeriodicEvaluations(cfg.eval.every_steps if spec.generator_id == 0 else 0,
+                                               spec.initial_version, self.task)
 
     def join_weight_group(self, address: dict[str, Any]) -> None:
         """Join the learner's weight transport (`WeightSender.join_address`) as rank generator_id + 1."""
@@ -168,46 +148,16 @@ class Generator:
         Rewards that take time (an HTTP judge) are computed while the next batch generates: a
         batch is sent once the following vLLM call returns, or before waiting for tickets.
         """
-        timer, run_start = self.stats.timer, time.perf_counter()
-        pending: _Scoring | None = None
+        run_start = time.perf_counter()
         # The weights loaded from disk; acknowledging them tells the learner this generator is up.
         self.sink.try_send(VersionAck(self.generator_id, self.version, self.incarnation), timeout_s=1.0)
         try:
             if self.version < self._rejoin_version:  # restarted: the learner is further on
-                with timer("rejoin"):
+                with self.stats.timer("rejoin"):
                     self._wait_for_version(self._rejoin_version)
+            pending: ScoringBatch | None = None
             while True:
-                with timer("weights"):
-                    self._load_newest_weights(wait_s=0.0)
-                if self.eval_every and self.version >= self._next_eval_version:
-                    with timer("eval"):
-                        self._evaluate_loaded_version()
-                with timer("ask"):
-                    problems, positions, slots = self._take_tickets()
-                if not problems:
-                    if pending is not None:  # nothing to overlap its rewards with: send it now
-                        self._send_scored(pending)
-                        pending = None
-                    else:
-                        with timer("throttle"):
-                            self._wait_for_tickets()
-                    continue
-                prompts = self._tokenize(problems)
-                with timer("generate"):
-                    started = time.perf_counter()
-                    completions = self._generate(prompts)
-                    if self.slowdown > 1:  # failpoint generator_slowdown: a slower generator
-                        time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
-                    if self.pace_s > 0:  # failpoint generator_pace_s: a generator on a device of its own
-                        time.sleep(max(0.0, started + self.pace_s * len(prompts) - time.perf_counter()))
-                with timer("score"):
-                    scoring = self._submit(problems, positions, prompts, completions, slots)
-                if pending is not None:  # its rewards were computed during this vLLM call
-                    self._send_scored(pending)
-                pending = scoring
-                if pending.future.done():  # rewards computed inline (cheap terms): no reason to hold it
-                    self._send_scored(pending)
-                    pending = None
+                pending = self._one_call(pending)
         except GeneratorStopped:
             self.weights.poll(0.0)
             self._apply_latest_weights()  # leave the engine at the final version
@@ -215,11 +165,42 @@ class Generator:
             self.scorer.close()
         return self._summary(time.perf_counter() - run_start)
 
+    def _one_call(self, pending: ScoringBatch | None) -> ScoringBatch | None:
+        """One turn of the loop, each phase timed: load the newest weights, evaluate them if due, ask
+        for tickets, generate, score. `pending`: the last turn's batch whose rewards were not ready;
+        returns this turn's."""
+        timer = self.stats.timer
+        with timer("weights"):
+            self._load_newest_weights(wait_s=0.0)
+        if self.evaluations.due(self.version):
+            with timer("eval"):
+                self.evaluations.evaluate(self.version, self.evaluate)
+        with timer("ask"):
+            problems, positions, slots = self._take_tickets()
+        if not problems:
+            if pending is not None:  # nothing to overlap its rewards with: send it now
+                self._send_scored(pending)
+            else:
+                with timer("throttle"):
+                    self._wait_for_tickets()
+            return None
+        prompts = self._tokenize(problems)
+        with timer("generate"):
+            completions = self._generate_paced(prompts)
+        with timer("score"):
+            scoring = ScoringBatch.submit(self.scorer, self.tokenizer, problems, positions, prompts, completions, slots)
+        if pending is not None:  # its rewards were computed during this vLLM call
+            self._send_scored(pending)
+        if scoring.future.done():  # rewards computed inline (cheap terms): no reason to hold it
+            self._send_scored(scoring)
+            return None
+        return scoring
+
     def _summary(self, wall_s: float) -> dict[str, Any]:
         tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered}
         return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), **tickets, "gen/version": self.version,
                 "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
-                "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
+                "gen/idle_s": self.stats.idle_s, "gen/idle_frac": self.stats.idle_s / wall_s if wall_s > 0 else 0.0,
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
     def _take_tickets(self) -> tuple[list[Problem], list[int], list[int]]:
@@ -242,22 +223,15 @@ class Generator:
         if self.version != self._no_tickets_version:
             self._no_tickets_since, self._no_tickets_version = time.monotonic(), self.version
         self._heartbeat(periodic=True)
-        self._check_wait(self._no_tickets_since, f"asking for tickets with version {self.version}",
-                         "learner rank 0 granted none")
+        self.wait_limit.check(self._no_tickets_since, self.weights.saves,
+                              f"asking for tickets with version {self.version}", "learner rank 0 granted none")
 
-    def _submit(self, problems: list[Problem], positions: list[int], prompts: list[list[int]],
-                completions: list[list[Completion]], slots: list[int]) -> _Scoring:
-        """Start scoring a generated batch. `positions`: its prompts' in the run's prompt stream;
-        `slots`: the groups' slots."""
-        texts = [decode_completions(self.tokenizer, group) for group in completions]
-        return _Scoring(problems, positions, prompts, completions, self.scorer.submit(problems, texts), slots)
-
-    def _send_scored(self, scoring: _Scoring) -> None:
+    def _send_scored(self, scoring: ScoringBatch) -> None:
         """Wait for a batch's rewards, send its groups, then report (a heartbeat per batch keeps the
         learner's per-step view of our counters current)."""
         timer = self.stats.timer
         with timer("score_wait"):
-            scores = scoring.future.result(timeout=score_timeout_s(self.cfg, len(scoring.problems)))
+            scores = scoring.scores(self.cfg)
         with timer("send"):
             for problem, position, prompt, completions, score, slot in zip(
                     scoring.problems, scoring.positions, scoring.prompts, scoring.completions, scores, scoring.slots):
@@ -271,12 +245,6 @@ class Generator:
                 self.tickets.sent(slot)
             self._heartbeat(periodic=False)
 
-    @property
-    def idle_s(self) -> float:
-        """Seconds spent asking for and waiting for tickets, on rewards or on a full queue."""
-        seconds = self.stats.timer.seconds
-        return seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + self.stats.send_blocked_s
-
     # ---------------------------------------------------------------------------------- sampling
 
     def _tokenize(self, problems: list[Problem]) -> list[list[int]]:
@@ -284,6 +252,17 @@ class Generator:
 
     def _sample(self, prompts: list[list[int]], temperature: float, n: int) -> list[list[Completion]]:
         return self.engine.generate(prompts, n=n, max_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature)
+
+    def _generate_paced(self, prompts: list[list[int]]) -> list[list[Completion]]:
+        """`_generate`, slowed down by the failpoints that make a slower generator (generator_slowdown)
+        or one paced as if on a device of its own (generator_pace_s)."""
+        started = time.perf_counter()
+        completions = self._generate(prompts)
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
+        if self.pace_s > 0:
+            time.sleep(max(0.0, started + self.pace_s * len(prompts) - time.perf_counter()))
+        return completions
 
     def _generate(self, prompts: list[list[int]]) -> list[list[Completion]]:
         """`samples_per_prompt` completions per prompt, each token tagged with the version that sampled it.
@@ -315,7 +294,7 @@ class Generator:
         while not self.sink.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
             blocked_since = blocked_since or time.perf_counter()
             self._load_newest_weights(wait_s=0.0, in_wait=True)
-            self._check_wait(started, "blocked on a full queue", "the learner took no group")
+            self.wait_limit.check(started, self.weights.saves, "blocked on a full queue", "the learner took no group")
         if blocked_since is not None:
             self.stats.send_blocked_s += time.perf_counter() - blocked_since
         self.next_seq += 1
@@ -332,7 +311,7 @@ class Generator:
         rewards = self.scorer.stats_snapshot()
         rejected, reason = self.weights.rejections()
         self._reported_rejections = rejected
-        self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.idle_s,
+        self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.stats.idle_s,
                                      reward_errors=rewards["reward/errors"],
                                      groups_dropped=rewards["reward/groups_dropped"],
                                      weights_rejected=rejected, rejection=reason,
@@ -345,13 +324,9 @@ class Generator:
         version = self.weights.apply_newest(self.engine)
         if version is None:
             return False
-        seconds = time.perf_counter() - start
-        self.stats.weight_load_s += seconds
-        if in_wait:
-            self.stats.weight_load_in_wait_s += seconds
+        self.stats.count_weight_load(time.perf_counter() - start, in_wait)
         self.version = version
         self.weights.saves.weights_loaded(version)
-        self.stats.weight_loads += 1
         self.sink.try_send(VersionAck(self.generator_id, version, self.incarnation), timeout_s=1.0)
         return True
 
@@ -372,28 +347,9 @@ class Generator:
         while self.version < version:
             self._load_newest_weights(wait_s=0.5, in_wait=True)
             self._heartbeat(periodic=True)
-            self._check_wait(started, f"restarted, incarnation {self.incarnation}, holding version {self.version}",
-                             f"weights version {version} did not arrive")
-
-    def _check_wait(self, started: float, state: str, what: str) -> None:
-        """Fail a wait that began at `started` once it is past `wire.timeout_s`, or, while learner
-        rank 0 announced a checkpoint save, past that save's bound (`SaveWatch`): a save stops both
-        pushes and takes for longer than wire.timeout_s, and must not fail the run. `state`: what
-        the generator is doing, `what`: what did not happen, for the messages."""
-        now, timeout_s, saves = time.monotonic(), self.cfg.wire.timeout_s, self.weights.saves
-        if now <= started + timeout_s:
-            return
-        deadline = saves.deadline(started, timeout_s)
-        if now <= deadline:
-            if saves.notice is not None and self._save_logged != saves.notice.version:
-                self._save_logged = saves.notice.version
-                print(f"[generator {self.generator_id}] {state}: {what} for {now - started:.0f} s, as learner rank 0 "
-                      f"is saving a checkpoint of version {saves.notice.version}; waiting for it up to "
-                      f"{saves.notice.timeout_s:.0f} s from its announcement (train.checkpoint_timeout_s)", flush=True)
-            return
-        save = saves.describe() if deadline > started + timeout_s else ""
-        raise WireTimeout(f"generator {self.generator_id} ({state}): {what} for {now - started:.0f} s"
-                          + (f": {save}" if save else f" (wire.timeout_s={timeout_s:.0f})"))
+            self.wait_limit.check(started, self.weights.saves,
+                                  f"restarted, incarnation {self.incarnation}, holding version {self.version}",
+                                  f"weights version {version} did not arrive")
 
     # ------------------------------------------------------------------------- eval and probes
 
@@ -403,24 +359,9 @@ class Generator:
         texts = decode_completions(self.tokenizer, [group[0] for group in completions])
         return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
 
-    def _evaluate_loaded_version(self) -> None:
-        """eval.every_steps: sampled and greedy held-out accuracy of the weights loaded now."""
-        if self._eval_problems is None:
-            self._eval_problems = self.task.eval_problems()
-        started = time.perf_counter()
-        sampled = self.evaluate(self._eval_problems, 1.0)
-        greedy = self.evaluate(self._eval_problems, 0.0)
-        record = {"step": self.version, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy,
-                  "eval/when": "periodic", "eval/seconds": time.perf_counter() - started}
-        with self._evaluations_lock:
-            self._evaluations.append(record)
-        self._next_eval_version = next_multiple(self.version, self.eval_every)
-
     def take_evaluations(self) -> list[dict[str, float]]:
         """The periodic evaluations since the last call (the driver's, in the control group)."""
-        with self._evaluations_lock:
-            taken, self._evaluations = self._evaluations, []
-        return taken
+        return self.evaluations.take()
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
         return self.engine.sequence_logprobs(sequences, temperature=self.cfg.rollout.temperature)

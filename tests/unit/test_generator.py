@@ -19,12 +19,10 @@ from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.queue.replay_queue import THROTTLING_STALE_POLICIES, ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
-from asyncgrpo.rollout.generator import (
-    Generator,
-    score_timeout_s,
-)
+from asyncgrpo.rollout.generator import Generator
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.parts import GeneratorParts
+from asyncgrpo.rollout.scoring import score_timeout_s
 from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed, groups_per_call
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient

@@ -22,10 +22,10 @@ from test_generator import (
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import Scorer
-from asyncgrpo.rollout.generator import Generator, WireTimeout
+from asyncgrpo.rollout.generator import Generator
 from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
-from asyncgrpo.wire import ScoredGroup
+from asyncgrpo.wire import ScoredGroup, WireTimeout
 
 
 class QueueSink:
