@@ -1,6 +1,7 @@
 """The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous,
 generator restarts, the generators after the last step (a dead one is left out of the evaluations),
-stop.
+stop. The learner ranks' placement group and actors are made by driver/learners.py; each generator
+is started from its `GeneratorSpec` (asyncgrpo/rollout/spec.py), kept for its restarts.
 
 Placement (asyncgrpo/runtime/placement.py): the named node resources are checked against the cluster
 before anything starts; each learner rank's bundle and each generator asks for a share of its
@@ -15,7 +16,6 @@ deadline and fails the run with what it waited for (`get`).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -30,6 +30,7 @@ from asyncgrpo.config import (
 )
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
+from asyncgrpo.driver.learners import place_learners, start_learners
 from asyncgrpo.driver.remote import control, get, remote_class
 from asyncgrpo.runtime.files import write_atomic
 from asyncgrpo.runtime.placement import (
@@ -46,7 +47,6 @@ from asyncgrpo.weights import resolve_backend
 from asyncgrpo.weights.shm import default_directory as default_shm_directory
 from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.weights.shm import remove_stale_slots
-from asyncgrpo.wire.network import free_port
 from asyncgrpo.wire.security import WireKeys
 from asyncgrpo.wire.sockets import remove_ipc_endpoint, remove_stale_ipc_dirs
 
@@ -74,18 +74,6 @@ def check_gpu_share(cfg: Config, gpus: float) -> None:
         raise TrainingFailed(
             f"weights.backend=nccl needs a GPU per actor (NCCL cannot join two processes on one GPU); each "
             f"actor got {gpus:.2f} GPU here: use weights.backend=zmq")
-
-
-def master_address(pg: Any) -> str:
-    """Where rank 0's rendezvous listens: loopback when every rank is on the driver's node."""
-    import ray
-    from ray.util import placement_group_table
-
-    bundle_nodes = placement_group_table(pg)["bundles_to_node_id"]
-    if set(bundle_nodes.values()) == {ray.get_runtime_context().get_node_id()}:
-        return "127.0.0.1"
-    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-    return addresses[bundle_nodes[0]]
 
 
 class Actors:
@@ -138,7 +126,9 @@ class Actors:
                 print(f"[weights] removed a dead run's shared-memory weight slots: {path}", flush=True)
         for path in remove_stale_ipc_dirs():
             print(f"[wire] removed a dead run's socket directory: {path}", flush=True)
-        self._start_learners(gpus, learner_cores, keys.server() if keys else None)
+        self.placement_group = place_learners(cfg, gpus)  # first: `stop` removes it, even if the start fails
+        self.learners = start_learners(cfg, self.model_dir, self.placement_group, gpus, learner_cores,
+                                       keys.server() if keys else None)
         endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
         self.endpoints = endpoints
         generator_dir, initial_version = self._resume_learners(resume)
@@ -166,35 +156,6 @@ class Actors:
 
     def _write_pids(self) -> None:
         write_atomic(Path(self.cfg.run_dir) / "actors.json", json.dumps(self._pids, indent=2) + "\n")
-
-    def _start_learners(self, gpus: float, cores: list[list[int]], curve: Any) -> None:
-        """`learner.world_size` ranks, one placement-group bundle each, packed onto as few nodes as
-        possible; they form their own torch.distributed group through rank 0's address."""
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from asyncgrpo.learner.actor import LearnerActor
-
-        cfg = self.cfg
-        world_size = cfg.learner.world_size
-        bundle = {"CPU": cfg.learner.num_cpus_per_rank, **({"GPU": gpus} if gpus else {}),
-                  **node_resources(cfg.learner.node_resource)}
-        self.placement_group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        get(self.placement_group.ready(), cfg.wire.startup_timeout_s,
-            f"Ray placing {world_size} learner rank(s) of {bundle} (placement group)")
-        master_addr, master_port = master_address(self.placement_group), free_port()
-        # Actors get absolute paths (checkpoints): their working directory need not be the driver's.
-        actor_cfg = copy.deepcopy(cfg)
-        actor_cfg.run_dir = str(Path(cfg.run_dir).resolve())
-        self.learners = [
-            remote_class(LearnerActor).options(
-                num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=gpus, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
-                                                                     placement_group_bundle_index=rank),
-            ).remote(actor_cfg, self.model_dir, rank, world_size, master_addr, master_port, cores[rank],
-                     curve if rank == 0 else None)
-            for rank in range(world_size)
-        ]
 
     def _resume_learners(self, resume: dict[str, Any] | None) -> tuple[str, int]:
         """Load the checkpoint into every rank; the generators then start from its weights, written in
