@@ -1,6 +1,7 @@
 """The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous,
 generator restarts, the generators after the last step (a dead one is left out of the evaluations),
-stop.
+stop. The learner ranks' placement group and actors are made by driver/learners.py; each generator
+is started from its `GeneratorSpec` (asyncgrpo/rollout/spec.py), kept for its restarts.
 
 Placement (asyncgrpo/runtime/placement.py): the named node resources are checked against the cluster
 before anything starts; each learner rank's bundle and each generator asks for a share of its
@@ -16,7 +17,6 @@ deadline and fails the run with what it waited for (`get`).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -25,24 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.config import (
-    groups_per_generator,
     learner_wait_timeout_s,
     save_wait_timeout_s,
     use_curve,
 )
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
-from asyncgrpo.driver.remote import CONTROL_GROUP, control, get, remote_class  # noqa: F401 - importable from here
+from asyncgrpo.driver.learners import place_learners, start_learners
+from asyncgrpo.driver.remote import control, get, remote_class
 from asyncgrpo.runtime.files import write_atomic
 from asyncgrpo.runtime.placement import check_node_resources, node_resources
 from asyncgrpo.runtime.resources import plan_cores
 from asyncgrpo.rewards.errors import one_line
+from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.schema import Config
 from asyncgrpo.weights import resolve_backend
 from asyncgrpo.weights.shm import default_directory as default_shm_directory
 from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.weights.shm import remove_stale_slots
-from asyncgrpo.wire.network import free_port
 from asyncgrpo.wire.reach import check_reach, wire_transport
 from asyncgrpo.wire.security import WireKeys
 from asyncgrpo.wire.sockets import remove_ipc_endpoint, remove_stale_ipc_dirs
@@ -73,18 +73,6 @@ def check_gpu_share(cfg: Config, gpus: float) -> None:
             f"actor got {gpus:.2f} GPU here: use weights.backend=zmq")
 
 
-def master_address(pg: Any) -> str:
-    """Where rank 0's rendezvous listens: loopback when every rank is on the driver's node."""
-    import ray
-    from ray.util import placement_group_table
-
-    bundle_nodes = placement_group_table(pg)["bundles_to_node_id"]
-    if set(bundle_nodes.values()) == {ray.get_runtime_context().get_node_id()}:
-        return "127.0.0.1"
-    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-    return addresses[bundle_nodes[0]]
-
-
 class Actors:
     """The Ray actors of one run. `start` fills them in as they come up, so `stop` also ends a half-started run."""
 
@@ -96,8 +84,9 @@ class Actors:
         self.endpoints: dict[str, str] = {}  # learner rank 0's bound sockets
         self.weight_address: dict[str, Any] = {}  # learner rank 0's weight transport (WeightSender.join_address)
         self.restarts = [0] * cfg.rollout.num_generators  # per generator; its incarnation is this count
-        # How a generator is started (`_start_generator`), kept for its restarts.
-        self._generator_start: dict[str, Any] = {}
+        # What each generator was last started with (`_start_generator`): its restarts start from it.
+        self.specs: list[GeneratorSpec] = []
+        self._generator_gpus = 0.0
         self._pids: dict[str, Any] = {}  # run_dir/actors.json: pids, cores, nodes, the wire
         # After the last step: generators whose process died (not restarted: nothing is left to
         # generate), and the directory of the final weights a fresh evaluator engine started from.
@@ -134,13 +123,17 @@ class Actors:
                 print(f"[weights] removed a dead run's shared-memory weight slots: {path}", flush=True)
         for path in remove_stale_ipc_dirs():
             print(f"[wire] removed a dead run's socket directory: {path}", flush=True)
-        self._start_learners(gpus, learner_cores, keys.server() if keys else None)
+        self.placement_group = place_learners(cfg, gpus)  # first: `stop` removes it, even if the start fails
+        self.learners = start_learners(cfg, self.model_dir, self.placement_group, gpus, learner_cores,
+                                       keys.server() if keys else None)
         endpoints = get(self.learner.endpoints.remote(), cfg.wire.startup_timeout_s, "learner rank 0's endpoints")
         self.endpoints = endpoints
         generator_dir, initial_version = self._resume_learners(resume)
-        self._generator_start = {"gpus": gpus, "cores": generator_cores, "endpoints": endpoints, "keys": keys,
-                                 "model_dir": generator_dir, "initial_version": initial_version}
-        self.generators = [self._start_generator(i) for i in range(cfg.rollout.num_generators)]
+        self._generator_gpus = gpus
+        self.specs = [GeneratorSpec.for_run(cfg, i, generator_dir, endpoints, generator_cores[i],
+                                            keys.client(i) if keys else None, initial_version)
+                      for i in range(cfg.rollout.num_generators)]
+        self.generators = [self._start_generator(spec) for spec in self.specs]
         ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,
                     "the generators starting (ready)")
         learner_pids = self.on_all_ranks("pid", timeout_s=learner_wait_timeout_s(cfg), all_results=True)
@@ -161,35 +154,6 @@ class Actors:
     def _write_pids(self) -> None:
         write_atomic(Path(self.cfg.run_dir) / "actors.json", json.dumps(self._pids, indent=2) + "\n")
 
-    def _start_learners(self, gpus: float, cores: list[list[int]], curve: Any) -> None:
-        """`learner.world_size` ranks, one placement-group bundle each, packed onto as few nodes as
-        possible; they form their own torch.distributed group through rank 0's address."""
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from asyncgrpo.learner.actor import LearnerActor
-
-        cfg = self.cfg
-        world_size = cfg.learner.world_size
-        bundle = {"CPU": cfg.learner.num_cpus_per_rank, **({"GPU": gpus} if gpus else {}),
-                  **node_resources(cfg.learner.node_resource)}
-        self.placement_group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        get(self.placement_group.ready(), cfg.wire.startup_timeout_s,
-            f"Ray placing {world_size} learner rank(s) of {bundle} (placement group)")
-        master_addr, master_port = master_address(self.placement_group), free_port()
-        # Actors get absolute paths (checkpoints): their working directory need not be the driver's.
-        actor_cfg = copy.deepcopy(cfg)
-        actor_cfg.run_dir = str(Path(cfg.run_dir).resolve())
-        self.learners = [
-            remote_class(LearnerActor).options(
-                num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=gpus, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
-                                                                     placement_group_bundle_index=rank),
-            ).remote(actor_cfg, self.model_dir, rank, world_size, master_addr, master_port, cores[rank],
-                     curve if rank == 0 else None)
-            for rank in range(world_size)
-        ]
-
     def _resume_learners(self, resume: dict[str, Any] | None) -> tuple[str, int]:
         """Load the checkpoint into every rank; the generators then start from its weights, written in
         Hugging Face format, at its version (learner rank 0's dispatcher knows the prompts used)."""
@@ -202,23 +166,19 @@ class Actors:
         print(f"[resume] {resume['path']} at version {resume['version']}", flush=True)
         return str(weights_dir), int(resume["version"])
 
-    def _start_generator(self, index: int, incarnation: int = 0) -> Any:
-        """Generator `index`'s actor (not waited for), on its own cores, with its own wire keys.
-        Ray does not restart it (max_restarts=0): `restart_generator` does, knowing what to resume."""
-        from asyncgrpo.rollout.generator import GeneratorActor
+    def _start_generator(self, spec: GeneratorSpec) -> Any:
+        """The actor of the generator `spec` describes (not waited for), on its own cores, with its own
+        wire keys. Ray does not restart it (max_restarts=0): `restart_generator` does, knowing what to resume."""
+        from asyncgrpo.rollout.actor import GeneratorActor
 
-        cfg, start = self.cfg, self._generator_start
-        keys, endpoints = start["keys"], start["endpoints"]
+        cfg, gpus = self.cfg, self._generator_gpus
+        self.specs[spec.generator_id] = spec
         on_node = node_resources(cfg.rollout.node_resource)
-        options = {"num_cpus": cfg.rollout.num_cpus_per_generator, "num_gpus": start["gpus"], "max_restarts": 0,
+        options = {"num_cpus": cfg.rollout.num_cpus_per_generator, "num_gpus": gpus, "max_restarts": 0,
                    **({"resources": on_node} if on_node else {})}
-        args = (cfg, index, start["model_dir"], endpoints["groups"], endpoints["weights"], endpoints["tickets"],
-                groups_per_generator(cfg)[index], start["cores"][index], keys.client(index) if keys else None)
-        kwargs = {"initial_version": start["initial_version"], "incarnation": incarnation}
         if self.pool is not None:
-            key = engine_key(cfg, start["model_dir"], start["cores"][index], start["gpus"])
-            return self.pool.take(index, key, options, args, kwargs)
-        return remote_class(GeneratorActor).options(**options).remote(*args, **kwargs)
+            return self.pool.take(spec, engine_key(cfg, spec.model_dir, list(spec.cores), gpus), options)
+        return remote_class(GeneratorActor).options(**options).remote(cfg, spec)
 
     def restart_generator(self, index: int, cause: BaseException) -> Any:
         """Generator `index`'s process died (`cause`): start its next incarnation and bring it back
@@ -242,7 +202,7 @@ class Actors:
         timeout_s, startup_s = cfg.wire.timeout_s, cfg.wire.startup_timeout_s
         get(control(self.learner, "generator_down", index), timeout_s, "learner rank 0 (generator_down)")
         ray.kill(self.generators[index], no_restart=True)  # whatever is left of the dead process
-        self.generators[index] = generator = self._start_generator(index, incarnation=incarnation)
+        self.generators[index] = generator = self._start_generator(self.specs[index].restarted(incarnation))
         ready = get(generator.ready.remote(), startup_s, f"generator {index} restarting (ready)")
         node = get(generator.node.remote(), timeout_s, f"generator {index} restarting (node)")
         self._pids["generator_nodes"][index] = node
@@ -321,8 +281,8 @@ class Actors:
         self.on_all_ranks("export_hf", str(self._evaluator_weights), timeout_s=cfg.wire.startup_timeout_s)
         print(f"[finish] no generator left: starting one on the final weights (version {version}) for the "
               "evaluations and the probe", flush=True)
-        self._generator_start.update(model_dir=str(self._evaluator_weights), initial_version=version)
-        self.generators[0] = self._start_generator(0, incarnation=self.restarts[0] + 1)
+        self.generators[0] = self._start_generator(
+            self.specs[0].starting_from(str(self._evaluator_weights), version, incarnation=self.restarts[0] + 1))
         get(self.generators[0].ready.remote(), cfg.wire.startup_timeout_s, "generator 0 starting as the evaluator")
         self.dead_after_training.discard(0)
         return 0

@@ -19,6 +19,7 @@ from typing import Any
 
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.remote import control, get, remote_class
+from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.schema import Config
 
 # Every pool's actors live in this Ray namespace, apart from the runs' own (anonymous) ones.
@@ -61,13 +62,14 @@ class EnginePool:
         self.cfg, self.name = cfg, cfg.rollout.engine_pool
         self.reused: set[int] = set()  # generator indices whose engine an earlier run started
 
-    def take(self, index: int, key: str, options: dict[str, Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        """Generator `index`'s actor, reset for this run (`args`, `kwargs`: the constructor's) if the
-        pool holds one with engine key `key`, else a new one under the pool's name."""
+    def take(self, spec: GeneratorSpec, key: str, options: dict[str, Any]) -> Any:
+        """The actor of the generator `spec` describes, reset for this run if the pool holds one with
+        engine key `key`, else a new one under the pool's name (`options`: its Ray resources)."""
         from ray.exceptions import RayActorError
 
-        from asyncgrpo.rollout.generator import GeneratorActor
+        from asyncgrpo.rollout.actor import GeneratorActor
 
+        index = spec.generator_id
         name, timeout_s = actor_name(self.name, index), self.cfg.wire.startup_timeout_s
         self.reused.discard(index)
         actor = self._lookup(name)
@@ -76,7 +78,7 @@ class EnginePool:
                 # In the control group: a call that a generator left running by a dead driver cannot hold up.
                 found = get(control(actor, "reusable_key"), timeout_s, f"pooled generator {index} (reusable_key)")
                 if found == key:
-                    get(actor.reset.remote(*args, **kwargs), timeout_s, f"pooled generator {index} (reset)")
+                    get(actor.reset.remote(self.cfg, spec), timeout_s, f"pooled generator {index} (reset)")
                     self.reused.add(index)
                     return actor
                 why = "was not released by its last run" if not found else "was built for other settings"
@@ -86,7 +88,7 @@ class EnginePool:
                       f"{str(err).splitlines()[0] if str(err) else ''}); starting a new one", flush=True)
             self.kill(actor, name)
         actor = remote_class(GeneratorActor).options(name=name, namespace=POOL_NAMESPACE, lifetime="detached",
-                                                     **options).remote(*args, **kwargs)
+                                                     **options).remote(self.cfg, spec)
         actor.set_pool_key.remote(key)  # ordered after the constructor, before any call of this run's
         return actor
 

@@ -39,7 +39,7 @@ class PreflightError(ValueError):
 def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int,
                   step_part: int) -> dict[str, Any]:
     """Tokens rollout.kv_cache_gib holds, and what one vLLM call's sequences need at most."""
-    from asyncgrpo.rollout.generator import groups_per_call
+    from asyncgrpo.rollout.spec import groups_per_call
 
     bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * _DTYPE_BYTES[cfg.rollout.dtype]
     holds = int(cfg.rollout.kv_cache_gib * GIB) // bytes_per_token

@@ -123,7 +123,7 @@ def request_headers(cfg: JudgeConfig) -> dict[str, str]:
 
 def call_budget_s(cfg: JudgeConfig) -> float:
     """The most one score() call may take from its first request: every try's timeout and the
-    nominal backoff. The generator's wait for a batch's rewards (rollout/generator.py:
+    nominal backoff. The generator's wait for a batch's rewards (rollout/scoring.py:
     score_timeout_s) allows this per wave of reward.judge.concurrency calls."""
     return cfg.timeout_s * (cfg.retries + 1) + cfg.backoff_s * 2 ** cfg.retries
 

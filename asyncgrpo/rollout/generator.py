@@ -1,8 +1,9 @@
 """The generator: sample groups with vLLM, score them, stream them to the learner.
 
-`Generator` receives its parts (engine, tokenizer, task, prompt stream, scorer, sink, weight
-receiver); `Generator.from_config` builds the real ones, `GeneratorActor` builds them inside a Ray
-actor. The pure parts live beside it: segments.py (in-flight updates), groups.py (the message).
+`Generator` runs on the parts it is given (rollout/parts.py: engine, tokenizer, task, prompt
+stream, scorer, sink, weight receiver) as the generator its `GeneratorSpec` describes
+(rollout/spec.py); `GeneratorActor` (rollout/actor.py) builds the real parts inside a Ray actor.
+The pure parts live beside it: segments.py (in-flight updates), groups.py (the message).
 
 Tickets: the generator asks learner rank 0 for the next slots of the training order
 (rollout/tickets.py), which grants only slots within the staleness bound of the weights it holds,
@@ -13,74 +14,37 @@ must load before generating, and then just asks.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import threading
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import torch
 
 from asyncgrpo.runtime import faults
 from asyncgrpo.runtime.memory import peak_memory
-from asyncgrpo.runtime.resources import pin_to_cores
-from asyncgrpo.rewards.judge import call_budget_s
-from asyncgrpo.rewards.scorer import Scorer
-from asyncgrpo.rollout.engine import Completion, VLLMEngine
+from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.rollout.evaluations import PeriodicEvaluations
 from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.parts import GeneratorParts
+from asyncgrpo.rollout.scoring import ScoringBatch
 from asyncgrpo.rollout.segments import InFlight, tag_versions
-from asyncgrpo.rollout.sink import GroupSink, with_faults
-from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
+from asyncgrpo.rollout.spec import GeneratorSpec
+from asyncgrpo.rollout.waits import WaitLimit
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import Problem, Task, make_task, run_stream
+from asyncgrpo.tasks import Problem
 from asyncgrpo.runtime.timing import PhaseTimer
-from asyncgrpo.weights import WeightReceiver, make_receiver
 from asyncgrpo.wire import (
-    GrantDealer,
     Heartbeat,
     SaveNotice,
     ScoredGroup,
-    Sender,
-    Subscriber,
     VersionAck,
-    WireTimeout,
-    holder_identity,
 )
-from asyncgrpo.wire.security import CurveClientKeys
 
 # While waiting (for tickets, for new weights) the learner still hears from us this often.
 HEARTBEAT_EVERY_S = 1.0
 # Granted no ticket, a generator waits this long for newer weights before it asks again.
 TICKET_RETRY_S = 0.2
-
-
-class SamplingEngine(Protocol):
-    """What the generator needs of an engine (`VLLMEngine`)."""
-
-    weight_load_path: str
-
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, temperature: float,
-                 seed: int | None = None, max_tokens_per_prompt: Sequence[int] | None = None
-                 ) -> list[list[Completion]]: ...
-
-    def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]: ...
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
-
-
-@dataclass
-class _Scoring:
-    """A generated batch whose rewards are being computed."""
-
-    problems: list[Problem]
-    positions: list[int]  # each problem's position in the prompt stream
-    prompts: list[list[int]]
-    completions: list[list[Completion]]
-    future: concurrent.futures.Future
-    slots: list[int]  # each group's slot in the training order
 
 
 class GeneratorStopped(Exception):
@@ -104,6 +68,19 @@ class GeneratorStats:
     weight_load_in_wait_s: float = 0.0
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
+    @property
+    def idle_s(self) -> float:
+        """Seconds spent asking for and waiting for tickets, on rewards or on a full queue."""
+        seconds = self.timer.seconds
+        return seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + self.send_blocked_s
+
+    def count_weight_load(self, seconds: float, in_wait: bool) -> None:
+        """A push loaded into the engine in `seconds`; `in_wait`: inside a wait whose timer includes them."""
+        self.weight_loads += 1
+        self.weight_load_s += seconds
+        if in_wait:
+            self.weight_load_in_wait_s += seconds
+
     def as_dict(self) -> dict[str, float]:
         return {
             "gen/groups_sent": self.groups_sent,
@@ -118,89 +95,33 @@ class GeneratorStats:
         }
 
 
-def next_multiple(version: int, every: int) -> int:
-    """The first multiple of `every` after `version` (eval.every_steps); 0 when `every` is 0."""
-    return (version // every + 1) * every if every else 0
-
-
-def score_timeout_s(cfg: Config, num_groups: int) -> float:
-    """How long to wait for a batch's rewards. Generous: every reward call is bounded by its own
-    timeout and retries (a judge call by call_budget_s, which its waits and requests keep within);
-    this only catches a hang."""
-    judge = cfg.reward.judge
-    calls = num_groups * cfg.rollout.samples_per_prompt
-    waves = -(-calls // max(1, judge.concurrency))
-    per_call = max(cfg.reward.timeout_s, call_budget_s(judge))
-    return cfg.wire.timeout_s + waves * per_call
-
-
-def groups_per_call(cfg: Config, step_part: int) -> int:
-    """Prompts per vLLM call (tickets asked for at once): rollout.groups_per_call, or when 0
-    `step_part`, the generator's part of a step spread evenly (config.groups_per_generator)."""
-    return cfg.rollout.groups_per_call or step_part
-
-
 class Generator:
     """Samples groups with `engine`, scores them with `scorer`, sends them to `sink`; loads new
     weights from `weights` at safe points (between calls, between segments, while waiting)."""
 
-    def __init__(
-        self,
-        *,
-        cfg: Config,
-        generator_id: int,
-        engine: SamplingEngine,
-        tokenizer: Any,
-        task: Task,
-        scorer: Scorer,
-        sink: GroupSink,
-        weights: WeightReceiver,
-        tickets: TicketClient,
-        positioned: PositionedPrompts,
-        groups_per_call: int,
-        initial_version: int = 0,
-        incarnation: int = 0,
-    ) -> None:
-        """`tickets` and `positioned`: where slots and their prompts come from; `groups_per_call`:
-        how many tickets to ask for at once (the prompts of a vLLM call). `initial_version`: the
-        version of the weights `engine` starts with (a resumed checkpoint's); `incarnation`: 0 for
-        the generator's first process, +1 per restart."""
+    def __init__(self, cfg: Config, spec: GeneratorSpec, parts: GeneratorParts) -> None:
+        """`spec`: who this generator is and which weights its engine starts with; `parts`: what it
+        runs on (`tickets` and `positioned`: where slots and their prompts come from)."""
         self.cfg = cfg
-        self.generator_id = generator_id
-        self.engine, self.tokenizer, self.task = engine, tokenizer, task
-        self.scorer, self.sink, self.weights = scorer, sink, weights
-        self.tickets, self.positioned = tickets, positioned
+        self.generator_id, self.incarnation = spec.generator_id, spec.incarnation
+        self.engine, self.tokenizer, self.task = parts.engine, parts.tokenizer, parts.task
+        self.scorer, self.sink, self.weights = parts.scorer, parts.sink, parts.weights
+        self.tickets, self.positioned = parts.tickets, parts.positioned
         self._no_tickets_since: float | None = None  # the wait for a grant, across retries
         self._no_tickets_version = -1  # the weights held when that wait (re)started
-        self.slowdown = faults.slowdown(generator_id)
-        self.pace_s = faults.pace_s(generator_id)
-        self.groups_per_call = groups_per_call
-        self.version = initial_version
-        self.incarnation = incarnation
+        self.slowdown = faults.slowdown(spec.generator_id)
+        self.pace_s = faults.pace_s(spec.generator_id)
+        self.groups_per_call = spec.groups_per_call
+        self.version = spec.initial_version
         self.next_seq = 0
-        self._rejoin_version = initial_version  # the version to load before generating (`rejoin`)
+        self._rejoin_version = spec.initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
         self._last_heartbeat = 0.0
         self._reported_rejections = 0
-        self._save_logged: int | None = None  # the checkpoint save whose wait was logged (once per save)
-        # eval.every_steps (generator 0 only): held-out evaluations of the loaded weights, taken by
-        # the driver (`take_evaluations`, from the control thread).
-        self.eval_every = cfg.eval.every_steps if generator_id == 0 else 0
-        self._next_eval_version = next_multiple(initial_version, self.eval_every)
-        self._evaluations: list[dict[str, float]] = []
-        self._evaluations_lock = threading.Lock()
-        self._eval_problems: list[Problem] | None = None
-
-    @classmethod
-    def from_config(cls, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str,
-                    weights_endpoint: str, tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
-                    curve: CurveClientKeys | None = None, initial_version: int = 0,
-                    incarnation: int = 0) -> Generator:
-        """The real parts: vLLM on `model_dir` (resuming from a checkpoint, it holds
-        `initial_version`'s weights), the groups and weights sockets and the grant channel;
-        `step_part` sizes a vLLM call (`groups_per_call`)."""
-        return cls(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                        tickets_endpoint, step_part, cores, curve, initial_version, incarnation))
+        self.wait_limit = WaitLimit(spec.generator_id, cfg.wire)
+        # eval.every_steps (generator 0 only), taken by the driver (`take_evaluations`).
+        self.evaluations = PeriodicEvaluations(cfg.eval.every_steps if spec.generator_id == 0 else 0,
+                                               spec.initial_version, self.task)
 
     def join_weight_group(self, address: dict[str, Any]) -> None:
         """Join the learner's weight transport (`WeightSender.join_address`) as rank generator_id + 1."""
@@ -227,46 +148,16 @@ class Generator:
         Rewards that take time (an HTTP judge) are computed while the next batch generates: a
         batch is sent once the following vLLM call returns, or before waiting for tickets.
         """
-        timer, run_start = self.stats.timer, time.perf_counter()
-        pending: _Scoring | None = None
+        run_start = time.perf_counter()
         # The weights loaded from disk; acknowledging them tells the learner this generator is up.
         self.sink.try_send(VersionAck(self.generator_id, self.version, self.incarnation), timeout_s=1.0)
         try:
             if self.version < self._rejoin_version:  # restarted: the learner is further on
-                with timer("rejoin"):
+                with self.stats.timer("rejoin"):
                     self._wait_for_version(self._rejoin_version)
+            pending: ScoringBatch | None = None
             while True:
-                with timer("weights"):
-                    self._load_newest_weights(wait_s=0.0)
-                if self.eval_every and self.version >= self._next_eval_version:
-                    with timer("eval"):
-                        self._evaluate_loaded_version()
-                with timer("ask"):
-                    problems, positions, slots = self._take_tickets()
-                if not problems:
-                    if pending is not None:  # nothing to overlap its rewards with: send it now
-                        self._send_scored(pending)
-                        pending = None
-                    else:
-                        with timer("throttle"):
-                            self._wait_for_tickets()
-                    continue
-                prompts = self._tokenize(problems)
-                with timer("generate"):
-                    started = time.perf_counter()
-                    completions = self._generate(prompts)
-                    if self.slowdown > 1:  # failpoint generator_slowdown: a slower generator
-                        time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
-                    if self.pace_s > 0:  # failpoint generator_pace_s: a generator on a device of its own
-                        time.sleep(max(0.0, started + self.pace_s * len(prompts) - time.perf_counter()))
-                with timer("score"):
-                    scoring = self._submit(problems, positions, prompts, completions, slots)
-                if pending is not None:  # its rewards were computed during this vLLM call
-                    self._send_scored(pending)
-                pending = scoring
-                if pending.future.done():  # rewards computed inline (cheap terms): no reason to hold it
-                    self._send_scored(pending)
-                    pending = None
+                pending = self._one_call(pending)
         except GeneratorStopped:
             self.weights.poll(0.0)
             self._apply_latest_weights()  # leave the engine at the final version
@@ -274,11 +165,42 @@ class Generator:
             self.scorer.close()
         return self._summary(time.perf_counter() - run_start)
 
+    def _one_call(self, pending: ScoringBatch | None) -> ScoringBatch | None:
+        """One turn of the loop, each phase timed: load the newest weights, evaluate them if due, ask
+        for tickets, generate, score. `pending`: the last turn's batch whose rewards were not ready;
+        returns this turn's."""
+        timer = self.stats.timer
+        with timer("weights"):
+            self._load_newest_weights(wait_s=0.0)
+        if self.evaluations.due(self.version):
+            with timer("eval"):
+                self.evaluations.evaluate(self.version, self.evaluate)
+        with timer("ask"):
+            problems, positions, slots = self._take_tickets()
+        if not problems:
+            if pending is not None:  # nothing to overlap its rewards with: send it now
+                self._send_scored(pending)
+            else:
+                with timer("throttle"):
+                    self._wait_for_tickets()
+            return None
+        prompts = self._tokenize(problems)
+        with timer("generate"):
+            completions = self._generate_paced(prompts)
+        with timer("score"):
+            scoring = ScoringBatch.submit(self.scorer, self.tokenizer, problems, positions, prompts, completions, slots)
+        if pending is not None:  # its rewards were computed during this vLLM call
+            self._send_scored(pending)
+        if scoring.future.done():  # rewards computed inline (cheap terms): no reason to hold it
+            self._send_scored(scoring)
+            return None
+        return scoring
+
     def _summary(self, wall_s: float) -> dict[str, Any]:
         tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered}
         return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), **tickets, "gen/version": self.version,
                 "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
-                "gen/idle_s": self.idle_s, "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
+                "gen/idle_s": self.stats.idle_s, "gen/idle_frac": self.stats.idle_s / wall_s if wall_s > 0 else 0.0,
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
     def _take_tickets(self) -> tuple[list[Problem], list[int], list[int]]:
@@ -301,22 +223,15 @@ class Generator:
         if self.version != self._no_tickets_version:
             self._no_tickets_since, self._no_tickets_version = time.monotonic(), self.version
         self._heartbeat(periodic=True)
-        self._check_wait(self._no_tickets_since, f"asking for tickets with version {self.version}",
-                         "learner rank 0 granted none")
+        self.wait_limit.check(self._no_tickets_since, self.weights.saves,
+                              f"asking for tickets with version {self.version}", "learner rank 0 granted none")
 
-    def _submit(self, problems: list[Problem], positions: list[int], prompts: list[list[int]],
-                completions: list[list[Completion]], slots: list[int]) -> _Scoring:
-        """Start scoring a generated batch. `positions`: its prompts' in the run's prompt stream;
-        `slots`: the groups' slots."""
-        texts = [decode_completions(self.tokenizer, group) for group in completions]
-        return _Scoring(problems, positions, prompts, completions, self.scorer.submit(problems, texts), slots)
-
-    def _send_scored(self, scoring: _Scoring) -> None:
+    def _send_scored(self, scoring: ScoringBatch) -> None:
         """Wait for a batch's rewards, send its groups, then report (a heartbeat per batch keeps the
         learner's per-step view of our counters current)."""
         timer = self.stats.timer
         with timer("score_wait"):
-            scores = scoring.future.result(timeout=score_timeout_s(self.cfg, len(scoring.problems)))
+            scores = scoring.scores(self.cfg)
         with timer("send"):
             for problem, position, prompt, completions, score, slot in zip(
                     scoring.problems, scoring.positions, scoring.prompts, scoring.completions, scores, scoring.slots):
@@ -330,12 +245,6 @@ class Generator:
                 self.tickets.sent(slot)
             self._heartbeat(periodic=False)
 
-    @property
-    def idle_s(self) -> float:
-        """Seconds spent asking for and waiting for tickets, on rewards or on a full queue."""
-        seconds = self.stats.timer.seconds
-        return seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + self.stats.send_blocked_s
-
     # ---------------------------------------------------------------------------------- sampling
 
     def _tokenize(self, problems: list[Problem]) -> list[list[int]]:
@@ -343,6 +252,17 @@ class Generator:
 
     def _sample(self, prompts: list[list[int]], temperature: float, n: int) -> list[list[Completion]]:
         return self.engine.generate(prompts, n=n, max_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature)
+
+    def _generate_paced(self, prompts: list[list[int]]) -> list[list[Completion]]:
+        """`_generate`, slowed down by the failpoints that make a slower generator (generator_slowdown)
+        or one paced as if on a device of its own (generator_pace_s)."""
+        started = time.perf_counter()
+        completions = self._generate(prompts)
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
+        if self.pace_s > 0:
+            time.sleep(max(0.0, started + self.pace_s * len(prompts) - time.perf_counter()))
+        return completions
 
     def _generate(self, prompts: list[list[int]]) -> list[list[Completion]]:
         """`samples_per_prompt` completions per prompt, each token tagged with the version that sampled it.
@@ -374,7 +294,7 @@ class Generator:
         while not self.sink.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
             blocked_since = blocked_since or time.perf_counter()
             self._load_newest_weights(wait_s=0.0, in_wait=True)
-            self._check_wait(started, "blocked on a full queue", "the learner took no group")
+            self.wait_limit.check(started, self.weights.saves, "blocked on a full queue", "the learner took no group")
         if blocked_since is not None:
             self.stats.send_blocked_s += time.perf_counter() - blocked_since
         self.next_seq += 1
@@ -391,7 +311,7 @@ class Generator:
         rewards = self.scorer.stats_snapshot()
         rejected, reason = self.weights.rejections()
         self._reported_rejections = rejected
-        self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.idle_s,
+        self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.stats.idle_s,
                                      reward_errors=rewards["reward/errors"],
                                      groups_dropped=rewards["reward/groups_dropped"],
                                      weights_rejected=rejected, rejection=reason,
@@ -404,13 +324,9 @@ class Generator:
         version = self.weights.apply_newest(self.engine)
         if version is None:
             return False
-        seconds = time.perf_counter() - start
-        self.stats.weight_load_s += seconds
-        if in_wait:
-            self.stats.weight_load_in_wait_s += seconds
+        self.stats.count_weight_load(time.perf_counter() - start, in_wait)
         self.version = version
         self.weights.saves.weights_loaded(version)
-        self.stats.weight_loads += 1
         self.sink.try_send(VersionAck(self.generator_id, version, self.incarnation), timeout_s=1.0)
         return True
 
@@ -431,28 +347,9 @@ class Generator:
         while self.version < version:
             self._load_newest_weights(wait_s=0.5, in_wait=True)
             self._heartbeat(periodic=True)
-            self._check_wait(started, f"restarted, incarnation {self.incarnation}, holding version {self.version}",
-                             f"weights version {version} did not arrive")
-
-    def _check_wait(self, started: float, state: str, what: str) -> None:
-        """Fail a wait that began at `started` once it is past `wire.timeout_s`, or, while learner
-        rank 0 announced a checkpoint save, past that save's bound (`SaveWatch`): a save stops both
-        pushes and takes for longer than wire.timeout_s, and must not fail the run. `state`: what
-        the generator is doing, `what`: what did not happen, for the messages."""
-        now, timeout_s, saves = time.monotonic(), self.cfg.wire.timeout_s, self.weights.saves
-        if now <= started + timeout_s:
-            return
-        deadline = saves.deadline(started, timeout_s)
-        if now <= deadline:
-            if saves.notice is not None and self._save_logged != saves.notice.version:
-                self._save_logged = saves.notice.version
-                print(f"[generator {self.generator_id}] {state}: {what} for {now - started:.0f} s, as learner rank 0 "
-                      f"is saving a checkpoint of version {saves.notice.version}; waiting for it up to "
-                      f"{saves.notice.timeout_s:.0f} s from its announcement (train.checkpoint_timeout_s)", flush=True)
-            return
-        save = saves.describe() if deadline > started + timeout_s else ""
-        raise WireTimeout(f"generator {self.generator_id} ({state}): {what} for {now - started:.0f} s"
-                          + (f": {save}" if save else f" (wire.timeout_s={timeout_s:.0f})"))
+            self.wait_limit.check(started, self.weights.saves,
+                                  f"restarted, incarnation {self.incarnation}, holding version {self.version}",
+                                  f"weights version {version} did not arrive")
 
     # ------------------------------------------------------------------------- eval and probes
 
@@ -462,24 +359,9 @@ class Generator:
         texts = decode_completions(self.tokenizer, [group[0] for group in completions])
         return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
 
-    def _evaluate_loaded_version(self) -> None:
-        """eval.every_steps: sampled and greedy held-out accuracy of the weights loaded now."""
-        if self._eval_problems is None:
-            self._eval_problems = self.task.eval_problems()
-        started = time.perf_counter()
-        sampled = self.evaluate(self._eval_problems, 1.0)
-        greedy = self.evaluate(self._eval_problems, 0.0)
-        record = {"step": self.version, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy,
-                  "eval/when": "periodic", "eval/seconds": time.perf_counter() - started}
-        with self._evaluations_lock:
-            self._evaluations.append(record)
-        self._next_eval_version = next_multiple(self.version, self.eval_every)
-
     def take_evaluations(self) -> list[dict[str, float]]:
         """The periodic evaluations since the last call (the driver's, in the control group)."""
-        with self._evaluations_lock:
-            taken, self._evaluations = self._evaluations, []
-        return taken
+        return self.evaluations.take()
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
         return self.engine.sequence_logprobs(sequences, temperature=self.cfg.rollout.temperature)
@@ -493,100 +375,3 @@ class Generator:
         self.weights.close()
         self.sink.close()
         self.tickets.close()
-
-
-class GeneratorActor(Generator):
-    """The Ray actor: constructed from config, so the engine and sockets are built in the actor's process."""
-
-    def __init__(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-                 tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
-                 curve: CurveClientKeys | None = None, initial_version: int = 0, incarnation: int = 0) -> None:
-        super().__init__(**_built_from_config(cfg, generator_id, model_dir, groups_endpoint, weights_endpoint,
-                                              tickets_endpoint, step_part, cores, curve, initial_version, incarnation))
-
-    @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> GeneratorActor:
-        return cls(*args, **kwargs)  # this constructor already takes from_config's arguments
-
-    # ------------------------------------------------------------- kept between runs (engine_pool)
-
-    _pool_key: str = ""
-    _released = False
-
-    def reusable_key(self) -> str:
-        """The engine settings this actor was started with (`driver.engine_pool.engine_key`) once a
-        run has released it; "" while a run holds it (a driver that died without releasing it leaves
-        it in an unknown state, perhaps still generating): then it is not to be reused."""
-        return self._pool_key if self._released else ""
-
-    def set_pool_key(self, key: str) -> None:
-        self._pool_key = key
-
-    def release(self) -> None:
-        """The run is over and this engine stays for the next: close its sockets and reward threads."""
-        self.close()
-        self._released = True
-
-    def reset(self, cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-              tickets_endpoint: str, step_part: int, cores: list[int] | None = None,
-              curve: CurveClientKeys | None = None, initial_version: int = 0, incarnation: int = 0) -> None:
-        """Become a new run's generator (the constructor's arguments) on the running engine: its
-        starting weights, seed, prompt stream, rewards, sockets and counters; vLLM is not restarted."""
-        self._released = False
-        self.close()  # idempotent: release() has closed them already
-        Generator.__init__(self, **_built_from_config(
-            cfg, generator_id, model_dir, groups_endpoint, weights_endpoint, tickets_endpoint, step_part, cores, curve,
-            initial_version, incarnation, engine=self.engine))
-
-    def node(self) -> dict[str, str]:
-        """The Ray node this generator runs on (node_id, node_ip): run_dir/actors.json, the reach check."""
-        from asyncgrpo.wire.reach import this_node
-
-        return this_node()
-
-
-def _built_from_config(cfg: Config, generator_id: int, model_dir: str, groups_endpoint: str, weights_endpoint: str,
-                       tickets_endpoint: str, step_part: int, cores: list[int] | None, curve: CurveClientKeys | None,
-                       initial_version: int, incarnation: int = 0, engine: VLLMEngine | None = None) -> dict[str, Any]:
-    """`Generator`'s constructor arguments, with the real parts (see `Generator.from_config`);
-    `engine`: a running one to take `model_dir`'s weights instead of a new one (rollout.engine_pool)."""
-    # First: the threads started below inherit the pinning.
-    pin_to_cores(cores or [], torch_threads=None, set_num_threads=torch.set_num_threads)
-    from transformers import (
-        AutoTokenizer,  # slow to import; only where a real generator is built
-    )
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    task = make_task(cfg, tokenizer)
-    # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
-    scorer = Scorer(task, cfg.reward)
-    seed = cfg.seed * 1000 + generator_id
-    if engine is None:
-        engine = VLLMEngine(
-            model_dir,
-            seed=seed,
-            max_model_len=cfg.model.max_positions,
-            dtype=cfg.rollout.dtype,
-            kv_cache_gib=cfg.rollout.kv_cache_gib,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        )
-    else:
-        engine.load_model_dir(model_dir)
-    # Also a new engine: its start-up drew from the random streams, a reused one's last run did.
-    engine.reseed(seed)
-    # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
-    # the learner's receiving thread, which competes with training for its core and the GIL.
-    # Memory stays bounded: a call's groups in the socket buffers, the rest by the slots granted.
-    call_groups = groups_per_call(cfg, step_part)
-    sink = with_faults(Sender(groups_endpoint, high_water_mark=max(8, call_groups),
-                              curve=curve))  # with_faults: a chaos run's lost or corrupted groups
-    subscriber = Subscriber(weights_endpoint, cfg.wire.max_message_bytes, curve=curve)
-    # After the engine: on a GPU, vLLM has set up this process's device by now.
-    device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-    weights = make_receiver(cfg, subscriber, model_dir, device)
-    grants = GrantDealer(tickets_endpoint, holder_identity(generator_id, incarnation), curve=curve)
-    # Its prompts come from the run's one stream, at the positions it is granted.
-    return dict(cfg=cfg, generator_id=generator_id, engine=engine, tokenizer=tokenizer, task=task, scorer=scorer,
-                sink=sink, weights=weights, tickets=TicketClient(sink, grants, generator_id, incarnation),
-                positioned=PositionedPrompts(lambda: run_stream(task, cfg)), groups_per_call=call_groups,
-                initial_version=initial_version, incarnation=incarnation)

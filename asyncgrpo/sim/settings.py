@@ -76,7 +76,7 @@ class Settings:
         return self.groups_per_step * self.samples_per_prompt
 
     def call_groups(self) -> list[int]:
-        """Each generator's groups per call (rollout.generator.groups_per_call)."""
+        """Each generator's groups per call (rollout.spec.groups_per_call)."""
         return [self.groups_per_call or part for part in even_split(self.num_generators, self.groups_per_step)]
 
     def speeds(self) -> list[float]:

@@ -15,6 +15,7 @@ from asyncgrpo.config import load
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver import actors as actors_module
 from asyncgrpo.driver.actors import Actors
+from asyncgrpo.rollout.spec import GeneratorSpec
 
 
 class Ref:
@@ -70,6 +71,8 @@ def ended_run(tmp_path, monkeypatch):
         cfg = load(overrides=[f"rollout.num_generators={len(generators)}", f"run_dir={tmp_path / 'run'}"])
         actors = Actors(cfg, model_dir=str(tmp_path / "model"))
         actors.generators = list(generators)
+        endpoints = {"groups": "tcp://127.0.0.1:1", "weights": "tcp://127.0.0.1:2", "tickets": "tcp://127.0.0.1:3"}
+        actors.specs = [GeneratorSpec.for_run(cfg, i, actors.model_dir, endpoints) for i in range(len(generators))]
         actors.killed, actors.exports, actors.started = killed, [], []
 
         def on_all_ranks(method: str, *args: Any, timeout_s: float, all_results: bool = False) -> Any:
@@ -78,8 +81,8 @@ def ended_run(tmp_path, monkeypatch):
             actors.exports.append(args[0])
             return args[0]
 
-        def start_generator(index: int, skip_problems: int = 0, incarnation: int = 0) -> FakeGenerator:
-            actors.started.append((index, incarnation, dict(actors._generator_start)))
+        def start_generator(spec: GeneratorSpec) -> FakeGenerator:
+            actors.started.append(spec)
             assert fresh is not None, "no fresh generator expected"
             return fresh
 
@@ -121,9 +124,10 @@ def test_with_every_generator_dead_the_evaluations_run_on_a_fresh_engine_started
     assert actors.on_evaluator("evaluate", ["problem"], 0.0, what="greedy evaluate, end") == 0.5
     weights_dir = Path(actors.cfg.run_dir).resolve() / "evaluator_weights"
     assert actors.exports == [str(weights_dir)]
-    ((index, incarnation, start),) = actors.started
-    assert (index, incarnation) == (0, 2)  # a new incarnation: its groups could never pass for its predecessor's
-    assert start["model_dir"] == str(weights_dir) and start["initial_version"] == 40
+    (start,) = actors.started
+    # A new incarnation: its groups could never pass for its predecessor's.
+    assert (start.generator_id, start.incarnation) == (0, 2)
+    assert start.model_dir == str(weights_dir) and start.initial_version == 40
     assert actors.on_evaluator("loaded_version", what="loaded_version") == 40
     assert len(actors.exports) == 1  # started once, then reused
     actors.stop()

@@ -20,13 +20,12 @@ from asyncgrpo.contract import THROTTLING_STALE_POLICIES
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
-from asyncgrpo.rollout.generator import (
-    Generator,
-    groups_per_call,
-    score_timeout_s,
-)
+from asyncgrpo.rollout.generator import Generator
 from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.parts import GeneratorParts
+from asyncgrpo.rollout.scoring import score_timeout_s
 from asyncgrpo.rollout.segments import InFlight, tag_versions
+from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed, groups_per_call
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
@@ -279,6 +278,15 @@ class Mailbox:
         pass
 
 
+def spec_on_fakes(cfg: Config, quota: int, generator_id: int = 0, initial_version: int = 0,
+                  incarnation: int = 0) -> GeneratorSpec:
+    """A generator's spec whose model directory and sockets nothing opens (its parts are fakes)."""
+    return GeneratorSpec(generator_id=generator_id, model_dir="unused", groups_endpoint="unused",
+                         weights_endpoint="unused", tickets_endpoint="unused",
+                         groups_per_call=groups_per_call(cfg, quota), seed=generator_seed(cfg, generator_id),
+                         initial_version=initial_version, incarnation=incarnation)
+
+
 def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: ArithmeticTask = TASK,
                    problems: Callable[[], Iterator[Problem]] | None = None, engine: AddingEngine | None = None,
                    scorer: Any = None, sink: ListSink | None = None, generator_id: int = 0,
@@ -294,11 +302,11 @@ def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: Arit
                         dispatcher=dispatcher, grants=mailbox)
     sink.deliver = queue.put
     stream = problems if problems is not None else (lambda: task.train_problems(seed=0))
-    generator = Generator(
-        cfg=cfg, generator_id=generator_id, engine=engine or AddingEngine(), tokenizer=TOKENIZER, task=task,
-        scorer=scorer or Scorer(task, cfg.reward), sink=sink, weights=PushesWhileWaiting(versions, initial_version),
-        tickets=TicketClient(sink, mailbox, generator_id, incarnation), positioned=PositionedPrompts(stream),
-        groups_per_call=groups_per_call(cfg, quota), initial_version=initial_version, incarnation=incarnation)
+    spec = spec_on_fakes(cfg, quota, generator_id, initial_version, incarnation)
+    generator = Generator(cfg, spec, GeneratorParts(
+        engine=engine or AddingEngine(), tokenizer=TOKENIZER, task=task, scorer=scorer or Scorer(task, cfg.reward),
+        sink=sink, weights=PushesWhileWaiting(versions, initial_version),
+        tickets=TicketClient(sink, mailbox, generator_id, incarnation), positioned=PositionedPrompts(stream)))
     generator.queue = queue  # type: ignore[attr-defined]  # for the tests that look at what arrived
     return generator
 

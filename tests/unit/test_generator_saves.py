@@ -11,6 +11,7 @@ import pytest
 from test_generator import ListSink, config, make_generator
 
 from asyncgrpo.rollout import generator as generator_module
+from asyncgrpo.rollout import waits as waits_module
 from asyncgrpo.rollout.generator import Generator
 from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import SaveNotice, ScoredGroup, WireTimeout, example_group
@@ -84,6 +85,7 @@ def clock(monkeypatch) -> Clock:
     # perf_counter offset: a real one is never 0, and _send reads 0 as "not blocked yet".
     fake_time = types.SimpleNamespace(monotonic=clock, perf_counter=lambda: clock.now + 1000.0)
     monkeypatch.setattr(generator_module, "time", fake_time)
+    monkeypatch.setattr(waits_module, "time", fake_time)  # the waits' limits (WaitLimit)
     return clock
 
 

@@ -16,14 +16,16 @@ from test_generator import (
     Mailbox,
     PushesWhileWaiting,
     config,
+    spec_on_fakes,
 )
 
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import Scorer
-from asyncgrpo.rollout.generator import Generator, WireTimeout
+from asyncgrpo.rollout.generator import Generator
+from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
-from asyncgrpo.wire import ScoredGroup
+from asyncgrpo.wire import ScoredGroup, WireTimeout
 
 
 class QueueSink:
@@ -48,11 +50,10 @@ def ticketed(groups_per_step: int, max_staleness: int, versions: int, task=TASK,
     queue = ReplayQueue(None, 64, StalenessEviction(max_staleness, drop_stale=True), limits=None,
                         dispatcher=Dispatcher(groups_per_step, max_staleness, capacity_groups=64), grants=mailbox)
     sink = QueueSink(queue)
-    generator = Generator(
-        cfg=cfg, generator_id=0, engine=AddingEngine(), tokenizer=TOKENIZER, task=task,
-        scorer=Scorer(task, cfg.reward), sink=sink, weights=PushesWhileWaiting(versions),
-        tickets=TicketClient(sink, mailbox, 0, 0), positioned=PositionedPrompts(lambda: task.train_problems(seed=0)),
-        groups_per_call=3)
+    generator = Generator(cfg, spec_on_fakes(cfg, quota=3), GeneratorParts(
+        engine=AddingEngine(), tokenizer=TOKENIZER, task=task, scorer=Scorer(task, cfg.reward), sink=sink,
+        weights=PushesWhileWaiting(versions), tickets=TicketClient(sink, mailbox, 0, 0),
+        positioned=PositionedPrompts(lambda: task.train_problems(seed=0))))
     return generator, queue, sink
 
 

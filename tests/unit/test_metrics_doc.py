@@ -169,7 +169,7 @@ def test_the_evaluation_records_and_their_summary_entries_are_documented(doc, st
     entries = evaluate(Evaluator(), [], "end", step=3, metrics=sink)
     (record,) = sink.records
     periodic = {"step": 3, "eval/accuracy": 0.5, "eval/greedy_accuracy": 0.5, "eval/when": "periodic",
-                "eval/seconds": 1.0}  # the keys of Generator._evaluate_loaded_version's records
+                "eval/seconds": 1.0}  # the keys of PeriodicEvaluations.evaluate's records
     assert undocumented(record.keys() | periodic.keys(), step_docs) == []
     assert undocumented(entries.keys(), section_keys(doc, SUMMARY_SECTION, "Top level")) == []
 

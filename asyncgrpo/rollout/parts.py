@@ -1,0 +1,95 @@
+"""The parts a `Generator` runs on (`GeneratorParts`), and `build_parts`, which makes the real ones
+from the run's config and a generator's spec: vLLM, the tokenizer, the task and its prompt stream,
+the scorer, the groups and weights sockets and the grant channel. Tests build theirs from fakes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from asyncgrpo.rewards.scorer import Scorer
+from asyncgrpo.rollout.engine import Completion, VLLMEngine
+from asyncgrpo.rollout.sink import GroupSink, with_faults
+from asyncgrpo.rollout.spec import GeneratorSpec
+from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
+from asyncgrpo.runtime.resources import pin_to_cores
+from asyncgrpo.schema import Config
+from asyncgrpo.tasks import Task, make_task, run_stream
+from asyncgrpo.weights import WeightReceiver, make_receiver
+from asyncgrpo.wire import GrantDealer, Sender, Subscriber, holder_identity
+
+
+class SamplingEngine(Protocol):
+    """What the generator needs of an engine (`VLLMEngine`)."""
+
+    weight_load_path: str
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, temperature: float,
+                 seed: int | None = None, max_tokens_per_prompt: Sequence[int] | None = None
+                 ) -> list[list[Completion]]: ...
+
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
+@dataclass
+class GeneratorParts:
+    """`engine` samples, `tokenizer` and `task` make and score the prompts, `scorer` computes the
+    rewards, `sink` sends to the learner, `weights` receives its pushes, `tickets` asks for slots and
+    `positioned` reads their prompts from the run's one prompt stream."""
+
+    engine: SamplingEngine
+    tokenizer: Any
+    task: Task
+    scorer: Scorer
+    sink: GroupSink
+    weights: WeightReceiver
+    tickets: TicketClient
+    positioned: PositionedPrompts
+
+
+def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = None) -> GeneratorParts:
+    """The real parts (vLLM on `spec.model_dir`, which holds `spec.initial_version`'s weights);
+    `engine`: a running one to take those weights instead of a new one (rollout.engine_pool)."""
+    # First: the threads started below inherit the pinning.
+    pin_to_cores(list(spec.cores), torch_threads=None, set_num_threads=torch.set_num_threads)
+    from transformers import (
+        AutoTokenizer,  # slow to import; only where a real generator is built
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+    task = make_task(cfg, tokenizer)
+    # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
+    scorer = Scorer(task, cfg.reward)
+    if engine is None:
+        engine = VLLMEngine(
+            spec.model_dir,
+            seed=spec.seed,
+            max_model_len=cfg.model.max_positions,
+            dtype=cfg.rollout.dtype,
+            kv_cache_gib=cfg.rollout.kv_cache_gib,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        )
+    else:
+        engine.load_model_dir(spec.model_dir)
+    # Also a new engine: its start-up drew from the random streams, a reused one's last run did.
+    engine.reseed(spec.seed)
+    # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
+    # the learner's receiving thread, which competes with training for its core and the GIL.
+    # Memory stays bounded: a call's groups in the socket buffers, the rest by the slots granted.
+    sink = with_faults(Sender(spec.groups_endpoint, high_water_mark=max(8, spec.groups_per_call),
+                              curve=spec.curve))  # with_faults: a chaos run's lost or corrupted groups
+    subscriber = Subscriber(spec.weights_endpoint, cfg.wire.max_message_bytes, curve=spec.curve)
+    # After the engine: on a GPU, vLLM has set up this process's device by now.
+    device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+    weights = make_receiver(cfg, subscriber, spec.model_dir, device)
+    grants = GrantDealer(spec.tickets_endpoint, holder_identity(spec.generator_id, spec.incarnation), curve=spec.curve)
+    # Its prompts come from the run's one stream, at the positions it is granted.
+    return GeneratorParts(engine=engine, tokenizer=tokenizer, task=task, scorer=scorer, sink=sink, weights=weights,
+                          tickets=TicketClient(sink, grants, spec.generator_id, spec.incarnation),
+                          positioned=PositionedPrompts(lambda: run_stream(task, cfg)))
