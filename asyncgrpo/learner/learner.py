@@ -237,8 +237,9 @@ class Learner:
     def save_checkpoint(self, directory: str | Path) -> str:
         """A sharded checkpoint in `directory`/step_<version> (every rank calls it); returns its path."""
         states = {"learner": self.state_dict(), "schedule": self.policy.schedule_state_dict()}
-        if self.source is not None:
-            states["queue"] = self.source.state_dict()
+        source_state = self.source.state_dict() if self.source is not None else {}
+        if source_state:  # an offline source keeps nothing: no key, as checkpoints always had for it
+            states["queue"] = source_state
         # Nothing is pushed or taken while the save runs: the generators, told so, wait up to
         # train.checkpoint_timeout_s instead of failing after wire.timeout_s.
         self._announce_save(saving=True)
