@@ -155,7 +155,8 @@ class ReplayQueue:
     `limits` None admits every group that decodes: for tests and benchmarks whose groups are made
     to be valid; a learner always passes its model's (no default, so none forgets to).
     `dispatcher` (a learner always has one): tickets, answered through `grants` (None: answers are
-    dropped, as for a generator not connected; in-process tests); None: groups in arrival order.
+    dropped, as for a generator not connected; in-process tests); None: groups in arrival order,
+    and no `grants`.
     """
 
     def __init__(
@@ -172,6 +173,8 @@ class ReplayQueue:
     ) -> None:
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
+        if grants is not None and dispatcher is None:  # nothing would answer through it, or close it
+            raise ValueError("a replay queue given grants without a dispatcher: grants answer the dispatcher's tickets")
         self.receiver = receiver
         self.capacity_groups = capacity_groups
         self.policy = policy

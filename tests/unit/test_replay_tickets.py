@@ -192,3 +192,8 @@ def test_failpoint_grant_drop_every_loses_every_nth_answer_carrying_tickets(monk
     answers = grants.sent[holder_identity(0, 0)]
     assert [(a.request, a.slots, a.positions) for a in answers] == [(1, [0], [0]), (3, [1], [1]), (4, [], [])]
     assert queue.stats()["dispatch/unreceived"] == 1
+
+
+def test_grants_without_a_dispatcher_are_refused_not_dropped():
+    with pytest.raises(ValueError, match="grants without a dispatcher"):
+        ReplayQueue(None, 4, StalenessEviction(0, drop_stale=True), limits=None, grants=Grants())
