@@ -27,6 +27,9 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     """Every rank calls it with the same batch; returns the step's loss and optimizer metrics."""
     policy.model.train()
     settings = loss_settings(cfg)
+    if (settings.kl is not None) != (policy.reference is not None):  # else KL is dropped, or fails deep in a step
+        raise ValueError(f"algo.kl.enabled={str(settings.kl is not None).lower()} but the policy has "
+                         f"{'no' if policy.reference is None else 'a'} KL reference model")
     advantages = algo.group_advantages(batch.rewards, batch.group_index, mode=cfg.algo.advantage)
     global_tokens = float(batch.mask.sum())
     global_seqs = float((batch.mask.sum(1) > 0).sum())

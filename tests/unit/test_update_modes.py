@@ -35,14 +35,21 @@ def groups(num_groups: int = 3, samples: int = 4) -> list[ScoredGroup]:
     return result
 
 
-def one_update(*overrides: str) -> dict[str, float]:
+def one_update(*overrides: str, with_reference: bool = False) -> dict[str, float]:
     cfg = load(["learner.warmup_steps=0", *overrides])
     tokenizer = build_char_tokenizer()
     model = build_model(TinyModelSpec.from_config(cfg.model), tokenizer, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), None,
+    reference = build_model(TinyModelSpec.from_config(cfg.model), tokenizer, seed=0) if with_reference else None
+    policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), reference,
                     torch.device("cpu"), torch.device("cpu"), rank=0, temperature=cfg.rollout.temperature)
     return update(policy, collate(groups(), tokenizer.pad_token_id), cfg, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("kl_enabled", [True, False])
+def test_a_policy_whose_reference_disagrees_with_algo_kl_enabled_is_refused(kl_enabled):
+    with pytest.raises(ValueError, match=f"algo.kl.enabled={str(kl_enabled).lower()}"):
+        one_update(f"algo.kl.enabled={str(kl_enabled).lower()}", with_reference=not kl_enabled)
 
 
 def test_bypass_does_not_recompute():
