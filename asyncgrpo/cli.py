@@ -158,7 +158,7 @@ def _check(cfg: Config) -> int:
         preflight,
     )
     from asyncgrpo.config import set_resolved_device
-    from asyncgrpo.train import resolve_device
+    from asyncgrpo.driver.prepare import resolve_device
 
     try:
         set_resolved_device(cfg, resolve_device(cfg.device))

@@ -45,10 +45,6 @@ from asyncgrpo.metrics import (
 from asyncgrpo.driver.preflight import check_rewards, preflight
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
-# Importable from here, as before the driver became a package (cli, tools, tests).
-__all__ = ["ACTOR_ENV", "TrainingFailed", "gpus_per_actor", "prepare_model", "probe_sequences", "resolve_device",
-           "train"]
-
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run one training job; returns the summary also written to run_dir/summary.json."""

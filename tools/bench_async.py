@@ -424,7 +424,7 @@ def main() -> int:
 
     from asyncgrpo.config import load
     from asyncgrpo.runtime.resources import plan_cores
-    from asyncgrpo.train import resolve_device
+    from asyncgrpo.driver.prepare import resolve_device
 
     # Not on the clock either way, but they cost minutes over many runs: the final export always,
     # the evaluations unless asked for. The caller's overrides come after and win.

@@ -202,7 +202,7 @@ def compare(runs: Sequence[dict[str, Any]], systems: Sequence[str] = SYSTEMS) ->
 def asyncgrpo_config(overrides: Sequence[str]) -> Any:
     """The asyncgrpo config both systems take their settings from, device resolved."""
     from asyncgrpo.config import load
-    from asyncgrpo.train import resolve_device
+    from asyncgrpo.driver.prepare import resolve_device
 
     cfg = load(list(overrides))
     cfg.device = resolve_device(cfg.device)
@@ -694,7 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def measure(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """The sweep and the seeds' runs, each appended to out_dir/runs.jsonl as it ends; returns what
     `finish` needs besides them (also in out_dir/info.json)."""
-    from asyncgrpo.train import prepare_model
+    from asyncgrpo.driver.prepare import prepare_model
 
     def overrides_for(seed: int, lr: float) -> list[str]:
         return [*args.overrides, f"seed={seed}", f"learner.lr={lr}", f"train.max_steps={args.steps}"]
