@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from asyncgrpo import __version__
-from asyncgrpo.config import CONFIG_DIR, Config, ConfigError, load
+from asyncgrpo.config import load
 from asyncgrpo.driver.prepare import interrupt_on_sigterm
 from asyncgrpo.models.shapes import SHAPES
+from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError
 
 # 128 + SIGINT, as a shell reports Ctrl-C; an interrupted study run reports it too (study.EXIT_INTERRUPTED).
 EXIT_INTERRUPTED = 130
@@ -352,7 +353,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"asyncgrpo: config error: {err}", file=sys.stderr)
         return 2
     if args.cfg:
-        from asyncgrpo.config import to_yaml
+        from asyncgrpo.schema import to_yaml
 
         print(to_yaml(cfg))
         return 0

@@ -26,9 +26,8 @@ from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_tran
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
 
-# Re-exported: a caller loads a Config and catches ConfigError from one module.
-from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register, to_yaml  # noqa: F401
-from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES  # noqa: F401 - re-exported for callers
+from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register
+from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
 from asyncgrpo.wire.reach import wire_transport

@@ -39,11 +39,10 @@ from asyncgrpo.runtime.resources import plan_cores
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.schema import Config
-from asyncgrpo.weights import resolve_backend
 from asyncgrpo.weights.shm import default_directory as default_shm_directory
 from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.weights.shm import remove_stale_slots
-from asyncgrpo.wire.reach import check_reach, wire_transport
+from asyncgrpo.wire.reach import check_reach, weights_backend, wire_transport
 from asyncgrpo.wire.security import WireKeys
 from asyncgrpo.wire.sockets import remove_ipc_endpoint, remove_stale_ipc_dirs
 
@@ -118,7 +117,7 @@ class Actors:
         keys = WireKeys.generate(cfg.rollout.num_generators) if use_curve(cfg) else None
         # A run killed with its driver (SIGKILL, OOM) left its slots in RAM and its socket directories:
         # nobody else removes them.
-        if resolve_backend(cfg) == "shm":
+        if weights_backend(cfg) == "shm":
             for path in remove_stale_slots(cfg.weights.shm_dir or default_shm_directory()):
                 print(f"[weights] removed a dead run's shared-memory weight slots: {path}", flush=True)
         for path in remove_stale_ipc_dirs():
@@ -146,7 +145,7 @@ class Actors:
                       "driver_cores": sorted(os.sched_getaffinity(0)),
                       "learner_nodes": learner_nodes, "generator_nodes": generator_nodes,
                       "wire": {"transport": wire_transport(cfg), "curve": keys is not None,
-                               "weights_backend": resolve_backend(cfg), "endpoints": endpoints}}
+                               "weights_backend": weights_backend(cfg), "endpoints": endpoints}}
         self._write_pids()  # first: where each actor landed is worth seeing when the check below fails
         check_reach(cfg, learner_nodes[0], dict(enumerate(generator_nodes)))
         self._join_weights()
@@ -191,7 +190,7 @@ class Actors:
         if self.restarts[index] >= cfg.rollout.max_restarts:
             raise TrainingFailed(f"generator {index} died ({reason}) and rollout.max_restarts={cfg.rollout.max_restarts} "
                                  f"allows no further restart ({self.restarts[index]} so far)")
-        if resolve_backend(cfg) == "nccl":
+        if weights_backend(cfg) == "nccl":
             raise TrainingFailed(f"generator {index} died ({reason}) and weights.backend=nccl cannot take a restarted "
                                  "generator into its weight group (its size is fixed when it forms): use "
                                  "weights.backend=shm or zmq for runs that must survive a generator's death")

@@ -22,18 +22,11 @@ from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
 from asyncgrpo.wire.reach import weights_backend
 
-__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
-           "resolve_backend"]
-
-
-def resolve_backend(cfg: Config) -> str:
-    """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc),
-    zmq otherwise, also whenever actors may span nodes (asyncgrpo/wire/reach.py)."""
-    return weights_backend(cfg)
+__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender"]
 
 
 def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch.device) -> WeightSender:
-    backend = resolve_backend(cfg)
+    backend = weights_backend(cfg)
     wire_dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
     if backend == "nccl":
         return NcclWeightSender(publisher, model_dir, cfg.rollout.num_generators, device,
@@ -46,7 +39,7 @@ def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch
 
 
 def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: torch.device) -> WeightReceiver:
-    backend = resolve_backend(cfg)
+    backend = weights_backend(cfg)
     if backend == "nccl":
         return NcclWeightReceiver(subscriber, model_dir, device, timeout_s=cfg.wire.startup_timeout_s)
     if backend == "shm":

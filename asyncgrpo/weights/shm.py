@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgrpo.runtime.files import owned_private_dir, process_start_time, remove_stale_owned_dirs  # noqa: F401
+from asyncgrpo.runtime.files import owned_private_dir, remove_stale_owned_dirs
 from asyncgrpo.runtime.placement import ORDERED_MACHINES, ordered_memory_platform
 from asyncgrpo.weights.base import StreamReceiver, TensorSpec, WeightTarget, fingerprint
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk

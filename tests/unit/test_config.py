@@ -1,13 +1,11 @@
 import pytest
 
 from asyncgrpo.config import (
-    Config,
-    ConfigError,
     groups_per_generator,
     load,
-    to_yaml,
     use_curve,
 )
+from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 
 def test_defaults_compose_and_resolve():

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.config import CONFIG_DIR, load
+from asyncgrpo.config import load
 from asyncgrpo.rewards.scorer import Scorer
+from asyncgrpo.schema import CONFIG_DIR
 from asyncgrpo.tasks import make_task
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"

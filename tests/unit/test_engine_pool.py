@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.config import ConfigError, load, wire_transport
+from asyncgrpo.config import load
 from asyncgrpo.driver.engine_pool import actor_name, engine_key
+from asyncgrpo.schema import ConfigError
 from asyncgrpo.study.cluster import cluster_overrides
-from asyncgrpo.weights import resolve_backend
+from asyncgrpo.wire.reach import weights_backend, wire_transport
 
 POOLED = ["ray.address=127.0.0.1:6379", "rollout.engine_pool=study-1"]
 
@@ -72,7 +73,7 @@ def test_an_engine_pool_with_the_nccl_weight_group_is_refused():
 def test_a_studys_runs_on_its_own_cluster_keep_unix_sockets_and_shared_memory_weights():
     cfg = load(cluster_overrides("127.0.0.1:6379", "study"))
     assert cfg.rollout.engine_pool == "study" and cfg.ray.address == "127.0.0.1:6379"
-    assert wire_transport(cfg) == "ipc" and resolve_backend(cfg) == "shm"
+    assert wire_transport(cfg) == "ipc" and weights_backend(cfg) == "shm"
 
 
 def test_a_runs_own_wire_transport_wins_over_the_clusters():

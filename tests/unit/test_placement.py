@@ -18,9 +18,8 @@ from asyncgrpo.runtime.placement import (
     node_resources,
     spans_nodes,
 )
-from asyncgrpo.weights import resolve_backend
 from asyncgrpo.wire.network import advertised, advertised_host
-from asyncgrpo.wire.reach import check_reach, wire_transport
+from asyncgrpo.wire.reach import check_reach, weights_backend, wire_transport
 
 
 @pytest.mark.parametrize(("overrides", "transport", "curve", "backend"), [
@@ -40,7 +39,7 @@ def test_actors_that_may_span_nodes_get_tcp_with_curve_and_zmq_weights_unless_fo
                                                                                     backend):
     cfg = load(overrides)
     assert spans_nodes(cfg) == any(o.startswith(("ray.", "rollout.node", "learner.node")) for o in overrides)
-    assert (wire_transport(cfg), use_curve(cfg), resolve_backend(cfg)) == (transport, curve, backend)
+    assert (wire_transport(cfg), use_curve(cfg), weights_backend(cfg)) == (transport, curve, backend)
 
 
 def test_curve_off_across_nodes_without_insecure_is_refused_in_one_line_saying_why_it_is_tcp():

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from asyncgrpo.cli import main
-from asyncgrpo.config import CONFIG_DIR, load
+from asyncgrpo.config import load
 from asyncgrpo.models.bpe import train_tokenizer
 from asyncgrpo.models.shapes import SHAPES, qwen2_config
 from asyncgrpo.driver.preflight import PreflightError, kv_cache_plan, memory_estimate
+from asyncgrpo.schema import CONFIG_DIR
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
 # The model each preset is written for (None: the embedded tiny model). A new preset must be added.

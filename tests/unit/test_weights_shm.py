@@ -12,8 +12,8 @@ import torch
 from test_weights_zmq import ListPublisher, ListSubscriber, Target, model, spec_of
 
 from asyncgrpo.config import load
-from asyncgrpo.weights import resolve_backend
 from asyncgrpo.weights.shm import NUM_SLOTS, ShmWeightReceiver, ShmWeightSender, layout
+from asyncgrpo.wire.reach import weights_backend
 
 
 @pytest.fixture
@@ -166,7 +166,7 @@ def test_too_little_room_for_the_slots_is_one_clear_error(tmp_path, monkeypatch)
     (["wire.host=10.0.0.1"], "zmq"),
 ])
 def test_backend_auto_is_shared_memory_only_when_the_wire_stays_on_this_node(overrides, backend):
-    assert resolve_backend(load(overrides)) == backend
+    assert weights_backend(load(overrides)) == backend
 
 
 def test_announcements_carry_the_slot_and_fingerprint_as_int64(pair):
@@ -230,7 +230,8 @@ def _dead_pid() -> int:
 
 
 def test_start_removes_only_this_users_slots_of_dead_runs(tmp_path):
-    from asyncgrpo.weights.shm import SLOT_DIR_PREFIX, process_start_time, remove_stale_slots
+    from asyncgrpo.runtime.files import process_start_time
+    from asyncgrpo.weights.shm import SLOT_DIR_PREFIX, remove_stale_slots
 
     me = os.getpid()
     dead = tmp_path / f"{SLOT_DIR_PREFIX}{_dead_pid()}-12345-abc"
@@ -270,6 +271,6 @@ def test_shm_is_refused_in_one_line_off_x86_64_and_auto_picks_zmq(tmp_path, monk
     assert "\n" not in str(caught.value) and os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="use weights.backend=zmq"):
         ShmWeightReceiver(ListSubscriber([]), spec_of(model([(8,)])), torch.float32, timeout_s=1.0)
-    assert resolve_backend(load([])) == "zmq"
+    assert weights_backend(load([])) == "zmq"
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    assert resolve_backend(load([])) == "shm"
+    assert weights_backend(load([])) == "shm"
