@@ -63,7 +63,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from asyncgrpo.sim.calibration import Calibration
-from asyncgrpo.sim.model import Result, _rounded, simulate
+from asyncgrpo.sim.model import Result, rounded, simulate
 from asyncgrpo.sim.settings import Settings, SimulationError
 
 
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     except SimulationError as err:
         print(f"predict_cluster: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(_rounded(payload)))
+    print(json.dumps(rounded(payload)))
     return 0
 
 

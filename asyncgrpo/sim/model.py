@@ -54,16 +54,17 @@ class Result:
     dropped_stale: int
 
     def as_dict(self) -> dict[str, Any]:
-        return _rounded(asdict(self))
+        return rounded(asdict(self))
 
 
-def _rounded(value: Any) -> Any:
+def rounded(value: Any) -> Any:
+    """`value` with every float in it rounded to 6 decimals, for printing as JSON."""
     if isinstance(value, float):
         return round(value, 6)
     if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
+        return {k: rounded(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_rounded(v) for v in value]
+        return [rounded(v) for v in value]
     return value
 
 
@@ -184,7 +185,7 @@ class Model:
             seconds *= self.rng.gammavariate(shape, 1.0 / shape)  # mean 1
         return seconds
 
-    # The queue changes only through these three, which keep its counts and tell the event loop.
+    # The queue changes only through these two, which keep its counts and tell the event loop.
 
     def queued(self, group: SimGroup) -> None:
         # The dispatcher grants no slot the queue could not hold: a generator never blocks on it.
@@ -192,13 +193,6 @@ class Model:
         self.loop.changed(QUEUE)
         self.queue.append(group)
         self.queued_per_version[group.version] = self.queued_per_version.get(group.version, 0) + 1
-
-    def unqueued(self, group: SimGroup) -> None:
-        """`group` has just been taken off the queue."""
-        self.loop.changed(QUEUE)
-        self.queued_per_version[group.version] -= 1
-        if not self.queued_per_version[group.version]:
-            del self.queued_per_version[group.version]
 
     def set_queue(self, groups: deque[SimGroup]) -> None:
         self.loop.changed(QUEUE)
