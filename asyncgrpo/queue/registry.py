@@ -166,10 +166,6 @@ class GeneratorRegistry:
             return {g: self.generators[g].acked_version if g in self.generators else -1 for g in generator_ids
                     if not (g in self.generators and self.generators[g].down)}
 
-    def min_acked_version(self) -> int:
-        with self._lock:
-            return min((s.acked_version for s in self.generators.values() if not s.down), default=-1)
-
     # ---------------------------------------------------------------------------- restarts
 
     def mark_down(self, generator_id: int) -> int:

@@ -174,13 +174,13 @@ def test_loss_is_logged_once_per_generator(caplog: pytest.LogCaptureFixture) -> 
     assert len([r for r in caplog.records if "lost in transit" in r.getMessage()]) == 1
 
 
-def test_acks_track_the_oldest_loaded_version() -> None:
+def test_acks_track_each_generators_loaded_version() -> None:
     queue = in_process_queue()
-    assert queue.registry.min_acked_version() == -1
+    assert queue.registry.acked_versions([0, 1]) == {0: -1, 1: -1}
     queue.put(VersionAck(generator_id=0, version=3))
     queue.put(VersionAck(generator_id=1, version=2))
     queue.put(VersionAck(generator_id=0, version=1))  # late ack: versions never go back
-    assert queue.registry.min_acked_version() == 2
+    assert queue.registry.acked_versions([0, 1]) == {0: 3, 1: 2}
 
 
 def test_put_refuses_downstream_messages() -> None:
