@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
 SYSTEMS = ("asyncgrpo", "trl")
 # The accuracy the learning rate is chosen by and the headline figures use: the exact expectation of
 # asyncgrpo's eval/accuracy (one temperature-1 sample per problem), free of sampling noise.
@@ -441,11 +442,13 @@ def probe_vllm(trainer: Any, sequences: list[list[int]], temperature: float) -> 
 # ----------------------------------------------------------------------------- running systems
 
 
-def run_bounded(command: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> int:
-    """Run `command` in its own process group, output to `log_path`. Past `timeout_s`: SIGINT (both
+def run_bounded(command: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
+                cwd: Path | None = None) -> int:
+    """Run `command` (in `cwd`) in its own process group, output to `log_path`. Past `timeout_s`: SIGINT (both
     systems then stop cleanly: asyncgrpo stops its actors and Ray), then after 60 s SIGKILL to the group."""
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                   start_new_session=True)
         try:
             return process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -518,8 +521,9 @@ def run_trl(overrides: list[str], out_dir: Path, model_dir: str, eval_every: int
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
-    code = run_bounded([sys.executable, __file__, "--trl-worker", str(spec_path)], out_dir / "log.txt",
-                       timeout_s, env)
+    # As a module from the repository root, like the other tools: `tools.` imports resolve as they do here.
+    code = run_bounded([sys.executable, "-m", "tools.bench_peer", "--trl-worker", str(spec_path)],
+                       out_dir / "log.txt", timeout_s, env, cwd=REPO)
     wall_s = time.monotonic() - start
     if code != 0 or not (out_dir / "result.json").is_file():
         raise RuntimeError(f"the TRL run failed (exit {code}); see {out_dir / 'log.txt'}")

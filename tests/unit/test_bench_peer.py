@@ -177,6 +177,19 @@ def linear_run(system: str, seed: int, end_s: float, start: float, end: float, r
             "curve": curve, "final": curve[-1]}
 
 
+def test_the_trl_worker_runs_as_a_module_from_the_repository_root(tmp_path, monkeypatch):
+    started = {}
+
+    def run_bounded(command, log_path, timeout_s, env=None, cwd=None):
+        started.update(command=command, cwd=cwd)
+        return 1
+
+    monkeypatch.setattr(bp, "run_bounded", run_bounded)
+    with pytest.raises(RuntimeError, match="the TRL run failed"):
+        bp.run_trl([], tmp_path, "model", 2, 1, "colocate", False, 60.0)
+    assert started["command"][1:4] == ["-m", "tools.bench_peer", "--trl-worker"] and started["cwd"] == ROOT
+
+
 # -------------------------------------------------------------------------- with TRL installed
 
 
