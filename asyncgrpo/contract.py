@@ -22,7 +22,7 @@ Versions and slots (eta = train.max_staleness, G = train.groups_per_step):
   never less than eta + 1, the lag at which the engine stops being granted slots.
 - Engines only ever hold pushed versions (multiples of weights.push_every_steps), so the push
   period is at most eta + 1, or the admission and the lag bound would wait for a version that is
-  never pushed (`check_staleness_settings`).
+  never pushed (`check_push_settings`).
 
 A granted slot travels as a `Ticket` (learner rank 0's dispatcher to a generator).
 """
@@ -94,12 +94,21 @@ def even_split(num_generators: int, groups_per_step: int) -> list[int]:
             for i in range(num_generators)]
 
 
-def check_staleness_settings(require: Require, max_staleness: int, stale_policy: str, push_every_steps: int,
-                             max_backlog_versions: int) -> None:
-    """Refuse staleness settings the rules above cannot serve, through the caller's `require`."""
+def check_max_staleness(require: Require, max_staleness: int) -> None:
+    """Refuse a negative train.max_staleness, through the caller's `require`."""
     require(max_staleness >= 0, "train.max_staleness", "must be >= 0", max_staleness)
+
+
+def check_stale_policy(require: Require, stale_policy: str) -> None:
+    """Refuse an unknown train.stale_policy, through the caller's `require`."""
     require(stale_policy in STALE_POLICIES, "train.stale_policy", f"must be one of {', '.join(STALE_POLICIES)}",
             stale_policy)
+
+
+def check_push_settings(require: Require, push_every_steps: int, max_backlog_versions: int,
+                        max_staleness: int) -> None:
+    """Refuse a push period or a backlog bound (weights.*) the rules above cannot serve with
+    `max_staleness`, through the caller's `require`."""
     require(push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", push_every_steps)
     require(max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1", max_backlog_versions)
     # Generators only ever hold pushed versions (multiples of k): with k > max_staleness + 1 the

@@ -19,7 +19,9 @@ from asyncgrpo.contract import (
     admission_floor,
     admission_limit,
     check_fixed_staleness,
-    check_staleness_settings,
+    check_max_staleness,
+    check_push_settings,
+    check_stale_policy,
     engine_lag_bound,
     even_split,
     step_of,
@@ -98,12 +100,18 @@ def test_the_settings_checks_and_config_load_refuse_the_same(settings, key):
     max_staleness, policy, push_every, backlog = settings
     overrides = [f"train.max_staleness={max_staleness}", f"train.stale_policy={policy}",
                  f"weights.push_every_steps={push_every}", f"weights.max_backlog_versions={backlog}"]
+
+    def check_all() -> None:
+        check_max_staleness(require, max_staleness)
+        check_stale_policy(require, policy)
+        check_push_settings(require, push_every, backlog, max_staleness)
+
     if key is None:
-        check_staleness_settings(require, *settings)
+        check_all()
         load(overrides)
         return
     with pytest.raises(Refused, match=key):
-        check_staleness_settings(require, *settings)
+        check_all()
     with pytest.raises(ConfigError, match=key):
         load(overrides)
 
