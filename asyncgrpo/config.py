@@ -24,7 +24,6 @@ from asyncgrpo.contract import (
     check_max_staleness,
     check_push_settings,
     check_stale_policy,
-    even_split,
 )
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.learner.resume import RESUME_AUTO
@@ -604,14 +603,6 @@ def use_curve(cfg: Config) -> bool:
     ipc (a socket file in a 0700 directory: only this user can).
     `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""
     return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and wire_transport(cfg) == "tcp")
-
-
-def groups_per_generator(cfg: Config) -> list[int]:
-    """A step's groups spread over the generators as evenly as possible: with
-    rollout.groups_per_call=0, how many tickets each asks for at once (the prompts of a vLLM call)."""
-    return even_split(cfg.rollout.num_generators, cfg.train.groups_per_step)
-
-
 
 
 def learner_wait_timeout_s(cfg: Config) -> float:

@@ -88,10 +88,15 @@ def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
 
 
 def even_split(num_generators: int, groups_per_step: int) -> list[int]:
-    """A step's groups spread over the generators as evenly as possible: with
-    rollout.groups_per_call=0, how many tickets each asks for at once (the prompts of a vLLM call)."""
+    """A step's groups spread over the generators as evenly as possible, in generator order."""
     return [groups_per_step // num_generators + (1 if i < groups_per_step % num_generators else 0)
             for i in range(num_generators)]
+
+
+def call_sizes(groups_per_call: int, num_generators: int, groups_per_step: int) -> list[int]:
+    """Each generator's groups per vLLM call (the tickets it asks for at once):
+    rollout.groups_per_call, or when that is 0 its even share of a step (`even_split`)."""
+    return [groups_per_call or share for share in even_split(num_generators, groups_per_step)]
 
 
 def check_max_staleness(require: Require, max_staleness: int) -> None:

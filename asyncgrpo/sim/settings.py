@@ -9,10 +9,10 @@ from typing import Any
 from asyncgrpo.contract import (
     DROPPING_STALE_POLICIES,
     THROTTLING_STALE_POLICIES,
+    call_sizes,
     check_max_staleness,
     check_push_settings,
     check_stale_policy,
-    even_split,
 )
 from asyncgrpo.schema import WeightsConfig
 
@@ -78,8 +78,8 @@ class Settings:
         return self.groups_per_step * self.samples_per_prompt
 
     def call_groups(self) -> list[int]:
-        """Each generator's groups per call (rollout.spec.groups_per_call)."""
-        return [self.groups_per_call or part for part in even_split(self.num_generators, self.groups_per_step)]
+        """Each generator's groups per call, as the run's generators ask (contract.call_sizes)."""
+        return call_sizes(self.groups_per_call, self.num_generators, self.groups_per_step)
 
     def speeds(self) -> list[float]:
         """Each generator's relative speed (sim.generator_speeds)."""

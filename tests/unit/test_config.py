@@ -3,11 +3,11 @@ import pytest
 from asyncgrpo.config import (
     Config,
     ConfigError,
-    groups_per_generator,
     load,
     to_yaml,
     use_curve,
 )
+from asyncgrpo.contract import call_sizes
 
 
 def test_defaults_compose_and_resolve():
@@ -97,7 +97,7 @@ def test_resolved_yaml_round_trips():
 def test_a_steps_groups_are_spread_evenly_over_the_generators(groups, generators):
     cfg = load([f"train.groups_per_step={groups}", f"rollout.num_generators={generators}",
                 f"queue.capacity_groups={4 * groups}"])
-    quotas = groups_per_generator(cfg)
+    quotas = call_sizes(cfg.rollout.groups_per_call, cfg.rollout.num_generators, cfg.train.groups_per_step)
     assert sum(quotas) == groups and len(quotas) == generators and max(quotas) - min(quotas) <= 1
 
 

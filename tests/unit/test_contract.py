@@ -18,6 +18,7 @@ from asyncgrpo import contract
 from asyncgrpo.contract import (
     admission_floor,
     admission_limit,
+    call_sizes,
     check_fixed_staleness,
     check_max_staleness,
     check_push_settings,
@@ -78,6 +79,18 @@ def test_a_steps_groups_are_split_evenly_in_order(num_generators, extra):
     parts = even_split(num_generators, total)
     assert sum(parts) == total and len(parts) == num_generators
     assert parts == sorted(parts, reverse=True) and parts[0] - parts[-1] <= 1
+
+
+@given(st.integers(0, 8), st.integers(1, 20), st.integers(0, 40))
+def test_a_call_is_the_setting_or_else_the_generators_share_of_a_step(groups_per_call, num_generators, extra):
+    total = num_generators + extra
+    sizes = call_sizes(groups_per_call, num_generators, total)
+    assert sizes == ([groups_per_call] * num_generators if groups_per_call else even_split(num_generators, total))
+
+
+def test_a_call_size_for_one_generator():
+    assert call_sizes(0, 1, 5) == [5]
+    assert call_sizes(3, 1, 5) == [3]
 
 
 def test_trainable_is_the_staleness_bound_and_nothing_else():
