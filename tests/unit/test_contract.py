@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from asyncgrpo import contract
 from asyncgrpo.contract import (
+    ack_floor,
     admission_floor,
     admission_limit,
     call_sizes,
@@ -25,6 +26,8 @@ from asyncgrpo.contract import (
     check_stale_policy,
     engine_lag_bound,
     even_split,
+    first_slot,
+    staleness,
     step_of,
     trainable,
 )
@@ -71,6 +74,27 @@ def test_the_learner_waits_for_no_engine_the_admission_still_serves(eta, backlog
     waited_for = lag > bound
     still_granted = admission_limit(engine, eta, 1) > learner_version  # a slot of the step the learner waits on
     assert not (waited_for and still_granted)
+
+
+@given(etas, st.integers(1, 10), versions, versions)
+def test_the_ack_floor_waits_exactly_for_the_engines_beyond_the_lag_bound(eta, backlog, learner_version, engine):
+    floor = ack_floor(learner_version, eta, backlog)
+    assert (engine < floor) == (learner_version - engine > engine_lag_bound(eta, backlog))
+    if engine < floor:  # an engine waited for is one the admission no longer grants a slot of this step
+        assert admission_limit(engine, eta, 1) <= learner_version
+
+
+@given(versions, groups)
+def test_a_step_trains_the_slots_from_its_first_slot_on_and_no_other(step, g):
+    first = first_slot(step, g)
+    assert [step_of(slot, g) for slot in range(first, first + g)] == [step] * g
+    assert step_of(first - 1, g) == step - 1 and step_of(first + g, g) == step + 1
+
+
+@given(versions, versions, etas)
+def test_staleness_counts_versions_back_from_the_step_and_bounds_what_is_trainable(sampled, step, eta):
+    assert staleness(sampled, step) == step - sampled and staleness(step, step) == 0
+    assert trainable(sampled, step, eta) == (staleness(sampled, step) <= eta)
 
 
 @given(st.integers(1, 20), st.integers(0, 40))
