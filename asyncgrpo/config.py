@@ -19,7 +19,12 @@ from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
 from asyncgrpo.runtime.placement import is_custom_resource, spans_nodes
-from asyncgrpo.contract import check_fixed_staleness, check_staleness_settings, even_split
+from asyncgrpo.contract import (
+    check_fixed_staleness,
+    check_max_staleness,
+    check_push_settings,
+    check_stale_policy,
+)
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.learner.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
@@ -309,14 +314,15 @@ def _rollout_rules(cfg: Config) -> None:
 
 
 def _train_rules(cfg: Config) -> None:
-    """train.*: the driver loop's steps and staleness bound, and a queue that holds a step."""
+    """train.*: the staleness bound, the driver loop's steps, the stale policy (the staleness
+    checks are asyncgrpo/contract.py's), and a queue that holds a step."""
     t, q = cfg.train, cfg.queue
-    check_staleness_settings(require, t.max_staleness, t.stale_policy, cfg.weights.push_every_steps,
-                             cfg.weights.max_backlog_versions)
+    check_max_staleness(require, t.max_staleness)
     require(t.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", t.groups_per_step)
     require(t.max_steps >= 1, "train.max_steps", "must be >= 1", t.max_steps)
     require(t.steps_per_call >= 1, "train.steps_per_call", "must be >= 1", t.steps_per_call)
     require(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0", t.max_train_minutes)
+    check_stale_policy(require, t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
 
 
@@ -371,8 +377,9 @@ def _optimizer_rules(cfg: Config) -> None:
 
 
 def _weights_rules(cfg: Config) -> None:
-    """weights.*: the push backend, its cadence against the staleness bound, chunks that fit a
-    wire message; and rollout.inflight_chunk_tokens, the in-flight loading of those pushes."""
+    """weights.*: the push backend, the push cadence and the engines' backlog against the
+    staleness bound (asyncgrpo/contract.py's check), chunks that fit a wire message; and
+    rollout.inflight_chunk_tokens, the in-flight loading of those pushes."""
     # Imported here, not at the top: these modules import torch, and `import asyncgrpo.config`
     # (the CLI's help, the schema's users) should not pay for it.
     from asyncgrpo.weights.base import BACKENDS
@@ -382,6 +389,7 @@ def _weights_rules(cfg: Config) -> None:
     require(cfg.weights.backend in BACKENDS, "weights.backend", _one_of(BACKENDS), cfg.weights.backend)
     require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
             cfg.rollout.inflight_chunk_tokens)
+    check_push_settings(require, cfg.weights.push_every_steps, cfg.weights.max_backlog_versions, cfg.train.max_staleness)
     require(cfg.weights.wire_dtype in WIRE_DTYPES, "weights.wire_dtype", _one_of(WIRE_DTYPES), cfg.weights.wire_dtype)
     require(cfg.weights.chunk_bytes >= 1024, "weights.chunk_bytes", "must be >= 1024", cfg.weights.chunk_bytes)
     # Any tensor is split into chunks, so a push of any size fits once one chunk and its header do.
@@ -594,14 +602,6 @@ def use_curve(cfg: Config) -> bool:
     ipc (a socket file in a 0700 directory: only this user can).
     `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""
     return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and wire_transport(cfg) == "tcp")
-
-
-def groups_per_generator(cfg: Config) -> list[int]:
-    """A step's groups spread over the generators as evenly as possible: with
-    rollout.groups_per_call=0, how many tickets each asks for at once (the prompts of a vLLM call)."""
-    return even_split(cfg.rollout.num_generators, cfg.train.groups_per_step)
-
-
 
 
 def learner_wait_timeout_s(cfg: Config) -> float:

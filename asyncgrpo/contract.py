@@ -6,9 +6,9 @@ Versions and slots (eta = train.max_staleness, G = train.groups_per_step):
 - The learner's version u is the number of optimizer steps taken; it trains step u next. A group
   is sampled on the version v of the weights its engine held (its tokens' oldest version).
 - Slots number the groups in training order: slot s is trained at step s // G (`step_of`), and
-  step u trains exactly slots u*G .. u*G + G - 1.
+  step u trains exactly slots u*G .. u*G + G - 1 (`first_slot` is u*G).
 - A group sampled on version v may be trained at step u iff u - v <= eta (`trainable`); its
-  staleness is u - v. A dropping stale policy discards, at take time, a group for which this
+  staleness is u - v (`staleness`). A dropping stale policy discards, at take time, a group for which this
   fails.
 - Admission (a throttling stale policy): an engine holding version w is granted slot s only if
   s < (w + eta + 1) * G (`admission_limit`), so s // G <= w + eta: every granted slot is trainable
@@ -19,10 +19,11 @@ Versions and slots (eta = train.max_staleness, G = train.groups_per_step):
   first_step .. first_step + k, and weights older than those nothing. For any other version the
   floor is one step below the limit: weights w >= first_step always have a step they may fill.
 - The learner waits for a live engine only while it lags more than `engine_lag_bound` versions:
-  never less than eta + 1, the lag at which the engine stops being granted slots.
+  never less than eta + 1, the lag at which the engine stops being granted slots. Before training
+  at version u it waits for every live engine to hold at least `ack_floor` (u minus that bound).
 - Engines only ever hold pushed versions (multiples of weights.push_every_steps), so the push
   period is at most eta + 1, or the admission and the lag bound would wait for a version that is
-  never pushed (`check_staleness_settings`).
+  never pushed (`check_push_settings`).
 
 A granted slot travels as a `Ticket` (learner rank 0's dispatcher to a generator).
 """
@@ -58,15 +59,26 @@ def step_of(slot: int, groups_per_step: int) -> int:
     return slot // groups_per_step
 
 
+def first_slot(step: int, groups_per_step: int) -> int:
+    """The first of the slots learner step `step` trains (the next groups_per_step - 1 follow it)."""
+    return step * groups_per_step
+
+
+def staleness(sampled_version: int, step: int) -> int:
+    """How many versions older than learner step `step` the weights `sampled_version` are (also
+    elementwise, for a tensor or an array of sampled versions)."""
+    return step - sampled_version
+
+
 def trainable(sampled_version: int, step: int, max_staleness: int) -> bool:
     """Whether a group sampled on `sampled_version` may be trained at learner step `step`."""
-    return step - sampled_version <= max_staleness
+    return staleness(sampled_version, step) <= max_staleness
 
 
 def admission_limit(loaded_version: int, max_staleness: int, groups_per_step: int) -> int:
     """Under a throttling stale policy, only slots below this are granted to an engine holding
     `loaded_version`: the first slot of the first step it could not train within max_staleness."""
-    return (loaded_version + max_staleness + 1) * groups_per_step
+    return first_slot(loaded_version + max_staleness + 1, groups_per_step)
 
 
 def admission_floor(loaded_version: int, max_staleness: int, groups_per_step: int, first_step: int) -> float:
@@ -77,7 +89,7 @@ def admission_floor(loaded_version: int, max_staleness: int, groups_per_step: in
         return 0
     if loaded_version < first_step:
         return math.inf
-    return (loaded_version + max_staleness) * groups_per_step
+    return first_slot(loaded_version + max_staleness, groups_per_step)
 
 
 def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
@@ -87,19 +99,39 @@ def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
     return max(max_backlog_versions, max_staleness + 1)
 
 
+def ack_floor(version: int, max_staleness: int, max_backlog_versions: int) -> int:
+    """The oldest weights every live engine must have loaded (acknowledged) before the learner
+    trains at `version`: `engine_lag_bound` versions back; 0 or less waits for nobody."""
+    return version - engine_lag_bound(max_staleness, max_backlog_versions)
+
+
 def even_split(num_generators: int, groups_per_step: int) -> list[int]:
-    """A step's groups spread over the generators as evenly as possible: with
-    rollout.groups_per_call=0, how many tickets each asks for at once (the prompts of a vLLM call)."""
+    """A step's groups spread over the generators as evenly as possible, in generator order."""
     return [groups_per_step // num_generators + (1 if i < groups_per_step % num_generators else 0)
             for i in range(num_generators)]
 
 
-def check_staleness_settings(require: Require, max_staleness: int, stale_policy: str, push_every_steps: int,
-                             max_backlog_versions: int) -> None:
-    """Refuse staleness settings the rules above cannot serve, through the caller's `require`."""
+def call_sizes(groups_per_call: int, num_generators: int, groups_per_step: int) -> list[int]:
+    """Each generator's groups per vLLM call (the tickets it asks for at once):
+    rollout.groups_per_call, or when that is 0 its even share of a step (`even_split`)."""
+    return [groups_per_call or share for share in even_split(num_generators, groups_per_step)]
+
+
+def check_max_staleness(require: Require, max_staleness: int) -> None:
+    """Refuse a negative train.max_staleness, through the caller's `require`."""
     require(max_staleness >= 0, "train.max_staleness", "must be >= 0", max_staleness)
+
+
+def check_stale_policy(require: Require, stale_policy: str) -> None:
+    """Refuse an unknown train.stale_policy, through the caller's `require`."""
     require(stale_policy in STALE_POLICIES, "train.stale_policy", f"must be one of {', '.join(STALE_POLICIES)}",
             stale_policy)
+
+
+def check_push_settings(require: Require, push_every_steps: int, max_backlog_versions: int,
+                        max_staleness: int) -> None:
+    """Refuse a push period or a backlog bound (weights.*) the rules above cannot serve with
+    `max_staleness`, through the caller's `require`."""
     require(push_every_steps >= 1, "weights.push_every_steps", "must be >= 1", push_every_steps)
     require(max_backlog_versions >= 1, "weights.max_backlog_versions", "must be >= 1", max_backlog_versions)
     # Generators only ever hold pushed versions (multiples of k): with k > max_staleness + 1 the

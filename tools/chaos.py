@@ -57,6 +57,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.contract import staleness
+
 REPO = Path(__file__).resolve().parents[1]
 
 # A run's steps are logged in chunks of this many: the faults are timed by them.
@@ -132,7 +134,7 @@ def account(records: Sequence[Consumed], epoch_size: int | None = None) -> Accou
         seen_prompts.update(prompt_keys)
         seqs[seq_key[:3]].add(record.seq)
         positions.add(record.pos)
-        result.staleness_max = max(result.staleness_max, record.version - record.version_min)
+        result.staleness_max = max(result.staleness_max, staleness(record.version_min, record.version))
     result.seq_gaps = sum(max(taken) + 1 - len(taken) for taken in seqs.values())
     result.skipped = max(positions) + 1 - len(positions) if positions else 0
     return result

@@ -62,6 +62,7 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from asyncgrpo.contract import admission_limit
 from asyncgrpo.sim.calibration import Calibration
 from asyncgrpo.sim.model import Result, rounded, simulate
 from asyncgrpo.sim.settings import Settings, SimulationError
@@ -194,7 +195,7 @@ def cluster_settings(calibration: Calibration, num_generators: int, max_stalenes
         max_staleness=max_staleness, stale_policy="both", groups_per_call=0,
         push_every_steps=1,
         # Under the throttle several generators need room for every step they may run ahead.
-        capacity_groups=(max_staleness + 1) * groups_per_step,
+        capacity_groups=admission_limit(0, max_staleness, groups_per_step),
         steps=steps, seed=seed,
         # Step times drawn from all of the run's steps, none replayed in order: the calibrating
         # run's own sequence (its slow episodes on a shared machine) means nothing on a cluster.

@@ -100,6 +100,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.contract import admission_limit
 from tools import chaos
 from tools.chaos import Context, RunResult, ScenarioError
 
@@ -423,7 +424,7 @@ def assess(phase: Phase, cfg: Any, steps: int | None, minutes: float | None, pla
         checks += kill_checks(phase, planned_kills)
         checks += accounting_checks(result, accounting, groups_per_step)
         checks += identity_checks(phase.watch, result)
-        sent_ok, in_flight, sent_text = sent_check(result.summary, records, (bound + 1) * groups_per_step)
+        sent_ok, in_flight, sent_text = sent_check(result.summary, records, admission_limit(0, bound, groups_per_step))
         checks.append((sent_ok, sent_text))
         checks += staleness_checks(phase.watch, result, accounting, bound)
         phase.figures.update(figures(phase, result, accounting, records, cfg))

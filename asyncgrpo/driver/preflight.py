@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.contract import call_sizes
 from asyncgrpo.schema import Config
 
 GIB = float(1 << 30)
@@ -36,14 +37,12 @@ class PreflightError(ValueError):
     """Settings that cannot work with this model; one line naming the key to change."""
 
 
-def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int,
-                  step_part: int) -> dict[str, Any]:
-    """Tokens rollout.kv_cache_gib holds, and what one vLLM call's sequences need at most."""
-    from asyncgrpo.rollout.spec import groups_per_call
-
+def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int) -> dict[str, Any]:
+    """Tokens rollout.kv_cache_gib holds, and what the largest vLLM call's sequences need at most."""
     bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * _DTYPE_BYTES[cfg.rollout.dtype]
     holds = int(cfg.rollout.kv_cache_gib * GIB) // bytes_per_token
-    sequences = groups_per_call(cfg, step_part) * cfg.rollout.samples_per_prompt
+    largest_call = max(call_sizes(cfg.rollout.groups_per_call, cfg.rollout.num_generators, cfg.train.groups_per_step))
+    sequences = largest_call * cfg.rollout.samples_per_prompt
     # A sequence is at most the context (prompt + completion); in-flight segments resume from it too.
     needed = sequences * cfg.model.max_positions
     if holds < needed:
@@ -147,7 +146,6 @@ def check_rewards(cfg: Config) -> dict[str, Any]:
 
 def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     """The report; raises ModelDirError or PreflightError (one line) when the settings cannot work."""
-    from asyncgrpo.config import groups_per_generator
     from asyncgrpo.models.check import check_model_dir
     from asyncgrpo.weights.base import model_spec
 
@@ -159,8 +157,7 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     push = push_plan(cfg, spec)
     config = _text_config(model_dir)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim,
-                       max(groups_per_generator(cfg)))
+    kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim)
     memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"], push["backend"])
     report = {"model": info.to_dict(), "push": push, "kv_cache": kv, "memory_gib": memory}
     if push["backend"] == "shm":

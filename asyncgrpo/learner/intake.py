@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from asyncgrpo.contract import engine_lag_bound
+from asyncgrpo.contract import ack_floor, engine_lag_bound
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.sources import GroupSource, QueueTimeout
 from asyncgrpo.schema import Config
@@ -106,12 +106,12 @@ class GroupIntake:
         # behind, stalled: every version it has not loaded waits in its receive buffer.
         if self.registry is None:
             return False
-        t = self.cfg.train
-        lag = engine_lag_bound(t.max_staleness, self.cfg.weights.max_backlog_versions)
+        t, backlog = self.cfg.train, self.cfg.weights.max_backlog_versions
         return wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
-                                   version - lag, t.groups_per_step, self.cfg.wire.timeout_s, lag,
+                                   ack_floor(version, t.max_staleness, backlog), t.groups_per_step,
+                                   self.cfg.wire.timeout_s, engine_lag_bound(t.max_staleness, backlog),
                                    on_wait=self.rejoins.serve,
-                                   lag_name="max(weights.max_backlog_versions, train.max_staleness + 1)")
+                                   lag_name="engine_lag_bound(weights.max_backlog_versions, train.max_staleness)")
 
     def take(self, version: int) -> list[ScoredGroup]:
         """The `gen_wait` phase: the step's groups; while waiting, a report that ends the run

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
+from asyncgrpo import contract
 from asyncgrpo.learner import resume
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
@@ -131,7 +132,7 @@ class Learner:
             batch = self._prepare(groups)
         with timer("train"):
             metrics = update(self.policy, batch, self.cfg, self.rank, self.world_size)
-        staleness = self.version - batch.group_version_min
+        staleness = contract.staleness(batch.group_version_min, self.version)
         self.version += 1
         with timer("push"):
             if self.version % self.cfg.weights.push_every_steps == 0:

@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from asyncgrpo.contract import staleness
+
 if TYPE_CHECKING:
     from asyncgrpo.wire.messages import ScoredGroup
 
@@ -32,7 +34,7 @@ def sample_records(groups: list[ScoredGroup], learner_version: int, num_groups: 
             "rewards": group.rewards.astype(float).tolist(),
             # The oldest weights that sampled each completion (all of it, unless a push landed mid-sequence).
             "versions": [int(versions.min()) if versions.size else group.version_min for _, _, versions in completions],
-            "staleness": learner_version - group.version_min,
+            "staleness": staleness(group.version_min, learner_version),
         })
     return records
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncgrpo.contract import Ticket, admission_floor, admission_limit
+from asyncgrpo.contract import Ticket, admission_floor, admission_limit, first_slot
 
 Holder = tuple[int, int]  # (generator id, incarnation): a restarted generator is a new holder
 
@@ -82,7 +82,7 @@ class Dispatcher:
         self.first_step = first_step
         self.capacity_groups, self.end_step, self.positions_end = capacity_groups, end_step, positions_end
         self.step = first_step  # the next step to take: its slots are step*G .. step*G + G - 1
-        self._next_slot = first_step * groups_per_step  # never granted at or beyond this
+        self._next_slot = first_slot(first_step, groups_per_step)  # never granted at or beyond this
         self._next_position = first_position
         self._free: list[int] = []  # slots granted before and given back: granted again first, lowest first
         self._retry: deque[int] = deque(sorted(set(retry_positions)))  # prompts to give again before new ones
@@ -136,8 +136,9 @@ class Dispatcher:
         """Slots below this may go to a generator holding `loaded_version`: the bound (under the
         throttle), and what the queue can hold from the next step on (with a capacity)."""
         bound = admission_limit(loaded_version, self.max_staleness, self.groups_per_step) if self.throttle else math.inf
-        room = self.step * self.groups_per_step + self.capacity_groups if self.capacity_groups is not None else math.inf
-        end = self.end_step * self.groups_per_step if self.end_step is not None else math.inf
+        room = first_slot(self.step, self.groups_per_step) + self.capacity_groups \
+            if self.capacity_groups is not None else math.inf
+        end = first_slot(self.end_step, self.groups_per_step) if self.end_step is not None else math.inf
         return min(bound, room, end)
 
     def slot_floor(self, loaded_version: int) -> float:
@@ -301,7 +302,7 @@ class Dispatcher:
 
     def step_slots(self) -> range:
         """The next step's slots."""
-        first = self.step * self.groups_per_step
+        first = first_slot(self.step, self.groups_per_step)
         return range(first, first + self.groups_per_step)
 
     def ready(self) -> bool:

@@ -13,15 +13,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from asyncgrpo.config import groups_per_generator
+from asyncgrpo.contract import call_sizes
 from asyncgrpo.schema import Config
 from asyncgrpo.wire.security import CurveClientKeys
-
-
-def groups_per_call(cfg: Config, step_part: int) -> int:
-    """Prompts per vLLM call (tickets asked for at once): rollout.groups_per_call, or when 0
-    `step_part`, the generator's part of a step spread evenly (config.groups_per_generator)."""
-    return cfg.rollout.groups_per_call or step_part
 
 
 def generator_seed(cfg: Config, generator_id: int) -> int:
@@ -57,7 +51,8 @@ class GeneratorSpec:
         `initial_version`."""
         return cls(generator_id=generator_id, model_dir=model_dir, groups_endpoint=endpoints["groups"],
                    weights_endpoint=endpoints["weights"], tickets_endpoint=endpoints["tickets"],
-                   groups_per_call=groups_per_call(cfg, groups_per_generator(cfg)[generator_id]),
+                   groups_per_call=call_sizes(cfg.rollout.groups_per_call, cfg.rollout.num_generators,
+                                              cfg.train.groups_per_step)[generator_id],
                    seed=generator_seed(cfg, generator_id), cores=tuple(cores), curve=curve,
                    initial_version=initial_version)
 

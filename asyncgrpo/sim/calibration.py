@@ -22,7 +22,7 @@ class GeneratorTimes:
     """One measured generator's costs, from its totals in summary.json (docs/SIMULATOR.md)."""
 
     generate_s: float  # one vLLM call of `call_groups` groups: gen_time/generate_s / calls
-    call_groups: int  # groups per call in the run: rollout.groups_per_call, or its part of a step (even_split)
+    call_groups: int  # groups per call in the run: rollout.groups_per_call, or its part of a step (call_sizes)
     score_s_per_group: float  # gen_time/score_s / groups scored
     score_wait_s: float  # per call: gen_time/score_wait_s / calls (rewards not ready; idle)
     send_s_per_group: float  # (gen_time/send_s - gen/send_blocked_s) / groups sent

@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from asyncgrpo.contract import engine_lag_bound, trainable
+from asyncgrpo.contract import ack_floor, staleness, trainable
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, histogram_mean
 from asyncgrpo.sim.events import Clock, Delay, EventLoop, Process, Until, Work
@@ -206,14 +206,14 @@ class Model:
     def learner_loop(self) -> Process:
         s = self.s
         for step in range(s.steps):
-            floor = self.version - engine_lag_bound(s.max_staleness, s.max_backlog_versions)
+            floor = ack_floor(self.version, s.max_staleness, s.max_backlog_versions)
             if floor > 0 and not self.acks_ok(floor):
                 self.ack_waits += 1
                 yield from self.wait(self.learner, "ack_wait", lambda: self.acks_ok(floor))
             yield from self.wait(self.learner, "gen_wait", self.step_ready)
             for group in self.take():
-                staleness = self.version - group.version
-                self.staleness[staleness] = self.staleness.get(staleness, 0) + 1
+                group_staleness = staleness(group.version, self.version)
+                self.staleness[group_staleness] = self.staleness.get(group_staleness, 0) + 1
             yield from self.busy(self.learner, "train", self.train_s(step), processes=s.world_size)
             self.version += 1
             self.loop.changed(VERSIONS)

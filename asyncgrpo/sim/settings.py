@@ -9,8 +9,10 @@ from typing import Any
 from asyncgrpo.contract import (
     DROPPING_STALE_POLICIES,
     THROTTLING_STALE_POLICIES,
-    check_staleness_settings,
-    even_split,
+    call_sizes,
+    check_max_staleness,
+    check_push_settings,
+    check_stale_policy,
 )
 from asyncgrpo.schema import WeightsConfig
 
@@ -76,8 +78,8 @@ class Settings:
         return self.groups_per_step * self.samples_per_prompt
 
     def call_groups(self) -> list[int]:
-        """Each generator's groups per call (rollout.spec.groups_per_call)."""
-        return [self.groups_per_call or part for part in even_split(self.num_generators, self.groups_per_step)]
+        """Each generator's groups per call, as the run's generators ask (contract.call_sizes)."""
+        return call_sizes(self.groups_per_call, self.num_generators, self.groups_per_step)
 
     def speeds(self) -> list[float]:
         """Each generator's relative speed (sim.generator_speeds)."""
@@ -102,8 +104,9 @@ class Settings:
         require(1 <= self.num_generators <= self.groups_per_step, "rollout.num_generators",
                 f"must be between 1 and train.groups_per_step={self.groups_per_step}", self.num_generators)
         require(self.groups_per_step >= 1, "train.groups_per_step", "must be >= 1", self.groups_per_step)
-        check_staleness_settings(require, self.max_staleness, self.stale_policy, self.push_every_steps,
-                                 self.max_backlog_versions)
+        check_max_staleness(require, self.max_staleness)
+        check_stale_policy(require, self.stale_policy)
+        check_push_settings(require, self.push_every_steps, self.max_backlog_versions, self.max_staleness)
         require(self.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", self.groups_per_call)
         require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
         require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",

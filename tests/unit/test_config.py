@@ -1,10 +1,10 @@
 import pytest
 
 from asyncgrpo.config import (
-    groups_per_generator,
     load,
     use_curve,
 )
+from asyncgrpo.contract import call_sizes
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 
@@ -95,7 +95,7 @@ def test_resolved_yaml_round_trips():
 def test_a_steps_groups_are_spread_evenly_over_the_generators(groups, generators):
     cfg = load([f"train.groups_per_step={groups}", f"rollout.num_generators={generators}",
                 f"queue.capacity_groups={4 * groups}"])
-    quotas = groups_per_generator(cfg)
+    quotas = call_sizes(cfg.rollout.groups_per_call, cfg.rollout.num_generators, cfg.train.groups_per_step)
     assert sum(quotas) == groups and len(quotas) == generators and max(quotas) - min(quotas) <= 1
 
 
@@ -236,3 +236,22 @@ def test_every_validation_rule_is_a_documented_function_in_the_list_and_validate
                         tuple(lambda cfg, name=name: ran.append(name) for name in listed))
     config.validate(Config())
     assert ran == listed
+
+
+@pytest.mark.parametrize(("overrides", "first_key"), [
+    # The staleness settings are checked where each section's checks always had them: a fault of
+    # an earlier section is reported before them, and they before a later one.
+    (["learner.lr=0", "weights.push_every_steps=5"], "learner.lr"),
+    (["train.max_steps=0", "train.stale_policy=never"], "train.max_steps"),
+    (["train.max_train_minutes=-1", "train.stale_policy=never"], "train.max_train_minutes"),
+    (["train.stale_policy=never", "queue.capacity_groups=1"], "train.stale_policy"),
+    (["train.max_staleness=-1", "train.max_steps=0"], "train.max_staleness"),
+    (["weights.backend=bogus", "weights.max_backlog_versions=0"], "weights.backend"),
+    (["rollout.inflight_chunk_tokens=0", "weights.push_every_steps=0"], "rollout.inflight_chunk_tokens"),
+    (["weights.push_every_steps=5", "weights.max_backlog_versions=0"], "weights.max_backlog_versions"),
+    (["weights.push_every_steps=5", "weights.wire_dtype=bogus"], "weights.push_every_steps"),
+])
+def test_of_two_faults_the_one_checked_first_is_reported(overrides, first_key):
+    with pytest.raises(ConfigError) as err:
+        load(overrides)
+    assert str(err.value).split(" ", 1)[0] == first_key, str(err.value)

@@ -16,12 +16,18 @@ from hypothesis import strategies as st
 
 from asyncgrpo import contract
 from asyncgrpo.contract import (
+    ack_floor,
     admission_floor,
     admission_limit,
+    call_sizes,
     check_fixed_staleness,
-    check_staleness_settings,
+    check_max_staleness,
+    check_push_settings,
+    check_stale_policy,
     engine_lag_bound,
     even_split,
+    first_slot,
+    staleness,
     step_of,
     trainable,
 )
@@ -70,12 +76,45 @@ def test_the_learner_waits_for_no_engine_the_admission_still_serves(eta, backlog
     assert not (waited_for and still_granted)
 
 
+@given(etas, st.integers(1, 10), versions, versions)
+def test_the_ack_floor_waits_exactly_for_the_engines_beyond_the_lag_bound(eta, backlog, learner_version, engine):
+    floor = ack_floor(learner_version, eta, backlog)
+    assert (engine < floor) == (learner_version - engine > engine_lag_bound(eta, backlog))
+    if engine < floor:  # an engine waited for is one the admission no longer grants a slot of this step
+        assert admission_limit(engine, eta, 1) <= learner_version
+
+
+@given(versions, groups)
+def test_a_step_trains_the_slots_from_its_first_slot_on_and_no_other(step, g):
+    first = first_slot(step, g)
+    assert [step_of(slot, g) for slot in range(first, first + g)] == [step] * g
+    assert step_of(first - 1, g) == step - 1 and step_of(first + g, g) == step + 1
+
+
+@given(versions, versions, etas)
+def test_staleness_counts_versions_back_from_the_step_and_bounds_what_is_trainable(sampled, step, eta):
+    assert staleness(sampled, step) == step - sampled and staleness(step, step) == 0
+    assert trainable(sampled, step, eta) == (staleness(sampled, step) <= eta)
+
+
 @given(st.integers(1, 20), st.integers(0, 40))
 def test_a_steps_groups_are_split_evenly_in_order(num_generators, extra):
     total = num_generators + extra
     parts = even_split(num_generators, total)
     assert sum(parts) == total and len(parts) == num_generators
     assert parts == sorted(parts, reverse=True) and parts[0] - parts[-1] <= 1
+
+
+@given(st.integers(0, 8), st.integers(1, 20), st.integers(0, 40))
+def test_a_call_is_the_setting_or_else_the_generators_share_of_a_step(groups_per_call, num_generators, extra):
+    total = num_generators + extra
+    sizes = call_sizes(groups_per_call, num_generators, total)
+    assert sizes == ([groups_per_call] * num_generators if groups_per_call else even_split(num_generators, total))
+
+
+def test_a_call_size_for_one_generator():
+    assert call_sizes(0, 1, 5) == [5]
+    assert call_sizes(3, 1, 5) == [3]
 
 
 def test_trainable_is_the_staleness_bound_and_nothing_else():
@@ -98,12 +137,18 @@ def test_the_settings_checks_and_config_load_refuse_the_same(settings, key):
     max_staleness, policy, push_every, backlog = settings
     overrides = [f"train.max_staleness={max_staleness}", f"train.stale_policy={policy}",
                  f"weights.push_every_steps={push_every}", f"weights.max_backlog_versions={backlog}"]
+
+    def check_all() -> None:
+        check_max_staleness(require, max_staleness)
+        check_stale_policy(require, policy)
+        check_push_settings(require, push_every, backlog, max_staleness)
+
     if key is None:
-        check_staleness_settings(require, *settings)
+        check_all()
         load(overrides)
         return
     with pytest.raises(Refused, match=key):
-        check_staleness_settings(require, *settings)
+        check_all()
     with pytest.raises(ConfigError, match=key):
         load(overrides)
 

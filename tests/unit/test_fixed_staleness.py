@@ -147,7 +147,7 @@ def test_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_beh
     learner._wait_for_generators()
     assert learner.ack_waits == 0
     learner.version += 1  # now 4 behind
-    with pytest.raises(TimeoutError, match=r"load version >= 3 \(max\(weights.max_backlog_versions, train.max_staleness \+ 1\)=3\)"):
+    with pytest.raises(TimeoutError, match=r"load version >= 3 \(engine_lag_bound\(weights.max_backlog_versions, train.max_staleness\)=3\)"):
         learner._wait_for_generators()
     with pytest.raises(ConfigError, match="weights.max_backlog_versions must be >= 1"):
         load(["weights.max_backlog_versions=0"])

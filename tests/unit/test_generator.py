@@ -16,7 +16,7 @@ import pytest
 from asyncgrpo.config import load
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.contract import THROTTLING_STALE_POLICIES
+from asyncgrpo.contract import THROTTLING_STALE_POLICIES, call_sizes
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
@@ -25,7 +25,7 @@ from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.scoring import score_timeout_s
 from asyncgrpo.rollout.segments import InFlight, tag_versions
-from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed, groups_per_call
+from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
@@ -283,7 +283,7 @@ def spec_on_fakes(cfg: Config, quota: int, generator_id: int = 0, initial_versio
     """A generator's spec whose model directory and sockets nothing opens (its parts are fakes)."""
     return GeneratorSpec(generator_id=generator_id, model_dir="unused", groups_endpoint="unused",
                          weights_endpoint="unused", tickets_endpoint="unused",
-                         groups_per_call=groups_per_call(cfg, quota), seed=generator_seed(cfg, generator_id),
+                         groups_per_call=call_sizes(cfg.rollout.groups_per_call, 1, quota)[0], seed=generator_seed(cfg, generator_id),
                          initial_version=initial_version, incarnation=incarnation)
 
 
@@ -511,9 +511,6 @@ def test_waits_for_rewards_outlast_the_rewards_own_timeouts():
     one = score_timeout_s(cfg, 1)
     assert one >= cfg.wire.timeout_s + cfg.reward.judge.timeout_s * (cfg.reward.judge.retries + 1)
     assert score_timeout_s(cfg, 1000) > one  # more calls than the judge runs at once: more waves
-    assert groups_per_call(cfg, 5) == 5
-    cfg.rollout.groups_per_call = 3
-    assert groups_per_call(cfg, 5) == 3
 
 
 # --------------------------------------------------------------------------- periodic evaluation

@@ -107,9 +107,9 @@ def test_kv_cache_arithmetic():
     cfg = load(["model.max_positions=100", "rollout.samples_per_prompt=4", "rollout.groups_per_call=2",
                 "rollout.dtype=bfloat16", "rollout.kv_cache_gib=0.0001"])
     with pytest.raises(PreflightError, match="need 800 "):
-        kv_cache_plan(cfg, num_layers=2, num_kv_heads=2, head_dim=64, step_part=16)
+        kv_cache_plan(cfg, num_layers=2, num_kv_heads=2, head_dim=64)
     cfg.rollout.kv_cache_gib = 1.0
-    plan = kv_cache_plan(cfg, num_layers=2, num_kv_heads=2, head_dim=64, step_part=16)
+    plan = kv_cache_plan(cfg, num_layers=2, num_kv_heads=2, head_dim=64)
     assert plan["bytes_per_token"] == 2 * 2 * 2 * 64 * 2
     assert plan["tokens_held"] == (1 << 30) // plan["bytes_per_token"]
 
