@@ -27,7 +27,7 @@ RUNTIME = "asyncgrpo.runtime"
 # What must exist for the light-layer rules to test anything (a move or rename fails here, loudly).
 REQUIRED_LIGHT = ("asyncgrpo.schema", "asyncgrpo.contract", "asyncgrpo.runtime", "asyncgrpo.runtime.faults", "asyncgrpo.runtime.files",
                   "asyncgrpo.runtime.interrupts", "asyncgrpo.runtime.memory", "asyncgrpo.runtime.placement",
-                  "asyncgrpo.runtime.resources", "asyncgrpo.runtime.timing")
+                  "asyncgrpo.runtime.ray_cluster", "asyncgrpo.runtime.resources", "asyncgrpo.runtime.timing")
 
 
 def module_name(path: Path) -> str:
