@@ -6,114 +6,13 @@ Every panel copes with missing keys (old runs, runs with other options) by sayin
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-@dataclass
-class Run:
-    name: str
-    path: Path
-    steps: list[dict[str, Any]] = field(default_factory=list)  # learner step records
-    evals: list[dict[str, Any]] = field(default_factory=list)  # records with eval/accuracy
-    summary: dict[str, Any] = field(default_factory=dict)
-    num_generators: int = 1
-
-    def series(self, key: str, x: str = "samples") -> tuple[np.ndarray, np.ndarray]:
-        """(x, y) over the step records that have both keys."""
-        points = [(r[x], r[key]) for r in self.steps if _is_number(r.get(key)) and _is_number(r.get(x))]
-        if not points:
-            return np.zeros(0), np.zeros(0)
-        xs, ys = zip(*points)
-        return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-
-    def keys(self, prefix: str) -> list[str]:
-        found: dict[str, None] = {}
-        for record in self.steps:
-            for key, value in record.items():
-                if key.startswith(prefix) and _is_number(value):
-                    found[key] = None
-        return list(found)
-
-    def at_step(self, step: int, key: str) -> float | None:
-        """`key` of the step record of learner step `step`; step 0 (before training) is 0."""
-        if step <= 0:
-            return 0.0
-        for record in self.steps:
-            if record.get("step") == step and _is_number(record.get(key)):
-                return float(record[key])
-        return None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
-    if not path.exists():
-        return records
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a run killed mid-write leaves a partial last line
-    return records
-
-
-def latest_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Step records as the run finally took them. A run resumed in its own run_dir appends to
-    metrics.jsonl from its checkpoint's step, so the steps the earlier run logged after that
-    checkpoint come twice: a step at or below one already seen replaces every record from it on."""
-    kept: list[dict[str, Any]] = []
-    for record in records:
-        step = record.get("step")
-        if _is_number(step):
-            while kept and _is_number(kept[-1].get("step")) and kept[-1]["step"] >= step:
-                kept.pop()
-        kept.append(record)
-    return kept
-
-
-def _num_generators(run_dir: Path) -> int:
-    config = run_dir / "config.yaml"
-    if config.exists():
-        try:
-            from omegaconf import OmegaConf
-
-            return int(OmegaConf.load(config).rollout.num_generators)
-        except Exception:  # noqa: BLE001 - a config from another version only costs the estimate
-            pass
-    return 1
-
-
-def load_run(run_dir: str | Path, name: str | None = None) -> Run:
-    path = Path(run_dir)
-    if not (path / "metrics.jsonl").exists() and not (path / "summary.json").exists():
-        raise FileNotFoundError(f"{path}: neither metrics.jsonl nor summary.json found; is this a run directory?")
-    records = _read_jsonl(path / "metrics.jsonl")
-    summary: dict[str, Any] = {}
-    if (path / "summary.json").exists():
-        try:
-            summary = json.loads((path / "summary.json").read_text())
-        except json.JSONDecodeError:
-            summary = {}
-    return Run(
-        name=name or path.resolve().name,
-        path=path,
-        steps=latest_steps([r for r in records if "eval/accuracy" not in r and "eval/greedy_accuracy" not in r]),
-        evals=[r for r in records if "eval/accuracy" in r or "eval/greedy_accuracy" in r],
-        summary=summary,
-        num_generators=_num_generators(path),
-    )
+from asyncgrpo.metrics.runs import Run, is_number, load_run
 
 
 def run_labels(paths: list[Path]) -> list[str]:
@@ -211,9 +110,9 @@ def plot_eval(runs: list[Run], colors: list[str], out: Path) -> Path:
                 points = []
                 for record in run.evals:
                     x = record.get(x_key)
-                    if not _is_number(x):
+                    if not is_number(x):
                         x = run.at_step(int(record.get("step", 0)), x_key)
-                    if _is_number(record.get(key)) and x is not None:
+                    if is_number(record.get(key)) and x is not None:
                         points.append((x, record[key]))
                 if points:
                     xs, ys = zip(*sorted(points))
@@ -286,8 +185,8 @@ def plot_throughput(runs: list[Run], colors: list[str], out: Path) -> Path:
         points = []
         for record in run.steps:
             step_s = record.get("time/step_s")
-            waits = [record[k] for k in ("time/gen_wait_s", "time/ack_wait_s") if _is_number(record.get(k))]
-            if _is_number(step_s) and step_s > 0 and waits:
+            waits = [record[k] for k in ("time/gen_wait_s", "time/ack_wait_s") if is_number(record.get(k))]
+            if is_number(step_s) and step_s > 0 and waits:
                 points.append((record.get("samples", 0), min(1.0, sum(waits) / step_s)))
         if points:
             xs, ys = map(np.asarray, zip(*points))
@@ -297,7 +196,7 @@ def plot_throughput(runs: list[Run], colors: list[str], out: Path) -> Path:
         points = []
         for record in run.steps:
             step_s, idle = record.get("time/step_s"), record.get("time/gen_idle_s")
-            if _is_number(step_s) and step_s > 0 and _is_number(idle):
+            if is_number(step_s) and step_s > 0 and is_number(idle):
                 points.append((record.get("samples", 0), min(1.0, idle / (step_s * run.num_generators))))
         if points:
             xs, ys = map(np.asarray, zip(*points))
@@ -314,7 +213,7 @@ def plot_throughput(runs: list[Run], colors: list[str], out: Path) -> Path:
     for run, color in zip(runs, colors):
         for i, generator in enumerate(run.summary.get("generators") or []):
             phases = {k.removeprefix("gen_time/").removesuffix("_s"): float(v)
-                      for k, v in generator.items() if k.startswith("gen_time/") and _is_number(v)}
+                      for k, v in generator.items() if k.startswith("gen_time/") and is_number(v)}
             if phases:
                 label = run.name if len(run.summary["generators"]) == 1 else f"{run.name} g{i}"
                 bars.append((label, color, phases))

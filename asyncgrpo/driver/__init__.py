@@ -14,9 +14,22 @@
     evaluation: eval at end, probes at end
     actors: stop                           (asyncgrpo.train writes summary.json)
 
-Modules: `prepare` (before any actor), `actors` (their lifecycle), `loop` (the training loop),
-`evaluation` (eval and the vLLM-vs-learner probes). `asyncgrpo.train.train` runs them in order.
-Nothing outside the driver and `asyncgrpo.train` imports this package.
+Modules:
+
+    preflight.py      before anything heavy: the reward functions and the judge, the model
+                      directory, the weight-push plan, the KV cache, memory per actor
+    prepare.py        before any actor: the device, the model, the resume point, the data, Ray
+    actors.py         the actors' lifecycle: placement, start, weight rendezvous, restarts, stop
+    learner_ranks.py  the learner ranks' placement group and their LearnerActors
+    engine_pool.py    generators kept alive between a study's runs (rollout.engine_pool)
+    loop.py           the training loop: steps, metrics, progress, samples, generator restarts
+    evaluation.py     held-out accuracy and the vLLM-vs-learner log-prob probes
+    remote.py         calls to actors with a deadline, the actors' `control` concurrency group
+
+`asyncgrpo.train.train` runs the phases in order. Only the entry points import this package:
+`asyncgrpo.train` and `asyncgrpo.cli` (which runs the preflight for `check=true`, makes SIGTERM an
+interrupt and turns `TrainingFailed` into an exit code); tests/unit/test_import_graph.py holds it
+to that.
 """
 
 

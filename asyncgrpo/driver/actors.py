@@ -1,7 +1,7 @@
 """The actors' lifecycle: placement, start (learner ranks, then generators), weight rendezvous,
 generator restarts, the generators after the last step (a dead one is left out of the evaluations),
-stop. The learner ranks' placement group and actors are made by driver/learners.py; each generator
-is started from its `GeneratorSpec` (asyncgrpo/rollout/spec.py), kept for its restarts.
+stop. The learner ranks' placement group and actors are made by driver/learner_ranks.py; each
+generator is started from its `GeneratorSpec` (asyncgrpo/rollout/spec.py), kept for its restarts.
 
 Placement (asyncgrpo/runtime/placement.py): the named node resources are checked against the cluster
 before anything starts; each learner rank's bundle and each generator asks for a share of its
@@ -31,7 +31,7 @@ from asyncgrpo.config import (
 )
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
-from asyncgrpo.driver.learners import place_learners, start_learners
+from asyncgrpo.driver.learner_ranks import place_learners, start_learners
 from asyncgrpo.driver.remote import control, get, remote_class
 from asyncgrpo.runtime.files import write_atomic
 from asyncgrpo.runtime.placement import check_node_resources, node_resources

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 import os
 import signal
 import threading
@@ -13,8 +12,8 @@ from typing import Any
 
 from asyncgrpo.runtime import faults
 from asyncgrpo.driver import TrainingFailed
-from asyncgrpo.study.cluster import private_token_env
 from asyncgrpo.runtime.interrupts import interrupts_deferred
+from asyncgrpo.runtime.ray_cluster import local_cpus, private_token_env
 from asyncgrpo.learner.resume import RESUME_AUTO, check_compatible
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
@@ -230,10 +229,3 @@ def interrupt_on_sigterm() -> None:
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
-
-def local_cpus(cfg: Config) -> int:
-    """Logical CPUs of a local Ray cluster: all cores, but at least what the actors ask for (Ray's
-    CPU counts only admit actors; pinning to physical cores is resources.plan_cores' job)."""
-    wanted = math.ceil(cfg.rollout.num_generators * cfg.rollout.num_cpus_per_generator
-                       + cfg.learner.world_size * cfg.learner.num_cpus_per_rank)
-    return max(cfg.ray.num_cpus or os.cpu_count() or 1, wanted)

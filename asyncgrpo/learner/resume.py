@@ -15,7 +15,8 @@ state, so resuming it would skip prompts. Its record says `rollout.dispatch: sha
 before it carried the dispatch is judged by its queue's state (a dispatcher's or none), and a
 checkpoint without a record predates tickets.
 
-A leaf beside the config: no torch, so the driver checks before anything heavy starts.
+Plain Python (no torch, unlike the rest of the learner), so the driver checks a resume before
+anything heavy starts.
 """
 
 from __future__ import annotations

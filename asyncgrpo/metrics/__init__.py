@@ -1,4 +1,5 @@
-"""Where a run's numbers go: metrics sinks (JSONL, TensorBoard, W&B) and the sample log."""
+"""Where a run's numbers go: metrics sinks (JSONL, TensorBoard, W&B) and the sample log; and how
+a run directory's numbers are read back (runs.py: `load_run`, for plots, studies, the simulator)."""
 
 from asyncgrpo.metrics.samples import SampleLogger, format_samples_table
 from asyncgrpo.metrics.sinks import (

@@ -1,0 +1,15 @@
+"""The generator: sample groups with vLLM, score them, stream them to the learner.
+
+    actor.py        GeneratorActor: a generator as a Ray actor, resettable between pooled runs
+    spec.py         GeneratorSpec: who a generator is, where it connects, its starting weights
+    parts.py        GeneratorParts and build_parts: the real parts from config and a spec
+    generator.py    Generator: the loop (weights, ask, generate, score, send) over its parts
+    engine.py       VLLMEngine: sample with log-probs, score fixed sequences, load weights
+    tickets.py      the generator's side of dynamic dispatch: ticket requests and grants
+    scoring.py      ScoringBatch: a batch whose rewards are being computed
+    groups.py       a prompt's completions and rewards -> a ScoredGroup message
+    sink.py         GroupSink: where the generator's messages go
+    waits.py        WaitLimit: how long a wait may last (wire.timeout_s, or a save's bound)
+    evaluations.py  generator 0's periodic held-out evaluations
+    segments.py     in-flight weight updates as pure logic: tokens tagged with their version
+"""

@@ -195,9 +195,7 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
 def _step_records(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """This run's step records: a resumed run's metrics.jsonl also holds the earlier run's steps,
     which its summary's generator totals do not cover."""
-    from asyncgrpo.plot import (
-        latest_steps,  # numpy, not torch: only where a run is read
-    )
+    from asyncgrpo.metrics.runs import latest_steps
 
     path = run_dir / "metrics.jsonl"
     if not path.is_file():

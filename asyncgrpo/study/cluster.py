@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import select
 import shutil
 import signal
@@ -27,6 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, Self
+
+from asyncgrpo.runtime.ray_cluster import private_token_env
 
 # How long the helper may take to bring the cluster up.
 START_TIMEOUT_S = 180.0
@@ -133,14 +134,6 @@ def session_processes(session_id: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == session_id:
             pids.append(int(entry.name))
     return pids
-
-
-def private_token_env() -> dict[str, str]:
-    """Ray's token authentication with a fresh random token, for a cluster this process starts: set
-    in the environment its processes inherit, readable only by the user and root
-    (/proc/<pid>/environ), and written to no file. Without it Ray 2.60 uses, or creates, the
-    token in ~/.ray/auth_token: mode 0644, and the same for every cluster of the user."""
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
 def cluster_overrides(address: str, pool: str) -> list[str]:

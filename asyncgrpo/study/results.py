@@ -45,7 +45,7 @@ def load_study(study_dir: str | Path) -> tuple[Spec, list[RunResult]]:
 
 def load_run_result(plan: RunPlan) -> RunResult | None:
     """results.csv's row of one run, from its summary.json and metrics.jsonl; None if it never started."""
-    from asyncgrpo.plot import load_run
+    from asyncgrpo.metrics.runs import load_run
 
     if not (plan.run_dir / "summary.json").is_file():
         return None

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 def alive(pid: int) -> bool:
     """A live process: an exited one its parent has not reaped yet (a zombie) holds nothing, and is
-    what engine_cluster's reaping already leaves out."""
+    what the study cluster's reaping (asyncgrpo/study/cluster.py) already leaves out."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

@@ -6,7 +6,8 @@ import pytest
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import check_gpu_share, gpus_per_actor
 from asyncgrpo.driver.evaluation import probe_report
-from asyncgrpo.driver.prepare import fit_steps_to_data, local_cpus, steps_in_data
+from asyncgrpo.driver.prepare import fit_steps_to_data, steps_in_data
+from asyncgrpo.runtime.ray_cluster import local_cpus
 
 
 def config(*overrides, device="cpu"):

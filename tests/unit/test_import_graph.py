@@ -1,7 +1,11 @@
 """The package's import graph, read from the source (every import statement, function-level ones
 included): no cycles, and the layering. The rules, each a test of its own:
 
-- the rollout imports nothing of the queue (what both sides of dispatch share is asyncgrpo.contract);
+- the rollout imports nothing of the queue (what both sides of dispatch share is asyncgrpo.contract),
+  nor the config's loading and validation (asyncgrpo.config): a generator is handed its settings;
+- only the CLI imports the study and the simulator; only the entry points import the driver and
+  the plot command (what the study and the simulator read of a run is in asyncgrpo.metrics.runs);
+- the simulator loads no torch and no numpy when imported: it is pure Python;
 - the config schema and the contract are leaves: they import nothing of the package;
 - asyncgrpo.runtime imports nothing of the package but the schema, the contract and itself;
 - these light layers (schema, contract, runtime) import nothing heavy (`HEAVY`) anywhere in their
@@ -24,10 +28,13 @@ HEAVY = ("torch", "vllm", "ray", "zmq", "msgpack", "numpy")
 # The light layers: leaves and the process plumbing every role uses.
 LEAVES = ("asyncgrpo.schema", "asyncgrpo.contract")
 RUNTIME = "asyncgrpo.runtime"
+# The entry points: the `asyncgrpo` command and the commands it runs.
+CLI = "asyncgrpo.cli"
+ENTRY_POINTS = (CLI, "asyncgrpo.train", "asyncgrpo.plot")
 # What must exist for the light-layer rules to test anything (a move or rename fails here, loudly).
 REQUIRED_LIGHT = ("asyncgrpo.schema", "asyncgrpo.contract", "asyncgrpo.runtime", "asyncgrpo.runtime.faults", "asyncgrpo.runtime.files",
                   "asyncgrpo.runtime.interrupts", "asyncgrpo.runtime.memory", "asyncgrpo.runtime.placement",
-                  "asyncgrpo.runtime.resources", "asyncgrpo.runtime.timing")
+                  "asyncgrpo.runtime.ray_cluster", "asyncgrpo.runtime.resources", "asyncgrpo.runtime.timing")
 
 
 def module_name(path: Path) -> str:
@@ -137,6 +144,38 @@ def test_rollout_imports_nothing_of_the_queue():
     found = sorted(f"{name} -> {target}" for name in graph if within(name, "asyncgrpo.rollout")
                    for target in graph[name] if within(target, "asyncgrpo.queue"))
     assert not found, "; ".join(found)
+
+
+def outside_importers(graph: dict[str, set[str]], package: str) -> set[str]:
+    """The modules outside `package` that import it or anything in it."""
+    return {name for name in graph if not within(name, package)
+            and any(within(target, package) for target in graph[name])}
+
+
+def test_the_rollout_does_not_import_the_config():
+    graph = import_graph()
+    found = sorted(name for name in graph if within(name, "asyncgrpo.rollout") and "asyncgrpo.config" in graph[name])
+    assert not found, "; ".join(f"{name} -> asyncgrpo.config" for name in found)
+
+
+@pytest.mark.parametrize("package", ["asyncgrpo.study", "asyncgrpo.sim"])
+def test_only_the_cli_imports_the_study_and_the_simulator(package):
+    found = sorted(outside_importers(import_graph(), package) - {CLI})
+    assert not found, f"{package} imported by {', '.join(found)}"
+
+
+@pytest.mark.parametrize("package", ["asyncgrpo.driver", "asyncgrpo.plot"])
+def test_only_the_entry_points_import_the_driver_and_the_plot_command(package):
+    found = sorted(outside_importers(import_graph(), package) - set(ENTRY_POINTS))
+    assert not found, f"{package} imported by {', '.join(found)}"
+
+
+def test_importing_the_simulator_loads_no_torch_and_no_numpy():
+    modules = sorted(name for name in package_modules() if within(name, "asyncgrpo.sim"))
+    assert len(modules) > 1
+    code = f"import sys, {', '.join(modules)}; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"importing the simulator loads {out.strip()}"
 
 
 def test_the_config_schema_and_the_contract_are_leaves():

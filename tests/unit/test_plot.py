@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from asyncgrpo import cli
-from asyncgrpo.plot import load_run, plot_runs, run_labels
+from asyncgrpo.metrics.runs import load_run
+from asyncgrpo.plot import plot_runs, run_labels
 
 FIGURES = {"reward.png", "eval_accuracy.png", "staleness.png", "is_mismatch.png", "throughput.png"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,28 @@
+"""What a local Ray cluster started on this machine is given, shared by the driver (a run's own
+cluster, asyncgrpo/driver/prepare.py) and a study (one cluster for all its runs,
+asyncgrpo/study/cluster.py): its authentication token and its CPU count. Light: Ray itself is
+imported by the callers that start it, not here."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+
+from asyncgrpo.schema import Config
+
+
+def private_token_env() -> dict[str, str]:
+    """Ray's token authentication with a fresh random token, for a cluster this process starts: set
+    in the environment its processes inherit, readable only by the user and root
+    (/proc/<pid>/environ), and written to no file. Without it Ray 2.60 uses, or creates, the
+    token in ~/.ray/auth_token: mode 0644, and the same for every cluster of the user."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def local_cpus(cfg: Config) -> int:
+    """Logical CPUs of a local Ray cluster: all cores, but at least what the actors ask for (Ray's
+    CPU counts only admit actors; pinning to physical cores is runtime.resources.plan_cores' job)."""
+    wanted = math.ceil(cfg.rollout.num_generators * cfg.rollout.num_cpus_per_generator
+                       + cfg.learner.world_size * cfg.learner.num_cpus_per_rank)
+    return max(cfg.ray.num_cpus or os.cpu_count() or 1, wanted)
