@@ -16,7 +16,7 @@ run's samples/s is predicted three ways and compared with what the run measured:
 - same generators: calibrated from the run with as many generators at the reference's
   max_staleness (for that run itself, the nearest other max_staleness): another eta, the same
   contention. On this 2-core machine one generator and the learner are pinned to a core each;
-  with 2 generators nothing is pinned (resources.plan_cores) and three processes share two cores,
+  with 2 generators nothing is pinned (runtime.resources.plan_cores) and three processes share two cores,
   which changes every phase's time: a 1-generator reference cannot know that, so the cross column
   is off for 2 generators by however much contention costs, and this column shows what is left.
 - own: calibrated from the run itself at its own settings: the model's bookkeeping, not a
