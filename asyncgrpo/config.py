@@ -214,6 +214,8 @@ REMOVED_KEYS = {
                                 "asks for more slots by itself; drop the key",
     "queue.full_policy": "tickets is the only dispatch, and it grants no slot the queue cannot hold, so the "
                          "queue never fills; drop the key",
+    "rollout.inflight_chunk_tokens": "in-flight loads happen between two engine steps, with no segments and "
+                                     "no re-prefill (rollout.inflight_updates); drop the key",
 }
 
 
@@ -309,6 +311,8 @@ def _rollout_rules(cfg: Config) -> None:
             f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)
     require(r.temperature > 0, "rollout.temperature", "must be > 0 (log-probs of greedy sampling are not a distribution)", r.temperature)
     require(r.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", r.groups_per_call)
+    require(r.max_running_seqs >= r.samples_per_prompt, "rollout.max_running_seqs",
+            f"must hold one group's rollout.samples_per_prompt={r.samples_per_prompt} sequences", r.max_running_seqs)
     require(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0 (0 = a dead generator fails the run)",
             r.max_restarts)
 
@@ -378,8 +382,7 @@ def _optimizer_rules(cfg: Config) -> None:
 
 def _weights_rules(cfg: Config) -> None:
     """weights.*: the push backend, the push cadence and the engines' backlog against the
-    staleness bound (asyncgrpo/contract.py's check), chunks that fit a wire message; and
-    rollout.inflight_chunk_tokens, the in-flight loading of those pushes."""
+    staleness bound (asyncgrpo/contract.py's check), chunks that fit a wire message."""
     # Imported here, not at the top: these modules import torch, and `import asyncgrpo.config`
     # (the CLI's help, the schema's users) should not pay for it.
     from asyncgrpo.weights.base import BACKENDS
@@ -387,8 +390,6 @@ def _weights_rules(cfg: Config) -> None:
     from asyncgrpo.wire import MAX_HEADER_BYTES
 
     require(cfg.weights.backend in BACKENDS, "weights.backend", _one_of(BACKENDS), cfg.weights.backend)
-    require(cfg.rollout.inflight_chunk_tokens >= 1, "rollout.inflight_chunk_tokens", "must be >= 1",
-            cfg.rollout.inflight_chunk_tokens)
     check_push_settings(require, cfg.weights.push_every_steps, cfg.weights.max_backlog_versions, cfg.train.max_staleness)
     require(cfg.weights.wire_dtype in WIRE_DTYPES, "weights.wire_dtype", _one_of(WIRE_DTYPES), cfg.weights.wire_dtype)
     require(cfg.weights.chunk_bytes >= 1024, "weights.chunk_bytes", "must be >= 1024", cfg.weights.chunk_bytes)

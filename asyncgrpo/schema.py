@@ -144,10 +144,18 @@ class RolloutConfig:
     num_cpus_per_generator: float = 1.0
     # Share of the GPU memory vLLM may use for weights and activations (device=cuda).
     gpu_memory_utilization: float = 0.3
-    # Load a weight push mid-generation: generate in segments of inflight_chunk_tokens, load the
-    # newest weights between segments, resume each unfinished sequence from what it already has.
+    # Keep the engine full: admit granted prompts whenever sequences finish and send each group the
+    # moment its samples are done, while the others decode on. false: the call-batched baseline,
+    # which admits a call's prompts only into an empty engine, so each call waits for its slowest
+    # sample (tools/bench_tail.py measures one against the other).
+    continuous: bool = True
+    # Sequences the engine runs at once (vLLM's max_num_seqs); the generator admits a group only
+    # while its samples fit.
+    max_running_seqs: int = 256
+    # Load a weight push between two engine steps while sequences run (they continue on their KV
+    # cache; each token records the version that sampled it). false: a push waits until the running
+    # sequences finish (no new ones are admitted meanwhile), so every completion has one version.
     inflight_updates: bool = False
-    inflight_chunk_tokens: int = 2
     # A generator whose process dies (killed, out of memory, a vLLM crash) is started again, at most
     # this many times per generator; one more death fails the run. 0: the first death fails it.
     # weights.backend=nccl cannot take a new process into its group: there a death fails the run.

@@ -17,6 +17,12 @@ version u - k (the learner publishes v - k at version v, so at version v the eng
 and fill step v: no deadlock). The starting weights (version first_step: the run's, or a resumed
 checkpoint's) fill steps first_step .. first_step + k.
 
+Groups finish out of order (a continuous generator sends each the moment its samples are done).
+A step does not wait for a slot whose group is still being generated when a later step's group has
+finished and the slot's ticket can still be trained later within its bound: the two trade places
+(`fill_early`). A step waits only for groups that must be trained at it. Generators name their
+tickets by prompt position in their reports, so a ticket keeps its name when its slot moves.
+
 A slot whose group will never be trained goes back to the pool and is granted again, lowest
 first (the learner waits for it): when its holder dies (`holder_down`), when its group is lost in
 transit (`heard_from`: the holder's report, sent after its groups on the same ordered socket, no
@@ -50,10 +56,11 @@ class _Held:
     holder: Holder
     position: int
     grant: int  # the holder's grant number that carried it (reports name the newest grant received)
+    version: int  # the weights the holder had loaded when granted: its group samples from them on
 
 
 class Dispatcher:
-    """Grants tickets, takes their groups back in slot order, and re-grants what will never arrive.
+    """Grants tickets, takes their groups back a step at a time, and re-grants what will never arrive.
     One owner (learner rank 0's queue thread); not thread-safe."""
 
     def __init__(self, groups_per_step: int, max_staleness: int, throttle: bool = True,
@@ -98,15 +105,15 @@ class Dispatcher:
         # process is gone (or replaced), and slots granted to it would hold a step until a restart.
         self._live_from: dict[int, int] = {}
         self.counts = {"granted": 0, "regranted": 0, "lost": 0, "down": 0, "released": 0, "refused_arrivals": 0,
-                       "unreceived": 0, "stale_requests": 0}
+                       "unreceived": 0, "stale_requests": 0, "early": 0}
 
     # ---- generators ask
 
     def request(self, holder: Holder, loaded_version: int, wanted: int, newest_grant: int,
                 unsent: Iterable[int], given_back: Iterable[int]) -> tuple[int, list[Ticket]]:
         """One ticket request (wire TicketRequest), read after every group its holder sent before
-        it: take its report (given back, grants that never reached it, groups lost in transit),
-        then grant. A request from a replaced process (an older incarnation) or one reported dead
+        it: take its report (given back, grants that never reached it, groups lost in transit; the
+        report names prompt positions, which stay with their tickets while slots may move), then grant. A request from a replaced process (an older incarnation) or one reported dead
         (`generator_down`: its request was still on the stream) gets nothing; the first from a newer
         one retires its predecessors."""
         generator_id, incarnation = holder
@@ -181,7 +188,7 @@ class Dispatcher:
                 position = self._retry.popleft()
             else:
                 position, self._next_position = self._next_position, self._next_position + 1
-            self._hold(slot, _Held(holder, position, grant))
+            self._hold(slot, _Held(holder, position, grant, loaded_version))
             tickets.append(Ticket(slot, position))
         if tickets:
             self._grants[holder] = grant
@@ -213,13 +220,14 @@ class Dispatcher:
         Those slots are granted again, with their prompts. Returns them."""
         return self._take_back(holder, lambda slot, held: held.grant > newest_received, "unreceived")
 
-    def given_back(self, holder: Holder, slots: Iterable[int]) -> int:
-        """`holder` will not send the groups of `slots` (their rewards failed): grant the slots
-        again, not the prompts. A slot it no longer holds is ignored. Returns how many it held."""
+    def given_back(self, holder: Holder, positions: Iterable[int]) -> int:
+        """`holder` will not send the groups of the prompts at `positions` (their rewards failed):
+        grant their slots again, not the prompts. A prompt it no longer holds is ignored (a
+        give-back repeated after its answer was lost). Returns how many it held."""
         count = 0
-        for slot in slots:
-            held = self._held.get(slot)
-            if held is not None and held.holder == holder:
+        for position in positions:
+            slot = self._slot_by_prompt.get((holder, position))
+            if slot is not None:
                 self._give_back(slot, self._unhold(slot).position, retry_prompt=False)
                 count += 1
         self.counts["released"] += count
@@ -227,11 +235,12 @@ class Dispatcher:
 
     def heard_from(self, holder: Holder, newest_grant: int, unsent: Iterable[int]) -> list[int]:
         """`holder`'s report, sent after all its groups so far on the same ordered socket: it has
-        received grants up to `newest_grant` and not yet sent the groups of `unsent`. A slot it was
-        granted by then, not in `unsent` and not arrived, was lost in transit: granted again (the
-        prompt too). Returns the lost slots."""
+        received grants up to `newest_grant` and not yet sent the groups of the prompts at `unsent`
+        (positions). A ticket it was granted by then, not unsent and not arrived, was lost in
+        transit: its slot is granted again (the prompt too). Returns the lost slots."""
         still = set(unsent)
-        return self._take_back(holder, lambda slot, held: held.grant <= newest_grant and slot not in still, "lost")
+        return self._take_back(holder, lambda slot, held: held.grant <= newest_grant and held.position not in still,
+                               "lost")
 
     def holder_down(self, holder: Holder) -> list[int]:
         """`holder`'s process died: its slots not arrived are granted again, with their prompts.
@@ -304,6 +313,47 @@ class Dispatcher:
         """The next step's slots."""
         first = first_slot(self.step, self.groups_per_step)
         return range(first, first + self.groups_per_step)
+
+    def fill_early(self) -> list[tuple[int, int]]:
+        """Let the next step train finished groups of later steps in place of its own that are still
+        being generated, where that keeps every group within its bound; returns the moves
+        (from_slot, to_slot) of the groups moved forward, for the holder of the groups (TicketSlots).
+
+        A slot of the next step whose ticket is still out (held, its group being generated) trades
+        places with the lowest filled slot of a later step whose step the held ticket can still be
+        trained at (the admission bound, from the weights it was granted with: step <= version +
+        max_staleness); a slot given back (free) trades with the lowest filled later slot, and is
+        granted again later under the usual limit. The group moved forward is trained earlier, so
+        less stale; the ticket moved back keeps its bound; no group is dropped or added, so what is
+        trained is what was granted, and only the order of training changes (docs/ARCHITECTURE.md,
+        Out-of-order completion). Only under the throttle (no bound is known otherwise) and not
+        under fixed staleness (whose point is that step u holds version u - k's groups only)."""
+        if not self.throttle or self.fixed_staleness or not self._filled:
+            return []
+        later = sorted(slot for slot in self._filled if slot >= first_slot(self.step + 1, self.groups_per_step))
+        moves: list[tuple[int, int]] = []
+        for slot in self.missing():
+            if not later:
+                break
+            held = self._held.get(slot)
+            if held is not None:
+                bound = admission_limit(held.version, self.max_staleness, self.groups_per_step)
+            elif slot in self._free:
+                bound = math.inf
+            else:  # not granted yet: later slots are not granted before it, so none is filled
+                continue
+            if later[0] >= bound:
+                continue
+            moved = later.pop(0)
+            self._filled[slot] = self._filled.pop(moved)
+            if held is not None:
+                self._hold(moved, self._unhold(slot))
+            else:
+                self._take_free(slot)
+                heapq.heappush(self._free, moved)
+            moves.append((moved, slot))
+        self.counts["early"] += len(moves)
+        return moves
 
     def ready(self) -> bool:
         """Every slot of the next step has its group."""

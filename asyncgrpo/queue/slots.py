@@ -1,5 +1,5 @@
 """The replay queue's storage under tickets: groups filed in the slots their senders hold, handed
-over a step at a time in slot order, and the answers to the generators' ticket requests.
+over a step at a time, and the answers to the generators' ticket requests.
 
 `TicketSlots` owns the `Dispatcher` (asyncgrpo/queue/dispatch.py) and the grant socket; the replay
 queue (asyncgrpo/queue/replay_queue.py) calls it with its lock held and does the counting.
@@ -63,14 +63,18 @@ class TicketSlots:
 
     def take_step(self, num_groups: int, learner_version: int,
                   too_stale: Callable[[ScoredGroup, int], bool]) -> tuple[list[ScoredGroup] | None, int]:
-        """The step's groups in slot order once all are in (None before), and how many of its groups
-        were `too_stale` (the queue's eviction policy): those are dropped and their slots granted again."""
+        """The step's groups in slot order once all are in (None before; finished groups of later
+        steps fill its slots still being generated where the bound allows: `Dispatcher.fill_early`),
+        and how many of its groups were `too_stale` (the queue's eviction policy): those are dropped
+        and their slots granted again."""
         d = self.dispatcher
         if num_groups != d.groups_per_step:
             raise ValueError(f"with tickets a take is one step of {d.groups_per_step} groups, not {num_groups}")
         if d.step != learner_version:
             raise RuntimeError(f"the learner takes at version {learner_version} but the dispatcher is at step "
                                f"{d.step}: every version takes exactly one step of slots")
+        for moved, slot in d.fill_early():
+            self.filled[slot] = self.filled.pop(moved)
         dropped = 0
         for slot in d.step_slots():
             group = self.filled.get(slot)

@@ -3,6 +3,12 @@
 The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): for the tiny models of the CPU
 default that is faster than a separate engine process, and `collective_rpc` then calls our
 function on the worker directly, so new weights are loaded without a copy through a pipe.
+
+Two ways to sample. `generate` is one call that returns when its slowest sample is done (held-out
+evaluations). The generator's loop instead drives vLLM's engine a step at a time: `submit` adds a
+group's request, `step` runs one engine step and returns the groups whose n samples have all
+finished, while the others keep decoding; `label_version` names the weights loaded between two
+steps, so every token reports the version that sampled it.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +30,25 @@ class Completion:
     finished: bool  # False when cut off by max_tokens
     # Policy version that sampled each token; None = all by the version loaded when the call began.
     versions: np.ndarray | None = None
+
+
+@dataclass
+class FinishedGroup:
+    """A request submitted with `VLLMEngine.submit` whose n samples have all finished."""
+
+    request_id: str
+    completions: list[Completion]
+
+
+def token_versions(spans: Sequence[Any] | None, num_tokens: int) -> np.ndarray | None:
+    """Per-token policy versions [num_tokens] int32 from vLLM's weight-version spans (`start`, `end`,
+    `version` as the label `label_version` set); None when vLLM reported none."""
+    if not spans:
+        return None
+    versions = np.empty(num_tokens, dtype=np.int32)
+    for span in spans:
+        versions[span.start:span.end] = int(span.version)
+    return versions
 
 
 def _load_named_weights(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
@@ -119,10 +145,15 @@ class VLLMEngine:
         dtype: str,
         kv_cache_gib: float,
         gpu_memory_utilization: float,
+        max_running_seqs: int,
+        prefix_caching: bool,
         in_place_cpu_weights: bool = True,
     ) -> None:
-        """`dtype`, `kv_cache_gib` and `gpu_memory_utilization` are rollout.dtype, rollout.kv_cache_gib
-        and rollout.gpu_memory_utilization (no defaults here: config's are the only ones)."""
+        """`dtype`, `kv_cache_gib`, `gpu_memory_utilization` and `max_running_seqs` are rollout.dtype,
+        rollout.kv_cache_gib, rollout.gpu_memory_utilization and rollout.max_running_seqs (no defaults
+        here: config's are the only ones). `prefix_caching` off where weights are loaded while
+        requests run: a prompt prefix cached under older weights would serve requests admitted after
+        the load, and nothing would record it."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm import LLM
@@ -142,7 +173,13 @@ class VLLMEngine:
             # The learner's forward is the reference: log-probs of the distribution actually
             # sampled (after temperature), not of the raw logits.
             logprobs_mode="processed_logprobs",
+            max_num_seqs=max_running_seqs,
+            enable_prefix_caching=prefix_caching,
+            # Weights are loaded between two engine steps: no step may still be in flight then.
+            async_scheduling=False,
         )
+        self.engine = self.llm.llm_engine  # driven a step at a time by `submit` / `step`
+        self._submitted: dict[str, int] = {}  # request id -> its sequences (n), until finished or aborted
         self.max_model_len = max_model_len
         # "in_place" (CPU, in-process engine, weights kept unpacked) or "reload" (vLLM's reload).
         self.weight_load_path = "reload"
@@ -157,16 +194,16 @@ class VLLMEngine:
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
-        max_tokens_per_prompt: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
-        """n completions per prompt; temperature 0 means greedy (log-probs then are of the argmax)."""
+        """n completions per prompt, in one call that returns when all are done; temperature 0 means
+        greedy (log-probs then are of the argmax). Only on an engine running nothing submitted
+        (`LLM.generate` would run those requests too, and lose their outputs)."""
         from vllm import SamplingParams, TokensPrompt
 
-        def params(limit: int) -> SamplingParams:
-            return SamplingParams(n=n, max_tokens=limit, temperature=temperature, logprobs=0, detokenize=False,
+        if self._submitted:
+            raise RuntimeError(f"generate() while {len(self._submitted)} submitted requests run: finish or abort them")
+        sampling = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=False,
                                   seed=seed)
-
-        sampling = [params(limit) for limit in max_tokens_per_prompt] if max_tokens_per_prompt else params(max_tokens)
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [[self._completion(out) for out in request.outputs] for request in outputs]
@@ -177,7 +214,48 @@ class VLLMEngine:
         logprobs = np.empty(len(token_ids), dtype=np.float32)
         for position, (token, candidates) in enumerate(zip(out.token_ids, out.logprobs)):
             logprobs[position] = candidates[token].logprob
-        return Completion(token_ids=token_ids, logprobs=logprobs, finished=out.finish_reason == "stop")
+        return Completion(token_ids=token_ids, logprobs=logprobs, finished=out.finish_reason == "stop",
+                          versions=token_versions(getattr(out, "weight_versions", None), len(token_ids)))
+
+    # ---- step by step (the generator's loop)
+
+    def submit(self, request_id: str, prompt: Sequence[int], *, n: int, max_tokens: int, temperature: float) -> None:
+        """Add a group's request (n samples of `prompt`); `step` returns it once all n have finished.
+        Raises ValueError for a prompt the engine cannot take (longer than its context)."""
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params)
+        self._submitted[request_id] = n
+
+    def step(self) -> list[FinishedGroup]:
+        """One engine step (a forward pass over every running sequence, prefills included); the
+        groups it finished."""
+        finished = []
+        for output in self.engine.step():
+            if output.finished and self._submitted.pop(output.request_id, None) is not None:
+                finished.append(FinishedGroup(output.request_id, [self._completion(out) for out in output.outputs]))
+        return finished
+
+    @property
+    def running_sequences(self) -> int:
+        """Sequences submitted and not yet returned by `step` (waiting or decoding)."""
+        return sum(self._submitted.values())
+
+    def abort(self) -> list[str]:
+        """Drop every submitted request (the engine is then empty, ready for `generate` or the next
+        run); returns their ids."""
+        aborted = list(self._submitted)
+        if aborted:
+            self.engine.abort_request(aborted)
+        self._submitted.clear()
+        return aborted
+
+    def label_version(self, version: int) -> None:
+        """The weights now loaded are `version`'s: tokens sampled from the next step on report it."""
+        self.engine.set_weight_version(str(version))
 
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]:
         """Log-prob of tokens 1..L-1 of each sequence given its prefix ([L-1] float32 each), at
@@ -236,5 +314,7 @@ class VLLMEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         load = _copy_named_weights if self.weight_load_path == "in_place" else _load_named_weights
         self.llm.collective_rpc(load, args=(list(named_tensors),))
-        # Cached prefixes hold keys/values of the old weights.
-        self.llm.reset_prefix_cache()
+        if not self._submitted:
+            # Cached prefixes hold keys/values of the old weights (with requests running, prefix
+            # caching is off: see the constructor).
+            self.llm.reset_prefix_cache()

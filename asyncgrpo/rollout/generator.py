@@ -1,45 +1,56 @@
-"""The generator: sample groups with vLLM, score them, stream them to the learner.
+"""The generator: keep a vLLM engine full, score the groups it finishes, stream them to the learner.
 
 `Generator` runs on the parts it is given (rollout/parts.py: engine, tokenizer, task, prompt
 stream, scorer, sink, weight receiver) as the generator its `GeneratorSpec` describes
 (rollout/spec.py); `GeneratorActor` (rollout/actor.py) builds the real parts inside a Ray actor.
-The pure parts live beside it: segments.py (in-flight updates), groups.py (the message).
+The pure parts live beside it: running.py (what the engine is running), groups.py (the message),
+stats.py (its counters).
 
-Tickets: the generator asks learner rank 0 for the next slots of the training order
-(rollout/tickets.py), which grants only slots within the staleness bound of the weights it holds,
-and reads their prompts from the run's one prompt stream. A restarted generator (a new
-`incarnation` of the same generator id, started by the driver) is told by `rejoin` which weights it
-must load before generating, and then just asks.
+The loop drives the engine a step at a time (docs/ARCHITECTURE.md, The two loops): whenever the
+engine has room for a group's samples (rollout.max_running_seqs) it asks learner rank 0 for the
+next slots of the training order (rollout/tickets.py), which grants only slots within the
+staleness bound of the weights it holds, and submits their prompts, read from the run's one prompt
+stream; each group is scored and sent the moment its samples have all finished, while the others
+decode on. Weights are loaded between two engine steps: with rollout.inflight_updates the running
+sequences go on under the new weights (every token keeps the version that sampled it); without,
+admission stops until they finish. rollout.continuous=false is the call-batched baseline: a call's
+prompts are admitted only into an empty engine. A restarted generator (a new `incarnation` of the
+same generator id, started by the driver) is told by `rejoin` which weights it must load before
+generating, and then just asks.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from dataclasses import dataclass, field
+from collections import deque
 from typing import Any
 
 import numpy as np
 
+from asyncgrpo.contract import Ticket
 from asyncgrpo.runtime import faults
 from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.evaluations import PeriodicEvaluations
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.parts import GeneratorParts
+from asyncgrpo.rollout.running import Admitted, RunningGroups
 from asyncgrpo.rollout.scoring import ScoringBatch
-from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.rollout.spec import GeneratorSpec
+from asyncgrpo.rollout.stats import GeneratorStats
 from asyncgrpo.rollout.waits import WaitLimit
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem
-from asyncgrpo.runtime.timing import PhaseTimer
 from asyncgrpo.wire import (
     Heartbeat,
     SaveNotice,
     ScoredGroup,
     VersionAck,
 )
+
+log = logging.getLogger(__name__)
 
 # While waiting (for tickets, for new weights) the learner still hears from us this often.
 HEARTBEAT_EVERY_S = 1.0
@@ -51,53 +62,9 @@ class GeneratorStopped(Exception):
     """The learner asked for shutdown while this generator was waiting."""
 
 
-@dataclass
-class GeneratorStats:
-    groups_sent: int = 0
-    tokens_generated: int = 0
-    weight_loads: int = 0
-    throttled_waits: int = 0
-    inflight_switches: int = 0
-    send_blocked_s: float = 0.0
-    # Assembling and loading pushes into the engine, wherever it happens (top of the loop, while
-    # granted nothing, between in-flight segments): the generator's side of a weight transfer.
-    weight_load_s: float = 0.0
-    # The part of weight_load_s spent inside a wait (granted nothing, blocked on a full queue,
-    # rejoining), whose timer (gen_time/throttle_s, ...) therefore includes it: work done while
-    # otherwise waiting (tools/bench_async.py counts it as busy time).
-    weight_load_in_wait_s: float = 0.0
-    timer: PhaseTimer = field(default_factory=PhaseTimer)
-
-    @property
-    def idle_s(self) -> float:
-        """Seconds spent asking for and waiting for tickets, on rewards or on a full queue."""
-        seconds = self.timer.seconds
-        return seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + self.send_blocked_s
-
-    def count_weight_load(self, seconds: float, in_wait: bool) -> None:
-        """A push loaded into the engine in `seconds`; `in_wait`: inside a wait whose timer includes them."""
-        self.weight_loads += 1
-        self.weight_load_s += seconds
-        if in_wait:
-            self.weight_load_in_wait_s += seconds
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "gen/groups_sent": self.groups_sent,
-            "gen/tokens_generated": self.tokens_generated,
-            "gen/weight_loads": self.weight_loads,
-            "gen/throttled_waits": self.throttled_waits,
-            "gen/inflight_switches": self.inflight_switches,
-            "gen/send_blocked_s": self.send_blocked_s,
-            "gen/weight_load_s": self.weight_load_s,
-            "gen/weight_load_in_wait_s": self.weight_load_in_wait_s,
-            **self.timer.metrics("gen_time/"),
-        }
-
-
 class Generator:
-    """Samples groups with `engine`, scores them with `scorer`, sends them to `sink`; loads new
-    weights from `weights` at safe points (between calls, between segments, while waiting)."""
+    """Keeps `engine` full, scores the groups it finishes with `scorer`, sends them to `sink`; loads
+    new weights from `weights` between engine steps and while waiting."""
 
     def __init__(self, cfg: Config, spec: GeneratorSpec, parts: GeneratorParts) -> None:
         """`spec`: who this generator is and which weights its engine starts with; `parts`: what it
@@ -116,6 +83,11 @@ class Generator:
         self.next_seq = 0
         self._rejoin_version = spec.initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
+        self.running = RunningGroups()  # submitted to the engine, not finished
+        self.scoring: deque[ScoringBatch] = deque()  # finished, their rewards being computed
+        self._asked_in_vain: tuple[int, float] | None = None  # (version, when): granted nothing while running
+        self._paused = False  # admission held back for the running sequences to finish
+        self._paced_until = 0.0  # failpoint generator_pace_s: generation lasts at least this long
         self._last_heartbeat = 0.0
         self._reported_rejections = 0
         self.wait_limit = WaitLimit(spec.generator_id, cfg.wire)
@@ -143,79 +115,136 @@ class Generator:
     # ------------------------------------------------------------------------------------ the loop
 
     def run(self) -> dict[str, Any]:
-        """Generate until the learner says stop; returns this generator's counters and timings.
-
-        Rewards that take time (an HTTP judge) are computed while the next batch generates: a
-        batch is sent once the following vLLM call returns, or before waiting for tickets.
-        """
+        """Generate until the learner says stop; returns this generator's counters and timings."""
         run_start = time.perf_counter()
+        self.engine.label_version(self.version)
         # The weights loaded from disk; acknowledging them tells the learner this generator is up.
         self.sink.try_send(VersionAck(self.generator_id, self.version, self.incarnation), timeout_s=1.0)
         try:
             if self.version < self._rejoin_version:  # restarted: the learner is further on
                 with self.stats.timer("rejoin"):
                     self._wait_for_version(self._rejoin_version)
-            pending: ScoringBatch | None = None
             while True:
-                pending = self._one_call(pending)
+                self._turn()
         except GeneratorStopped:
+            self._drop_running()  # nothing more is trained; the engine is left empty for the next user
             self.weights.poll(0.0)
             self._apply_latest_weights()  # leave the engine at the final version
         finally:
             self.scorer.close()
         return self._summary(time.perf_counter() - run_start)
 
-    def _one_call(self, pending: ScoringBatch | None) -> ScoringBatch | None:
-        """One turn of the loop, each phase timed: load the newest weights, evaluate them if due, ask
-        for tickets, generate, score. `pending`: the last turn's batch whose rewards were not ready;
-        returns this turn's."""
+    def _turn(self) -> None:
+        """One turn of the loop, each phase timed: load the newest weights (between two engine
+        steps), evaluate them if due, admit granted prompts, run one engine step and score the
+        groups it finished, send those whose rewards are in; with nothing to decode, wait."""
         timer = self.stats.timer
         with timer("weights"):
-            self._load_newest_weights(wait_s=0.0)
-        if self.evaluations.due(self.version):
+            self._load_between_steps()
+        if self.evaluations.due(self.version) and not self.running:
             with timer("eval"):
                 self.evaluations.evaluate(self.version, self.evaluate)
         with timer("ask"):
-            problems, positions, slots = self._take_tickets()
-        if not problems:
-            if pending is not None:  # nothing to overlap its rewards with: send it now
-                self._send_scored(pending)
-            else:
-                with timer("throttle"):
-                    self._wait_for_tickets()
-            return None
-        prompts = self._tokenize(problems)
-        with timer("generate"):
-            completions = self._generate_paced(prompts)
-        with timer("score"):
-            scoring = ScoringBatch.submit(self.scorer, self.tokenizer, problems, positions, prompts, completions, slots)
-        if pending is not None:  # its rewards were computed during this vLLM call
-            self._send_scored(pending)
-        if scoring.future.done():  # rewards computed inline (cheap terms): no reason to hold it
-            self._send_scored(scoring)
-            return None
-        return scoring
+            self._admit()
+        if self.running:
+            with timer("generate"):
+                finished = self._step_paced()
+            if finished:
+                with timer("score"):
+                    self.scoring.append(ScoringBatch.submit(self.scorer, self.tokenizer, *zip(*finished)))
+            self._send_scored(wait=False)
+        elif self.scoring:  # nothing to decode meanwhile: wait for the rewards
+            self._send_scored(wait=True)
+        else:
+            with timer("throttle"):
+                self._wait_for_tickets()
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
         tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered}
-        return {**self.stats.as_dict(), **self.scorer.stats_snapshot(), **tickets, "gen/version": self.version,
-                "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
+        return {**self.stats.as_dict(self.cfg.rollout.max_running_seqs), **self.scorer.stats_snapshot(), **tickets,
+                "gen/version": self.version, "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
                 "gen/idle_s": self.stats.idle_s, "gen/idle_frac": self.stats.idle_s / wall_s if wall_s > 0 else 0.0,
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
-    def _take_tickets(self) -> tuple[list[Problem], list[int], list[int]]:
-        """The next vLLM call's prompts, their positions and slots, as granted (none: wait, ask again)."""
-        tickets = self.tickets.ask(self.version, self.groups_per_call)
+    # ---------------------------------------------------------------------------------- admission
+
+    def _admission_paused(self) -> bool:
+        """Whether the running sequences must finish before anything is admitted: the call-batched
+        baseline (a call goes into an empty engine), a due evaluation (it runs on an empty engine),
+        a push waiting without in-flight loads."""
+        r = self.cfg.rollout
+        paused = bool(self.running) and (not r.continuous or self.evaluations.due(self.version) or (
+            not r.inflight_updates and self.weights.newest_version > self.version))
+        if paused and not self._paused:
+            self.stats.drains += 1
+        self._paused = paused
+        return paused
+
+    def _admit(self) -> None:
+        """Ask for as many tickets as the engine has room for (rollout.max_running_seqs, at most a
+        call's worth) and submit their prompts. Granted nothing while the engine runs, ask again
+        with newer weights or TICKET_RETRY_S later."""
+        r = self.cfg.rollout
+        if self._admission_paused():
+            return
+        room = (r.max_running_seqs - self.engine.running_sequences) // r.samples_per_prompt
+        wanted = min(self.groups_per_call, room) if r.continuous else self.groups_per_call
+        refused = self._asked_in_vain
+        if wanted < 1 or (self.running and refused is not None and refused[0] == self.version
+                          and time.monotonic() - refused[1] < TICKET_RETRY_S):
+            return
+        tickets = self.tickets.ask(self.version, wanted)
+        self._asked_in_vain = None if tickets else (self.version, time.monotonic())
         if tickets:
             self._no_tickets_since = None
-        return ([self.positioned.at(t.position) for t in tickets], [t.position for t in tickets],
-                [t.slot for t in tickets])
+        for ticket in tickets:
+            self._submit(ticket)
+
+    def _submit(self, ticket: Ticket) -> None:
+        """Submit a granted prompt; one the engine refuses (longer than its context) is counted and
+        its ticket given back (its slot goes to another prompt)."""
+        r = self.cfg.rollout
+        problem = self.positioned.at(ticket.position)
+        prompt = self._tokenize([problem])[0]
+        request_id = self.running.request_id(ticket)
+        try:
+            self.engine.submit(request_id, prompt, n=r.samples_per_prompt, max_tokens=r.max_new_tokens,
+                               temperature=r.temperature)
+        except ValueError as err:
+            if not self.stats.prompts_rejected:
+                log.warning("generator %d: the engine refused prompt %d (counted, its slot goes to another "
+                            "prompt; gen/prompts_rejected): %s", self.generator_id, ticket.position, err)
+            self.stats.prompts_rejected += 1
+            self.tickets.gave_back(ticket)
+            return
+        self.running.add(request_id, Admitted(ticket, problem, prompt, self.version))
+
+    def _step_paced(self) -> list[tuple[Admitted, list[Completion]]]:
+        """One engine step; the groups it finished. Slowed down by the failpoints that make a slower
+        generator (generator_slowdown) or one paced as if on a device of its own (generator_pace_s:
+        each finished group costs at least that long)."""
+        started = time.perf_counter()
+        self.stats.count_step(self.engine.running_sequences)
+        finished = self.engine.step()
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
+        if self.pace_s > 0 and finished:
+            self._paced_until = max(self._paced_until, started) + self.pace_s * len(finished)
+            time.sleep(max(0.0, self._paced_until - time.perf_counter()))
+        return [(self.running.finish(group.request_id), group.completions) for group in finished]
+
+    def _drop_running(self) -> None:
+        """Abort what the engine runs and forget what is being scored (the run is over)."""
+        self.engine.abort()
+        self.running.drop_all()
+        self.scoring.clear()
 
     def _wait_for_tickets(self) -> None:
-        """Granted nothing (the staleness bound of our weights, or the queue's room): wait a moment
-        for newer weights, then ask again; fail loudly when nothing is granted for wire.timeout_s
-        with no newer weights either. New weights mean the learner is stepping: a generator that other
-        generators outpace to every slot (one step's slots open at max_staleness=0) is idle, not stuck."""
+        """Granted nothing and nothing running (the staleness bound of our weights, or the queue's
+        room): wait a moment for newer weights, then ask again; fail loudly when nothing is granted
+        for wire.timeout_s with no newer weights either. New weights mean the learner is stepping: a
+        generator that other generators outpace to every slot (one step's slots open at
+        max_staleness=0) is idle, not stuck."""
         self.stats.throttled_waits += 1
         if self._no_tickets_since is None:
             self._no_tickets_since, self._no_tickets_version = time.monotonic(), self.version
@@ -226,63 +255,29 @@ class Generator:
         self.wait_limit.check(self._no_tickets_since, self.weights.saves,
                               f"asking for tickets with version {self.version}", "learner rank 0 granted none")
 
-    def _send_scored(self, scoring: ScoringBatch) -> None:
-        """Wait for a batch's rewards, send its groups, then report (a heartbeat per batch keeps the
-        learner's per-step view of our counters current)."""
+    def _send_scored(self, wait: bool) -> None:
+        """Send the groups whose rewards are in, oldest batch first (`wait`: the oldest batch's, waited
+        for), then report (the heartbeat keeps the learner's per-step view of our counters current)."""
         timer = self.stats.timer
-        with timer("score_wait"):
-            scores = scoring.scores(self.cfg)
-        with timer("send"):
-            for problem, position, prompt, completions, score, slot in zip(
-                    scoring.problems, scoring.positions, scoring.prompts, scoring.completions, scores, scoring.slots):
-                group = scored_group(self.generator_id, problem.id, prompt, completions, score, self.version)
-                if group is None:  # reward.on_error=drop_group: the slot goes to someone else
-                    self.tickets.gave_back(slot)
-                    continue
-                group.pos = position
-                self.stats.tokens_generated += int(group.tokens.size)
-                self._send(group)
-                self.tickets.sent(slot)
-            self._heartbeat(periodic=False)
-
-    # ---------------------------------------------------------------------------------- sampling
+        while self.scoring and (wait or self.scoring[0].future.done()):
+            batch, wait = self.scoring.popleft(), False
+            with timer("score_wait"):
+                scores = batch.scores(self.cfg)
+            with timer("send"):
+                for admitted, completions, score in zip(batch.admitted, batch.completions, scores):
+                    group = scored_group(self.generator_id, admitted.problem.id, admitted.prompt, completions,
+                                         score, admitted.version)
+                    if group is None:  # reward.on_error=drop_group: the slot goes to someone else
+                        self.tickets.gave_back(admitted.ticket)
+                        continue
+                    group.pos = admitted.ticket.position
+                    self.stats.tokens_generated += int(group.tokens.size)
+                    self._send(group)
+                    self.tickets.sent(admitted.ticket)
+            self._heartbeat(periodic=bool(self.running))
 
     def _tokenize(self, problems: list[Problem]) -> list[list[int]]:
         return [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-
-    def _sample(self, prompts: list[list[int]], temperature: float, n: int) -> list[list[Completion]]:
-        return self.engine.generate(prompts, n=n, max_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature)
-
-    def _generate_paced(self, prompts: list[list[int]]) -> list[list[Completion]]:
-        """`_generate`, slowed down by the failpoints that make a slower generator (generator_slowdown)
-        or one paced as if on a device of its own (generator_pace_s)."""
-        started = time.perf_counter()
-        completions = self._generate(prompts)
-        if self.slowdown > 1:
-            time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
-        if self.pace_s > 0:
-            time.sleep(max(0.0, started + self.pace_s * len(prompts) - time.perf_counter()))
-        return completions
-
-    def _generate(self, prompts: list[list[int]]) -> list[list[Completion]]:
-        """`samples_per_prompt` completions per prompt, each token tagged with the version that sampled it.
-
-        With `rollout.inflight_updates`, generation runs in segments of `rollout.inflight_chunk_tokens`;
-        between segments the newest weights are loaded (segments.py), so a push never waits for a
-        whole call and no sampled token is thrown away.
-        """
-        r = self.cfg.rollout
-        if not r.inflight_updates:
-            return tag_versions(self._sample(prompts, r.temperature, r.samples_per_prompt), self.version)
-        segment = min(r.inflight_chunk_tokens, r.max_new_tokens)
-        first = self.engine.generate(prompts, n=r.samples_per_prompt, max_tokens=segment, temperature=r.temperature)
-        inflight = InFlight(prompts, first, self.version, r.max_new_tokens)
-        while (call := inflight.next_call(segment)) is not None:
-            if self._load_newest_weights(wait_s=0.0):
-                self.stats.inflight_switches += 1
-            inflight.extend(self.engine.generate(call.prompts, n=1, max_tokens=segment, temperature=r.temperature,
-                                                 max_tokens_per_prompt=call.max_tokens), self.version)
-        return inflight.completions()
 
     # ------------------------------------------------------------------------------ transport
 
@@ -293,7 +288,7 @@ class Generator:
         blocked_since = None
         while not self.sink.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
             blocked_since = blocked_since or time.perf_counter()
-            self._load_newest_weights(wait_s=0.0, in_wait=True)
+            self._load_between_steps(in_wait=True)
             self.wait_limit.check(started, self.weights.saves, "blocked on a full queue", "the learner took no group")
         if blocked_since is not None:
             self.stats.send_blocked_s += time.perf_counter() - blocked_since
@@ -325,21 +320,39 @@ class Generator:
         if version is None:
             return False
         self.stats.count_weight_load(time.perf_counter() - start, in_wait)
+        if self.running:
+            self.stats.inflight_switches += 1
         self.version = version
+        self.engine.label_version(version)
         self.weights.saves.weights_loaded(version)
         self.sink.try_send(VersionAck(self.generator_id, version, self.incarnation), timeout_s=1.0)
         return True
 
     def _load_newest_weights(self, wait_s: float, in_wait: bool = False) -> bool:
-        """Apply the newest complete push, if any (a safe point: no request is in flight). `in_wait`:
-        called from a wait, whose timer includes the load (GeneratorStats.weight_load_in_wait_s)."""
-        self.weights.poll(wait_s)
-        if self.weights.rejections()[0] > self._reported_rejections:
-            self._heartbeat(periodic=False)  # the learner fails the run with the reason, at once
+        """Apply the newest complete push, if any (between two engine steps). `in_wait`: called from
+        a wait, whose timer includes the load (GeneratorStats.weight_load_in_wait_s)."""
+        self._poll_weights(wait_s)
         loaded = self._apply_latest_weights(in_wait)
         if self.weights.shutdown_reason is not None:
             raise GeneratorStopped(self.weights.shutdown_reason)
         return loaded
+
+    def _load_between_steps(self, in_wait: bool = False) -> None:
+        """Load the newest push if loads are allowed now: with rollout.inflight_updates always, else
+        only into an empty engine (admission stops meanwhile: `_admission_paused`). Hears a stop either way."""
+        if self.cfg.rollout.inflight_updates or not self.running:
+            self._load_newest_weights(wait_s=0.0, in_wait=in_wait)
+            return
+        self._poll_weights(0.0)
+        if self.weights.shutdown_reason is not None:
+            raise GeneratorStopped(self.weights.shutdown_reason)
+
+    def _poll_weights(self, wait_s: float) -> None:
+        """Read what the weight stream brought; report rejected weight messages at once (the learner
+        fails the run with the reason)."""
+        self.weights.poll(wait_s)
+        if self.weights.rejections()[0] > self._reported_rejections:
+            self._heartbeat(periodic=False)
 
     def _wait_for_version(self, version: int) -> None:
         """Restarted: load the learner's newest weights (published again for us) before generating."""
@@ -354,8 +367,10 @@ class Generator:
     # ------------------------------------------------------------------------- eval and probes
 
     def evaluate(self, problems: list[Problem], temperature: float) -> float:
-        """Held-out accuracy with one sample per problem (temperature 0 = greedy)."""
-        completions = self._sample(self._tokenize(problems), temperature, n=1)
+        """Held-out accuracy with one sample per problem (temperature 0 = greedy), in one call on
+        the engine while it runs nothing else."""
+        completions = self.engine.generate(self._tokenize(problems), n=1, max_tokens=self.cfg.rollout.max_new_tokens,
+                                           temperature=temperature)
         texts = decode_completions(self.tokenizer, [group[0] for group in completions])
         return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
 

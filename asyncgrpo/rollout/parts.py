@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from asyncgrpo.rewards.scorer import Scorer
-from asyncgrpo.rollout.engine import Completion, VLLMEngine
+from asyncgrpo.rollout.engine import Completion, FinishedGroup, VLLMEngine
 from asyncgrpo.rollout.sink import GroupSink, with_faults
 from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
@@ -24,13 +24,23 @@ from asyncgrpo.wire import GrantDealer, Sender, Subscriber, holder_identity
 
 
 class SamplingEngine(Protocol):
-    """What the generator needs of an engine (`VLLMEngine`)."""
+    """What the generator needs of an engine (`VLLMEngine`): a step at a time for its loop,
+    `generate` for evaluations, `sequence_logprobs` for probes."""
 
     weight_load_path: str
+    running_sequences: int
+
+    def submit(self, request_id: str, prompt: Sequence[int], *, n: int, max_tokens: int,
+               temperature: float) -> None: ...
+
+    def step(self) -> list[FinishedGroup]: ...
+
+    def abort(self) -> list[str]: ...
+
+    def label_version(self, version: int) -> None: ...
 
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, temperature: float,
-                 seed: int | None = None, max_tokens_per_prompt: Sequence[int] | None = None
-                 ) -> list[list[Completion]]: ...
+                 seed: int | None = None) -> list[list[Completion]]: ...
 
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]: ...
 
@@ -74,8 +84,11 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
             dtype=cfg.rollout.dtype,
             kv_cache_gib=cfg.rollout.kv_cache_gib,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            max_running_seqs=cfg.rollout.max_running_seqs,
+            prefix_caching=not cfg.rollout.inflight_updates,
         )
     else:
+        engine.abort()  # a run that stopped mid-generation left requests (it aborts them: to be sure)
         engine.load_model_dir(spec.model_dir)
     # Also a new engine: its start-up drew from the random streams, a reused one's last run did.
     engine.reseed(spec.seed)

@@ -1,6 +1,6 @@
-"""A generated batch whose rewards are being computed (`ScoringBatch`), and how long the generator
-waits for them (`score_timeout_s`): slow rewards (an HTTP judge) are computed while the next batch
-generates."""
+"""Finished groups whose rewards are being computed (`ScoringBatch`), and how long the generator
+waits for them (`score_timeout_s`): slow rewards (an HTTP judge) are computed while the engine
+decodes on."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from asyncgrpo.rewards.judge import call_budget_s
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.groups import decode_completions
+from asyncgrpo.rollout.running import Admitted
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import Problem
 
 
 def score_timeout_s(cfg: Config, num_groups: int) -> float:
@@ -29,22 +29,19 @@ def score_timeout_s(cfg: Config, num_groups: int) -> float:
 
 @dataclass
 class ScoringBatch:
-    """A generated batch whose rewards are being computed."""
+    """Finished groups whose rewards are being computed."""
 
-    problems: list[Problem]
-    positions: list[int]  # each problem's position in the prompt stream
-    prompts: list[list[int]]
+    admitted: list[Admitted]  # each group's ticket, problem and prompt
     completions: list[list[Completion]]
     future: concurrent.futures.Future
-    slots: list[int]  # each group's slot in the training order
 
     @classmethod
-    def submit(cls, scorer: Scorer, tokenizer: Any, problems: list[Problem], positions: list[int],
-               prompts: list[list[int]], completions: list[list[Completion]], slots: list[int]) -> ScoringBatch:
-        """Start scoring a generated batch with `scorer`, on its completions' text."""
+    def submit(cls, scorer: Scorer, tokenizer: Any, admitted: list[Admitted],
+               completions: list[list[Completion]]) -> ScoringBatch:
+        """Start scoring finished groups with `scorer`, on their completions' text."""
         texts = [decode_completions(tokenizer, group) for group in completions]
-        return cls(problems, positions, prompts, completions, scorer.submit(problems, texts), slots)
+        return cls(admitted, completions, scorer.submit([a.problem for a in admitted], texts))
 
     def scores(self, cfg: Config) -> list[GroupScore]:
         """Each group's rewards, waited for (score_timeout_s)."""
-        return self.future.result(timeout=score_timeout_s(cfg, len(self.problems)))
+        return self.future.result(timeout=score_timeout_s(cfg, len(self.admitted)))

@@ -35,8 +35,9 @@ class TicketClient:
         self.reply_timeout_s = REPLY_TIMEOUTS_S[0]
         self.request = 0
         self.newest_grant = 0
-        self.unsent: set[int] = set()  # slots granted, their groups not handed to the socket yet
-        # Slots whose groups will not be sent, until a request carrying them has been answered
+        # Tickets are named by their prompts' positions: the dispatcher may move a ticket's slot.
+        self.unsent: set[int] = set()  # granted, their groups not handed to the socket yet
+        # Prompts whose groups will not be sent, until a request carrying them has been answered
         # (a request lost on the way would otherwise leave them held for good).
         self.given_back: set[int] = set()
         self.unanswered = 0  # requests whose answer did not come in time
@@ -60,7 +61,7 @@ class TicketClient:
         if not answer.slots:
             return []
         self.newest_grant = answer.grant
-        self.unsent.update(answer.slots)
+        self.unsent.update(answer.positions)
         return [Ticket(slot, position) for slot, position in zip(answer.slots, answer.positions)]
 
     def _answer(self, deadline: float) -> Grant | None:
@@ -70,14 +71,14 @@ class TicketClient:
                 return message
         return None
 
-    def sent(self, slot: int) -> None:
-        """The group of `slot` was handed to the socket (whether it arrives is the learner's to see)."""
-        self.unsent.discard(slot)
+    def sent(self, ticket: Ticket) -> None:
+        """The group of `ticket` was handed to the socket (whether it arrives is the learner's to see)."""
+        self.unsent.discard(ticket.position)
 
-    def gave_back(self, slot: int) -> None:
-        """The group of `slot` will not be sent (its rewards failed): the slot goes to someone else."""
-        self.unsent.discard(slot)
-        self.given_back.add(slot)
+    def gave_back(self, ticket: Ticket) -> None:
+        """The group of `ticket` will not be sent (its rewards failed): its slot goes to someone else."""
+        self.unsent.discard(ticket.position)
+        self.given_back.add(ticket.position)
 
     def close(self) -> None:
         self.grants.close()

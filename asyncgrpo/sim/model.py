@@ -157,8 +157,10 @@ class Model:
             yield from self.call(g, len(tickets))
             for ticket in tickets:
                 yield from self.busy(g.clock, "send", g.times.send_s_per_group)
-                self.dispatcher.arrived((g.index, 0), ticket.slot)
-                self.queued(SimGroup(g.index, version, ticket.slot))
+                # Its slot may have moved while it generated (Dispatcher.fill_early): found by its prompt.
+                slot = self.dispatcher.slot_of((g.index, 0), ticket.position)
+                self.dispatcher.arrived((g.index, 0), slot)
+                self.queued(SimGroup(g.index, version, slot))
 
     def call(self, g: SimGenerator, n: int) -> Process:
         """One vLLM call of `n` groups, their scoring and the loop's other time (its first call
@@ -246,6 +248,10 @@ class Model:
                 self.dispatcher.release(group.slot)
             self.loop.changed(SLOTS)
             self.set_queue(fresh)
+        moves = dict(self.dispatcher.fill_early())  # finished later groups in place of running ones
+        if moves:
+            self.set_queue(deque(replace(group, slot=moves[group.slot]) if group.slot in moves else group
+                                 for group in self.queue))
         return self.dispatcher.ready()
 
     def too_stale(self, group: SimGroup) -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 #    counts again from sequence number 0); groups carry their position in the prompt stream.
 # `SaveNotice` (type 6), `TicketRequest` (7) and `Grant` (8) came later without a bump: a new type changes no existing layout or meaning
 # (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 class MsgType(IntEnum):
@@ -155,9 +155,10 @@ class SaveNotice:
 class TicketRequest:
     """A generator holding weights `version` asks for up to `wanted` tickets (asyncgrpo/queue/dispatch.py).
     Sent on the groups stream, after every group sent so far, it is also a report: the newest grant
-    received (`newest_grant`; a later one never reached it), the slots granted and not sent yet
-    (`unsent`; any other slot of those grants that has not arrived was lost in transit) and the
-    slots whose groups it will not send (`given_back`: rewards failed, reward.on_error=drop_group).
+    received (`newest_grant`; a later one never reached it), the tickets granted and not sent yet
+    (`unsent`; any other ticket of those grants that has not arrived was lost in transit) and the
+    tickets whose groups it will not send (`given_back`: rewards failed, reward.on_error=drop_group),
+    each named by its prompt's position (a ticket's slot may move: Dispatcher.fill_early).
     `request` numbers the requests of this incarnation: only the grant answering the newest counts."""
 
     generator_id: int

@@ -29,7 +29,7 @@ class Gen:
     answer: tuple[int, list[Ticket], list[int]] | None = None  # (grant, tickets, give-backs it carried) on its way
     newest_grant: int = 0
     unsent: list[tuple[Ticket, int]] = field(default_factory=list)  # (ticket, version it was granted with)
-    given_back: set[int] = field(default_factory=set)  # slots not to be sent, until a request carrying them is answered
+    given_back: set[int] = field(default_factory=set)  # positions not to be sent, until a request carrying them is answered
     in_transit: list[tuple[tuple[int, int], int]] = field(default_factory=list)  # (holder, position) sent, not arrived
 
     @property
@@ -38,7 +38,7 @@ class Gen:
 
     def report(self, wanted: int) -> tuple:
         """`Dispatcher.request`'s arguments for a request of this process now."""
-        return (self.holder, self.loaded, wanted, self.newest_grant, [t.slot for t, _ in self.unsent],
+        return (self.holder, self.loaded, wanted, self.newest_grant, [t.position for t, _ in self.unsent],
                 sorted(self.given_back))
 
 
@@ -54,11 +54,13 @@ class World:
         self.gens = [Gen(i, loaded=first_step) for i in range(generators)]
         self.version = first_step  # the learner's
         self.sampled: list[tuple[int, int]] = []  # (step trained at, version that sampled the group)
-        self.granted_version: dict[tuple[tuple[int, int], int], int] = {}  # (holder, slot) -> version at grant
+        # (holder, position) -> version at grant: a ticket keeps its prompt, its slot may move
+        self.granted_version: dict[tuple[tuple[int, int], int], int] = {}
         self.trained: list[int] = []  # positions, in training order
         self.staleness: list[int] = []
         self.dropped_for_good: set[int] = set()  # positions given back (their rewards failed): not retried
         self.late: list[tuple] = []  # requests dead processes sent, read after the driver reported the death
+        self.early = 0  # groups trained at an earlier step than the slot they were granted
 
     def ask(self, g: Gen, wanted: int) -> None:
         # The request travels on the groups' ordered stream: what is in transit arrives first. Its
@@ -69,7 +71,7 @@ class World:
         arguments = g.report(wanted)
         number, tickets = self.d.request(*arguments)
         for ticket in tickets:
-            self.granted_version[(g.holder, ticket.slot)] = g.loaded
+            self.granted_version[(g.holder, ticket.position)] = g.loaded
         g.answer = (number, tickets, arguments[-1])
 
     def lose_grant(self, g: Gen) -> None:  # the answer is lost, or comes after the client stopped waiting
@@ -81,7 +83,7 @@ class World:
             g.given_back.difference_update(carried)
             if tickets:
                 g.newest_grant = number
-                g.unsent += [(t, self.granted_version[(g.holder, t.slot)]) for t in tickets]
+                g.unsent += [(t, self.granted_version[(g.holder, t.position)]) for t in tickets]
 
     def send(self, g: Gen, lose: bool = False) -> None:
         if g.unsent:
@@ -100,7 +102,7 @@ class World:
     def give_back(self, g: Gen) -> None:  # reward.on_error=drop_group: the prompt is not retried
         if g.unsent:
             ticket, _ = g.unsent.pop(0)
-            g.given_back.add(ticket.slot)
+            g.given_back.add(ticket.position)
             self.dropped_for_good.add(ticket.position)
 
     def die(self, g: Gen, wanted: int) -> None:
@@ -130,11 +132,12 @@ class World:
             g.loaded = max(g.loaded, min(self.version, self.published + versions))
 
     def step(self) -> bool:
+        self.early += len(self.d.fill_early())
         if not self.d.ready():
             return False
         for slot, holder, position in self.d.take():
-            self.staleness.append(self.version - self.granted_version[(holder, slot)])
-            self.sampled.append((self.version, self.granted_version[(holder, slot)]))
+            self.staleness.append(self.version - self.granted_version[(holder, position)])
+            self.sampled.append((self.version, self.granted_version[(holder, position)]))
             self.trained.append(position)
         self.version += 1
         return True
@@ -292,7 +295,7 @@ def test_a_report_declares_lost_only_slots_from_grants_the_generator_has_receive
     # The report knows grant 1 only: slot 1 of it is neither unsent nor arrived, so lost; grant 2's
     # slots are not judged.
     assert d.heard_from((0, 0), newest_grant=1, unsent=[]) == [first[1].slot]
-    assert d.heard_from((0, 0), newest_grant=2, unsent=[t.slot for t in second]) == []
+    assert d.heard_from((0, 0), newest_grant=2, unsent=[t.position for t in second]) == []
     _, regranted = d.grant((1, 0), 0, 1)
     assert regranted == [Ticket(first[1].slot, first[1].position)]
 
@@ -381,8 +384,8 @@ def test_a_request_from_a_restarted_process_retires_its_predecessor_whose_late_r
 def test_a_request_reports_before_it_is_granted():
     d = Dispatcher(groups_per_step=2, max_staleness=0)
     _, first = d.request((0, 0), 0, 2, 0, [], [])
-    # Received grant 1, sent slot 0 (lost: it never arrived), gives back slot 1 (rewards failed):
-    # both slots are granted again at once, slot 0 with its prompt, slot 1 with a new one.
+    # Received grant 1, sent prompt 0's group (lost: it never arrived), gives back prompt 1 (rewards
+    # failed): both slots are granted again at once, slot 0 with its prompt, slot 1 with a new one.
     grant, again = d.request((0, 0), 0, 2, 1, [], [1])
     assert grant == 2 and [(t.slot, t.position) for t in again] == [(0, 0), (1, 2)]
     assert d.counts["lost"] == 1 and d.counts["released"] == 1
@@ -392,11 +395,11 @@ def test_a_give_back_repeated_after_its_answer_was_lost_keeps_the_prompt_that_an
     d = Dispatcher(groups_per_step=2, max_staleness=0)
     d.request((0, 0), 0, 2, 0, [], [])  # grant 1: slots 0, 1 with prompts 0, 1
     assert d.arrived((0, 0), 0)
-    # Slot 1's rewards failed: given back, and granted again at once in grant 2 with prompt 2, an
-    # answer that never reaches the generator.
+    # Prompt 1's rewards failed: given back, and its slot granted again at once in grant 2 with
+    # prompt 2, an answer that never reaches the generator.
     assert d.request((0, 0), 0, 1, 1, [], [1]) == (2, [Ticket(1, 2)])
-    # So it repeats the give-back, reporting grant 1 as its newest: slot 1 is now grant 2's, which it
-    # never received, and prompt 2 must be given again (the give-back was prompt 1's, already done).
+    # So it repeats the give-back of prompt 1, reporting grant 1 as its newest: slot 1 is now grant
+    # 2's, which it never received, and prompt 2 must be given again (prompt 1's give-back is done).
     _, again = d.request((0, 0), 0, 1, 1, [], [1])
     assert again == [Ticket(1, 2)]
     assert d.counts["released"] == 1 and d.counts["unreceived"] == 1
@@ -470,3 +473,49 @@ def test_under_fixed_staleness_a_resumed_run_samples_its_first_steps_by_the_chec
 def test_fixed_staleness_needs_the_throttle():
     with pytest.raises(ValueError, match="fixed_staleness=True with throttle=False"):
         Dispatcher(2, 1, throttle=False, fixed_staleness=True)
+
+
+def test_a_step_trains_a_finished_later_group_in_place_of_one_still_generating_that_can_wait():
+    d = Dispatcher(groups_per_step=2, max_staleness=1)
+    d.grant((0, 0), loaded_version=0, wanted=4)  # slots 0..3, positions 0..3; position 0 still generating
+    for slot in (1, 2, 3):
+        assert d.arrived((0, 0), slot)
+    assert not d.ready()
+    # Slot 0's ticket (weights 0) may be trained at step 1 too: it trades with slot 2, filled.
+    assert d.fill_early() == [(2, 0)] and d.ready()
+    assert [(slot, position) for slot, _, position in d.take()] == [(0, 2), (1, 1)]
+    assert d.slot_of((0, 0), 0) == 2  # the running ticket now fills step 1
+    assert d.arrived((0, 0), 2) and d.fill_early() == [] and d.ready()
+    assert [(slot, position) for slot, _, position in d.take()] == [(2, 0), (3, 3)]
+    assert d.counts["early"] == 1
+
+
+def test_a_step_waits_for_a_ticket_whose_bound_ends_at_it_whatever_finished_later():
+    d = Dispatcher(groups_per_step=1, max_staleness=1)
+    d.grant((0, 0), loaded_version=0, wanted=2)  # slots 0, 1: steps 0 and 1, both within version 0's bound
+    assert d.arrived((0, 0), 1)
+    assert d.fill_early() == [(1, 0)]  # step 0 trains position 1; position 0's ticket moves to step 1
+    d.take()
+    _, tickets = d.grant((1, 0), loaded_version=1, wanted=1)
+    assert [t.slot for t in tickets] == [2] and d.arrived((1, 0), 2)
+    # Position 0 (weights 0) can be trained at step 1 at the latest: step 1 waits for it.
+    assert d.fill_early() == [] and not d.ready() and d.missing() == [1]
+
+
+def test_a_given_back_slot_of_the_step_is_filled_by_a_finished_later_group_and_granted_again_later():
+    d = Dispatcher(groups_per_step=1, max_staleness=2)
+    d.grant((0, 0), 0, 3)
+    assert d.arrived((0, 0), 2)
+    assert d.given_back((0, 0), [0]) == 1  # position 0's rewards failed: slot 0 is free
+    assert d.fill_early() == [(2, 0)]  # position 2's group trains at step 0; slot 2 is free instead
+    assert [(slot, position) for slot, _, position in d.take()] == [(0, 2)]
+    _, tickets = d.grant((1, 0), 1, 5)
+    assert [(t.slot, t.position) for t in tickets] == [(2, 3), (3, 4)]
+
+
+def test_nothing_moves_under_fixed_staleness_or_without_the_throttle():
+    for d in (Dispatcher(groups_per_step=1, max_staleness=1, fixed_staleness=True),
+              Dispatcher(groups_per_step=1, max_staleness=1, throttle=False)):
+        d.grant((0, 0), 0, 2)
+        assert d.arrived((0, 0), 1)
+        assert d.fill_early() == [] and not d.ready()

@@ -1,4 +1,4 @@
-"""The generator, in-process: its pure parts (segments, groups) and its run loop on fakes (a scripted
+"""The generator, in-process: its pure parts (groups) and its run loop on fakes (a scripted
 engine, a list as the sink that delivers to the real queue and dispatcher, a weight receiver whose
 learner pushes whenever the generator waits). No vLLM, no sockets, no Ray."""
 
@@ -19,12 +19,11 @@ from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.contract import THROTTLING_STALE_POLICIES, call_sizes
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
-from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.rollout.engine import Completion, FinishedGroup
 from asyncgrpo.rollout.generator import Generator
 from asyncgrpo.rollout.groups import decode_completions, scored_group
 from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.scoring import score_timeout_s
-from asyncgrpo.rollout.segments import InFlight, tag_versions
 from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
@@ -41,38 +40,6 @@ def completion(tokens: list[int], finished: bool = True, logprob: float = -0.5,
                versions: list[int] | None = None) -> Completion:
     return Completion(np.asarray(tokens, np.int32), np.full(len(tokens), logprob, np.float32), finished,
                       None if versions is None else np.asarray(versions, np.int32))
-
-
-# ------------------------------------------------------------------------------------ segments
-
-
-def test_inflight_resumes_each_unfinished_sequence_from_its_own_tokens():
-    first = [[completion([5, 6], finished=True), completion([7, 8], finished=False)]]
-    inflight = InFlight([[1, 2]], first, version=0, max_new_tokens=5)
-    call = inflight.next_call(segment_tokens=2)
-    assert call is not None and call.prompts == [[1, 2, 7, 8]] and call.max_tokens == [2]
-    inflight.extend([[completion([9, 10], finished=False)]], version=1)
-    call = inflight.next_call(segment_tokens=2)
-    assert call is not None and call.prompts == [[1, 2, 7, 8, 9, 10]] and call.max_tokens == [1]  # 5 - 4 left
-    inflight.extend([[completion([11], finished=False)]], version=3)
-    assert inflight.next_call(segment_tokens=2) is None  # max_new_tokens reached
-    done, cut = inflight.completions()[0]
-    assert done.token_ids.tolist() == [5, 6] and done.versions.tolist() == [0, 0] and done.finished
-    assert cut.token_ids.tolist() == [7, 8, 9, 10, 11] and cut.versions.tolist() == [0, 0, 1, 1, 3]
-    assert not cut.finished and cut.logprobs.dtype == np.float32 and cut.logprobs.size == 5
-
-
-def test_inflight_rejects_outputs_that_do_not_match_the_call():
-    inflight = InFlight([[1]], [[completion([5], finished=False)]], version=0, max_new_tokens=4)
-    assert inflight.next_call(segment_tokens=1) is not None
-    with pytest.raises(ValueError, match="2 outputs for 1"):
-        inflight.extend([[completion([6])], [completion([7])]], version=1)
-
-
-def test_one_call_tags_every_token_with_one_version():
-    groups = tag_versions([[completion([1, 2, 3]), completion([])]], version=4)
-    assert [c.versions.tolist() for c in groups[0]] == [[4, 4, 4], []]
-    assert groups[0][0].versions.dtype == np.int32
 
 
 # -------------------------------------------------------------------------------------- groups
@@ -138,16 +105,49 @@ class ListSink(list):
 
 
 class AddingEngine:
-    """Answers `a+b=`: sample i of a prompt says a + b + i, then EOS (so sample 0 alone is right)."""
+    """Answers `a+b=`: sample i of a prompt says a + b + i, then EOS (so sample 0 alone is right).
+
+    Driven a step at a time, it finishes at the next step every request submitted since the last, as
+    one `generate` call (recorded in `calls`), every token labelled with the version loaded then."""
 
     weight_load_path = "scripted"
 
-    def __init__(self, before_call: Callable[[], None] | None = None) -> None:
+    def __init__(self, before_call: Callable[[], None] | None = None, max_prompt_tokens: int = 64) -> None:
         self.calls: list[dict[str, Any]] = []
         self.loads = 0
         self.before_call = before_call
+        self.max_prompt_tokens = max_prompt_tokens
+        self.version = 0  # the label_version of the weights loaded
+        self.submitted: list[tuple[str, list[int], int, int, float]] = []
 
-    def generate(self, prompts, *, n, max_tokens, temperature, seed=None, max_tokens_per_prompt=None):
+    @property
+    def running_sequences(self) -> int:
+        return sum(n for _, _, n, _, _ in self.submitted)
+
+    def submit(self, request_id, prompt, *, n, max_tokens, temperature) -> None:
+        if len(prompt) > self.max_prompt_tokens:
+            raise ValueError(f"prompt of {len(prompt)} tokens, longer than the context")
+        self.submitted.append((request_id, list(prompt), n, max_tokens, temperature))
+
+    def step(self) -> list[FinishedGroup]:
+        batch, self.submitted = self.submitted, []
+        if not batch:
+            return []
+        _, _, n, max_tokens, temperature = batch[0]
+        groups = self.generate([prompt for _, prompt, *_ in batch], n=n, max_tokens=max_tokens, temperature=temperature)
+        for group in groups:
+            for c in group:
+                c.versions = np.full(c.token_ids.size, self.version, np.int32)
+        return [FinishedGroup(request_id, group) for (request_id, *_), group in zip(batch, groups)]
+
+    def abort(self) -> list[str]:
+        aborted, self.submitted = [request_id for request_id, *_ in self.submitted], []
+        return aborted
+
+    def label_version(self, version: int) -> None:
+        self.version = version
+
+    def generate(self, prompts, *, n, max_tokens, temperature, seed=None):
         if self.before_call is not None:
             self.before_call()
         self.calls.append({"prompts": [list(p) for p in prompts], "n": n, "max_tokens": max_tokens,

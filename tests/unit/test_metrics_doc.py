@@ -29,7 +29,7 @@ from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.errors import RewardErrorWindow
-from asyncgrpo.rollout.generator import GeneratorStats
+from asyncgrpo.rollout.stats import GeneratorStats
 from asyncgrpo.wire import ScoredGroup
 
 # The one template wide enough to cover any reward/ key: only the reward terms' own keys may use it.
@@ -192,7 +192,7 @@ def test_a_generators_report_and_the_probe_are_documented(doc):
                   "send"):
         with stats.timer(phase):
             pass
-    report = {**stats.as_dict(), "restarts": 0}
+    report = {**stats.as_dict(max_running_seqs=256), "restarts": 0}
     assert undocumented(report.keys(), section_keys(doc, SUMMARY_SECTION, "generators[]")) == []
     probe = probe_report([np.zeros(2)], [np.zeros(2)], [np.ones(2)], generator_version=1, learner_version=1)
     assert undocumented(probe.keys(), section_keys(doc, SUMMARY_SECTION, "probe")) == []

@@ -45,7 +45,7 @@ class Gen:
     def ask(self, version: int, wanted: int) -> list[tuple[int, int]]:
         self.request += 1
         self.queue.put(TicketRequest(self.id, self.incarnation, self.request, version, wanted, self.newest_grant,
-                                     sorted(self.unsent)))
+                                     sorted(self.unsent.values())))
         answer = self.grants.sent[holder_identity(self.id, self.incarnation)][-1]
         assert answer.request == self.request
         if answer.slots:

@@ -1,5 +1,5 @@
-"""The staleness contract's moving parts, in-process: in-flight updates tag every token with the
-version that sampled it, the learner waits for generators that lag, generator idle time is
+"""The staleness contract's moving parts, in-process: in-flight loads between engine steps tag every
+token with the version that sampled it, the learner waits for generators that lag, generator idle time is
 attributed to steps. The engine and weight receiver are stand-ins (pure logic); the queue is real."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from asyncgrpo.config import load
 from asyncgrpo.learner.intake import wait_for_generators
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
-from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.contract import Ticket
+from asyncgrpo.rollout.engine import Completion, FinishedGroup
 from asyncgrpo.rollout.generator import Generator
 from test_generator import make_generator
 from asyncgrpo.weights.base import SaveWatch
@@ -26,48 +27,64 @@ EOS = 2
 
 
 class ScriptedEngine:
-    """Sample s of prompt p samples token 100 + 10 s + i at position i, and EOS at its stop length.
+    """Sample s of a prompt samples token 100 + 10 s + i at position i, and EOS at its stop length
+    (`stop_at`, from the prompt's first token). Each engine step decodes one token of every running
+    sample, labelled with the version loaded then, its log-prob -(weight loads so far + 1), as if
+    the weights changed the distribution; a group finishes when all its samples have."""
 
-    A continuation prompt is [prompt id, 0, tokens so far...]; its first token names the sample.
-    Every call and load is recorded."""
+    weight_load_path = "scripted"
 
     def __init__(self, stop_lengths: list[int]) -> None:
         self.stop_lengths = stop_lengths
-        self.calls: list[list[list[int]]] = []
         self.loaded: list[int] = []
+        self.version = 0
+        self.requests: dict[str, dict] = {}
 
     def stop_at(self, prompt_id: int, sample: int) -> int:
         return self.stop_lengths[(prompt_id * 7 + sample) % len(self.stop_lengths)]
 
-    def generate(self, prompts, *, n, max_tokens, temperature, max_tokens_per_prompt=None, seed=None):
-        self.calls.append([list(p) for p in prompts])
-        limits = max_tokens_per_prompt or [max_tokens] * len(prompts)
-        outputs = []
-        for prompt, limit in zip(prompts, limits):
-            so_far = list(prompt[2:])
-            group = []
-            for index in range(n):
-                sample = (so_far[0] - 100) // 10 if so_far else index
-                stop_at = self.stop_at(prompt[0], sample)
-                tokens, finished = [], False
-                while len(tokens) < limit:
-                    position = len(so_far) + len(tokens)
-                    if position + 1 == stop_at:
-                        tokens.append(EOS)
-                        finished = True
-                        break
-                    tokens.append(100 + 10 * sample + position)
-                group.append(Completion(np.asarray(tokens, dtype=np.int32),
-                                        -np.ones(len(tokens), dtype=np.float32) * (len(self.loaded) + 1), finished))
-            outputs.append(group)
-        return outputs
+    @property
+    def running_sequences(self) -> int:
+        return sum(len(r["samples"]) for r in self.requests.values())
+
+    def submit(self, request_id, prompt, *, n, max_tokens, temperature) -> None:
+        self.requests[request_id] = {"prompt_id": prompt[0], "max_tokens": max_tokens,
+                                     "samples": [{"tokens": [], "logprobs": [], "versions": [], "done": False,
+                                                  "finished": False} for _ in range(n)]}
+
+    def step(self) -> list[FinishedGroup]:
+        finished = []
+        for request_id, request in list(self.requests.items()):
+            for index, sample in enumerate(request["samples"]):
+                if sample["done"]:
+                    continue
+                position = len(sample["tokens"])
+                stops = position + 1 == self.stop_at(request["prompt_id"], index)
+                sample["tokens"].append(EOS if stops else 100 + 10 * index + position)
+                sample["logprobs"].append(-(len(self.loaded) + 1.0))
+                sample["versions"].append(self.version)
+                sample["finished"] = stops
+                sample["done"] = stops or len(sample["tokens"]) == request["max_tokens"]
+            if all(sample["done"] for sample in request["samples"]):
+                del self.requests[request_id]
+                finished.append(FinishedGroup(request_id, [
+                    Completion(np.asarray(x["tokens"], np.int32), np.asarray(x["logprobs"], np.float32), x["finished"],
+                               np.asarray(x["versions"], np.int32)) for x in request["samples"]]))
+        return finished
+
+    def abort(self) -> list[str]:
+        aborted, self.requests = list(self.requests), {}
+        return aborted
+
+    def label_version(self, version: int) -> None:
+        self.version = version
 
     def load_weights(self, named_tensors) -> None:
         self.loaded.append(len(self.loaded))
 
 
-class PushEverySegment:
-    """A weight receiver on which a new version is ready before every segment after the first."""
+class PushBeforeEveryStep:
+    """A weight receiver on which a new version is ready whenever the generator looks."""
 
     def __init__(self) -> None:
         self.newest_version = 0
@@ -75,13 +92,13 @@ class PushEverySegment:
         self.saves = SaveWatch()
 
     def poll(self, timeout_s: float = 0.0) -> bool:
+        self.newest_version += 1
         return True
 
     def rejections(self) -> tuple[int, str]:
         return 0, ""
 
     def apply_newest(self, target) -> int:
-        self.newest_version += 1
         target.load_weights([])
         return self.newest_version
 
@@ -101,68 +118,83 @@ class ListSink(list):
 
 
 def generator_for(engine, **rollout) -> Generator:
-    """A generator on the scripted engine (no vLLM, no sockets); these tests use only its sampling."""
+    """A generator on the scripted engine (no vLLM, no sockets); these tests drive its admission
+    and engine steps directly."""
     cfg = copy.deepcopy(BASE_CONFIG)
     for key, value in rollout.items():
         setattr(cfg.rollout, key, value)
     generator = make_generator(cfg, engine=engine, quota=cfg.train.groups_per_step, sink=ListSink())
-    generator.weights = PushEverySegment()
+    generator.weights = PushBeforeEveryStep()
     return generator
 
 
+def generate(generator: Generator, groups: int) -> list[tuple]:
+    """Admit `groups` prompts, then run engine steps (loading weights between them, as the loop
+    does) until all have finished; the finished (admitted, completions), in finishing order."""
+    for position in range(groups):
+        generator._submit(Ticket(position, position))
+    finished = []
+    while generator.running:
+        generator._load_between_steps()
+        finished += generator._step_paced()
+    return finished
+
+
 @settings(max_examples=40, deadline=None)
-@given(stop_lengths=st.lists(st.integers(1, 7), min_size=1, max_size=5), chunk=st.integers(1, 6),
-       max_new=st.integers(1, 7))
-def test_inflight_updates_keep_every_token_and_tag_its_version(stop_lengths, chunk, max_new):
+@given(stop_lengths=st.lists(st.integers(1, 9), min_size=1, max_size=5), max_new=st.integers(1, 9))
+def test_inflight_updates_keep_every_token_and_tag_the_version_that_sampled_it(stop_lengths, max_new):
     samples = 3
     engine = ScriptedEngine(stop_lengths)
-    generator = generator_for(engine, inflight_updates=True, inflight_chunk_tokens=chunk, max_new_tokens=max_new,
-                              samples_per_prompt=samples)
-    prompts = [[1, 0], [2, 0]]
-    groups = generator._generate(prompts)
-    for prompt, group in zip(prompts, groups):
+    generator = generator_for(engine, inflight_updates=True, max_new_tokens=max_new, samples_per_prompt=samples)
+    for admitted, group in generate(generator, groups=2):
         assert len(group) == samples
         for sample, completion in enumerate(group):
-            stop_at = engine.stop_at(prompt[0], sample)
+            stop_at = engine.stop_at(admitted.prompt[0], sample)
             length = min(stop_at, max_new)
-            # The same tokens as one uninterrupted call: nothing lost, nothing repeated.
+            # The same tokens as one uninterrupted generation: nothing lost, nothing repeated.
             expected = [100 + 10 * sample + i for i in range(length)]
             if stop_at <= max_new:
                 expected[-1] = EOS
             assert completion.token_ids.tolist() == expected
             assert completion.finished == (stop_at <= max_new)
-            # Token i was sampled in segment i // chunk, after that many weight loads.
+            # A push before every step: token i was sampled after i + 1 loads, by version i + 1.
             versions = completion.versions.tolist()
-            assert versions == [i // chunk for i in range(length)]
-            assert versions == sorted(versions)
-            # Each token's log-prob comes from the call (and so the weights) that sampled it.
+            assert versions == [i + 1 for i in range(length)]
+            # Each token's log-prob comes from the weights that sampled it.
             assert (-completion.logprobs).tolist() == [v + 1 for v in versions]
-    assert generator.version == len(engine.loaded)
+            assert admitted.version == 0 <= min(versions)  # the admission version bounds the oldest token
+    assert generator.version == len(engine.loaded) == generator.stats.weight_loads
+    # Every load but the first came while sequences ran, each group admitted before the first step.
+    assert generator.stats.inflight_switches == len(engine.loaded)
 
 
-@pytest.mark.parametrize("max_new", [256, 1024])
-def test_inflight_updates_across_long_completions_keep_every_token_in_version_order(max_new):
+def test_inflight_updates_across_long_completions_need_no_prefill_again():
     # Completions of the lengths real runs use: one stops early, one at the budget, one runs past it.
+    max_new = 256
     engine = ScriptedEngine([120, max_new + 1, 2 * max_new])
-    chunk = 32
-    generator = generator_for(engine, inflight_updates=True, inflight_chunk_tokens=chunk, max_new_tokens=max_new,
-                              samples_per_prompt=3)
-    (group,) = generator._generate([[1, 0]])
+    generator = generator_for(engine, inflight_updates=True, max_new_tokens=max_new, samples_per_prompt=3)
+    [(admitted, group)] = generate(generator, groups=1)
     for sample, completion in enumerate(group):
-        length = min(engine.stop_at(1, sample), max_new)
+        length = min(engine.stop_at(admitted.prompt[0], sample), max_new)
         assert len(completion.token_ids) == length
-        assert completion.token_ids[:-1].tolist() == [100 + 10 * sample + i for i in range(length - 1)]
-        assert completion.versions.tolist() == [i // chunk for i in range(length)]
-    # A push per segment: ceil(max_new / chunk) - 1 weight switches inside one generation.
-    assert generator.stats.inflight_switches == -(-max_new // chunk) - 1
+        assert completion.versions.tolist() == list(range(1, length + 1))
+    # One request for the group's whole life: a step per token, no segment submitted again.
+    assert generator.stats.engine_steps == max_new and generator.stats.inflight_switches == max_new
 
 
-def test_without_inflight_updates_one_call_and_one_version():
+def test_without_inflight_updates_a_push_waits_for_the_running_sequences_and_admission_stops():
     engine = ScriptedEngine([4])
     generator = generator_for(engine, max_new_tokens=5, samples_per_prompt=2)
-    groups = generator._generate([[1, 0]])
-    assert len(engine.calls) == 1 and engine.loaded == []
-    assert all(c.versions.tolist() == [0] * c.token_ids.size for c in groups[0])
+    [(_, group)] = generate(generator, groups=1)
+    assert engine.loaded == [] and generator.stats.inflight_switches == 0
+    assert all(c.versions.tolist() == [0] * c.token_ids.size for c in group)
+    generator._submit(Ticket(1, 1))
+    assert generator._admission_paused() and generator.stats.drains == 1  # the push is waiting
+    while generator.running:
+        generator._load_between_steps()
+        generator._step_paced()
+    generator._load_between_steps()  # the engine is empty: now it loads
+    assert len(engine.loaded) == 1 and not generator._admission_paused()
 
 
 # ------------------------------------------------------------------------- learner waits for acks

@@ -44,25 +44,25 @@ def test_only_the_answer_to_the_newest_request_counts_and_a_late_one_is_reported
     # Request 2's turn: request 1's late answer arrives first and is ignored.
     wire.answers[2] = [Grant(1, 1, [0, 1], [0, 1]), Grant(2, 2, [2], [5])]
     assert client.ask(0, 4) == [Ticket(2, 5)]
-    assert client.reply_timeout_s == REPLY_TIMEOUTS_S[0] and client.unsent == {2}
+    assert client.reply_timeout_s == REPLY_TIMEOUTS_S[0] and client.unsent == {5}  # named by its prompt
     wire.answers[3] = [Grant(3, 2)]
     client.ask(1, 4)
     request = wire.requests[-1]
     assert (request.generator_id, request.incarnation, request.version, request.newest_grant, request.unsent) == \
-        (1, 2, 1, 2, [2])
+        (1, 2, 1, 2, [5])
 
 
-def test_a_given_back_slot_is_repeated_until_a_request_carrying_it_is_answered():
+def test_a_given_back_ticket_is_repeated_until_a_request_carrying_it_is_answered():
     wire = Wire()
     client = TicketClient(wire, wire, generator_id=0, incarnation=0)
-    wire.answers[1] = [Grant(1, 1, [0, 1], [0, 1])]
-    client.ask(0, 2)
-    client.sent(0)
-    client.gave_back(1)
-    assert client.ask(0, 2) == [] and wire.requests[-1].given_back == [1]  # request 2: unanswered
+    wire.answers[1] = [Grant(1, 1, [0, 1], [7, 8])]
+    sent, failed = client.ask(0, 2)
+    client.sent(sent)
+    client.gave_back(failed)
+    assert client.ask(0, 2) == [] and wire.requests[-1].given_back == [8]  # request 2: unanswered
     wire.answers[3] = [Grant(3, 1)]
     client.ask(0, 2)
-    assert wire.requests[-1].given_back == [1] and wire.requests[-1].unsent == []
+    assert wire.requests[-1].given_back == [8] and wire.requests[-1].unsent == []
     client.ask(0, 2)
     assert wire.requests[-1].given_back == []
 
@@ -98,7 +98,7 @@ class LossyQueueWire:
         group.versions[:] = 0
         self.seq += 1
         self.try_send(group, timeout_s=1)
-        client.sent(ticket.slot)
+        client.sent(ticket)
 
 
 def test_a_give_back_whose_answer_was_lost_leaves_no_prompt_untrained():
@@ -107,7 +107,7 @@ def test_a_give_back_whose_answer_was_lost_leaves_no_prompt_untrained():
     first = client.ask(0, 2)
     assert first == [Ticket(0, 0), Ticket(1, 1)]
     wire.send_group(client, first[0])
-    client.gave_back(1)  # prompt 1's rewards failed: dropped for what it is, its slot to be filled again
+    client.gave_back(first[1])  # prompt 1's rewards failed: dropped for what it is, its slot to be filled again
     # Request 2 gives slot 1 back; its answer, slot 1 again with prompt 2, is lost.
     assert client.ask(0, 1) == []
     # Request 3 repeats the give-back: prompt 2 must come again, not be skipped for a new one.

@@ -1,0 +1,74 @@
+"""A generator's counters and phase times (`GeneratorStats`), reported in its summary
+(gen/*, gen_time/*) and, the idle time, on its heartbeats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncgrpo.runtime.timing import PhaseTimer
+
+
+@dataclass
+class GeneratorStats:
+    groups_sent: int = 0
+    tokens_generated: int = 0
+    weight_loads: int = 0
+    throttled_waits: int = 0
+    # Pushes loaded while sequences were running (rollout.inflight_updates): they go on with the new weights.
+    inflight_switches: int = 0
+    # Times admission stopped so that the running sequences could finish first: for a push
+    # without in-flight loads, for a periodic evaluation, or (the call-batched baseline) every call.
+    drains: int = 0
+    # Prompts the engine refused (longer than its context): their tickets were given back.
+    prompts_rejected: int = 0
+    send_blocked_s: float = 0.0
+    # Engine steps, and the sequences running summed over them (mean / rollout.max_running_seqs is
+    # the engine's occupancy while generating).
+    engine_steps: int = 0
+    running_sequences_sum: int = 0
+    # Assembling and loading pushes into the engine, wherever it happens (between engine steps,
+    # while granted nothing): the generator's side of a weight transfer.
+    weight_load_s: float = 0.0
+    # The part of weight_load_s spent inside a wait (granted nothing, blocked on a full queue,
+    # rejoining), whose timer (gen_time/throttle_s, ...) therefore includes it: work done while
+    # otherwise waiting (tools/bench_async.py counts it as busy time).
+    weight_load_in_wait_s: float = 0.0
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds spent asking for and waiting for tickets, on rewards or on a full queue."""
+        seconds = self.timer.seconds
+        return seconds["throttle"] + seconds["ask"] + seconds["score_wait"] + self.send_blocked_s
+
+    def count_weight_load(self, seconds: float, in_wait: bool) -> None:
+        """A push loaded into the engine in `seconds`; `in_wait`: inside a wait whose timer includes them."""
+        self.weight_loads += 1
+        self.weight_load_s += seconds
+        if in_wait:
+            self.weight_load_in_wait_s += seconds
+
+    def count_step(self, running_sequences: int) -> None:
+        """An engine step over `running_sequences` sequences (counted before the step)."""
+        self.engine_steps += 1
+        self.running_sequences_sum += running_sequences
+
+    def as_dict(self, max_running_seqs: int) -> dict[str, float]:
+        """The summary's gen/* and gen_time/* entries; `max_running_seqs` is rollout.max_running_seqs."""
+        mean_running = self.running_sequences_sum / self.engine_steps if self.engine_steps else 0.0
+        return {
+            "gen/groups_sent": self.groups_sent,
+            "gen/tokens_generated": self.tokens_generated,
+            "gen/weight_loads": self.weight_loads,
+            "gen/throttled_waits": self.throttled_waits,
+            "gen/inflight_switches": self.inflight_switches,
+            "gen/drains": self.drains,
+            "gen/prompts_rejected": self.prompts_rejected,
+            "gen/send_blocked_s": self.send_blocked_s,
+            "gen/engine_steps": self.engine_steps,
+            "gen/mean_running_sequences": mean_running,
+            "gen/engine_occupancy": mean_running / max_running_seqs,
+            "gen/weight_load_s": self.weight_load_s,
+            "gen/weight_load_in_wait_s": self.weight_load_in_wait_s,
+            **self.timer.metrics("gen_time/"),
+        }
