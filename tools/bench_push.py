@@ -69,7 +69,8 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     from asyncgrpo.weights import make_receiver
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
-    engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3)
+    engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
+                        max_running_seqs=256, prefix_caching=True)
     receiver = make_receiver(load(overrides), Subscriber(weights_endpoint), model_dir, torch.device("cpu"))
     receiver.join({**join_address, "rank": 1})
     acks = Sender(acks_endpoint)

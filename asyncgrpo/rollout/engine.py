@@ -43,8 +43,8 @@ class FinishedGroup:
 def token_versions(spans: Sequence[Any] | None, num_tokens: int) -> np.ndarray | None:
     """Per-token policy versions [num_tokens] int32 from vLLM's weight-version spans (`start`, `end`,
     `version` as the label `label_version` set); None when vLLM reported none."""
-    if not spans:
-        return None
+    if not spans or not all(str(span.version).isdigit() for span in spans):
+        return None  # unlabelled (vLLM's "default" before the first label): the caller knows the version
     versions = np.empty(num_tokens, dtype=np.int32)
     for span in spans:
         versions[span.start:span.end] = int(span.version)
@@ -135,6 +135,12 @@ def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
 
 
+def _drop_raw_prompt_warning(record: logging.LogRecord) -> bool:
+    # Token-id prompts go to LLMEngine.add_request as vLLM's own LLM.generate passes them; the
+    # renderer it recommends instead would re-tokenize nothing here.
+    return not record.getMessage().startswith("Passing raw prompts to InputProcessor")
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -159,6 +165,7 @@ class VLLMEngine:
         from vllm import LLM
 
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload_warning)
+        logging.getLogger("vllm.v1.engine.input_processor").addFilter(_drop_raw_prompt_warning)
         wants_in_place = in_place_cpu_weights and _keep_cpu_weights_unpacked()
 
         self.llm = LLM(
@@ -225,9 +232,14 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        from vllm.exceptions import VLLMValidationError
+
         params = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
-        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params)
+        try:
+            self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params)
+        except VLLMValidationError as err:  # not a ValueError in vLLM 0.32
+            raise ValueError(str(err)) from None
         self._submitted[request_id] = n
 
     def step(self) -> list[FinishedGroup]:

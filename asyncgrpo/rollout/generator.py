@@ -80,6 +80,7 @@ class Generator:
         self.pace_s = faults.pace_s(spec.generator_id)
         self.groups_per_call = spec.groups_per_call
         self.version = spec.initial_version
+        self.engine.label_version(self.version)
         self.next_seq = 0
         self._rejoin_version = spec.initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
@@ -117,7 +118,6 @@ class Generator:
     def run(self) -> dict[str, Any]:
         """Generate until the learner says stop; returns this generator's counters and timings."""
         run_start = time.perf_counter()
-        self.engine.label_version(self.version)
         # The weights loaded from disk; acknowledging them tells the learner this generator is up.
         self.sink.try_send(VersionAck(self.generator_id, self.version, self.incarnation), timeout_s=1.0)
         try:

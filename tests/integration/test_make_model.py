@@ -55,7 +55,7 @@ def engine(model_dir):
     from asyncgrpo.rollout.engine import VLLMEngine
 
     engine = VLLMEngine(str(model_dir), seed=0, max_model_len=256, dtype="float32", kv_cache_gib=0.25,
-                        gpu_memory_utilization=0.3)
+                        gpu_memory_utilization=0.3, max_running_seqs=256, prefix_caching=True)
     yield engine
     del engine
     gc.collect()

@@ -117,7 +117,8 @@ def test_engine_loads_new_weights_in_place_and_matches_the_reload_path(model_dir
     pytest.importorskip("vllm")
     from asyncgrpo.rollout.engine import VLLMEngine
 
-    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3)
+    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
+                        max_running_seqs=256, prefix_caching=True)
     assert engine.weight_load_path == "in_place"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     token_ids = [*tokenizer("37+48=85").input_ids, tokenizer.eos_token_id]
@@ -139,3 +140,41 @@ def test_engine_loads_new_weights_in_place_and_matches_the_reload_path(model_dir
                                atol=1e-6, rtol=0)
     del engine
     gc.collect()
+
+
+def test_the_step_loop_returns_each_group_once_with_the_version_of_every_token(model_dir: Path, reference) -> None:
+    """vLLM driven a step at a time, as the generator's loop drives it: a group comes back once, when
+    its n samples have finished; a load between two steps changes the version the later tokens
+    report (the earlier keep theirs), with the running sequences continuing on their cache; a
+    prompt longer than the context is refused at submission; abort empties the engine."""
+    pytest.importorskip("vllm")
+    from asyncgrpo.rollout.engine import VLLMEngine
+
+    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25,
+                        gpu_memory_utilization=0.3, max_running_seqs=64, prefix_caching=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    engine.label_version(3)
+    prompts = {f"g{i}": tokenizer(p).input_ids for i, p in enumerate(PROMPTS * 3)}
+    for request_id, prompt in prompts.items():
+        engine.submit(request_id, prompt, n=2, max_tokens=12, temperature=1.0)
+    assert engine.running_sequences == 12
+    with pytest.raises(RuntimeError, match="submitted requests run"):
+        engine.generate([prompts["g0"]], n=1, max_tokens=2, temperature=1.0)
+    finished = engine.step()  # the prefill step samples every sequence's first token with version 3
+    engine.load_weights(reference.state_dict().items())  # the same weights: only the label moves
+    engine.label_version(4)
+    while engine.running_sequences:
+        finished += engine.step()
+    assert sorted(group.request_id for group in finished) == sorted(prompts)
+    for group in finished:
+        assert len(group.completions) == 2
+        for completion in group.completions:
+            assert 1 <= completion.token_ids.size <= 12
+            assert completion.versions.tolist() == [3] + [4] * (completion.token_ids.size - 1)
+    with pytest.raises(ValueError):
+        engine.submit("long", list(range(3, 40)), n=2, max_tokens=4, temperature=1.0)
+    engine.submit("cut", prompts["g0"], n=2, max_tokens=8, temperature=1.0)
+    engine.step()
+    assert engine.abort() in (["cut"], []) and engine.running_sequences == 0
+    assert len(engine.generate([prompts["g0"]], n=1, max_tokens=2, temperature=1.0)) == 1
+    del engine
