@@ -36,6 +36,7 @@ from asyncgrpo.algo.losses import (
 from asyncgrpo.algo.overlong import (
     OVERLONG_MODES,
     OverlongSettings,
+    advantage_rewards,
     apply_overlong,
     carries_signal,
     overlong_penalty,
@@ -67,6 +68,7 @@ __all__ = [
     "KLSettings",
     "LossSettings",
     "OverlongSettings",
+    "advantage_rewards",
     "aggregate",
     "apply_overlong",
     "bypass_policy_loss",

@@ -72,15 +72,23 @@ def apply_overlong(rewards: torch.Tensor, mask: torch.Tensor, lengths: torch.Ten
                          f"truncated {truncated.shape[0]}, mask {mask.shape[0]}")
     count = max(1, rewards.shape[0])
     masked = torch.zeros_like(rewards, dtype=torch.bool)
-    added = torch.zeros_like(rewards, dtype=torch.float32)
     if settings.mode == "mask":
         masked = truncated.bool()
         mask = mask * (~masked).unsqueeze(1).to(mask.dtype)
-    elif settings.mode == "penalty":
-        added = overlong_penalty(lengths, settings.max_new_tokens, settings.buffer_tokens, settings.penalty)
-        rewards = rewards + added.to(rewards.dtype)
+    shaped = advantage_rewards(rewards, lengths, settings)
+    added = (shaped - rewards).float()
+    rewards = shaped
     metrics = {"overlong/masked_frac": float(masked.sum()) / count, "overlong/penalty_mean": float(added.sum()) / count}
     return rewards, mask, metrics
+
+
+def advantage_rewards(rewards: torch.Tensor, lengths: torch.Tensor, settings: OverlongSettings) -> torch.Tensor:
+    """The rewards [B] the advantages see: under ``penalty`` plus ``overlong_penalty`` of the lengths
+    [B]; otherwise ``rewards`` itself. The one place both the update and algo.filter_groups read."""
+    if settings.mode != "penalty":
+        return rewards
+    added = overlong_penalty(lengths, settings.max_new_tokens, settings.buffer_tokens, settings.penalty)
+    return rewards + added.to(rewards.dtype)
 
 
 def carries_signal(rewards: torch.Tensor) -> bool:

@@ -10,6 +10,7 @@
     time/gen_idle_s, reward/errors, reward/calls, reward/groups_dropped   the generators' reports (registry)
     reward/error_rate             failed / all reward calls over reward.error_window_steps (registry)
     queue/*, wire/*               the group source's counters
+    reward/all_equal_frac_arrived arrived_all_equal_fraction(): all-equal groups before algo.filter_groups
 """
 
 from __future__ import annotations
@@ -122,6 +123,17 @@ def all_equal_fraction(rewards: torch.Tensor, group_index: torch.Tensor) -> floa
     low = torch.full((groups,), math.inf, dtype=torch.float64).scatter_reduce(0, group_index, rewards, "amin")
     present = torch.zeros(groups, dtype=torch.bool).index_fill(0, group_index, True)
     return float(((high == low) & present).sum()) / max(1, int(present.sum()))
+
+
+def arrived_all_equal_fraction(metrics: dict[str, float], filtered_before: int, groups: int) -> tuple[int, float]:
+    """(queue/filtered now, reward/all_equal_frac_arrived): the share of all-equal groups among those
+    that arrived for this step before algo.filter_groups dropped any: the groups it dropped since the
+    last step (`filtered_before`: queue/filtered then) plus the step's own all-equal ones (its
+    `reward/all_equal_frac` of `groups`), over both. Without the filter it is reward/all_equal_frac."""
+    filtered = int(metrics.get("queue/filtered", 0))
+    dropped = max(0, filtered - filtered_before)
+    kept_equal = metrics["reward/all_equal_frac"] * groups
+    return filtered, (dropped + kept_equal) / max(1, dropped + groups)
 
 
 def version_span(token_versions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
