@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import typing
 from collections.abc import Callable
@@ -445,6 +446,7 @@ def _algo_rules(cfg: Config) -> None:
         KL_KINDS,
         LOSS_TYPES,
         MODES,
+        OVERLONG_MODES,
     )
 
     require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", _one_of(ADVANTAGE_MODES), cfg.algo.advantage)
@@ -459,6 +461,12 @@ def _algo_rules(cfg: Config) -> None:
             f"must be null or one of {', '.join(IS_LEVELS)}", cfg.algo.correction.is_level)
     require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", _one_of(KL_KINDS), cfg.algo.kl.kind)
     require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
+    require(cfg.algo.overlong in OVERLONG_MODES, "algo.overlong", _one_of(OVERLONG_MODES), cfg.algo.overlong)
+    require(0 <= cfg.algo.overlong_buffer_tokens <= cfg.rollout.max_new_tokens, "algo.overlong_buffer_tokens",
+            f"must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0 = a fifth of it)",
+            cfg.algo.overlong_buffer_tokens)
+    require(math.isfinite(cfg.algo.overlong_penalty) and cfg.algo.overlong_penalty >= 0, "algo.overlong_penalty",
+            "must be a finite number >= 0", cfg.algo.overlong_penalty)
 
 
 def _fixed_staleness_rules(cfg: Config) -> None:

@@ -242,6 +242,22 @@ class AlgoConfig:
     norm_constant: float | None = None
     kl: KLConfig = field(default_factory=KLConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    # Completions cut at rollout.max_new_tokens without stopping (truncated; docs/ALGORITHMS.md):
+    # keep = trained like any other; mask = their tokens carry no loss (their rewards still count in
+    # their groups' baselines); penalty = DAPO's soft overlong punishment added to every completion's
+    # reward before the advantages, by length (also to completions that stopped inside the window).
+    overlong: str = "keep"  # keep | mask | penalty
+    # algo.overlong=penalty: the window before rollout.max_new_tokens, in tokens, over which the
+    # penalty falls linearly from 0 to -algo.overlong_penalty; 0 = a fifth of rollout.max_new_tokens
+    # (at least 1; DAPO's 4,096 of 20,480).
+    overlong_buffer_tokens: int = 0
+    # algo.overlong=penalty: the reward subtracted from a completion of rollout.max_new_tokens tokens.
+    overlong_penalty: float = 1.0
+    # DAPO's dynamic sampling: learner rank 0's queue drops a group whose rewards (after the overlong
+    # penalty) are all equal on arrival, since it has advantage 0, and grants its slot again with a
+    # new prompt, so every step is full of groups with signal; counted (queue/filtered). A task where
+    # no group has signal then fails after wire.timeout_s, naming the filter.
+    filter_groups: bool = False
 
 
 @dataclass

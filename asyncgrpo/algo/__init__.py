@@ -17,6 +17,9 @@ formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.m
 * ``policy_loss`` also has GSPO (sequence-level ratio) and CISPO (clipped, detached IS weight).
 * ``token_entropy``: the policy's entropy per token, from its logits (a diagnostic).
 * ``bypass_policy_loss``: the policy loss with the rollout log-probs as the old policy.
+* ``apply_overlong``, ``OverlongSettings``, ``overlong_penalty``: what a completion cut at the token
+  limit does to the update (keep, mask, DAPO's soft penalty); ``carries_signal``: whether a group's
+  rewards differ (DAPO's dynamic sampling).
 * ``decoupled_policy_loss``, ``naive_policy_loss``, ``mode_policy_loss``: the recomputed proximal
   policy as the old policy, with (decoupled) or without (naive) IS weights pi_prox / mu; ``MODES``.
 """
@@ -29,6 +32,14 @@ from asyncgrpo.algo.losses import (
     aggregate,
     bypass_policy_loss,
     policy_loss,
+)
+from asyncgrpo.algo.overlong import (
+    OVERLONG_MODES,
+    OverlongSettings,
+    advantage_rewards,
+    apply_overlong,
+    carries_signal,
+    overlong_penalty,
 )
 from asyncgrpo.algo.modes import (
     decoupled_policy_loss,
@@ -51,17 +62,23 @@ __all__ = [
     "KL_KINDS",
     "LOSS_TYPES",
     "MODES",
+    "OVERLONG_MODES",
     "RS_OPTIONS",
     "CorrectionSettings",
     "KLSettings",
     "LossSettings",
+    "OverlongSettings",
+    "advantage_rewards",
     "aggregate",
+    "apply_overlong",
     "bypass_policy_loss",
+    "carries_signal",
     "decoupled_policy_loss",
     "group_advantages",
     "kl_penalty",
     "mode_policy_loss",
     "naive_policy_loss",
+    "overlong_penalty",
     "policy_loss",
     "rollout_correction",
     "token_entropy",

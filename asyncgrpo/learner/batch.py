@@ -19,7 +19,8 @@ class Batch:
     logit_index [B, T]: position of the logits that predict completion token t (prompt_len + t - 1);
     targets [B, T] completion tokens; mask [B, T] 1 on real completion tokens;
     rollout_logp [B, T] generator log-probs; token_versions [B, T]; rewards [B]; group_index [B];
-    group_version_min [G].
+    group_version_min [G]; truncated [B] 1.0 where the completion hit rollout.max_new_tokens without
+    stopping (algo.overlong).
     """
 
     input_ids: torch.Tensor
@@ -32,6 +33,7 @@ class Batch:
     rewards: torch.Tensor
     group_index: torch.Tensor
     group_version_min: torch.Tensor
+    truncated: torch.Tensor
 
     def to(self, device: torch.device) -> "Batch":
         if device.type == "cpu":
@@ -55,6 +57,7 @@ class Batch:
             rewards=self.rewards.index_select(0, index),
             group_index=self.group_index.index_select(0, index),
             group_version_min=self.group_version_min,
+            truncated=self.truncated.index_select(0, index),
         )
 
     @property
@@ -67,11 +70,12 @@ class Batch:
 
 
 def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
-    samples = []  # (prompt, completion tokens, logprobs, versions, reward, group index)
+    samples = []  # (prompt, completion tokens, logprobs, versions, reward, group index, truncated)
     for index, group in enumerate(groups):
         for i in range(group.num_samples):
             tokens, logprobs, versions = group.completion(i)
-            samples.append((group.prompt_tokens, tokens, logprobs, versions, float(group.rewards[i]), index))
+            samples.append((group.prompt_tokens, tokens, logprobs, versions, float(group.rewards[i]), index,
+                            float(group.truncated[i])))
     batch_size = len(samples)
     max_len = max(len(p) + len(c) for p, c, *_ in samples)
     max_completion = max(1, max(len(c) for _, c, *_ in samples))
@@ -83,7 +87,7 @@ def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
     mask = np.zeros((batch_size, max_completion), dtype=np.float32)
     rollout_logp = np.zeros((batch_size, max_completion), dtype=np.float32)
     token_versions = np.zeros((batch_size, max_completion), dtype=np.int64)
-    for row, (prompt, completion, logprobs, versions, _, _) in enumerate(samples):
+    for row, (prompt, completion, logprobs, versions, *_) in enumerate(samples):
         prompt_len, length = len(prompt), len(completion)
         input_ids[row, :prompt_len] = prompt
         input_ids[row, prompt_len:prompt_len + length] = completion
@@ -104,6 +108,7 @@ def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
         rewards=torch.tensor([s[4] for s in samples], dtype=torch.float32),
         group_index=torch.tensor([s[5] for s in samples], dtype=torch.int64),
         group_version_min=torch.tensor([g.version_min for g in groups], dtype=torch.int64),
+        truncated=torch.tensor([s[6] for s in samples], dtype=torch.float32),
     )
 
 
@@ -132,7 +137,7 @@ def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets
 
 _INT_FIELDS = ("input_ids", "attention_mask", "logit_index", "targets", "token_versions", "group_index",
                "group_version_min")
-_FLOAT_FIELDS = ("mask", "rollout_logp", "rewards")
+_FLOAT_FIELDS = ("mask", "rollout_logp", "rewards", "truncated")
 
 
 def rank_shares(batch: Batch, world_size: int) -> list[list[int]]:
@@ -214,7 +219,7 @@ def broadcast_batch(batch: Batch | None, device: torch.device, src: int = 0) -> 
     size = {"input_ids": (batch_size, length), "attention_mask": (batch_size, length),
             "logit_index": (batch_size, width), "targets": (batch_size, width), "token_versions": (batch_size, width),
             "group_index": (batch_size,), "group_version_min": (num_groups,), "mask": (batch_size, width),
-            "rollout_logp": (batch_size, width), "rewards": (batch_size,)}
+            "rollout_logp": (batch_size, width), "rewards": (batch_size,), "truncated": (batch_size,)}
     ints = torch.empty(sum(int(np.prod(size[n])) for n in _INT_FIELDS), dtype=torch.int64, device=device)
     floats = torch.empty(sum(int(np.prod(size[n])) for n in _FLOAT_FIELDS), dtype=torch.float32, device=device)
     dist.broadcast(ints, src)

@@ -25,7 +25,7 @@ from asyncgrpo.learner import resume
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.intake import GroupIntake
-from asyncgrpo.learner.metrics import batch_metrics, rate_metrics
+from asyncgrpo.learner.metrics import arrived_all_equal_fraction, batch_metrics, rate_metrics
 from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing
@@ -60,6 +60,7 @@ class Learner:
         self._first_step_start = 0.0
         self._busy_until = 0.0
         self._last_taken: tuple[int, list[ScoredGroup]] = (0, [])
+        self._filtered_seen = 0  # the source's queue/filtered at the end of the last step
         self._run_record: dict[str, Any] | None = None
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
@@ -106,6 +107,8 @@ class Learner:
         if self.rank == 0:
             metrics.update(self.intake.generator_metrics(self.pushed_version))
             metrics.update(self.source.stats())
+            self._filtered_seen, metrics["reward/all_equal_frac_arrived"] = arrived_all_equal_fraction(
+                metrics, self._filtered_seen, len(self._last_taken[1]))
         return metrics
 
     def _take_groups(self, timer: PhaseTimer) -> list[ScoredGroup]:

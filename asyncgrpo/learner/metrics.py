@@ -3,12 +3,14 @@
     loss/*, optim/*, is/*, ...   update(): per micro-batch, merged over micro-batches and ranks
     time/optimizer_s, time/recompute_s   update(): parts of time/train_s (recompute: 0 under algo.mode=bypass)
     policy/entropy                update(): mean entropy of the sampling distribution over the trained tokens
+    overlong/*                    update(): algo.overlong's masked share and mean penalty
     step, samples, perf/*, reward/mean|std|all_equal_frac, staleness/*, response/*   batch_metrics()
     reward/<term>                 reward_term_metrics(): the groups' reward terms
     time/*, learner/ack_waits     the step's phases (PhaseTimer)
     time/gen_idle_s, reward/errors, reward/calls, reward/groups_dropped   the generators' reports (registry)
     reward/error_rate             failed / all reward calls over reward.error_window_steps (registry)
     queue/*, wire/*               the group source's counters
+    reward/all_equal_frac_arrived arrived_all_equal_fraction(): all-equal groups before algo.filter_groups
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         "staleness/max": staleness.max().item(),
         "response/length_mean": batch.mask.sum(1).mean().item(),
         "response/length_max": batch.mask.sum(1).max().item(),
+        **length_percentiles(lengths),
+        # Completions the generator cut at rollout.max_new_tokens without stopping (algo.overlong).
+        "response/truncated_frac": batch.truncated.float().mean().item(),
         # Completions that used all of rollout.max_new_tokens: cut at the limit (or ending at it exactly).
         "response/clipped_frac": (lengths >= max_new_tokens).float().mean().item(),
         # Groups whose samples all got the same reward: zero advantage, so no gradient from them.
@@ -99,6 +104,13 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         # Versions within one completion (> 0: the weights changed mid-generation, rollout.inflight_updates).
         "staleness/inflight_span_max": version_span(batch.token_versions, batch.mask).max().item(),
     }
+
+
+def length_percentiles(lengths: torch.Tensor) -> dict[str, float]:
+    """response/length_p50, _p90, _p99 of completion lengths [B] (tokens; linear interpolation
+    between the nearest lengths, torch.quantile's default): the tail a mean hides."""
+    values = torch.quantile(lengths.double(), torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
+    return {f"response/length_p{q}": v for q, v in zip((50, 90, 99), values)}
 
 
 def all_equal_fraction(rewards: torch.Tensor, group_index: torch.Tensor) -> float:
@@ -111,6 +123,17 @@ def all_equal_fraction(rewards: torch.Tensor, group_index: torch.Tensor) -> floa
     low = torch.full((groups,), math.inf, dtype=torch.float64).scatter_reduce(0, group_index, rewards, "amin")
     present = torch.zeros(groups, dtype=torch.bool).index_fill(0, group_index, True)
     return float(((high == low) & present).sum()) / max(1, int(present.sum()))
+
+
+def arrived_all_equal_fraction(metrics: dict[str, float], filtered_before: int, groups: int) -> tuple[int, float]:
+    """(queue/filtered now, reward/all_equal_frac_arrived): the share of all-equal groups among those
+    that arrived for this step before algo.filter_groups dropped any: the groups it dropped since the
+    last step (`filtered_before`: queue/filtered then) plus the step's own all-equal ones (its
+    `reward/all_equal_frac` of `groups`), over both. Without the filter it is reward/all_equal_frac."""
+    filtered = int(metrics.get("queue/filtered", 0))
+    dropped = max(0, filtered - filtered_before)
+    kept_equal = metrics["reward/all_equal_frac"] * groups
+    return filtered, (dropped + kept_equal) / max(1, dropped + groups)
 
 
 def version_span(token_versions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ import torch.distributed as dist
 from asyncgrpo.config import collective_timeout_s
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
+from asyncgrpo.learner.update import overlong_settings
+from asyncgrpo.queue.filtering import SignalFilter
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.contract import DROPPING_STALE_POLICIES, THROTTLING_STALE_POLICIES
@@ -125,8 +127,9 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     # Finite data: the generators read the run's one stream, so its end is where grants stop.
     dispatcher = make_dispatcher(cfg, run_stream_length(make_task(cfg, tokenizer), cfg) if cfg.data.epochs > 0 else None)
     grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
+    signal_filter = SignalFilter(overlong_settings(cfg)) if cfg.algo.filter_groups else None  # DAPO's dynamic sampling
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
-                        registry=registry, dispatcher=dispatcher, grants=grants).start()
+                        registry=registry, dispatcher=dispatcher, grants=grants, signal_filter=signal_filter).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None

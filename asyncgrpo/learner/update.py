@@ -12,6 +12,7 @@ sums the gradients over ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -30,7 +31,11 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     if (settings.kl is not None) != (policy.reference is not None):  # else KL is dropped, or fails deep in a step
         raise ValueError(f"algo.kl.enabled={str(settings.kl is not None).lower()} but the policy has "
                          f"{'no' if policy.reference is None else 'a'} KL reference model")
-    advantages = algo.group_advantages(batch.rewards, batch.group_index, mode=cfg.algo.advantage)
+    # algo.overlong: the rewards the advantages see and the mask the loss sees (denominators included).
+    rewards, loss_mask, overlong_metrics = algo.apply_overlong(batch.rewards, batch.mask, batch.mask.sum(1),
+                                                               batch.truncated, overlong_settings(cfg))
+    batch = dataclasses.replace(batch, mask=loss_mask)
+    advantages = algo.group_advantages(rewards, batch.group_index, mode=cfg.algo.advantage)
     global_tokens = float(batch.mask.sum())
     global_seqs = float((batch.mask.sum(1) > 0).sum())
     lengths = batch.attention_mask.sum(1).tolist()
@@ -66,6 +71,7 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
         pg_total += metrics["loss/pg"]  # with global denominators the shares add up
         parts.append((float(micro.mask.sum()), metrics))
     metrics = reduce_metrics(parts, {"loss/total": loss_total, "loss/pg": pg_total}, world_size, policy.device)
+    metrics.update(overlong_metrics)  # every rank holds the whole batch: the same values everywhere
     metrics["optim/lr"] = policy.optimizer.param_groups[0]["lr"]
     optimizer_start = time.perf_counter()
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), learner.grad_clip_norm)
@@ -113,6 +119,14 @@ def loss_settings(cfg: Config) -> algo.LossSettings:
         ),
         kl=algo.KLSettings(kind=a.kl.kind, coef=a.kl.coef) if a.kl.enabled else None,
     )
+
+
+def overlong_settings(cfg: Config) -> algo.OverlongSettings:
+    """algo.overlong* against rollout.max_new_tokens, with the buffer's 0 resolved (schema.py)."""
+    a, limit = cfg.algo, cfg.rollout.max_new_tokens
+    return algo.OverlongSettings(mode=a.overlong, max_new_tokens=limit,
+                                 buffer_tokens=a.overlong_buffer_tokens or max(1, limit // 5),
+                                 penalty=a.overlong_penalty)
 
 
 def micro_batch_loss(policy: Policy, micro: Batch, prox_logp: torch.Tensor | None, advantages: torch.Tensor,

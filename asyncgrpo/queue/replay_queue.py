@@ -43,6 +43,7 @@ import numpy as np
 
 from asyncgrpo.contract import trainable
 from asyncgrpo.queue.dispatch import Dispatcher
+from asyncgrpo.queue.filtering import SignalFilter
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.slots import TicketSlots
 from asyncgrpo.queue.sources import QueueTimeout
@@ -136,6 +137,8 @@ class QueueCounters:
     dropped_stale: int = 0
     dropped_unheld: int = 0
     peak_depth: int = 0
+    # Outside the identity, like rejected groups: dropped on arrival for all-equal rewards (algo.filter_groups).
+    filtered: int = 0
 
     def stats(self, depth: int, capacity_groups: int) -> dict[str, float]:
         return {
@@ -146,6 +149,7 @@ class QueueCounters:
             "queue/consumed": self.consumed,
             "queue/dropped_stale": self.dropped_stale,
             "queue/dropped_unheld": self.dropped_unheld,
+            "queue/filtered": self.filtered,
         }
 
 
@@ -156,7 +160,9 @@ class ReplayQueue:
     to be valid; a learner always passes its model's (no default, so none forgets to).
     `dispatcher` (a learner always has one): tickets, answered through `grants` (None: answers are
     dropped, as for a generator not connected; in-process tests); None: groups in arrival order,
-    and no `grants`.
+    and no `grants`. `signal_filter` (algo.filter_groups; asyncgrpo/queue/filtering.py): a group it
+    does not keep is dropped on arrival, counted, and its slot granted again with a new prompt;
+    None: every group is kept.
     """
 
     def __init__(
@@ -170,6 +176,7 @@ class ReplayQueue:
         poll_interval_s: float = 0.05,
         dispatcher: Dispatcher | None = None,
         grants: GrantRouter | None = None,
+        signal_filter: SignalFilter | None = None,
     ) -> None:
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
@@ -179,6 +186,7 @@ class ReplayQueue:
         self.capacity_groups = capacity_groups
         self.policy = policy
         self.limits = limits
+        self.signal_filter = signal_filter
         # One count of rejected messages, whether the codec or the limits rejected them, and
         # whether they came from the socket or through put().
         self.rejected = receiver.rejected if receiver is not None else Rejections("put()")
@@ -236,12 +244,17 @@ class ReplayQueue:
     def _put(self, message: object, deadline: float | None) -> bool:
         # Outside the lock: a pass over the tokens must not hold up the learner's take.
         problem = self.limits.untrainable(message) if self.limits and isinstance(message, ScoredGroup) else None
+        no_signal = (problem is None and self.signal_filter is not None and isinstance(message, ScoredGroup)
+                     and not self.signal_filter.keeps(message))
         with self._lock:
-            if isinstance(message, ScoredGroup) and problem is not None:
+            if isinstance(message, ScoredGroup) and (problem is not None or no_signal):
                 # Its sequence number was used, so it is not lost; a replay of it is still a duplicate.
                 # It takes no room: it never waits for any.
                 if self.registry.admit(message.generator_id, message.seq, message.incarnation):
-                    self.rejected.record_error(*problem)
+                    if problem is not None:
+                        self.rejected.record_error(*problem)
+                    else:
+                        self.counters.filtered += 1
                     if self.tickets is not None:
                         self.tickets.release(message)
             elif isinstance(message, ScoredGroup):
@@ -370,6 +383,9 @@ class ReplayQueue:
             + (self.tickets.waiting_for() if self.tickets is not None else "")
             + f"generators last seen: {self.registry.last_seen()}; lost in transit: {self.registry.lost}; "
             f"rejected messages: {rejected or 'none'}"
+            + (f"; {self.counters.filtered} groups dropped for all-equal rewards (algo.filter_groups=true): on a "
+               "task where no group's rewards differ (every prompt solved, or none) no step can fill"
+               if self.counters.filtered else "")
         )
 
     def _depth(self) -> int:

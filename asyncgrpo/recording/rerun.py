@@ -6,7 +6,8 @@ learner versions, with the same behaviour log-probs) and for deterministic re-ru
 The config is the recording's config.yaml with the command line's overrides on top (algo.*,
 learner.lr, seed, ...). The recording fixes the starting weights (its model_dir, or the checkpoint
 the recording run resumed from), each step's groups and the version that took them, and so
-train.groups_per_step (another value is refused). A replay runs one learner rank, pushes no weights
+train.groups_per_step (another value is refused), and which groups were filtered
+(algo.filter_groups cannot be set). A replay runs one learner rank, pushes no weights
 and starts no generator, Ray or socket; it stops at the recording's last complete step or at
 train.max_steps, whichever comes first, and writes a run directory of its own (run_dir, default
 DIR/replay-<timestamp>): config.yaml, metrics.jsonl, summary.json, which `asyncgrpo plot` reads.
@@ -58,6 +59,9 @@ def replay_config(recording: Recording, overrides: Sequence[str]) -> Config:
         raise ConfigError("resume: a replay starts from the recording's starting weights, not from a checkpoint")
     if cfg.learner.world_size != 1:
         raise ConfigError(f"learner.world_size: a replay runs one learner rank (got {cfg.learner.world_size})")
+    if "algo.filter_groups" in given:
+        raise ConfigError("algo.filter_groups: a replay trains the recorded groups; filtering needs generators to "
+                          "replace the groups it drops")
     if cfg.train.groups_per_step != recording.groups_per_step:
         raise ConfigError(f"train.groups_per_step: the recording took {recording.groups_per_step} groups per step "
                           f"(got {cfg.train.groups_per_step})")

@@ -41,5 +41,6 @@ def scored_group(generator_id: int, prompt_id: int, prompt_tokens: list[int], co
                                  for c in completions]).astype(np.int32),
         lengths=np.asarray([c.token_ids.size for c in completions], dtype=np.int32),
         rewards=score.rewards,
+        truncated=np.asarray([not c.finished for c in completions], dtype=np.uint8),
         meta={"version": version, **score.meta()},
     )

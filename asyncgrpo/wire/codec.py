@@ -147,6 +147,7 @@ def encode_group(group: ScoredGroup) -> list[bytes | memoryview]:
         "lengths": np.asarray(group.lengths, dtype=np.int64).tolist(),
         # float32 -> Python float is exact, so the round trip is lossless.
         "rewards": np.asarray(group.rewards, dtype=np.float32).tolist(),
+        "truncated": np.asarray(group.truncated, dtype=np.uint8).tolist(),
         "meta": dict(group.meta),
     }
     return _pack(header, [(getattr(group, name), dtype) for name, dtype in _GROUP_ARRAYS])
@@ -307,6 +308,10 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
     if not all(type(r) is float and -_FLOAT32_MAX <= r <= _FLOAT32_MAX for r in rewards):
         raise WireError("bad_rewards", "rewards must be finite floats within float32 range")
 
+    truncated = _field(header, "truncated", list)
+    if len(truncated) != len(lengths) or not all(type(t) is int and t in (0, 1) for t in truncated):
+        raise WireError("bad_truncated", f"truncated must be one 0 or 1 per sample ({len(lengths)})")
+
     if (tokens.size and np.minimum.reduce(tokens) < 0) or (prompt_tokens.size and np.minimum.reduce(prompt_tokens) < 0):
         raise WireError("bad_tokens", "negative token id")
     # min/max propagate NaN and the comparisons are then False: two passes find NaN, inf and > 0.
@@ -342,6 +347,7 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
         meta=meta,
         incarnation=_int_field(header, "inc"),
         pos=_int_field(header, "pos"),
+        truncated=np.array(truncated, dtype=np.uint8),
     )
 
 
@@ -466,4 +472,5 @@ def example_group(num_samples: int = 8, tokens_per_sample: int = 512, seed: int 
         lengths=lengths,
         rewards=rng.integers(0, 2, size=num_samples).astype(np.float32),
         meta={"version": version},
+        truncated=rng.integers(0, 2, size=num_samples).astype(np.uint8),  # drawn last: earlier fields keep their values
     )

@@ -22,6 +22,8 @@ import numpy as np
 # 5: heartbeats carry reward calls and each term's first error (reward outages stop the run).
 # 6: groups, acknowledgements and heartbeats carry the generator's incarnation (a restarted process
 #    counts again from sequence number 0); groups carry their position in the prompt stream.
+# 7: groups carry which completions were truncated (hit rollout.max_new_tokens without stopping), for
+#    algo.overlong.
 # `SaveNotice` (type 6), `TicketRequest` (7) and `Grant` (8) came later without a bump: a new type changes no existing layout or meaning
 # (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
 SCHEMA_VERSION = 7
@@ -44,7 +46,9 @@ class ScoredGroup:
 
     Completions are packed end to end: sample i owns `tokens[offsets[i]:offsets[i+1]]`.
     Shapes: prompt_tokens [P] int32; tokens, logprobs, versions [sum(lengths)] int32/float32/int32;
-    lengths, rewards [n] int32/float32. `meta` holds small extras (str -> int, float or str).
+    lengths, rewards [n] int32/float32; truncated [n] uint8, 1 where the completion hit
+    rollout.max_new_tokens without stopping (None when built: no completion truncated).
+    `meta` holds small extras (str -> int, float or str).
     """
 
     generator_id: int
@@ -63,6 +67,13 @@ class ScoredGroup:
     # The prompt's position in the run's prompt stream: with its sender, it names the slot the
     # group fills (the dispatcher's index (holder, position) -> slot).
     pos: int = 0
+    # 1 where the completion was cut at rollout.max_new_tokens (vLLM's finish reason `length`):
+    # algo.overlong decides what the learner does with those.
+    truncated: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.truncated is None:
+            self.truncated = np.zeros(self.lengths.shape[0], dtype=np.uint8)
 
     @property
     def group_id(self) -> tuple[int, int]:

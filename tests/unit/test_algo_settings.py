@@ -18,6 +18,10 @@ READ_ELSEWHERE = {
     "advantage": "update(), for group_advantages",
     "kl.enabled": "loss_settings itself: whether settings.kl is set at all",
     "kl.reference_on": "Policy.from_config, which places the reference",
+    "overlong": "overlong_settings(), for apply_overlong (tests/unit/test_update_overlong.py)",
+    "overlong_buffer_tokens": "overlong_settings()",
+    "overlong_penalty": "overlong_settings()",
+    "filter_groups": "learner_parts(), which gives the replay queue its SignalFilter",
 }
 # A value other than the default for every key the loss reads, so each can be seen to arrive.
 OVERRIDES = {

@@ -35,6 +35,15 @@ def test_collate_layout():
     assert batch.group_index.tolist() == [0, 0, 1, 1]
     assert batch.group_version_min.tolist() == [4, 2]
     assert batch.num_tokens == 6
+    assert batch.truncated.tolist() == [0, 0, 0, 0]
+
+
+def test_collate_and_select_carry_each_completions_truncation_flag():
+    group = make_group([5], [[1, 2], [3], [4, 4]], rewards=[1, 0, 0])
+    group.truncated = np.array([0, 1, 1], dtype=np.uint8)
+    batch = collate([make_group([8], [[9]], seq=1), group], pad_id=0)
+    assert batch.truncated.tolist() == [0, 0, 1, 1] and batch.truncated.dtype == torch.float32
+    assert batch.select(torch.tensor([2, 0])).truncated.tolist() == [1, 0]
 
 
 def test_completion_logprobs_matches_full_log_softmax():

@@ -46,6 +46,11 @@ def test_overrides_apply():
         ("device=tpu", "device"),
         ("weights.push_every_steps=4", "weights.push_every_steps"),  # > max_staleness + 1 = 3
         ("algo.clip_low=1", "algo.clip_low"),  # a ratio floor of 0: only cispo's IS weight may have none
+        ("algo.overlong=drop", "algo.overlong"),
+        ("algo.overlong_buffer_tokens=-1", "algo.overlong_buffer_tokens"),
+        ("algo.overlong_buffer_tokens=6", "algo.overlong_buffer_tokens"),  # > rollout.max_new_tokens = 5
+        ("algo.overlong_penalty=-0.5", "algo.overlong_penalty"),
+        ("algo.overlong_penalty=nan", "algo.overlong_penalty"),
     ],
 )
 def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
@@ -136,6 +141,8 @@ def test_no_signature_default_shadows_config():
         algo.KLSettings: ["kind", "coef"],
         algo.rollout_correction: correction,
         algo.kl_penalty: ["kind"],
+        algo.OverlongSettings: ["mode", "max_new_tokens", "buffer_tokens", "penalty"],
+        algo.overlong_penalty: ["max_new_tokens", "buffer_tokens", "penalty"],
         verifiers.numeric_match: ["tolerance"],
         verifiers.math_equivalent: ["tolerance"],
         verifiers.math_reward: ["tolerance"],

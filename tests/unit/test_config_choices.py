@@ -14,6 +14,7 @@ from asyncgrpo.algo import (
     KL_KINDS,
     LOSS_TYPES,
     MODES,
+    OVERLONG_MODES,
 )
 from asyncgrpo.config import ConfigError, load
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
@@ -43,6 +44,7 @@ CHOICES = {
     "algo.loss_type": (LOSS_TYPES, lambda cfg: cfg.algo.loss_type),
     "algo.mode": (MODES, lambda cfg: cfg.algo.mode),
     "algo.agg": (AGG_MODES, lambda cfg: cfg.algo.agg),
+    "algo.overlong": (OVERLONG_MODES, lambda cfg: cfg.algo.overlong),
     "algo.correction.is_level": (IS_LEVELS, lambda cfg: cfg.algo.correction.is_level),
     "weights.backend": (BACKENDS, lambda cfg: cfg.weights.backend),
     "wire.curve": (CURVE_MODES, lambda cfg: cfg.wire.curve),

@@ -63,6 +63,12 @@ def test_a_group_packs_its_completions_end_to_end():
     assert group.meta == {"version": 2}
 
 
+def test_a_group_marks_the_completions_cut_at_the_token_limit_as_truncated():
+    completions = [completion([3, 4], finished=False), completion([5]), completion([6, 7], finished=False)]
+    group = scored_group(0, 1, [1], completions, score([0.0, 1.0, 0.0]), version=0)
+    assert group.truncated.tolist() == [1, 0, 1] and group.truncated.dtype == np.uint8
+
+
 def test_a_dropped_group_is_not_built():
     assert scored_group(0, 1, [1], [completion([2])], score([0.0], dropped=True), version=0) is None
 

@@ -81,6 +81,7 @@ POISON: dict[str, tuple[Callable[[], list[bytes]], str, bool]] = {
         lambda: frames_of(changed(good_group(), meta={"version": 0, "reward/accuracy": 1e39})), "bad_meta", False),
     "tokenless group whose meta version is not its version": (
         lambda: frames_of(tokenless_group(0), meta={"version": "0"}), "bad_versions", False),
+    "truncation flags that miss a sample": (lambda: frames_of(good_group(), truncated=[0, 1, 0]), "bad_truncated", False),
     "negative token id": (lambda: frames_of(with_token(good_group(), "tokens", 0, -1)), "bad_tokens", False),
     # The learner's limits (the model's vocabulary and context, the config's group size).
     "prompt token id beyond the vocabulary": (

@@ -57,6 +57,7 @@ def test_without_overrides_the_replay_config_is_the_recording_runs(tmp_path):
     ("learner.world_size=2", "a replay runs one learner rank"),
     ("resume=auto", "a replay starts from the recording's starting weights"),
     ("algo.mode=nonsense", "algo.mode must be one of"),
+    ("algo.filter_groups=true", "algo.filter_groups: a replay trains the recorded groups"),
 ])
 def test_what_a_replay_cannot_change_is_refused_in_one_line(tmp_path, override, match):
     _, recording = make_recording(tmp_path)

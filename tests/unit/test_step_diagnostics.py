@@ -51,7 +51,8 @@ def test_all_equal_fraction_is_zero_when_every_group_has_a_spread():
     assert all_equal_fraction(torch.tensor([0.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1])) == 0.0
 
 
-def tiny_batch(lengths: list[int], rewards: list[float], group_index: list[int]) -> Batch:
+def tiny_batch(lengths: list[int], rewards: list[float], group_index: list[int],
+               truncated: list[float] | None = None) -> Batch:
     samples, longest = len(lengths), max(lengths)
     mask = torch.tensor([[1.0] * n + [0.0] * (longest - n) for n in lengths])
     zeros = torch.zeros(samples, longest, dtype=torch.int64)
@@ -59,7 +60,8 @@ def tiny_batch(lengths: list[int], rewards: list[float], group_index: list[int])
                  attention_mask=torch.tensor([[1] * (n + 2) + [0] * (longest - n) for n in lengths]),
                  logit_index=zeros, targets=zeros, mask=mask, rollout_logp=torch.zeros(samples, longest),
                  token_versions=zeros, rewards=torch.tensor(rewards), group_index=torch.tensor(group_index),
-                 group_version_min=torch.zeros(max(group_index) + 1, dtype=torch.int64))
+                 group_version_min=torch.zeros(max(group_index) + 1, dtype=torch.int64),
+                 truncated=torch.tensor(truncated or [0.0] * samples))
 
 
 def test_clipped_fraction_counts_completions_that_used_every_allowed_token():
@@ -68,3 +70,15 @@ def test_clipped_fraction_counts_completions_that_used_every_allowed_token():
     assert metrics["response/clipped_frac"] == pytest.approx(0.5)
     assert metrics["reward/all_equal_frac"] == pytest.approx(0.5)
     assert batch_metrics(batch, torch.tensor([0, 1]), 1, 4, max_new_tokens=6)["response/clipped_frac"] == 0.0
+
+
+def test_length_percentiles_and_the_truncated_fraction_describe_the_steps_tail():
+    lengths = [1] * 98 + [50, 100]
+    batch = tiny_batch(lengths, [0.0, 1.0] * 50, [i // 2 for i in range(100)], truncated=[0.0] * 99 + [1.0])
+    metrics = batch_metrics(batch, torch.zeros(50, dtype=torch.int64), version=1, samples_consumed=100,
+                            max_new_tokens=100)
+    assert (metrics["response/length_p50"], metrics["response/length_p90"]) == (1.0, 1.0)
+    # Position 0.99 x 99 = 98.01 of the sorted lengths: between the 50 and the 100, 50.5.
+    assert metrics["response/length_p99"] == pytest.approx(50.5)
+    assert metrics["response/length_max"] == 100.0
+    assert metrics["response/truncated_frac"] == pytest.approx(0.01)

@@ -70,6 +70,7 @@ def scored_groups(draw: st.DrawFn) -> ScoredGroup:
         meta=meta,
         incarnation=draw(INT62),
         pos=draw(INT62),
+        truncated=draw(hnp.arrays(np.uint8, lengths.size, elements=st.integers(0, 1))),
     )
 
 
@@ -77,7 +78,7 @@ def assert_same_group(decoded: ScoredGroup, original: ScoredGroup) -> None:
     assert decoded.group_id == original.group_id
     assert (decoded.incarnation, decoded.pos) == (original.incarnation, original.pos)
     assert decoded.prompt_id == original.prompt_id
-    for name in ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards"):
+    for name in ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards", "truncated"):
         got, want = getattr(decoded, name), getattr(original, name)
         assert got.dtype == want.dtype, name
         np.testing.assert_array_equal(got, want, err_msg=name)
@@ -295,6 +296,11 @@ MALFORMED: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "no samples": (lambda: group_frames(lengths=[], rewards=[]), "bad_lengths"),
     "fractional length": (lambda: group_frames(lengths=[4.0, 4]), "bad_lengths"),
     "one reward for two samples": (lambda: group_frames(rewards=[1.0]), "bad_rewards"),
+    "one truncation flag for two samples": (lambda: group_frames(truncated=[1]), "bad_truncated"),
+    "a truncation flag of 2": (lambda: group_frames(truncated=[0, 2]), "bad_truncated"),
+    "boolean truncation flags": (lambda: group_frames(truncated=[True, False]), "bad_truncated"),
+    "truncation flags as a string": (lambda: group_frames(truncated="01"), "bad_field"),
+    "no truncation flags": (lambda: group_frames(truncated=...), "missing_field"),
     "NaN reward": (lambda: group_frames(rewards=[float("nan"), 0.0]), "bad_rewards"),
     "infinite reward": (lambda: group_frames(rewards=[float("inf"), 0.0]), "bad_rewards"),
     "reward beyond float32": (lambda: group_frames(rewards=[1e300, 0.0]), "bad_rewards"),
