@@ -87,7 +87,7 @@ COMMON_KEYS = {
     "train.stale_policy": "throttle | drop | both",
     "rollout.samples_per_prompt": "completions per prompt (the group size)",
     "rollout.num_generators": "",
-    "rollout.inflight_updates": "load pushed weights between segments of a generation call",
+    "rollout.inflight_updates": "load pushed weights between engine steps while sequences run",
     "learner.lr": "AdamW learning rate (after learner.warmup_steps)",
     "learner.world_size": "FSDP2 learner ranks",
     "learner.micro_batch_tokens": "padded tokens per forward pass per rank; 0 = whole share",

@@ -103,7 +103,22 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         "prompt/length_mean": (batch.attention_mask.sum(1) - batch.mask.sum(1)).float().mean().item(),
         # Versions within one completion (> 0: the weights changed mid-generation, rollout.inflight_updates).
         "staleness/inflight_span_max": version_span(batch.token_versions, batch.mask).max().item(),
+        **token_age_histogram(version, batch.token_versions, batch.mask),
     }
+
+
+TOKEN_AGE_BUCKETS = 4  # staleness/tokens_age_0 .. _3, then _4plus
+
+
+def token_age_histogram(version: int, token_versions: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The share of a step's completion tokens [B, T] (where `mask`) sampled 0, 1, 2, 3 and 4 or more
+    versions before `version`: with in-flight loads a completion's tokens span versions, and this
+    is how old what is trained actually was, token by token."""
+    ages = (version - token_versions.long())[mask.bool()]
+    total = max(1, ages.numel())
+    shares = {f"staleness/tokens_age_{k}": float((ages == k).sum()) / total for k in range(TOKEN_AGE_BUCKETS)}
+    shares[f"staleness/tokens_age_{TOKEN_AGE_BUCKETS}plus"] = float((ages >= TOKEN_AGE_BUCKETS).sum()) / total
+    return shares
 
 
 def length_percentiles(lengths: torch.Tensor) -> dict[str, float]:

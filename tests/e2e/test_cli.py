@@ -241,8 +241,7 @@ def test_inflight_updates_over_the_collective_weight_backend(tmp_path):
     steps = 8
     result = subprocess.run(
         cli(tmp_path, f"train.max_steps={steps}", "train.max_staleness=1", "eval.at_start=false",
-            "eval.at_end=false", "weights.backend=nccl", "rollout.inflight_updates=true",
-            "rollout.inflight_chunk_tokens=2"),
+            "eval.at_end=false", "weights.backend=nccl", "rollout.inflight_updates=true"),
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-4000:]
