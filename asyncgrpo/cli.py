@@ -74,7 +74,7 @@ COMMON_KEYS = {
     "seed": "",
     "device": "auto | cpu | cuda",
     "model.path": "empty = the embedded tiny model; set: the 'your model' profile for toy values left unset",
-    "task.name": "arithmetic | countdown | gsm8k | files (docs/TASKS.md)",
+    "task.name": "arithmetic | countdown | longtail | gsm8k | files (docs/TASKS.md)",
     "data.train_files": "JSONL or Parquet prompt files, for task.name=gsm8k|files",
     "data.prompt_field": "record field holding the prompt",
     "data.answer_field": "record field holding the reference answer",

@@ -35,6 +35,7 @@ from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
 from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
+from asyncgrpo.tasks.longtail import MAX_DIGITS as LONGTAIL_MAX_DIGITS, MIN_DIGITS as LONGTAIL_MIN_DIGITS
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
 from asyncgrpo.wire.reach import wire_transport
 
@@ -517,6 +518,8 @@ def _task_rules(cfg: Config) -> None:
         require(MIN_NUMBERS <= task.countdown_numbers <= MAX_NUMBERS, "task.countdown_numbers",
                 f"must be between {MIN_NUMBERS} and {MAX_NUMBERS}", task.countdown_numbers)
         require(task.countdown_max_number >= 2, "task.countdown_max_number", "must be >= 2", task.countdown_max_number)
+    if task.name == "longtail":
+        _longtail_rules(cfg)
     if task.name in FILE_TASKS:
         require(bool(data.train_files), "data.train_files", f"must list at least one JSONL or Parquet file for task.name={task.name}",
                 data.train_files)
@@ -524,6 +527,23 @@ def _task_rules(cfg: Config) -> None:
             f"must name a Hugging Face model directory for task.name={task.name}: the embedded tiny model has a "
             f"{cfg.model.max_positions}-token context and a character vocabulary, so every {task.name} prompt would be "
             "filtered as too long", cfg.model.path)
+
+
+def _longtail_rules(cfg: Config) -> None:
+    """task.longtail_*: digit counts in range, and an embedded model's context that holds the longest prompt
+    beside the completion, so that the longest problems can be written out in full."""
+    task = cfg.task
+    require(LONGTAIL_MIN_DIGITS <= task.longtail_min_digits <= LONGTAIL_MAX_DIGITS, "task.longtail_min_digits",
+            f"must be between {LONGTAIL_MIN_DIGITS} and {LONGTAIL_MAX_DIGITS}", task.longtail_min_digits)
+    require(task.longtail_min_digits <= task.longtail_max_digits <= LONGTAIL_MAX_DIGITS, "task.longtail_max_digits",
+            f"must be between task.longtail_min_digits={task.longtail_min_digits} and {LONGTAIL_MAX_DIGITS}",
+            task.longtail_max_digits)
+    require(task.longtail_exponent >= 0, "task.longtail_exponent", "must be >= 0 (0: digit counts uniform)",
+            task.longtail_exponent)
+    longest_prompt = 2 * task.longtail_max_digits + 2  # "a+b=": one token per character in the embedded model
+    require(bool(cfg.model.path) or cfg.model.max_positions >= longest_prompt + cfg.rollout.max_new_tokens, "model.max_positions",
+            f"must hold the longest longtail prompt ({longest_prompt} tokens) beside rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens} (configs/longtail.yaml sets both)", cfg.model.max_positions)
 
 
 def _data_rules(cfg: Config) -> None:

@@ -37,8 +37,9 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    # arithmetic (built in) | countdown (built in) | gsm8k (data.* files, answers after #### or in
-    # \boxed{}) | files (data.* files, answers compared as strings). See docs/TASKS.md.
+    # arithmetic (built in) | countdown (built in) | longtail (built in: addition worked column by column,
+    # heavy-tailed lengths) | gsm8k (data.* files, answers after #### or in \boxed{}) | files (data.* files,
+    # answers compared as strings). See docs/TASKS.md.
     name: str = "arithmetic"
     num_digits: int = 2
     # Held-out problems (file tasks: at most this many, a fixed subset of data.eval_files, or without
@@ -46,6 +47,12 @@ class TaskConfig:
     eval_size: int = 500
     countdown_numbers: int = 4  # numbers given per countdown problem
     countdown_max_number: int = 100  # numbers are drawn from 1..this
+    # longtail: both operands of a problem have d digits, d drawn from min..max digits with probability
+    # proportional to d^-exponent; a completion is about 10*d tokens, so these set the length distribution
+    # (the defaults: median 21, p99 about 130, longest 161 tokens).
+    longtail_min_digits: int = 2
+    longtail_max_digits: int = 16
+    longtail_exponent: float = 2.5
 
 
 @dataclass

@@ -39,6 +39,7 @@ _HASH_CHUNK_BYTES = 4 * 2**20
 _TASK_PARAMETERS = {
     "arithmetic": ("num_digits", "eval_size"),
     "countdown": ("countdown_numbers", "countdown_max_number", "eval_size"),
+    "longtail": ("longtail_min_digits", "longtail_max_digits", "longtail_exponent", "eval_size"),
 }
 
 

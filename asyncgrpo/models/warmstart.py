@@ -33,8 +33,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from asyncgrpo.runtime.files import private_dir
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.tasks.arithmetic import ArithmeticTask
-from asyncgrpo.tasks.problem import Problem
+from asyncgrpo.tasks.problem import Problem, Task, reference_completion
 
 # Bump whenever a change here would produce a different model for the same inputs, so
 # stale cache entries are not reused.
@@ -58,7 +57,7 @@ IGNORE_INDEX = -100
 
 
 def warm_model_cache_key(
-    model_spec: TinyModelSpec, task: ArithmeticTask, seed: int, target_accuracy: float
+    model_spec: TinyModelSpec, task: Task, seed: int, target_accuracy: float
 ) -> str:
     identity = {
         "model": model_spec.to_dict(),
@@ -74,7 +73,7 @@ def ensure_warm_model(
     cache_root: Path,
     *,
     model_kwargs: dict[str, int],
-    task: ArithmeticTask,
+    task: Task,
     seed: int,
     target_accuracy: float,
     max_seconds: float,
@@ -142,7 +141,7 @@ def _reached_target(model_dir: Path) -> bool:
 def _train_and_save(
     directory: Path,
     model_spec: TinyModelSpec,
-    task: ArithmeticTask,
+    task: Task,
     seed: int,
     target_accuracy: float,
     max_seconds: float,
@@ -188,7 +187,7 @@ def _train_and_save(
 def _train_until_target(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
-    task: ArithmeticTask,
+    task: Task,
     seed: int,
     target_accuracy: float,
     max_seconds: float,
@@ -235,9 +234,10 @@ def _batched(problems: Iterator[Problem], size: int) -> Iterator[list[Problem]]:
 def _supervised_batch(
     tokenizer: PreTrainedTokenizerFast, problems: Sequence[Problem]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded prompt+answer+eos ids, with labels only on the answer and eos."""
+    """Right-padded prompt+reference+eos ids, with labels only on the reference completion and eos
+    (the answer, or the task's worked scratchpad: `reference_completion`)."""
     prompt_ids = tokenizer([p.prompt for p in problems], add_special_tokens=False).input_ids
-    answer_ids = tokenizer([p.answer for p in problems], add_special_tokens=False).input_ids
+    answer_ids = tokenizer([reference_completion(p) for p in problems], add_special_tokens=False).input_ids
     length = max(len(p) + len(a) + 1 for p, a in zip(prompt_ids, answer_ids, strict=True))
     input_rows, label_rows = [], []
     for prompt, answer in zip(prompt_ids, answer_ids, strict=True):
@@ -278,7 +278,7 @@ def _expected_accuracy(
 def measure_accuracy(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
-    task: ArithmeticTask,
+    task: Task,
     problems: Sequence[Problem],
     *,
     greedy: bool,

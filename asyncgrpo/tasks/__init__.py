@@ -12,16 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 from asyncgrpo.tasks.arithmetic import ArithmeticTask
 from asyncgrpo.tasks.countdown import CountdownTask
+from asyncgrpo.tasks.longtail import LongtailTask
 from asyncgrpo.tasks.problem import Problem, Task
 
 if TYPE_CHECKING:
     from asyncgrpo.schema import Config
 
-__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "Problem", "Task", "make_task",
-           "run_stream"]
+__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "LongtailTask", "Problem", "Task",
+           "make_task", "run_stream"]
 
 # task.name: each is built by `make_task`; the file tasks read their problems from data.* files.
-TASK_NAMES = ("arithmetic", "countdown", "gsm8k", "files")
+TASK_NAMES = ("arithmetic", "countdown", "longtail", "gsm8k", "files")
 FILE_TASKS = ("gsm8k", "files")
 
 
@@ -34,6 +35,9 @@ def make_task(cfg: Config, tokenizer: Any | None = None) -> Task:
     if name == "countdown":
         return CountdownTask(num_numbers=cfg.task.countdown_numbers, max_number=cfg.task.countdown_max_number,
                              eval_size=cfg.task.eval_size)
+    if name == "longtail":
+        return LongtailTask(min_digits=cfg.task.longtail_min_digits, max_digits=cfg.task.longtail_max_digits,
+                            exponent=cfg.task.longtail_exponent, eval_size=cfg.task.eval_size)
     if name in FILE_TASKS:
         from asyncgrpo.tasks.files import FileTask
         from asyncgrpo.tasks.gsm8k import GSM8KTask

@@ -6,6 +6,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# Problem.extra key of a reference completion that is more than the answer (a worked scratchpad): what
+# the warm start trains on and measures, while rewards still compare with `answer`.
+REFERENCE_KEY = "reference"
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -19,6 +23,11 @@ class Problem:
     prompt: str
     answer: str
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def reference_completion(problem: Problem) -> str:
+    """The completion the warm start imitates: extra[REFERENCE_KEY] where the task writes one, else the answer."""
+    return problem.extra.get(REFERENCE_KEY, problem.answer)
 
 
 class Task(Protocol):

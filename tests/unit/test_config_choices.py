@@ -60,6 +60,7 @@ CHOICES = {
 NEEDS = {
     ("learner.mixed_precision", "bf16"): ["device=cuda"],  # bf16 is refused on device=cpu
     ("task.name", "countdown"): ["model.path=/models/any"],  # its prompts do not fit the tiny model
+    ("task.name", "longtail"): ["model.max_positions=256", "rollout.max_new_tokens=200"],  # room for its scratchpads
     ("task.name", "gsm8k"): ["model.path=/models/any", f"data.train_files=[{SAMPLE}]"],
     ("task.name", "files"): [f"data.train_files=[{SAMPLE}]"],
 }
