@@ -518,8 +518,6 @@ def _task_rules(cfg: Config) -> None:
         require(MIN_NUMBERS <= task.countdown_numbers <= MAX_NUMBERS, "task.countdown_numbers",
                 f"must be between {MIN_NUMBERS} and {MAX_NUMBERS}", task.countdown_numbers)
         require(task.countdown_max_number >= 2, "task.countdown_max_number", "must be >= 2", task.countdown_max_number)
-    if task.name == "longtail":
-        _longtail_rules(cfg)
     if task.name in FILE_TASKS:
         require(bool(data.train_files), "data.train_files", f"must list at least one JSONL or Parquet file for task.name={task.name}",
                 data.train_files)
@@ -531,8 +529,10 @@ def _task_rules(cfg: Config) -> None:
 
 def _longtail_rules(cfg: Config) -> None:
     """task.longtail_*: digit counts in range, and an embedded model's context that holds the longest prompt
-    beside the completion, so that the longest problems can be written out in full."""
+    beside the completion, so that the longest problems can be written out in full. Other tasks: nothing."""
     task = cfg.task
+    if task.name != "longtail":
+        return
     require(LONGTAIL_MIN_DIGITS <= task.longtail_min_digits <= LONGTAIL_MAX_DIGITS, "task.longtail_min_digits",
             f"must be between {LONGTAIL_MIN_DIGITS} and {LONGTAIL_MAX_DIGITS}", task.longtail_min_digits)
     require(task.longtail_min_digits <= task.longtail_max_digits <= LONGTAIL_MAX_DIGITS, "task.longtail_max_digits",
@@ -615,7 +615,7 @@ def _log_rules(cfg: Config) -> None:
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
     _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
     _optimizer_rules, _weights_rules, _wire_rules, _end_of_run_rules, _wire_security_rules, _placement_rules,
-    _algo_rules, _task_rules, _data_rules, _reward_rules, _judge_rules, _run_rules, _log_rules,
+    _algo_rules, _task_rules, _longtail_rules, _data_rules, _reward_rules, _judge_rules, _run_rules, _log_rules,
 )
 
 

@@ -49,7 +49,7 @@ class TaskConfig:
     countdown_max_number: int = 100  # numbers are drawn from 1..this
     # longtail: both operands of a problem have d digits, d drawn from min..max digits with probability
     # proportional to d^-exponent; a completion is about 10*d tokens, so these set the length distribution
-    # (the defaults: median 21, p99 about 130, longest 161 tokens).
+    # (the defaults: median 21, p99 140, longest 161 tokens; docs/TASKS.md, longtail).
     longtail_min_digits: int = 2
     longtail_max_digits: int = 16
     longtail_exponent: float = 2.5
