@@ -103,7 +103,8 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         "prompt/length_mean": (batch.attention_mask.sum(1) - batch.mask.sum(1)).float().mean().item(),
         # Versions within one completion (> 0: the weights changed mid-generation, rollout.inflight_updates).
         "staleness/inflight_span_max": version_span(batch.token_versions, batch.mask).max().item(),
-        **token_age_histogram(version, batch.token_versions, batch.mask),
+        # `version` counts the steps taken, this one included: it trained at version - 1.
+        **token_age_histogram(version - 1, batch.token_versions, batch.mask),
     }
 
 

@@ -82,3 +82,10 @@ def test_length_percentiles_and_the_truncated_fraction_describe_the_steps_tail()
     assert metrics["response/length_p99"] == pytest.approx(50.5)
     assert metrics["response/length_max"] == 100.0
     assert metrics["response/truncated_frac"] == pytest.approx(0.01)
+
+
+def test_token_ages_count_from_the_version_the_step_trained_at_as_the_group_staleness_does():
+    # The first step (version=1 after it) trained at version 0 on tokens of version 0: staleness 0.
+    batch = tiny_batch([3, 2], [1.0, 0.0], [0, 0])
+    metrics = batch_metrics(batch, torch.tensor([0]), version=1, samples_consumed=2, max_new_tokens=5)
+    assert metrics["staleness/max"] == 0 and metrics["staleness/tokens_age_0"] == 1.0
