@@ -39,24 +39,13 @@ Pure Python, no torch: the simulator imports it.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from asyncgrpo.contract import Ticket, admission_floor, admission_limit, first_slot
-
-Holder = tuple[int, int]  # (generator id, incarnation): a restarted generator is a new holder
-
-
-@dataclass
-class _Held:
-    holder: Holder
-    position: int
-    grant: int  # the holder's grant number that carried it (reports name the newest grant received)
-    version: int  # the weights the holder had loaded when granted: its group samples from them on
+from asyncgrpo.queue.holdings import FreeSlots, Held, Holder, Holdings
 
 
 class Dispatcher:
@@ -91,13 +80,9 @@ class Dispatcher:
         self.step = first_step  # the next step to take: its slots are step*G .. step*G + G - 1
         self._next_slot = first_slot(first_step, groups_per_step)  # never granted at or beyond this
         self._next_position = first_position
-        self._free: list[int] = []  # slots granted before and given back: granted again first, lowest first
+        self._free = FreeSlots()  # slots granted before and given back: granted again first, lowest first
         self._retry: deque[int] = deque(sorted(set(retry_positions)))  # prompts to give again before new ones
-        self._held: dict[int, _Held] = {}  # slot -> granted, its group not arrived
-        # (holder, position) -> slot, for every held slot: a group names its prompt, and finding
-        # its slot by walking _held cost every arriving group O(slots held), thousands at scale.
-        self._slot_by_prompt: dict[tuple[Holder, int], int] = {}
-        self._slots_by_holder: dict[Holder, set[int]] = {}  # likewise for each request's report
+        self.holdings = Holdings()  # slots granted, their groups not arrived: who holds which
         self._filled: dict[int, tuple[Holder, int]] = {}  # slot -> (holder, position): arrived, not taken
         self._grants: dict[Holder, int] = {}  # holder -> how many grants it has been given
         # generator id -> its oldest process that may still ask: the newest seen asking, or the one
@@ -136,7 +121,7 @@ class Dispatcher:
         one that died; a newer one's first request retires the older): `holder_down` for each, and
         their requests still on their way get nothing. A newer process keeps its slots."""
         self._live_from[generator_id] = max(self._live_from.get(generator_id, 0), incarnation + 1)
-        holders = {holder for holder in self._slots_by_holder if holder[0] == generator_id and holder[1] <= incarnation}
+        holders = {h for h in self.holdings.holders() if h[0] == generator_id and h[1] <= incarnation}
         return sorted(slot for holder in holders for slot in self.holder_down(holder))
 
     def slot_limit(self, loaded_version: int) -> float:
@@ -163,7 +148,7 @@ class Dispatcher:
     def can_grant(self, loaded_version: int) -> bool:
         """Whether a generator holding `loaded_version` would be granted anything now."""
         floor, limit = self.slot_floor(loaded_version), self.slot_limit(loaded_version)
-        return self.prompts_left() and (self._lowest_free(floor, limit) is not None
+        return self.prompts_left() and (self._free.lowest(floor, limit) is not None
                                         or floor <= self._next_slot < limit)
 
     def prompts_left(self) -> bool:
@@ -177,8 +162,8 @@ class Dispatcher:
         grant = self._grants.get(holder, 0) + 1
         tickets: list[Ticket] = []
         while len(tickets) < wanted and self.prompts_left():
-            if (slot := self._lowest_free(floor, limit)) is not None:
-                self._take_free(slot)
+            if (slot := self._free.lowest(floor, limit)) is not None:
+                self._free.take(slot)
                 self.counts["regranted"] += 1
             elif floor <= self._next_slot < limit:  # never past an ungranted slot: it would leave a hole
                 slot, self._next_slot = self._next_slot, self._next_slot + 1
@@ -188,7 +173,7 @@ class Dispatcher:
                 position = self._retry.popleft()
             else:
                 position, self._next_position = self._next_position, self._next_position + 1
-            self._hold(slot, _Held(holder, position, grant, loaded_version))
+            self.holdings.hold(slot, Held(holder, position, grant, loaded_version))
             tickets.append(Ticket(slot, position))
         if tickets:
             self._grants[holder] = grant
@@ -201,18 +186,18 @@ class Dispatcher:
         """`holder`'s group for `slot` has come in. True: it fills the slot (queue it). False: the
         slot is not this holder's (given to another after a death or a loss, or never granted):
         drop it, counted."""
-        held = self._held.get(slot)
+        held = self.holdings.get(slot)
         if held is None or held.holder != holder:
             self.counts["refused_arrivals"] += 1
             return False
-        self._unhold(slot)
+        self.holdings.unhold(slot)
         self._filled[slot] = (holder, held.position)
         return True
 
     def slot_of(self, holder: Holder, position: int) -> int | None:
         """The slot `holder` holds for the prompt at `position` (a group names its prompt, not its
         slot), or None: not granted to it, or given to another since."""
-        return self._slot_by_prompt.get((holder, position))
+        return self.holdings.slot_of(holder, position)
 
     def grants_unreceived(self, holder: Holder, newest_received: int) -> list[int]:
         """`holder` asks again having received grants up to `newest_received` only: a later grant
@@ -226,9 +211,9 @@ class Dispatcher:
         give-back repeated after its answer was lost). Returns how many it held."""
         count = 0
         for position in positions:
-            slot = self._slot_by_prompt.get((holder, position))
+            slot = self.holdings.slot_of(holder, position)
             if slot is not None:
-                self._give_back(slot, self._unhold(slot).position, retry_prompt=False)
+                self._give_back(slot, self.holdings.unhold(slot).position, retry_prompt=False)
                 count += 1
         self.counts["released"] += count
         return count
@@ -252,58 +237,24 @@ class Dispatcher:
         for failed rewards while still held): grant the slot again; the prompt only if `retry_prompt`."""
         if slot in self._filled:
             _, position = self._filled.pop(slot)
-        elif slot in self._held:
-            position = self._unhold(slot).position
+        elif slot in self.holdings:
+            position = self.holdings.unhold(slot).position
         else:
             raise KeyError(f"slot {slot} is neither granted nor queued")
         self._give_back(slot, position, retry_prompt)
         self.counts["released"] += 1
 
-    def _take_back(self, holder: Holder, which: Callable[[int, _Held], bool], count: str) -> list[int]:
+    def _take_back(self, holder: Holder, which: Callable[[int, Held], bool], count: str) -> list[int]:
         """`holder`'s slots not arrived for which `which(slot, held)`, granted again with their
         prompts, counted under `count`; returned in order."""
-        slots = sorted(slot for slot in self._slots_by_holder.get(holder, ()) if which(slot, self._held[slot]))
+        slots = [slot for slot, held in self.holdings.of(holder) if which(slot, held)]
         for slot in slots:
-            self._give_back(slot, self._unhold(slot).position, retry_prompt=True)
+            self._give_back(slot, self.holdings.unhold(slot).position, retry_prompt=True)
         self.counts[count] += len(slots)
         return slots
 
-    def _hold(self, slot: int, held: _Held) -> None:
-        key = (held.holder, held.position)
-        if key in self._slot_by_prompt:  # a prompt is in one place at a time: held, queued, retried or trained
-            raise RuntimeError(f"dispatcher: prompt {held.position} would be held twice by {held.holder}")
-        self._held[slot] = held
-        self._slot_by_prompt[key] = slot
-        self._slots_by_holder.setdefault(held.holder, set()).add(slot)
-
-    def _unhold(self, slot: int) -> _Held:
-        held = self._held.pop(slot)
-        del self._slot_by_prompt[(held.holder, held.position)]
-        slots = self._slots_by_holder[held.holder]
-        slots.discard(slot)
-        if not slots:
-            del self._slots_by_holder[held.holder]
-        return held
-
-    def _lowest_free(self, floor: float, limit: float) -> int | None:
-        """The lowest slot given back within [floor, limit), or None."""
-        if not self._free or self._free[0] >= limit:
-            return None
-        if self._free[0] >= floor:
-            return self._free[0]
-        # The lowest is below this holder's floor (fixed staleness: a step for older weights); rare,
-        # and the free slots are few.
-        return min((slot for slot in self._free if floor <= slot < limit), default=None)
-
-    def _take_free(self, slot: int) -> None:
-        if self._free[0] == slot:
-            heapq.heappop(self._free)
-        else:
-            self._free.remove(slot)
-            heapq.heapify(self._free)
-
     def _give_back(self, slot: int, position: int, retry_prompt: bool) -> None:
-        heapq.heappush(self._free, slot)
+        self._free.push(slot)
         if retry_prompt:
             self._retry.append(position)
 
@@ -335,7 +286,7 @@ class Dispatcher:
         for slot in self.missing():
             if not later:
                 break
-            held = self._held.get(slot)
+            held = self.holdings.get(slot)
             if held is not None:
                 bound = admission_limit(held.version, self.max_staleness, self.groups_per_step)
             elif slot in self._free:
@@ -347,10 +298,10 @@ class Dispatcher:
             moved = later.pop(0)
             self._filled[slot] = self._filled.pop(moved)
             if held is not None:
-                self._hold(moved, self._unhold(slot))
+                self.holdings.hold(moved, self.holdings.unhold(slot))
             else:
-                self._take_free(slot)
-                heapq.heappush(self._free, moved)
+                self._free.take(slot)
+                self._free.push(moved)
             moves.append((moved, slot))
         self.counts["early"] += len(moves)
         return moves
@@ -376,7 +327,7 @@ class Dispatcher:
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs: the next step, and the prompts to give (again) first: every
         position granted or queued but not trained, and those already waiting to be retried."""
-        pending = {held.position for held in self._held.values()} | {pos for _, pos in self._filled.values()}
+        pending = self.holdings.positions() | {pos for _, pos in self._filled.values()}
         return {"step": self.step, "next_position": self._next_position,
                 "retry_positions": sorted(pending | set(self._retry))}
 

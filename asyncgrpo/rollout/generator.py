@@ -4,7 +4,8 @@
 stream, scorer, sink, weight receiver) as the generator its `GeneratorSpec` describes
 (rollout/spec.py); `GeneratorActor` (rollout/actor.py) builds the real parts inside a Ray actor.
 The pure parts live beside it: running.py (what the engine is running), groups.py (the message),
-stats.py (its counters).
+stats.py (its counters); so do channel.py (its messages on the sink: numbered groups, acks,
+heartbeats) and pacing.py (the failpoints that slow it).
 
 The loop drives the engine a step at a time (docs/ARCHITECTURE.md, The two loops): whenever the
 engine has room for a group's samples (rollout.max_running_seqs) it asks learner rank 0 for the
@@ -30,11 +31,12 @@ from typing import Any
 import numpy as np
 
 from asyncgrpo.contract import Ticket
-from asyncgrpo.runtime import faults
 from asyncgrpo.runtime.memory import peak_memory
+from asyncgrpo.rollout.channel import GroupChannel
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.evaluations import PeriodicEvaluations
 from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.pacing import FailpointPace
 from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.running import Admitted, RunningGroups
 from asyncgrpo.rollout.scoring import ScoringBatch
@@ -43,17 +45,10 @@ from asyncgrpo.rollout.stats import GeneratorStats
 from asyncgrpo.rollout.waits import WaitLimit
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem
-from asyncgrpo.wire import (
-    Heartbeat,
-    SaveNotice,
-    ScoredGroup,
-    VersionAck,
-)
+from asyncgrpo.wire import SaveNotice, ScoredGroup
 
 log = logging.getLogger(__name__)
 
-# While waiting (for tickets, for new weights) the learner still hears from us this often.
-HEARTBEAT_EVERY_S = 1.0
 # Granted no ticket, a generator waits this long for newer weights before it asks again.
 TICKET_RETRY_S = 0.2
 
@@ -76,22 +71,19 @@ class Generator:
         self.tickets, self.positioned = parts.tickets, parts.positioned
         self._no_tickets_since: float | None = None  # the wait for a grant, across retries
         self._no_tickets_version = -1  # the weights held when that wait (re)started
-        self.slowdown = faults.slowdown(spec.generator_id)
-        self.pace_s = faults.pace_s(spec.generator_id)
+        self.pace = FailpointPace(spec.generator_id)
         self.groups_per_call = spec.groups_per_call
         self.version = spec.initial_version
         self.engine.label_version(self.version)
-        self.next_seq = 0
         self._rejoin_version = spec.initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
         self.running = RunningGroups()  # submitted to the engine, not finished
         self.scoring: deque[ScoringBatch] = deque()  # finished, their rewards being computed
         self._asked_in_vain: tuple[int, float] | None = None  # (version, when): granted nothing while running
         self._paused = False  # admission held back for the running sequences to finish
-        self._paced_until = 0.0  # failpoint generator_pace_s: generation lasts at least this long
-        self._last_heartbeat = 0.0
-        self._reported_rejections = 0
         self.wait_limit = WaitLimit(spec.generator_id, cfg.wire)
+        self.channel = GroupChannel(self.sink, spec.generator_id, spec.incarnation, self.stats, self.scorer,
+                                    self.wait_limit)
         # eval.every_steps (generator 0 only), taken by the driver (`take_evaluations`).
         self.evaluations = PeriodicEvaluations(cfg.eval.every_steps if spec.generator_id == 0 else 0,
                                                spec.initial_version, self.task)
@@ -119,7 +111,7 @@ class Generator:
         """Generate until the learner says stop; returns this generator's counters and timings."""
         run_start = time.perf_counter()
         # The weights loaded from disk; acknowledging them tells the learner this generator is up.
-        self.sink.try_send(VersionAck(self.generator_id, self.version, self.incarnation), timeout_s=1.0)
+        self.channel.acknowledge(self.version)
         try:
             if self.version < self._rejoin_version:  # restarted: the learner is further on
                 with self.stats.timer("rejoin"):
@@ -226,11 +218,7 @@ class Generator:
         started = time.perf_counter()
         self.stats.count_step(self.engine.running_sequences)
         finished = self.engine.step()
-        if self.slowdown > 1:
-            time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
-        if self.pace_s > 0 and finished:
-            self._paced_until = max(self._paced_until, started) + self.pace_s * len(finished)
-            time.sleep(max(0.0, self._paced_until - time.perf_counter()))
+        self.pace.after_step(started, len(finished))
         return [(self.running.finish(group.request_id), group.completions) for group in finished]
 
     def _drop_running(self) -> None:
@@ -283,36 +271,10 @@ class Generator:
 
     def _send(self, group: ScoredGroup) -> None:
         """Send, waiting on a full queue; meanwhile new weights are loaded (a safe point) and a stop is heard."""
-        started = time.monotonic()
-        group.seq, group.incarnation = self.next_seq, self.incarnation
-        blocked_since = None
-        while not self.sink.try_send(group, timeout_s=0.5 if blocked_since else 0.0):
-            blocked_since = blocked_since or time.perf_counter()
-            self._load_between_steps(in_wait=True)
-            self.wait_limit.check(started, self.weights.saves, "blocked on a full queue", "the learner took no group")
-        if blocked_since is not None:
-            self.stats.send_blocked_s += time.perf_counter() - blocked_since
-        self.next_seq += 1
-        self.stats.groups_sent += 1
+        self.channel.send(group, self.weights, while_blocked=lambda: self._load_between_steps(in_wait=True))
 
     def _heartbeat(self, periodic: bool) -> None:
-        """Report sequence number, loaded version and cumulative counters (the learner logs their
-        per-step increase); `periodic`: at most once per HEARTBEAT_EVERY_S. Never blocks: a lost
-        heartbeat is made good by the next, its values being cumulative."""
-        now = time.monotonic()
-        if periodic and now - self._last_heartbeat < HEARTBEAT_EVERY_S:
-            return
-        self._last_heartbeat = now
-        rewards = self.scorer.stats_snapshot()
-        rejected, reason = self.weights.rejections()
-        self._reported_rejections = rejected
-        self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, self.version, idle_s=self.stats.idle_s,
-                                     reward_errors=rewards["reward/errors"],
-                                     groups_dropped=rewards["reward/groups_dropped"],
-                                     weights_rejected=rejected, rejection=reason,
-                                     reward_calls=rewards["reward/calls"],
-                                     reward_first_errors=self.scorer.first_errors(), incarnation=self.incarnation),
-                           timeout_s=0.0)
+        self.channel.heartbeat(self.version, self.weights, periodic)
 
     def _apply_latest_weights(self, in_wait: bool = False) -> bool:
         start = time.perf_counter()
@@ -325,7 +287,7 @@ class Generator:
         self.version = version
         self.engine.label_version(version)
         self.weights.saves.weights_loaded(version)
-        self.sink.try_send(VersionAck(self.generator_id, version, self.incarnation), timeout_s=1.0)
+        self.channel.acknowledge(version)
         return True
 
     def _load_newest_weights(self, wait_s: float, in_wait: bool = False) -> bool:
@@ -351,7 +313,7 @@ class Generator:
         """Read what the weight stream brought; report rejected weight messages at once (the learner
         fails the run with the reason)."""
         self.weights.poll(wait_s)
-        if self.weights.rejections()[0] > self._reported_rejections:
+        if self.weights.rejections()[0] > self.channel.reported_rejections:
             self._heartbeat(periodic=False)
 
     def _wait_for_version(self, version: int) -> None:

@@ -185,16 +185,11 @@ def drive(world: World, script: list[tuple[str, int, int]]) -> None:
             world.read_late()
         else:
             getattr(world, event)(g)
-        # slot_of's index agrees with the slots held, whatever happened
-        held = world.d._held
-        assert all(world.d.slot_of(h.holder, h.position) == slot for slot, h in held.items())
-        assert len(world.d._slot_by_prompt) == len(held)
-        by_holder: dict = {}
-        for slot, h in held.items():
-            by_holder.setdefault(h.holder, set()).add(slot)
-        assert world.d._slots_by_holder == by_holder
+        # slot_of's indexes agree with the slots held, whatever happened
+        world.d.holdings.check()
         # Once its death is reported, a process holds nothing: no step waits on it.
-        assert all(holder == world.gens[holder[0]].holder for holder in by_holder), by_holder
+        holders = list(world.d.holdings.holders())
+        assert all(holder == world.gens[holder[0]].holder for holder in holders), holders
 
 
 def finish(world: World, final_wanted: list[int]) -> None:

@@ -481,7 +481,7 @@ def test_problems_are_taken_one_call_at_a_time():
 
 
 class VirtualClock:
-    """Stands in for the generator module's `time`: sleeps advance it and are recorded."""
+    """Stands in for the `time` of the generator's modules: sleeps advance it and are recorded."""
 
     def __init__(self) -> None:
         self.now, self.sleeps = 0.0, []
@@ -499,9 +499,11 @@ class VirtualClock:
 @pytest.mark.parametrize("paced", [True, False])
 def test_a_paced_generator_sleeps_out_each_call_to_its_seconds_per_group(monkeypatch, paced):
     import asyncgrpo.rollout.generator as generator_module
+    import asyncgrpo.rollout.pacing as pacing_module
 
     clock = VirtualClock()
     monkeypatch.setattr(generator_module, "time", clock)
+    monkeypatch.setattr(pacing_module, "time", clock)  # the failpoints' sleeps
     monkeypatch.setenv("ASYNCGRPO_FAULTS", '{"generator_pace_s": {"%d": 0.05}}' % (0 if paced else 1))
     cfg = config(rollout={"groups_per_call": 3}, train={"max_staleness": 0})
     engine = AddingEngine(before_call=lambda: setattr(clock, "now", clock.now + 0.01))  # the call's own work

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from test_generator import ListSink, config, make_generator
 
+from asyncgrpo.rollout import channel as channel_module
 from asyncgrpo.rollout import generator as generator_module
 from asyncgrpo.rollout import waits as waits_module
 from asyncgrpo.rollout.generator import Generator
@@ -82,9 +83,10 @@ class FullUntil(ListSink):
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     clock = Clock()
-    # perf_counter offset: a real one is never 0, and _send reads 0 as "not blocked yet".
+    # perf_counter offset: a real one is never 0, and GroupChannel.send reads 0 as "not blocked yet".
     fake_time = types.SimpleNamespace(monotonic=clock, perf_counter=lambda: clock.now + 1000.0)
     monkeypatch.setattr(generator_module, "time", fake_time)
+    monkeypatch.setattr(channel_module, "time", fake_time)  # the full queue's wait (GroupChannel.send)
     monkeypatch.setattr(waits_module, "time", fake_time)  # the waits' limits (WaitLimit)
     return clock
 
