@@ -62,6 +62,7 @@ def async_modes(eta: int) -> list[Mode]:
 def tail_figures(summary: dict[str, Any], records: list[dict[str, Any]], groups_per_step: int) -> dict[str, Any]:
     """bench_async's figures of a run, and what the long tail adds: tokens/s, engine occupancy, the
     token age histogram."""
+    records = [r for r in records if "perf/tokens" in r]  # the steps (the file also holds evaluations)
     figures = run_figures(summary, records, groups_per_step)
     train_s = summary["train_s"]
     tokens = sum(r["perf/tokens"] for r in records)

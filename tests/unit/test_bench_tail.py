@@ -20,7 +20,8 @@ def summary(samples_per_s: float, occupancy: float) -> dict[str, Any]:
 RECORDS = [{"step": 1, "time/step_s": 5.0, "time/ack_wait_s": 0.0, "time/gen_wait_s": 1.0, "perf/tokens": 3000,
             "staleness/tokens_age_0": 1.0, "staleness/tokens_age_1": 0.0},
            {"step": 2, "time/step_s": 5.0, "time/ack_wait_s": 0.0, "time/gen_wait_s": 1.0, "perf/tokens": 1000,
-            "staleness/tokens_age_0": 0.5, "staleness/tokens_age_1": 0.5}]
+            "staleness/tokens_age_0": 0.5, "staleness/tokens_age_1": 0.5},
+           {"step": 2, "eval/accuracy": 0.5, "eval/when": "end"}]  # not a step: left out
 
 
 def test_a_runs_figures_add_tokens_per_second_occupancy_and_the_mean_token_ages():
