@@ -137,7 +137,7 @@ class Generator:
             with timer("eval"):
                 self.evaluations.evaluate(self.version, self.evaluate)
         with timer("ask"):
-            self._admit()
+            granted = self._admit()
         if self.running:
             with timer("generate"):
                 finished = self._step_paced()
@@ -147,7 +147,7 @@ class Generator:
             self._send_scored(wait=False)
         elif self.scoring:  # nothing to decode meanwhile: wait for the rewards
             self._send_scored(wait=True)
-        else:
+        elif not granted:  # (granted, yet nothing runs: the engine refused every prompt; ask again)
             with timer("throttle"):
                 self._wait_for_tickets()
 
@@ -172,25 +172,26 @@ class Generator:
         self._paused = paused
         return paused
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
         """Ask for as many tickets as the engine has room for (rollout.max_running_seqs, at most a
-        call's worth) and submit their prompts. Granted nothing while the engine runs, ask again
-        with newer weights or TICKET_RETRY_S later."""
+        call's worth) and submit their prompts; whether any were granted. Granted nothing while the
+        engine runs, ask again with newer weights or TICKET_RETRY_S later."""
         r = self.cfg.rollout
         if self._admission_paused():
-            return
+            return False
         room = (r.max_running_seqs - self.engine.running_sequences) // r.samples_per_prompt
         wanted = min(self.groups_per_call, room) if r.continuous else self.groups_per_call
         refused = self._asked_in_vain
         if wanted < 1 or (self.running and refused is not None and refused[0] == self.version
                           and time.monotonic() - refused[1] < TICKET_RETRY_S):
-            return
+            return False
         tickets = self.tickets.ask(self.version, wanted)
         self._asked_in_vain = None if tickets else (self.version, time.monotonic())
         if tickets:
             self._no_tickets_since = None
         for ticket in tickets:
             self._submit(ticket)
+        return bool(tickets)
 
     def _submit(self, ticket: Ticket) -> None:
         """Submit a granted prompt; one the engine refuses (longer than its context) is counted and

@@ -550,3 +550,28 @@ def test_a_resumed_generator_evaluates_from_the_next_multiple_after_its_version(
     generator = make_generator(cfg, versions=3, quota=2, initial_version=4)
     generator.run()
     assert [r["step"] for r in generator.take_evaluations()] == [6]
+
+
+def test_a_prompt_longer_than_the_context_is_counted_and_its_slot_goes_to_the_next_prompt():
+    cfg = config(train={"max_staleness": 0})
+
+    def problems() -> Iterator[Problem]:  # every third prompt is too long for the engine
+        for i in itertools.count():
+            yield Problem(i, "1234+5678=" if i % 3 == 1 else "12+34=", "6912" if i % 3 == 1 else "46")
+
+    generator = make_generator(cfg, quota=4, problems=problems, engine=AddingEngine(max_prompt_tokens=6))
+    stats = generator.run()
+    groups = generator.sink.of(ScoredGroup)
+    # Positions 1 and 4 were refused and their slots granted again with new prompts: the step is full.
+    assert [g.pos for g in groups] == [0, 2, 3, 5]
+    assert stats["gen/prompts_rejected"] == 2 and generator.queue.stats()["dispatch/released"] == 2
+
+
+def test_an_engine_step_that_raises_ends_the_run_with_its_error():
+    class Broken(AddingEngine):
+        def step(self):
+            raise RuntimeError("CUDA error: an illegal memory access")
+
+    generator = make_generator(config(), engine=Broken())
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        generator.run()  # the actor dies with it: the driver restarts it and its slots go to others
