@@ -99,10 +99,10 @@ def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
     return max(max_backlog_versions, max_staleness + 1)
 
 
-def ack_floor(version: int, max_staleness: int, max_backlog_versions: int) -> int:
+def ack_floor(version: int, lag_bound: int) -> int:
     """The oldest weights every live engine must have loaded (acknowledged) before the learner
-    trains at `version`: `engine_lag_bound` versions back; 0 or less waits for nobody."""
-    return version - engine_lag_bound(max_staleness, max_backlog_versions)
+    trains at `version`: `lag_bound` (`engine_lag_bound`) versions back; 0 or less waits for nobody."""
+    return version - lag_bound
 
 
 def even_split(num_generators: int, groups_per_step: int) -> list[int]:
