@@ -445,12 +445,13 @@ def _algo_rules(cfg: Config) -> None:
         LOSS_TYPES,
         MODES,
     )
+    from asyncgrpo.algo.settings import clip_low_allowed  # LossSettings' own range: one statement
 
     require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", _one_of(ADVANTAGE_MODES), cfg.algo.advantage)
     require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", _one_of(LOSS_TYPES), cfg.algo.loss_type)
     require(cfg.algo.mode in MODES, "algo.mode", _one_of(MODES), cfg.algo.mode)
     require(cfg.algo.clip_low > 0 and cfg.algo.clip_high > 0, "algo.clip_low/clip_high", "must be > 0", (cfg.algo.clip_low, cfg.algo.clip_high))
-    require(cfg.algo.clip_low < 1 or (cfg.algo.clip_low == 1 and cfg.algo.loss_type == "cispo"), "algo.clip_low",
+    require(clip_low_allowed(cfg.algo.clip_low, cfg.algo.loss_type), "algo.clip_low",
             "must be < 1 (exactly 1, no floor on the IS weight, only with algo.loss_type=cispo)", cfg.algo.clip_low)
     require(cfg.algo.clip_c > 1, "algo.clip_c", "must be > 1", cfg.algo.clip_c)
     require(cfg.algo.agg in AGG_MODES, "algo.agg", _one_of(AGG_MODES), cfg.algo.agg)
