@@ -117,6 +117,11 @@ def call_sizes(groups_per_call: int, num_generators: int, groups_per_step: int) 
     return [groups_per_call or share for share in even_split(num_generators, groups_per_step)]
 
 
+def one_of(choices: tuple[str, ...]) -> str:
+    """How a choice rule says what it allows, in config.validate and here alike."""
+    return f"must be one of {', '.join(choices)}"
+
+
 def check_max_staleness(require: Require, max_staleness: int) -> None:
     """Refuse a negative train.max_staleness, through the caller's `require`."""
     require(max_staleness >= 0, "train.max_staleness", "must be >= 0", max_staleness)
@@ -124,8 +129,7 @@ def check_max_staleness(require: Require, max_staleness: int) -> None:
 
 def check_stale_policy(require: Require, stale_policy: str) -> None:
     """Refuse an unknown train.stale_policy, through the caller's `require`."""
-    require(stale_policy in STALE_POLICIES, "train.stale_policy", f"must be one of {', '.join(STALE_POLICIES)}",
-            stale_policy)
+    require(stale_policy in STALE_POLICIES, "train.stale_policy", one_of(STALE_POLICIES), stale_policy)
 
 
 def check_push_settings(require: Require, push_every_steps: int, max_backlog_versions: int,
