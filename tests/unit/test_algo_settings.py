@@ -11,7 +11,7 @@ from flat_settings import flat_settings
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.update import loss_settings
-from asyncgrpo.schema import AlgoConfig
+from asyncgrpo.schema import AlgoConfig, ConfigError
 
 # The algo keys the loss does not read, and who does.
 READ_ELSEWHERE = {
@@ -67,8 +67,6 @@ def test_an_invalid_combination_is_refused_when_the_settings_are_built_in_one_li
 @pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce", "gspo", "cispo"])
 @pytest.mark.parametrize("clip_low", [0.2, 0.999, 1.0, 1.5])
 def test_config_and_loss_settings_accept_the_same_clip_low(loss_type, clip_low):
-    from asyncgrpo.config import ConfigError
-
     try:
         load([f"algo.loss_type={loss_type}", f"algo.clip_low={clip_low}"])
         config_accepts = True

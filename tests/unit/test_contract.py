@@ -132,7 +132,8 @@ def test_trainable_is_the_staleness_bound_and_nothing_else():
     ((2, "both", 1, 0), "weights.max_backlog_versions must be >= 1"),
 ])
 def test_the_settings_checks_and_config_load_refuse_the_same(settings, key):
-    from asyncgrpo.config import ConfigError, load
+    from asyncgrpo.config import load
+    from asyncgrpo.schema import ConfigError
 
     max_staleness, policy, push_every, backlog = settings
     overrides = [f"train.max_staleness={max_staleness}", f"train.stale_policy={policy}",
