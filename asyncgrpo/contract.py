@@ -33,13 +33,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 # train.stale_policy: throttle = the admission bound; drop = the queue drops, at take time, a group
 # that is not trainable; both.
 STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
+
+# A sampled version, or a tensor or an array of them (`staleness` works elementwise and returns
+# the same kind: int - Versions is a Versions).
+Versions = TypeVar("Versions")
 
 # A validation's check: require(ok, key, why, value) raises the caller's error, naming the key,
 # when `ok` is false (config.validate raises ConfigError, the simulator SimulationError).
@@ -64,9 +68,9 @@ def first_slot(step: int, groups_per_step: int) -> int:
     return step * groups_per_step
 
 
-def staleness(sampled_version: int, step: int) -> int:
+def staleness(sampled_version: Versions, step: int) -> Versions:
     """How many versions older than learner step `step` the weights `sampled_version` are (also
-    elementwise, for a tensor or an array of sampled versions)."""
+    elementwise, for a tensor or an array of sampled versions: the result is of its kind)."""
     return step - sampled_version
 
 
