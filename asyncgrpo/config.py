@@ -25,6 +25,7 @@ from asyncgrpo.contract import (
     check_max_staleness,
     check_push_settings,
     check_stale_policy,
+    one_of,
 )
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.learner.resume import RESUME_AUTO
@@ -281,10 +282,6 @@ def _refuse_other_max_staleness(cfg: Config, overrides: list[str]) -> None:
                               f"it to {k}: drop train.max_staleness")
 
 
-def _one_of(choices: tuple[str, ...]) -> str:
-    return f"must be one of {', '.join(choices)}"
-
-
 def require(ok: bool, key: str, why: str, value: Any) -> None:
     """One rule's verdict: unless `ok`, a ConfigError naming the key, why, and the value it got."""
     if not ok:
@@ -351,11 +348,11 @@ def _learner_rules(cfg: Config) -> None:
     """learner.*: the ranks, the precision the device allows, where the KL reference lives."""
     learner = cfg.learner
     require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
-    require(learner.mixed_precision in MIXED_PRECISIONS, "learner.mixed_precision", _one_of(MIXED_PRECISIONS),
+    require(learner.mixed_precision in MIXED_PRECISIONS, "learner.mixed_precision", one_of(MIXED_PRECISIONS),
             learner.mixed_precision)
     require(learner.mixed_precision == "fp32" or cfg.device != "cpu", "learner.mixed_precision",
             "bf16 needs a GPU (device=cuda or auto on a GPU machine)", learner.mixed_precision)
-    require(cfg.algo.kl.reference_on in REFERENCE_PLACEMENTS, "algo.kl.reference_on", _one_of(REFERENCE_PLACEMENTS),
+    require(cfg.algo.kl.reference_on in REFERENCE_PLACEMENTS, "algo.kl.reference_on", one_of(REFERENCE_PLACEMENTS),
             cfg.algo.kl.reference_on)
 
 
@@ -377,7 +374,7 @@ def _optimizer_rules(cfg: Config) -> None:
     learner = cfg.learner
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
-    require(learner.lr_schedule in LR_SCHEDULES, "learner.lr_schedule", _one_of(LR_SCHEDULES), learner.lr_schedule)
+    require(learner.lr_schedule in LR_SCHEDULES, "learner.lr_schedule", one_of(LR_SCHEDULES), learner.lr_schedule)
     require(0 <= learner.min_lr_ratio <= 1, "learner.min_lr_ratio", "must be in [0, 1]", learner.min_lr_ratio)
     require(learner.micro_batch_tokens >= 0, "learner.micro_batch_tokens", "must be >= 0", learner.micro_batch_tokens)
 
@@ -391,9 +388,9 @@ def _weights_rules(cfg: Config) -> None:
     from asyncgrpo.weights.zmq import WIRE_DTYPES
     from asyncgrpo.wire import MAX_HEADER_BYTES
 
-    require(cfg.weights.backend in BACKENDS, "weights.backend", _one_of(BACKENDS), cfg.weights.backend)
+    require(cfg.weights.backend in BACKENDS, "weights.backend", one_of(BACKENDS), cfg.weights.backend)
     check_push_settings(require, cfg.weights.push_every_steps, cfg.weights.max_backlog_versions, cfg.train.max_staleness)
-    require(cfg.weights.wire_dtype in WIRE_DTYPES, "weights.wire_dtype", _one_of(WIRE_DTYPES), cfg.weights.wire_dtype)
+    require(cfg.weights.wire_dtype in WIRE_DTYPES, "weights.wire_dtype", one_of(WIRE_DTYPES), cfg.weights.wire_dtype)
     require(cfg.weights.chunk_bytes >= 1024, "weights.chunk_bytes", "must be >= 1024", cfg.weights.chunk_bytes)
     # Any tensor is split into chunks, so a push of any size fits once one chunk and its header do.
     require(cfg.weights.chunk_bytes + MAX_HEADER_BYTES <= cfg.wire.max_message_bytes, "weights.chunk_bytes",
@@ -425,8 +422,8 @@ def _end_of_run_rules(cfg: Config) -> None:
 def _wire_security_rules(cfg: Config) -> None:
     """wire.curve and wire.transport: no unauthenticated TCP socket unless asked for, ipc only on
     one node."""
-    require(cfg.wire.curve in CURVE_MODES, "wire.curve", _one_of(CURVE_MODES), cfg.wire.curve)
-    require(cfg.wire.transport in TRANSPORTS, "wire.transport", _one_of(TRANSPORTS), cfg.wire.transport)
+    require(cfg.wire.curve in CURVE_MODES, "wire.curve", one_of(CURVE_MODES), cfg.wire.curve)
+    require(cfg.wire.transport in TRANSPORTS, "wire.transport", one_of(TRANSPORTS), cfg.wire.transport)
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
             f"ipc reaches only this node, but wire.host={cfg.wire.host!r} is for other nodes: use tcp or auto",
             cfg.wire.transport)
@@ -449,18 +446,19 @@ def _algo_rules(cfg: Config) -> None:
         MODES,
         OVERLONG_MODES,
     )
+    from asyncgrpo.algo.settings import clip_low_allowed  # LossSettings' own range: one statement
 
-    require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", _one_of(ADVANTAGE_MODES), cfg.algo.advantage)
-    require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", _one_of(LOSS_TYPES), cfg.algo.loss_type)
-    require(cfg.algo.mode in MODES, "algo.mode", _one_of(MODES), cfg.algo.mode)
+    require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", one_of(ADVANTAGE_MODES), cfg.algo.advantage)
+    require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", one_of(LOSS_TYPES), cfg.algo.loss_type)
+    require(cfg.algo.mode in MODES, "algo.mode", one_of(MODES), cfg.algo.mode)
     require(cfg.algo.clip_low > 0 and cfg.algo.clip_high > 0, "algo.clip_low/clip_high", "must be > 0", (cfg.algo.clip_low, cfg.algo.clip_high))
-    require(cfg.algo.clip_low < 1 or (cfg.algo.clip_low == 1 and cfg.algo.loss_type == "cispo"), "algo.clip_low",
+    require(clip_low_allowed(cfg.algo.clip_low, cfg.algo.loss_type), "algo.clip_low",
             "must be < 1 (exactly 1, no floor on the IS weight, only with algo.loss_type=cispo)", cfg.algo.clip_low)
     require(cfg.algo.clip_c > 1, "algo.clip_c", "must be > 1", cfg.algo.clip_c)
-    require(cfg.algo.agg in AGG_MODES, "algo.agg", _one_of(AGG_MODES), cfg.algo.agg)
+    require(cfg.algo.agg in AGG_MODES, "algo.agg", one_of(AGG_MODES), cfg.algo.agg)
     require(cfg.algo.correction.is_level is None or cfg.algo.correction.is_level in IS_LEVELS, "algo.correction.is_level",
             f"must be null or one of {', '.join(IS_LEVELS)}", cfg.algo.correction.is_level)
-    require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", _one_of(KL_KINDS), cfg.algo.kl.kind)
+    require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", one_of(KL_KINDS), cfg.algo.kl.kind)
     require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
     require(cfg.algo.overlong in OVERLONG_MODES, "algo.overlong", _one_of(OVERLONG_MODES), cfg.algo.overlong)
     require(0 <= cfg.algo.overlong_buffer_tokens <= cfg.rollout.max_new_tokens, "algo.overlong_buffer_tokens",
@@ -510,7 +508,7 @@ def _placement_rules(cfg: Config) -> None:
 def _task_rules(cfg: Config) -> None:
     """task.*: a known task, its parameters, the prompt files or model it needs; and eval.every_steps."""
     task, data = cfg.task, cfg.data
-    require(task.name in TASK_NAMES, "task.name", _one_of(TASK_NAMES), task.name)
+    require(task.name in TASK_NAMES, "task.name", one_of(TASK_NAMES), task.name)
     require(task.eval_size >= 1, "task.eval_size", "must be >= 1", task.eval_size)
     require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0: at the start and the end only)",
             cfg.eval.every_steps)
@@ -557,7 +555,7 @@ def _data_rules(cfg: Config) -> None:
 def _reward_rules(cfg: Config) -> None:
     """reward.*: the error policy and its limits, and terms with distinct names, known kinds and their functions."""
     reward = cfg.reward
-    require(reward.on_error in ON_ERROR_POLICIES, "reward.on_error", _one_of(ON_ERROR_POLICIES), reward.on_error)
+    require(reward.on_error in ON_ERROR_POLICIES, "reward.on_error", one_of(ON_ERROR_POLICIES), reward.on_error)
     require(reward.timeout_s > 0, "reward.timeout_s", "must be > 0", reward.timeout_s)
     require(0 <= reward.max_error_rate <= 1, "reward.max_error_rate", "must be in [0, 1] (1 = never stop)",
             reward.max_error_rate)
@@ -568,7 +566,7 @@ def _reward_rules(cfg: Config) -> None:
     require(len(set(names)) == len(names), "reward.terms", "must have distinct names", names)
     for i, term in enumerate(reward.terms):
         kind = term.kind or term.name
-        require(kind in REWARD_KINDS, f"reward.terms[{i}].kind", _one_of(REWARD_KINDS), kind)
+        require(kind in REWARD_KINDS, f"reward.terms[{i}].kind", one_of(REWARD_KINDS), kind)
         require(term.name not in RESERVED_TERM_NAMES and term.name.isidentifier(), f"reward.terms[{i}].name",
                 f"must be an identifier other than {', '.join(RESERVED_TERM_NAMES)} (it is logged as reward/<name>)",
                 term.name)
@@ -600,12 +598,12 @@ def _judge_rules(cfg: Config) -> None:
 def _run_rules(cfg: Config) -> None:
     """seed and device."""
     require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
-    require(cfg.device in DEVICES, "device", _one_of(DEVICES), cfg.device)
+    require(cfg.device in DEVICES, "device", one_of(DEVICES), cfg.device)
 
 
 def _log_rules(cfg: Config) -> None:
     """log.*: the W&B mode and the sample table."""
-    require(cfg.log.wandb_mode in WANDB_MODES, "log.wandb_mode", _one_of(WANDB_MODES), cfg.log.wandb_mode)
+    require(cfg.log.wandb_mode in WANDB_MODES, "log.wandb_mode", one_of(WANDB_MODES), cfg.log.wandb_mode)
     require(cfg.log.samples_every_steps >= 0, "log.samples_every_steps", "must be >= 0 (0 = off)", cfg.log.samples_every_steps)
     require(cfg.log.samples_per_log >= 1, "log.samples_per_log", "must be >= 1", cfg.log.samples_per_log)
 

@@ -33,13 +33,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 # train.stale_policy: throttle = the admission bound; drop = the queue drops, at take time, a group
 # that is not trainable; both.
 STALE_POLICIES = ("throttle", "drop", "both")
 THROTTLING_STALE_POLICIES = ("throttle", "both")
 DROPPING_STALE_POLICIES = ("drop", "both")
+
+# A sampled version, or a tensor or an array of them (`staleness` works elementwise and returns
+# the same kind: int - Versions is a Versions).
+Versions = TypeVar("Versions")
 
 # A validation's check: require(ok, key, why, value) raises the caller's error, naming the key,
 # when `ok` is false (config.validate raises ConfigError, the simulator SimulationError).
@@ -64,9 +68,9 @@ def first_slot(step: int, groups_per_step: int) -> int:
     return step * groups_per_step
 
 
-def staleness(sampled_version: int, step: int) -> int:
+def staleness(sampled_version: Versions, step: int) -> Versions:
     """How many versions older than learner step `step` the weights `sampled_version` are (also
-    elementwise, for a tensor or an array of sampled versions)."""
+    elementwise, for a tensor or an array of sampled versions: the result is of its kind)."""
     return step - sampled_version
 
 
@@ -99,10 +103,10 @@ def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
     return max(max_backlog_versions, max_staleness + 1)
 
 
-def ack_floor(version: int, max_staleness: int, max_backlog_versions: int) -> int:
+def ack_floor(version: int, lag_bound: int) -> int:
     """The oldest weights every live engine must have loaded (acknowledged) before the learner
-    trains at `version`: `engine_lag_bound` versions back; 0 or less waits for nobody."""
-    return version - engine_lag_bound(max_staleness, max_backlog_versions)
+    trains at `version`: `lag_bound` (`engine_lag_bound`) versions back; 0 or less waits for nobody."""
+    return version - lag_bound
 
 
 def even_split(num_generators: int, groups_per_step: int) -> list[int]:
@@ -117,6 +121,11 @@ def call_sizes(groups_per_call: int, num_generators: int, groups_per_step: int) 
     return [groups_per_call or share for share in even_split(num_generators, groups_per_step)]
 
 
+def one_of(choices: tuple[str, ...]) -> str:
+    """How a choice rule says what it allows, in config.validate and here alike."""
+    return f"must be one of {', '.join(choices)}"
+
+
 def check_max_staleness(require: Require, max_staleness: int) -> None:
     """Refuse a negative train.max_staleness, through the caller's `require`."""
     require(max_staleness >= 0, "train.max_staleness", "must be >= 0", max_staleness)
@@ -124,8 +133,7 @@ def check_max_staleness(require: Require, max_staleness: int) -> None:
 
 def check_stale_policy(require: Require, stale_policy: str) -> None:
     """Refuse an unknown train.stale_policy, through the caller's `require`."""
-    require(stale_policy in STALE_POLICIES, "train.stale_policy", f"must be one of {', '.join(STALE_POLICIES)}",
-            stale_policy)
+    require(stale_policy in STALE_POLICIES, "train.stale_policy", one_of(STALE_POLICIES), stale_policy)
 
 
 def check_push_settings(require: Require, push_every_steps: int, max_backlog_versions: int,

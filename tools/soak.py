@@ -585,7 +585,8 @@ def checks_text(sections: Sequence[tuple[str, Sequence[Check]]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from asyncgrpo.config import ConfigError, load
+    from asyncgrpo.config import load
+    from asyncgrpo.schema import ConfigError
 
     base = [*args.overrides, "eval.at_start=true", "eval.at_end=true"]
     try:

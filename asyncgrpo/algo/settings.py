@@ -30,6 +30,13 @@ LOSS_TYPES = ("ppo_clip", "reinforce", "gspo", "cispo")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def clip_low_allowed(clip_low: float, loss_type: str) -> bool:
+    """The range of ``clip_low``, for ``LossSettings`` and config's algo rules alike: 0 < clip_low < 1;
+    exactly 1 only for ``cispo``, which clips an IS weight, not the surrogate (a floor of 0 is its
+    paper's setting)."""
+    return 0 < clip_low < 1 or (clip_low == 1 and loss_type == "cispo")
+
+
 @dataclass(frozen=True)
 class CorrectionSettings:
     """``algo.correction.*``: the keyword arguments of ``rollout_correction``, which validates them."""
@@ -87,9 +94,7 @@ class LossSettings:
         check_choice("mode", self.mode, MODES)
         check_choice("loss_type", self.loss_type, LOSS_TYPES)
         check_choice("agg", self.agg, AGG_MODES)
-        clip_low = check_positive("clip_low", self.clip_low)
-        # CISPO clips an IS weight, not the surrogate: a floor of 0 (clip_low = 1) is its paper's setting.
-        if clip_low > 1 or (clip_low == 1 and self.loss_type != "cispo"):
+        if not clip_low_allowed(check_positive("clip_low", self.clip_low), self.loss_type):
             raise ValueError(f"clip_low must be < 1 (or exactly 1 with loss_type cispo), got {self.clip_low!r}")
         check_positive("clip_high", self.clip_high)
         if check_positive("clip_c", self.clip_c) <= 1:

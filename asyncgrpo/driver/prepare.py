@@ -13,7 +13,7 @@ from typing import Any
 from asyncgrpo.runtime import faults
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.runtime.interrupts import interrupts_deferred
-from asyncgrpo.runtime.ray_cluster import local_cpus, private_token_env
+from asyncgrpo.runtime.ray_cluster import child_pids, local_cpus, private_token_env, stop_children_started_since
 from asyncgrpo.learner.resume import RESUME_AUTO, check_compatible
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
@@ -186,6 +186,7 @@ def start_ray(cfg: Config) -> bool:
         os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
         os.environ.update(private_token_env())
         reload_ray_auth()
+    before = child_pids() if local else set()
     try:
         ray.init(
             address=cfg.ray.address or None,
@@ -201,6 +202,9 @@ def start_ray(cfg: Config) -> bool:
         # Interrupted (or failed) half-way: the caller only shuts down a Ray this call started.
         with interrupts_deferred():
             ray.shutdown()
+            left = stop_children_started_since(before) if local else []
+        if left:
+            print(f"[ray] stopped what the interrupted start left running: {', '.join(left)}", flush=True)
         if isinstance(err, SystemExit) and err.code == signal.SIGTERM:
             # Ray's handler (installed early in ray.init) raises SystemExit(SIGTERM): a preemption
             # notice during start-up is an interrupt like any other (status interrupted, exit 130).

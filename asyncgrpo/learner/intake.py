@@ -23,10 +23,15 @@ from asyncgrpo.wire import ScoredGroup
 REPUBLISH_EVERY_S = 2.0
 
 
-def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, generator_ids: range, floor: int,
-                        groups_per_step: int, timeout_s: float, max_staleness: int,
-                        on_wait: Callable[[], None] | None = None, lag_name: str = "max_staleness") -> bool:
-    """Hold the update until every generator has loaded a version >= `floor`; True if it waited.
+# What the wait's bound is called in its timeout message: the settings it comes from.
+LAG_BOUND_NAME = "engine_lag_bound(weights.max_backlog_versions, train.max_staleness)"
+
+
+def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, generator_ids: range, version: int,
+                        lag_bound: int, groups_per_step: int, timeout_s: float,
+                        on_wait: Callable[[], None] | None = None) -> bool:
+    """Hold the update at learner `version` until every generator has loaded a version no more
+    than `lag_bound` (`contract.engine_lag_bound`) behind it (`contract.ack_floor`); True if it waited.
 
     The grants keep a generator's *groups* fresh; this keeps a stalled *engine* from piling up the
     versions it has not loaded (`GroupIntake.wait_for_generators`). A generator
@@ -34,6 +39,7 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
     just rejoined, the wait does not time out (`GeneratorRegistry.restart_grace_until`). `on_wait`
     runs at every look (the learner re-publishes weights for a rejoined generator there).
     """
+    floor = ack_floor(version, lag_bound)
     if floor <= 0:
         return False
     deadline = time.monotonic() + timeout_s
@@ -51,9 +57,9 @@ def wait_for_generators(registry: GeneratorRegistry, source: GroupSource, genera
         waited = True
         deadline = max(deadline, registry.restart_grace_until(timeout_s))
         if time.monotonic() > deadline:
-            raise TimeoutError(f"learner at version {floor + max_staleness} waited {timeout_s:.0f} s for generators "
+            raise TimeoutError(f"learner at version {version} waited {timeout_s:.0f} s for generators "
                                f"to load version >= {floor} "
-                               f"({lag_name}={max_staleness}); acknowledged versions: {lagging}")
+                               f"({LAG_BOUND_NAME}={lag_bound}); acknowledged versions: {lagging}")
         time.sleep(0.0005)
 
 
@@ -107,11 +113,9 @@ class GroupIntake:
         if self.registry is None:
             return False
         t, backlog = self.cfg.train, self.cfg.weights.max_backlog_versions
-        return wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators),
-                                   ack_floor(version, t.max_staleness, backlog), t.groups_per_step,
-                                   self.cfg.wire.timeout_s, engine_lag_bound(t.max_staleness, backlog),
-                                   on_wait=self.rejoins.serve,
-                                   lag_name="engine_lag_bound(weights.max_backlog_versions, train.max_staleness)")
+        return wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators), version,
+                                   engine_lag_bound(t.max_staleness, backlog), t.groups_per_step,
+                                   self.cfg.wire.timeout_s, on_wait=self.rejoins.serve)
 
     def take(self, version: int) -> list[ScoredGroup]:
         """The `gen_wait` phase: the step's groups; while waiting, a report that ends the run

@@ -26,3 +26,44 @@ def local_cpus(cfg: Config) -> int:
     wanted = math.ceil(cfg.rollout.num_generators * cfg.rollout.num_cpus_per_generator
                        + cfg.learner.world_size * cfg.learner.num_cpus_per_rank)
     return max(cfg.ray.num_cpus or os.cpu_count() or 1, wanted)
+
+
+# How long the processes of an interrupted Ray start get to exit after SIGTERM before SIGKILL.
+STOP_GRACE_S = 5.0
+
+
+def child_pids() -> set[int]:
+    """This process's descendants now (psutil: a dependency of Ray itself)."""
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def stop_children_started_since(before: set[int], grace_s: float = STOP_GRACE_S) -> list[str]:
+    """Stop this process's descendants that are not in `before` (SIGTERM, then SIGKILL after
+    `grace_s`); the names of those it found. A ray.init interrupted inside the node's start leaves
+    the GCS, the raylet and the agents it had started unknown to ray.shutdown() (Ray records the
+    node only once its start returns): without this they live on until this process exits."""
+    import psutil
+
+    started = []
+    for pid in child_pids() - before:
+        try:
+            started.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    names = []
+    for proc in started:
+        try:
+            names.append(proc.name())
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(started, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(alive, timeout=grace_s)
+    return sorted(names)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from asyncgrpo.contract import ack_floor, staleness, trainable
+from asyncgrpo.contract import ack_floor, engine_lag_bound, staleness, trainable
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, histogram_mean
 from asyncgrpo.sim.events import Clock, Delay, EventLoop, Process, Until, Work
@@ -208,7 +208,7 @@ class Model:
     def learner_loop(self) -> Process:
         s = self.s
         for step in range(s.steps):
-            floor = ack_floor(self.version, s.max_staleness, s.max_backlog_versions)
+            floor = ack_floor(self.version, engine_lag_bound(s.max_staleness, s.max_backlog_versions))
             if floor > 0 and not self.acks_ok(floor):
                 self.ack_waits += 1
                 yield from self.wait(self.learner, "ack_wait", lambda: self.acks_ok(floor))

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from asyncgrpo.schema import CONFIG_DIR
+from asyncgrpo.schema import CONFIG_DIR, ConfigError
 
 # ------------------------------------------------------------------------------------------ defaults
 # The spec's keys, and what the study itself sets for every run.
@@ -172,7 +172,7 @@ class Spec:
         """Compose each cell's config as its first seed's run would (`config.load`), with `before`
         ahead of the run's own overrides (the engine cluster's); the first one the config refuses
         raises SpecError naming the cell. Returns the configs."""
-        from asyncgrpo.config import ConfigError, load
+        from asyncgrpo.config import load
 
         configs = []
         for plan in self.runs(Path(STUDY_DIR_ROOT) / self.name, seeds=self.seeds[:1]):

@@ -11,7 +11,7 @@ from flat_settings import flat_settings
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.update import loss_settings
-from asyncgrpo.schema import AlgoConfig
+from asyncgrpo.schema import AlgoConfig, ConfigError
 
 # The algo keys the loss does not read, and who does.
 READ_ELSEWHERE = {
@@ -66,3 +66,20 @@ def test_an_invalid_combination_is_refused_when_the_settings_are_built_in_one_li
     with pytest.raises(ValueError, match=r"^clip_low must be < 1 \(or exactly 1 with loss_type cispo\), got 1.0$"):
         flat_settings(**keys)
     assert flat_settings(**(keys | {"loss_type": "cispo"})).clip_low == 1.0
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce", "gspo", "cispo"])
+@pytest.mark.parametrize("clip_low", [0.2, 0.999, 1.0, 1.5])
+def test_config_and_loss_settings_accept_the_same_clip_low(loss_type, clip_low):
+    try:
+        load([f"algo.loss_type={loss_type}", f"algo.clip_low={clip_low}"])
+        config_accepts = True
+    except ConfigError:
+        config_accepts = False
+    try:
+        flat_settings(loss_type=loss_type, clip_low=clip_low, clip_high=0.28, clip_c=3.0, agg="token-mean",
+                      norm_constant=None)
+        settings_accept = True
+    except ValueError:
+        settings_accept = False
+    assert config_accepts == settings_accept == (clip_low < 1 or (clip_low == 1 and loss_type == "cispo"))

@@ -16,7 +16,7 @@ from asyncgrpo.algo import (
     MODES,
     OVERLONG_MODES,
 )
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import load
 from asyncgrpo.learner.precision import MIXED_PRECISIONS, REFERENCE_PLACEMENTS
 from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
@@ -24,7 +24,7 @@ from asyncgrpo.contract import STALE_POLICIES
 from asyncgrpo.runtime.resources import DEVICES
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
-from asyncgrpo.schema import Config
+from asyncgrpo.schema import Config, ConfigError
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
 from asyncgrpo.weights.base import BACKENDS

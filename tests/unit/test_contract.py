@@ -78,7 +78,7 @@ def test_the_learner_waits_for_no_engine_the_admission_still_serves(eta, backlog
 
 @given(etas, st.integers(1, 10), versions, versions)
 def test_the_ack_floor_waits_exactly_for_the_engines_beyond_the_lag_bound(eta, backlog, learner_version, engine):
-    floor = ack_floor(learner_version, eta, backlog)
+    floor = ack_floor(learner_version, engine_lag_bound(eta, backlog))
     assert (engine < floor) == (learner_version - engine > engine_lag_bound(eta, backlog))
     if engine < floor:  # an engine waited for is one the admission no longer grants a slot of this step
         assert admission_limit(engine, eta, 1) <= learner_version
@@ -132,7 +132,8 @@ def test_trainable_is_the_staleness_bound_and_nothing_else():
     ((2, "both", 1, 0), "weights.max_backlog_versions must be >= 1"),
 ])
 def test_the_settings_checks_and_config_load_refuse_the_same(settings, key):
-    from asyncgrpo.config import ConfigError, load
+    from asyncgrpo.config import load
+    from asyncgrpo.schema import ConfigError
 
     max_staleness, policy, push_every, backlog = settings
     overrides = [f"train.max_staleness={max_staleness}", f"train.stale_policy={policy}",

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import load
+from asyncgrpo.schema import ConfigError
 from asyncgrpo.data import DataError, PromptFormat, epoch_stream, split_holdout
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.tasks import make_task, run_stream

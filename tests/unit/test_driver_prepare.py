@@ -118,3 +118,65 @@ def test_joining_ray_address_uses_the_token_of_the_users_cluster(monkeypatch):
     monkeypatch.setattr(prepare, "reload_ray_auth", lambda: pytest.fail("the user's token replaced"))
     (seen,) = _start_ray_seeing_auth(monkeypatch, config("ray.address=127.0.0.1:6379"))
     assert seen == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "the-clusters", "RAY_AUTH_TOKEN_PATH": None}
+
+
+def _interrupted_start(monkeypatch, init=None):
+    """prepare.start_ray, with ray.init replaced by `init` if given, must raise KeyboardInterrupt."""
+    import ray
+
+    from asyncgrpo.driver import prepare
+
+    for key in (*RAY_AUTH_VARS, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+        monkeypatch.delenv(key, raising=False)  # restored afterwards: start_ray sets them
+    if init is not None:
+        monkeypatch.setattr(ray, "is_initialized", lambda: False)
+        monkeypatch.setattr(ray, "init", init)
+        monkeypatch.setattr(prepare, "reload_ray_auth", lambda: None)
+    monkeypatch.setattr(prepare, "interrupt_on_sigterm", lambda: None)  # the test process keeps its handlers
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        prepare.start_ray(config())
+
+
+def test_a_sigterm_inside_the_nodes_start_stops_the_processes_it_had_started(monkeypatch):
+    # As Ray does when SIGTERM lands in Node.__init__: the GCS is running, its handler raises
+    # SystemExit(SIGTERM), and ray.shutdown() never learns of the node, so it stops nothing.
+    import signal
+    import subprocess
+
+    import psutil
+    import ray
+
+    started = []
+
+    def init(**_):
+        started.append(subprocess.Popen(["sleep", "600"]))  # a GCS only Ray's half-built node knew
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    try:
+        _interrupted_start(monkeypatch, init)
+        (gcs,) = started
+        assert gcs.poll() is not None or not psutil.pid_exists(gcs.pid)
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_a_real_ray_start_interrupted_before_the_raylet_leaves_no_process(monkeypatch):
+    # The real thing: SIGTERM (Ray's own handler: SystemExit(15)) once the GCS is up, before the raylet.
+    import signal
+
+    import psutil
+    from ray._private import node
+
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+
+    def interrupted(*args, **kwargs):
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(node.Node, "start_raylet", interrupted)
+    _interrupted_start(monkeypatch)
+    left = [p.name() for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert left == []

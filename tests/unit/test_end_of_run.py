@@ -276,7 +276,7 @@ def test_the_loop_totals_the_groups_dropped_for_reward_errors_over_its_steps(tmp
 
 @pytest.mark.parametrize("value", ["-0.1", "1.5", "nan"])
 def test_a_max_lost_fraction_outside_zero_to_one_is_a_config_error(value):
-    from asyncgrpo.config import ConfigError
+    from asyncgrpo.schema import ConfigError
 
     with pytest.raises(ConfigError, match="train.max_lost_fraction"):
         load(overrides=[f"train.max_lost_fraction={value}"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.config import ConfigError
+from asyncgrpo.schema import ConfigError
 from asyncgrpo.runtime.files import UnsafeDirectory, private_dir, write_atomic
 
 OTHER_UID = 4242

@@ -134,7 +134,7 @@ def test_the_metrics_report_the_published_version_and_the_backlog_behind_it():
 
 
 def test_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_behind():
-    from asyncgrpo.config import ConfigError
+    from asyncgrpo.schema import ConfigError
 
     cfg = load(["rollout.num_generators=1", "train.groups_per_step=2",
                 "train.max_staleness=1", "weights.max_backlog_versions=3", "wire.timeout_s=0.2"])
@@ -162,7 +162,7 @@ def test_the_engine_lag_the_learner_allows_is_never_below_what_the_bound_serves(
 
 
 def test_config_sets_max_staleness_and_refuses_what_would_break_it():
-    from asyncgrpo.config import ConfigError
+    from asyncgrpo.schema import ConfigError
 
     assert load(["train.fixed_staleness=3"]).train.max_staleness == 3
     assert load(["train.fixed_staleness=3", "train.max_staleness=3"]).train.max_staleness == 3

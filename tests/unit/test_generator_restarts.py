@@ -103,11 +103,11 @@ def test_the_newest_weights_are_published_again_until_the_rejoined_generator_ack
 def test_the_acknowledgement_wait_skips_a_down_generator():
     queue = queue_of()
     queue.put(VersionAck(0, 5))
-    queue.put(VersionAck(1, 1))  # lags: the learner at 5 with max_staleness 1 would wait for it
+    queue.put(VersionAck(1, 1))  # lags: the learner at 5 with a lag bound of 1 would wait for it
     queue.generator_down(1)
     looks: list[int] = []
-    assert not wait_for_generators(queue.registry, queue, range(2), floor=4, groups_per_step=2, timeout_s=0.2,
-                                   max_staleness=1, on_wait=lambda: looks.append(1))
+    assert not wait_for_generators(queue.registry, queue, range(2), version=5, lag_bound=1, groups_per_step=2,
+                                   timeout_s=0.2, on_wait=lambda: looks.append(1))
     assert looks  # the learner serves rejoins while it looks
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import load
 from asyncgrpo.metrics import (
     JsonlSink,
     MultiSink,
@@ -16,7 +16,7 @@ from asyncgrpo.metrics import (
     require_sink_packages,
 )
 from asyncgrpo.metrics import sinks as sinks_module
-from asyncgrpo.schema import LogConfig
+from asyncgrpo.schema import ConfigError, LogConfig
 
 STEP_RECORDS = [
     {"step": s, "samples": 128 * s, "reward/mean": 0.1 * s, "staleness/max": np.int64(s % 3),

@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from asyncgrpo.config import ConfigError, load, use_curve
+from asyncgrpo.config import load, use_curve
+from asyncgrpo.schema import ConfigError
 from asyncgrpo.runtime.placement import (
     NODE_RESOURCE_SHARE,
     check_node_resources,

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from asyncgrpo.cli import main
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import load
+from asyncgrpo.schema import ConfigError
 from asyncgrpo.driver.preflight import PreflightError, check_rewards
 
 

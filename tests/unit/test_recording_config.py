@@ -8,7 +8,8 @@ import json
 import pytest
 
 from asyncgrpo import cli
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import load
+from asyncgrpo.schema import ConfigError
 from asyncgrpo.recording import StreamRecorder, open_recording, scan
 from asyncgrpo.recording.rerun import replay_config
 from asyncgrpo.recording.stream import CONFIG_DEFAULTS, HEADER_FILE, STREAM_FILE

@@ -101,7 +101,7 @@ def test_resume_auto_refuses_a_tampered_newest_checkpoint_rather_than_falling_ba
 
 def test_resume_auto_is_a_valid_config_value_and_a_missing_path_is_not():
     assert load(["resume=auto"]).resume == "auto"
-    from asyncgrpo.config import ConfigError
+    from asyncgrpo.schema import ConfigError
 
     with pytest.raises(ConfigError, match="must be auto, a checkpoint directory or a run directory"):
         load(["resume=no/such/run"])

@@ -167,8 +167,8 @@ def test_the_learners_wait_for_generators_hears_an_outage():
     registry = GeneratorRegistry(RewardErrorWindow(0.5, 20))
     beat(registry, 0, errors=9, calls=10, first_errors={"task": "ValueError: bad"})
     with pytest.raises(RewardOutage, match=r"\[task\] ValueError: bad"):
-        wait_for_generators(registry, DeepQueue(), range(1), floor=1, groups_per_step=4, timeout_s=5.0,
-                            max_staleness=0)
+        wait_for_generators(registry, DeepQueue(), range(1), version=1, lag_bound=0, groups_per_step=4,
+                            timeout_s=5.0)
 
 
 # ----------------------------------------------------------------------------- the driver

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import load
 from asyncgrpo.rewards import reward_term_metrics
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rewards.user_fn import RewardFnError, load_reward_fn
-from asyncgrpo.schema import RewardConfig, RewardTermConfig
+from asyncgrpo.schema import ConfigError, RewardConfig, RewardTermConfig
 from asyncgrpo.tasks import ArithmeticTask, CountdownTask, Problem
 
 ARITHMETIC = ArithmeticTask(num_digits=2, eval_size=500)

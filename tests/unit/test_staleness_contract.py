@@ -211,9 +211,8 @@ class AckWait:
         self.ack_waits = 0
 
     def __call__(self) -> None:
-        if wait_for_generators(self.queue.registry, self.queue, range(self.num_generators),
-                               self.version - self.max_staleness, self.cfg.train.groups_per_step, self.timeout_s,
-                               self.max_staleness):
+        if wait_for_generators(self.queue.registry, self.queue, range(self.num_generators), self.version,
+                               self.max_staleness, self.cfg.train.groups_per_step, self.timeout_s):
             self.ack_waits += 1
 
 
