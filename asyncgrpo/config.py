@@ -460,7 +460,7 @@ def _algo_rules(cfg: Config) -> None:
             f"must be null or one of {', '.join(IS_LEVELS)}", cfg.algo.correction.is_level)
     require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", one_of(KL_KINDS), cfg.algo.kl.kind)
     require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
-    require(cfg.algo.overlong in OVERLONG_MODES, "algo.overlong", _one_of(OVERLONG_MODES), cfg.algo.overlong)
+    require(cfg.algo.overlong in OVERLONG_MODES, "algo.overlong", one_of(OVERLONG_MODES), cfg.algo.overlong)
     require(0 <= cfg.algo.overlong_buffer_tokens <= cfg.rollout.max_new_tokens, "algo.overlong_buffer_tokens",
             f"must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0 = a fifth of it)",
             cfg.algo.overlong_buffer_tokens)

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import ConfigError, load
+from asyncgrpo.config import load
+from asyncgrpo.schema import ConfigError
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.tasks import LongtailTask, make_task
 from asyncgrpo.tasks.longtail import scratchpad
