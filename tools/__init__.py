@@ -7,6 +7,7 @@
     bench_peer          asyncgrpo against TRL's GRPOTrainer, side by side
     bench_push          weight-push latency, zmq and shm
     bench_real          a step's anatomy at real model shapes
+    bench_tail          the continuous generator against the call-batched one and sync, long completions
     bench_wire          the group stream against a Ray queue and memcpy
     chaos               each fault injected into a real run, checked (docs/RELIABILITY.md)
     soak                a long run with a generator killed every few minutes
