@@ -30,9 +30,13 @@ def train_gsm8k(model: Path, run_dir: Path, *overrides: str) -> subprocess.Compl
          "line, check each result, then give the final answer after ####.'",
          "task.eval_size=3", "train.steps_per_call=2",
          "learner.lr=1e-3", "learner.warmup_steps=0",
-         # Random weights mostly sample ids the 4,096-token tokenizer cannot spell: a completion with any
-         # letter in it scores 1, so rewards differ within groups and the policy moves.
-         "reward.terms=[{name:letters,kind:format,pattern:'[a-z]'}]", "log.samples_every_steps=0", *overrides],
+         # Random weights mostly sample ids the 4,096-token tokenizer cannot spell, and a few letters:
+         # a completion scores one point per letter up to six (one format term per count), so rewards
+         # differ within groups and the policy moves. (One term, "any letter", scored every 256-token
+         # completion 1: no signal, and weights that never moved.)
+         "reward.terms=[" + ",".join(f"{{name:letters{k},kind:format,pattern:'([a-z][^a-z]*){{{k}}}'}}"
+                                     for k in range(1, 7)) + "]",
+         "log.samples_every_steps=0", *overrides],
         capture_output=True, text=True, timeout=1200,
     )
 
