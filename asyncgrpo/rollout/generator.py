@@ -132,7 +132,7 @@ class Generator:
         groups it finished, send those whose rewards are in; with nothing to decode, wait."""
         timer = self.stats.timer
         with timer("weights"):
-            self._load_between_steps()
+            self._load_newest_weights(wait_s=0.0)
         if self.evaluations.due(self.version) and not self.running:
             with timer("eval"):
                 self.evaluations.evaluate(self.version, self.evaluate)
@@ -272,7 +272,8 @@ class Generator:
 
     def _send(self, group: ScoredGroup) -> None:
         """Send, waiting on a full queue; meanwhile new weights are loaded (a safe point) and a stop is heard."""
-        self.channel.send(group, self.weights, while_blocked=lambda: self._load_between_steps(in_wait=True))
+        self.channel.send(group, self.weights,
+                          while_blocked=lambda: self._load_newest_weights(wait_s=0.0, in_wait=True))
 
     def _heartbeat(self, periodic: bool) -> None:
         self.channel.heartbeat(self.version, self.weights, periodic)
@@ -292,23 +293,17 @@ class Generator:
         return True
 
     def _load_newest_weights(self, wait_s: float, in_wait: bool = False) -> bool:
-        """Apply the newest complete push, if any (between two engine steps). `in_wait`: called from
-        a wait, whose timer includes the load (GeneratorStats.weight_load_in_wait_s)."""
+        """Read the weight stream (waiting up to `wait_s`) and apply the newest complete push if loads
+        are allowed now (between two engine steps): with rollout.inflight_updates always, else only
+        into an empty engine (admission stops meanwhile: `_admission_paused`); whether it loaded.
+        Hears a stop either way. `in_wait`: called from a wait, whose timer includes the load
+        (GeneratorStats.weight_load_in_wait_s)."""
         self._poll_weights(wait_s)
-        loaded = self._apply_latest_weights(in_wait)
+        loads_allowed = self.cfg.rollout.inflight_updates or not self.running
+        loaded = self._apply_latest_weights(in_wait) if loads_allowed else False
         if self.weights.shutdown_reason is not None:
             raise GeneratorStopped(self.weights.shutdown_reason)
         return loaded
-
-    def _load_between_steps(self, in_wait: bool = False) -> None:
-        """Load the newest push if loads are allowed now: with rollout.inflight_updates always, else
-        only into an empty engine (admission stops meanwhile: `_admission_paused`). Hears a stop either way."""
-        if self.cfg.rollout.inflight_updates or not self.running:
-            self._load_newest_weights(wait_s=0.0, in_wait=in_wait)
-            return
-        self._poll_weights(0.0)
-        if self.weights.shutdown_reason is not None:
-            raise GeneratorStopped(self.weights.shutdown_reason)
 
     def _poll_weights(self, wait_s: float) -> None:
         """Read what the weight stream brought; report rejected weight messages at once (the learner

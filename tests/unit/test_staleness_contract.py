@@ -135,7 +135,7 @@ def generate(generator: Generator, groups: int) -> list[tuple]:
         generator._submit(Ticket(position, position))
     finished = []
     while generator.running:
-        generator._load_between_steps()
+        generator._load_newest_weights(wait_s=0.0)
         finished += generator._step_paced()
     return finished
 
@@ -191,9 +191,9 @@ def test_without_inflight_updates_a_push_waits_for_the_running_sequences_and_adm
     generator._submit(Ticket(1, 1))
     assert generator._admission_paused() and generator.stats.drains == 1  # the push is waiting
     while generator.running:
-        generator._load_between_steps()
+        generator._load_newest_weights(wait_s=0.0)
         generator._step_paced()
-    generator._load_between_steps()  # the engine is empty: now it loads
+    generator._load_newest_weights(wait_s=0.0)  # the engine is empty: now it loads
     assert len(engine.loaded) == 1 and not generator._admission_paused()
 
 
