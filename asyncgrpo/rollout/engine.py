@@ -141,6 +141,14 @@ def _drop_raw_prompt_warning(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Passing raw prompts to InputProcessor")
 
 
+def _sampling_params(n: int, max_tokens: int, temperature: float, **more: Any) -> Any:
+    """vLLM's SamplingParams for n samples of a prompt, as both ways of sampling need them: the
+    log-prob of each sampled token (logprobs=0: the token alone) and no text (rewards decode it)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=False, **more)
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -205,12 +213,11 @@ class VLLMEngine:
         """n completions per prompt, in one call that returns when all are done; temperature 0 means
         greedy (log-probs then are of the argmax). Only on an engine running nothing submitted
         (`LLM.generate` would run those requests too, and lose their outputs)."""
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
 
         if self._submitted:
             raise RuntimeError(f"generate() while {len(self._submitted)} submitted requests run: finish or abort them")
-        sampling = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=False,
-                                  seed=seed)
+        sampling = _sampling_params(n, max_tokens, temperature, seed=seed)
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [[self._completion(out) for out in request.outputs] for request in outputs]
@@ -229,13 +236,12 @@ class VLLMEngine:
     def submit(self, request_id: str, prompt: Sequence[int], *, n: int, max_tokens: int, temperature: float) -> None:
         """Add a group's request (n samples of `prompt`); `step` returns it once all n have finished.
         Raises ValueError for a prompt the engine cannot take (longer than its context)."""
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
+        from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind
 
-        from vllm.exceptions import VLLMValidationError
-
-        params = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        # FINAL_ONLY: `step` returns a group once, when all its n samples have finished.
+        params = _sampling_params(n, max_tokens, temperature, output_kind=RequestOutputKind.FINAL_ONLY)
         try:
             self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params)
         except VLLMValidationError as err:  # not a ValueError in vLLM 0.32
