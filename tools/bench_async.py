@@ -81,7 +81,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -342,21 +342,43 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_once(mode: Mode, repeat: int, common: list[str], out_dir: Path) -> dict[str, Any]:
-    """One `asyncgrpo train` run of `mode`; its figures (run_figures) with mode, eta, repeat, run_dir."""
+def train_run(mode: Mode, repeat: int, common: list[str], out_dir: Path, tool: str,
+              config_name: str = "default") -> tuple[dict[str, Any], list[dict[str, Any]], Any, Path]:
+    """One `asyncgrpo train --config-name config_name` run of `mode` under `out_dir` (announced as
+    `tool`'s); its summary, its metrics.jsonl records, its config and its run directory."""
     from asyncgrpo.config import load
     from asyncgrpo.train import train
 
     slug = "".join(c if c.isalnum() else "_" for c in mode.label)
     run_dir = out_dir / f"r{repeat}_{slug}"
     overrides = [*common, *mode.overrides]
-    cfg = load([*overrides, f"run_dir={run_dir}", "progress=false"])
-    print(f"[bench_async] repeat {repeat}, {mode.label}: asyncgrpo train {' '.join(overrides)}",
+    cfg = load([*overrides, f"run_dir={run_dir}", "progress=false"], config_name=config_name)
+    print(f"[{tool}] repeat {repeat}, {mode.label}: asyncgrpo train --config-name {config_name} {' '.join(overrides)}",
           file=sys.stderr, flush=True)
     summary = train(cfg)
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    return summary, read_jsonl(run_dir / "metrics.jsonl"), cfg, run_dir
+
+
+def run_once(mode: Mode, repeat: int, common: list[str], out_dir: Path) -> dict[str, Any]:
+    """One `asyncgrpo train` run of `mode`; its figures (run_figures) with mode, eta, repeat, run_dir."""
+    summary, records, cfg, run_dir = train_run(mode, repeat, common, out_dir, "bench_async")
     figures = run_figures(summary, records, cfg.train.groups_per_step)
     return {"mode": mode.label, "eta": cfg.train.max_staleness, "repeat": repeat, **figures, "run_dir": str(run_dir)}
+
+
+def run_all(modes: Sequence[Mode], repeats: int, out_dir: Path, tool: str,
+            run_one: Callable[[Mode, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every mode `repeats` times, interleaved (`interleaved`); each run's figures (`run_one(mode,
+    repeat)`) appended to out_dir/runs.jsonl as it ends, so a failure later loses nothing."""
+    order = interleaved(modes, repeats)
+    runs: list[dict[str, Any]] = []
+    for index, (repeat, mode) in enumerate(order, 1):
+        print(f"[{tool}] run {index}/{len(order)}", file=sys.stderr, flush=True)
+        run = run_one(mode, repeat)
+        runs.append(run)
+        with (out_dir / "runs.jsonl").open("a") as f:
+            f.write(json.dumps(run) + "\n")
+    return runs
 
 
 def fmt_spread(s: dict[str, float] | None, fmt: str, scale: float = 1.0) -> str:
@@ -440,18 +462,14 @@ def main() -> int:
 
     out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    order = interleaved(modes, args.repeats)
-    runs: list[dict[str, Any]] = []
-    for index, (repeat, mode) in enumerate(order, 1):
-        print(f"[bench_async] run {index}/{len(order)}", file=sys.stderr, flush=True)
+    def run_one(mode: Mode, repeat: int) -> dict[str, Any]:
         run = run_once(mode, repeat, common, out_dir)
-        runs.append(run)
-        with (out_dir / "runs.jsonl").open("a") as f:  # kept as it goes: a failure later loses nothing
-            f.write(json.dumps(run) + "\n")
         print(f"[bench_async] {mode.label}: {run['samples_per_s']:.0f} samples/s, T_gen {run['t_gen_s'] * 1e3:.1f} ms, "
               f"T_learn {run['t_learn_s'] * 1e3:.1f} ms, step {run['step_s'] * 1e3:.1f} ms "
               f"({run['fraction_of_pipeline_limit']:.0%} of its pipeline limit)", file=sys.stderr, flush=True)
+        return run
 
+    runs = run_all(modes, args.repeats, out_dir, "bench_async", run_one)
     result = {
         "steps": args.steps,
         "repeats": args.repeats,

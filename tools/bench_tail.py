@@ -37,14 +37,15 @@ from typing import Any
 from tools.bench_async import (
     SYNC_CONFIGS,
     Mode,
+    best_sync_mode,
     fmt_spread,
-    interleaved,
     parse_sync_configs,
-    read_jsonl,
+    run_all,
     run_figures,
     speedup,
     spread,
     sync_modes,
+    train_run,
 )
 
 BATCHED, CONTINUOUS = "call-batched", "continuous"
@@ -75,17 +76,8 @@ def tail_figures(summary: dict[str, Any], records: list[dict[str, Any]], groups_
 
 def run_once(mode: Mode, repeat: int, common: list[str], out_dir: Path) -> dict[str, Any]:
     """One `asyncgrpo train --config-name longtail` run of `mode`."""
-    from asyncgrpo.config import load
-    from asyncgrpo.train import train
-
-    slug = "".join(c if c.isalnum() else "_" for c in mode.label)
-    run_dir = out_dir / f"r{repeat}_{slug}"
-    overrides = [*common, *mode.overrides]
-    cfg = load([*overrides, f"run_dir={run_dir}", "progress=false"], config_name="longtail")
-    print(f"[bench_tail] repeat {repeat}, {mode.label}: asyncgrpo train --config-name longtail {' '.join(overrides)}",
-          file=sys.stderr, flush=True)
-    summary = train(cfg)
-    figures = tail_figures(summary, read_jsonl(run_dir / "metrics.jsonl"), cfg.train.groups_per_step)
+    summary, records, cfg, run_dir = train_run(mode, repeat, common, out_dir, "bench_tail", config_name="longtail")
+    figures = tail_figures(summary, records, cfg.train.groups_per_step)
     return {"mode": mode.label, "eta": cfg.train.max_staleness, "repeat": repeat, **figures, "run_dir": str(run_dir)}
 
 
@@ -96,8 +88,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         by_mode.setdefault(run["mode"], []).append(run)
     modes = {label: {"eta": group[0]["eta"], "runs": len(group), **{k: spread(r.get(k) for r in group) for k in KEYS}}
              for label, group in by_mode.items()}
-    sync = [label for label, m in modes.items() if m["eta"] == 0 and m["samples_per_s"] is not None]
-    baseline = max(sync, key=lambda label: modes[label]["samples_per_s"]["median"]) if sync else None
+    baseline = best_sync_mode(modes)
     for label, mode in modes.items():
         mode["speedup_vs_sync"] = speedup(by_mode[label], by_mode[baseline]) if baseline else None
         mode["speedup_vs_batched"] = speedup(by_mode[label], by_mode[BATCHED]) if BATCHED in by_mode else None
@@ -153,13 +144,8 @@ def main() -> int:
     modes = [*sync, *async_modes(args.eta)]
     out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs: list[dict[str, Any]] = []
-    for index, (repeat, mode) in enumerate(interleaved(modes, args.repeats), 1):
-        print(f"[bench_tail] run {index}/{len(modes) * args.repeats}", file=sys.stderr, flush=True)
-        run = run_once(mode, repeat, common, out_dir)
-        runs.append(run)
-        with (out_dir / "runs.jsonl").open("a") as f:  # kept as it goes: a failure later loses nothing
-            f.write(json.dumps(run) + "\n")
+    runs = run_all(modes, args.repeats, out_dir, "bench_tail",
+                   lambda mode, repeat: run_once(mode, repeat, common, out_dir))
     result = {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, **summarize(runs),
               "sync_skipped": skipped, "runs": runs, "run_dir": str(out_dir)}
     print_table(result)
