@@ -539,7 +539,8 @@ def _longtail_rules(cfg: Config) -> None:
     require(task.longtail_exponent >= 0, "task.longtail_exponent", "must be >= 0 (0: digit counts uniform)",
             task.longtail_exponent)
     longest_prompt = 2 * task.longtail_max_digits + 2  # "a+b=": one token per character in the embedded model
-    require(bool(cfg.model.path) or cfg.model.max_positions >= longest_prompt + cfg.rollout.max_new_tokens, "model.max_positions",
+    fits = bool(cfg.model.path) or cfg.model.max_positions >= longest_prompt + cfg.rollout.max_new_tokens
+    require(fits, "model.max_positions",
             f"must hold the longest longtail prompt ({longest_prompt} tokens) beside rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens} (configs/longtail.yaml sets both)", cfg.model.max_positions)
 

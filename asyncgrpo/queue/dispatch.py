@@ -98,7 +98,8 @@ class Dispatcher:
                 unsent: Iterable[int], given_back: Iterable[int]) -> tuple[int, list[Ticket]]:
         """One ticket request (wire TicketRequest), read after every group its holder sent before
         it: take its report (given back, grants that never reached it, groups lost in transit; the
-        report names prompt positions, which stay with their tickets while slots may move), then grant. A request from a replaced process (an older incarnation) or one reported dead
+        report names prompt positions, which stay with their tickets while slots may move), then
+        grant. A request from a replaced process (an older incarnation) or one reported dead
         (`generator_down`: its request was still on the stream) gets nothing; the first from a newer
         one retires its predecessors."""
         generator_id, incarnation = holder
