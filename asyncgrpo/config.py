@@ -28,6 +28,7 @@ from asyncgrpo.contract import (
     one_of,
 )
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
+from asyncgrpo.envs import ENV_NAMES, ENV_ON_ERROR
 from asyncgrpo.learner.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
@@ -553,6 +554,25 @@ def _data_rules(cfg: Config) -> None:
     require(data.epochs >= 0, "data.epochs", "must be >= 0 (0 = endless)", data.epochs)
 
 
+def _env_rules(cfg: Config) -> None:
+    """env.*: a known environment, its turn and call limits, its error policy."""
+    env = cfg.env
+    require(env.name in ENV_NAMES, "env.name", one_of(ENV_NAMES), env.name)
+    require(env.max_turns >= 1, "env.max_turns", "must be >= 1", env.max_turns)
+    require(env.timeout_s > 0, "env.timeout_s", "must be > 0", env.timeout_s)
+    require(env.threads >= 1, "env.threads", "must be >= 1", env.threads)
+    require(env.on_error in ENV_ON_ERROR, "env.on_error", one_of(ENV_ON_ERROR), env.on_error)
+    require(0 <= env.max_error_rate <= 1, "env.max_error_rate", "must be in [0, 1] (1 = never stop)",
+            env.max_error_rate)
+    require(env.error_window_steps >= 1, "env.error_window_steps", "must be >= 1", env.error_window_steps)
+    require(env.latency_s >= 0, "env.latency_s", "must be >= 0", env.latency_s)
+    require(env.name != "http" or bool(env.http.base_url), "env.http.base_url", "must be set for env.name=http",
+            env.http.base_url)
+    require(env.http.timeout_s > 0, "env.http.timeout_s", "must be > 0", env.http.timeout_s)
+    require(env.http.retries >= 0, "env.http.retries", "must be >= 0", env.http.retries)
+    require(env.http.backoff_s >= 0, "env.http.backoff_s", "must be >= 0", env.http.backoff_s)
+
+
 def _reward_rules(cfg: Config) -> None:
     """reward.*: the error policy and its limits, and terms with distinct names, known kinds and their functions."""
     reward = cfg.reward
@@ -614,7 +634,8 @@ def _log_rules(cfg: Config) -> None:
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
     _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
     _optimizer_rules, _weights_rules, _wire_rules, _end_of_run_rules, _wire_security_rules, _placement_rules,
-    _algo_rules, _task_rules, _longtail_rules, _data_rules, _reward_rules, _judge_rules, _run_rules, _log_rules,
+    _algo_rules, _task_rules, _longtail_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,
+    _log_rules,
 )
 
 

@@ -134,6 +134,48 @@ class RewardConfig:
 
 
 @dataclass
+class EnvHttpConfig:
+    """env.name=http: an environment served over HTTP with a JSON protocol (asyncgrpo/envs/http.py,
+    docs/ENVIRONMENTS.md)."""
+
+    base_url: str = ""  # e.g. http://127.0.0.1:8100; episodes are POSTed to <base_url>/reset and /step
+    api_key_env: str = ""  # name of an environment variable holding a bearer token (never the token itself)
+    timeout_s: float = 10.0  # one request
+    retries: int = 3  # after the first try, on timeouts, connection errors, 429 and 5xx
+    backoff_s: float = 0.2  # first retry delay, doubled each retry
+
+
+@dataclass
+class EnvConfig:
+    """Multi-turn episodes: the policy's turns and an environment's answers (asyncgrpo/envs/,
+    docs/ENVIRONMENTS.md). Read by asyncgrpo/envs and the generator's episode runner."""
+
+    # "" = none: a rollout is the policy's one turn. calculator (a tool for arithmetic: the policy
+    # writes [expression], the environment answers =value) | guess (guess the number, answered
+    # higher/lower) | http (env.http).
+    name: str = ""
+    # Policy turns per episode at most; the episode ends after the last one whatever it wrote.
+    max_turns: int = 4
+    # One environment call (reset or step), from when a thread takes it; beyond it the call counts
+    # as an error (env/errors_timeout).
+    timeout_s: float = 10.0
+    threads: int = 8  # environment calls in flight per generator
+    # A call that raises, times out or answers something that is not an EnvStep: zero = the episode
+    # ends there and its reward is 0 (its tokens so far are still trained, against the group's
+    # others); drop_group = the group is not sent (its slot goes to another prompt). Counted either
+    # way, per cause (env/errors_*).
+    on_error: str = "zero"  # zero | drop_group
+    # Beyond this share of failed environment calls over the last error_window_steps learner steps
+    # (and the one in progress) the run fails with the first error: an environment that is down
+    # stops the run instead of training on zeros. 1 = never stop.
+    max_error_rate: float = 0.5
+    error_window_steps: int = 20
+    # Added to every environment call (seconds; benchmarks inject a tool's latency with it).
+    latency_s: float = 0.0
+    http: EnvHttpConfig = field(default_factory=EnvHttpConfig)
+
+
+@dataclass
 class RolloutConfig:
     # Each asks learner rank 0 for the next slots of the training order as it is ready, within the
     # staleness budget, so a faster one makes more (asyncgrpo/queue/dispatch.py, docs/ARCHITECTURE.md, Dispatch).
@@ -433,6 +475,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

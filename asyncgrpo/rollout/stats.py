@@ -33,6 +33,18 @@ class GeneratorStats:
     # rejoining), whose timer (gen_time/throttle_s, ...) therefore includes it: work done while
     # otherwise waiting (tools/bench_async.py counts it as busy time).
     weight_load_in_wait_s: float = 0.0
+    # Environment calls (reset and step) made, and those that failed (raised, timed out, answered
+    # garbage), by cause; the first failure's one-line text (reported to the learner, which stops
+    # the run beyond env.max_error_rate).
+    env_calls: int = 0
+    env_errors: dict[str, int] = field(default_factory=dict)
+    env_first_error: str = ""
+    # Policy turns whose call did not parse (the environment said so in its observation).
+    env_bad_actions: int = 0
+    # Episodes that ended because an observation would not fit the context or the token budget.
+    episodes_overflowed: int = 0
+    episodes_finished: int = 0
+    episode_turns_sum: int = 0
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
     @property

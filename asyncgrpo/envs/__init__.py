@@ -1,0 +1,40 @@
+"""Environments for multi-turn episodes: the protocol (base.py), calls with timeouts and error counts
+(calls.py), and the shipped environments: calculator.py (a tool), guess.py (a game with feedback),
+http.py (any environment served over HTTP). `make_environment(cfg)` builds the configured one; the
+generator's episode runner (asyncgrpo/rollout/episodes.py) drives it. docs/ENVIRONMENTS.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from asyncgrpo.envs.base import Environment, EnvironmentSpec, EnvStep
+
+if TYPE_CHECKING:
+    from asyncgrpo.schema import EnvConfig
+
+__all__ = ["ENV_NAMES", "ENV_ON_ERROR", "EnvStep", "Environment", "EnvironmentSpec", "make_environment"]
+
+# env.name: "" is no environment (one policy turn per rollout).
+ENV_NAMES = ("", "calculator", "guess", "http")
+# env.on_error
+ENV_ON_ERROR = ("zero", "drop_group")
+
+
+def make_environment(cfg: EnvConfig) -> EnvironmentSpec | None:
+    """The environment of `cfg.name`, or None for single-turn rollouts."""
+    if cfg.name == "":
+        return None
+    if cfg.name == "calculator":
+        from asyncgrpo.envs.calculator import calculator_spec
+
+        return calculator_spec(cfg)
+    if cfg.name == "guess":
+        from asyncgrpo.envs.guess import guess_spec
+
+        return guess_spec(cfg)
+    if cfg.name == "http":
+        from asyncgrpo.envs.http import http_spec
+
+        return http_spec(cfg)
+    raise ValueError(f"env.name must be one of {', '.join(repr(n) for n in ENV_NAMES)}, got {cfg.name!r}")
