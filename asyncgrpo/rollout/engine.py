@@ -30,6 +30,12 @@ class Completion:
     finished: bool  # False when cut off by max_tokens
     # Policy version that sampled each token; None = all by the version loaded when the call began.
     versions: np.ndarray | None = None
+    # What ended it when `finished`: the stop text it ended with (an environment's, kept in token_ids)
+    # or None for the end-of-sequence token.
+    stop_reason: str | None = None
+    # uint8 [L]: 1 on tokens the policy sampled, 0 on an environment's (an episode's observations);
+    # None = all the policy's.
+    policy_mask: np.ndarray | None = None
 
 
 @dataclass
@@ -141,12 +147,16 @@ def _drop_raw_prompt_warning(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Passing raw prompts to InputProcessor")
 
 
-def _sampling_params(n: int, max_tokens: int, temperature: float, **more: Any) -> Any:
+def _sampling_params(n: int, max_tokens: int, temperature: float, stop: Sequence[str], **more: Any) -> Any:
     """vLLM's SamplingParams for n samples of a prompt, as both ways of sampling need them: the
-    log-prob of each sampled token (logprobs=0: the token alone) and no text (rewards decode it)."""
+    log-prob of each sampled token (logprobs=0: the token alone), no text (rewards decode it) unless
+    `stop` texts end a turn (an environment's: vLLM matches them on the text; kept in the output)."""
     from vllm import SamplingParams
 
-    return SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=False, **more)
+    if stop:
+        more.update(stop=list(stop), include_stop_str_in_output=True)
+    return SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, detokenize=bool(stop),
+                          **more)
 
 
 class VLLMEngine:
@@ -206,18 +216,23 @@ class VLLMEngine:
         prompts: Sequence[Sequence[int]],
         *,
         n: int,
-        max_tokens: int,
+        max_tokens: int | Sequence[int],
         temperature: float,
         seed: int | None = None,
+        stop: Sequence[str] = (),
     ) -> list[list[Completion]]:
         """n completions per prompt, in one call that returns when all are done; temperature 0 means
-        greedy (log-probs then are of the argmax). Only on an engine running nothing submitted
-        (`LLM.generate` would run those requests too, and lose their outputs)."""
+        greedy (log-probs then are of the argmax); `max_tokens` for all prompts or one per prompt.
+        Only on an engine running nothing submitted (`LLM.generate` would run those requests too,
+        and lose their outputs)."""
         from vllm import TokensPrompt
 
         if self._submitted:
             raise RuntimeError(f"generate() while {len(self._submitted)} submitted requests run: finish or abort them")
-        sampling = _sampling_params(n, max_tokens, temperature, seed=seed)
+        if isinstance(max_tokens, int):
+            sampling = _sampling_params(n, max_tokens, temperature, stop, seed=seed)
+        else:
+            sampling = [_sampling_params(n, limit, temperature, stop, seed=seed) for limit in max_tokens]
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [[self._completion(out) for out in request.outputs] for request in outputs]
@@ -228,20 +243,24 @@ class VLLMEngine:
         logprobs = np.empty(len(token_ids), dtype=np.float32)
         for position, (token, candidates) in enumerate(zip(out.token_ids, out.logprobs)):
             logprobs[position] = candidates[token].logprob
-        return Completion(token_ids=token_ids, logprobs=logprobs, finished=out.finish_reason == "stop",
-                          versions=token_versions(getattr(out, "weight_versions", None), len(token_ids)))
+        finished = out.finish_reason == "stop"
+        return Completion(token_ids=token_ids, logprobs=logprobs, finished=finished,
+                          versions=token_versions(getattr(out, "weight_versions", None), len(token_ids)),
+                          stop_reason=out.stop_reason if finished and isinstance(out.stop_reason, str) else None)
 
     # ---- step by step (the generator's loop)
 
-    def submit(self, request_id: str, prompt: Sequence[int], *, n: int, max_tokens: int, temperature: float) -> None:
-        """Add a group's request (n samples of `prompt`); `step` returns it once all n have finished.
-        Raises ValueError for a prompt the engine cannot take (longer than its context)."""
+    def submit(self, request_id: str, prompt: Sequence[int], *, n: int, max_tokens: int, temperature: float,
+               stop: Sequence[str] = ()) -> None:
+        """Add a request (n samples of `prompt`, each ending at EOS, max_tokens or a `stop` text);
+        `step` returns it once all n have finished. Raises ValueError for a prompt the engine cannot
+        take (longer than its context)."""
         from vllm import TokensPrompt
         from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind
 
         # FINAL_ONLY: `step` returns a group once, when all its n samples have finished.
-        params = _sampling_params(n, max_tokens, temperature, output_kind=RequestOutputKind.FINAL_ONLY)
+        params = _sampling_params(n, max_tokens, temperature, stop, output_kind=RequestOutputKind.FINAL_ONLY)
         try:
             self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params)
         except VLLMValidationError as err:  # not a ValueError in vLLM 0.32
@@ -262,13 +281,14 @@ class VLLMEngine:
         """Sequences submitted and not yet returned by `step` (waiting or decoding)."""
         return sum(self._submitted.values())
 
-    def abort(self) -> list[str]:
-        """Drop every submitted request (the engine is then empty, ready for `generate` or the next
-        run); returns their ids."""
-        aborted = list(self._submitted)
+    def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
+        """Drop the submitted requests `request_ids` (None: every one, leaving the engine empty, ready
+        for `generate` or the next run); returns the ids dropped."""
+        aborted = [r for r in (self._submitted if request_ids is None else request_ids) if r in self._submitted]
         if aborted:
             self.engine.abort_request(aborted)
-        self._submitted.clear()
+        for request_id in aborted:
+            del self._submitted[request_id]
         return aborted
 
     def label_version(self, version: int) -> None:

@@ -31,14 +31,15 @@ from typing import Any
 import numpy as np
 
 from asyncgrpo.contract import Ticket
+from asyncgrpo.envs.calls import EnvCalls
 from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.rollout.channel import GroupChannel
-from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings, play_episodes
 from asyncgrpo.rollout.evaluations import PeriodicEvaluations
-from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.groups import scored_group
 from asyncgrpo.rollout.pacing import FailpointPace
 from asyncgrpo.rollout.parts import GeneratorParts
-from asyncgrpo.rollout.running import Admitted, RunningGroups
+from asyncgrpo.rollout.running import Admitted
 from asyncgrpo.rollout.scoring import ScoringBatch
 from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.rollout.stats import GeneratorStats
@@ -77,7 +78,11 @@ class Generator:
         self.engine.label_version(self.version)
         self._rejoin_version = spec.initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
-        self.running = RunningGroups()  # submitted to the engine, not finished
+        # Environment calls run on threads while the engine decodes (none without an environment).
+        self.env_calls = EnvCalls(cfg.env.threads, cfg.env.timeout_s, cfg.env.latency_s) if parts.env else None
+        self.episodes = EpisodeRunner(self.engine, self.tokenizer, parts.env, self.env_calls,
+                                      EpisodeSettings.from_config(cfg), self.stats)
+        self.episodes.version = self.version
         self.scoring: deque[ScoringBatch] = deque()  # finished, their rewards being computed
         self._asked_in_vain: tuple[int, float] | None = None  # (version, when): granted nothing while running
         self._paused = False  # admission held back for the running sequences to finish
@@ -124,26 +129,34 @@ class Generator:
             self._apply_latest_weights()  # leave the engine at the final version
         finally:
             self.scorer.close()
+            if self.env_calls is not None:
+                self.env_calls.close()
         return self._summary(time.perf_counter() - run_start)
 
     def _turn(self) -> None:
         """One turn of the loop, each phase timed: load the newest weights (between two engine
-        steps), evaluate them if due, admit granted prompts, run one engine step and score the
-        groups it finished, send those whose rewards are in; with nothing to decode, wait."""
+        steps), evaluate them if due, admit granted prompts, run one engine step (or, with nothing to
+        decode, wait for an environment's answer), score the groups whose episodes all ended, send
+        those whose rewards are in; with nothing in flight, wait."""
         timer = self.stats.timer
         with timer("weights"):
             self._load_newest_weights(wait_s=0.0)
-        if self.evaluations.due(self.version) and not self.running:
+        if self.evaluations.due(self.version) and not self.episodes.engine_busy:
             with timer("eval"):
                 self.evaluations.evaluate(self.version, self.evaluate)
         with timer("ask"):
             granted = self._admit()
-        if self.running:
-            with timer("generate"):
-                finished = self._step_paced()
+        if self.episodes:
+            if self.episodes.engine_busy:
+                with timer("generate"):
+                    self._step_paced()
+            else:
+                with timer("env_wait"):
+                    self.episodes.collect_env(wait_s=TICKET_RETRY_S)
+            finished = self.episodes.take_finished()
             if finished:
                 with timer("score"):
-                    self.scoring.append(ScoringBatch.submit(self.scorer, self.tokenizer, *zip(*finished)))
+                    self.scoring.append(ScoringBatch.submit(self.scorer, self.tokenizer, finished))
             self._send_scored(wait=False)
         elif self.scoring:  # nothing to decode meanwhile: wait for the rewards
             self._send_scored(wait=True)
@@ -165,8 +178,11 @@ class Generator:
         baseline (a call goes into an empty engine), a due evaluation (it runs on an empty engine),
         a push waiting without in-flight loads."""
         r = self.cfg.rollout
-        paused = bool(self.running) and (not r.continuous or self.evaluations.due(self.version) or (
-            not r.inflight_updates and self.weights.newest_version > self.version))
+        push_waiting = not r.inflight_updates and self.weights.newest_version > self.version
+        # Turns ready after an environment's answer wait too, or they could keep the engine from emptying.
+        self.episodes.hold_turns = push_waiting
+        paused = (not r.continuous and bool(self.episodes)) or (self.episodes.engine_busy and (
+            self.evaluations.due(self.version) or push_waiting))
         if paused and not self._paused:
             self.stats.drains += 1
         self._paused = paused
@@ -182,7 +198,7 @@ class Generator:
         room = (r.max_running_seqs - self.engine.running_sequences) // r.samples_per_prompt
         wanted = min(self.groups_per_call, room) if r.continuous else self.groups_per_call
         refused = self._asked_in_vain
-        if wanted < 1 or (self.running and refused is not None and refused[0] == self.version
+        if wanted < 1 or (self.episodes and refused is not None and refused[0] == self.version
                           and time.monotonic() - refused[1] < TICKET_RETRY_S):
             return False
         tickets = self.tickets.ask(self.version, wanted)
@@ -194,38 +210,31 @@ class Generator:
         return bool(tickets)
 
     def _submit(self, ticket: Ticket) -> None:
-        """Submit a granted prompt; one the engine refuses (longer than its context) is counted and
-        its ticket given back (its slot goes to another prompt)."""
-        r = self.cfg.rollout
+        """Start a granted prompt's episodes; one the engine refuses (longer than its context) is
+        counted and its ticket given back (its slot goes to another prompt)."""
         problem = self.positioned.at(ticket.position)
         prompt = self._tokenize([problem])[0]
-        request_id = self.running.request_id(ticket)
         try:
-            self.engine.submit(request_id, prompt, n=r.samples_per_prompt, max_tokens=r.max_new_tokens,
-                               temperature=r.temperature)
+            self.episodes.start(Admitted(ticket, problem, prompt, self.version))
         except ValueError as err:
             if not self.stats.prompts_rejected:
                 log.warning("generator %d: the engine refused prompt %d (counted, its slot goes to another "
                             "prompt; gen/prompts_rejected): %s", self.generator_id, ticket.position, err)
             self.stats.prompts_rejected += 1
             self.tickets.gave_back(ticket)
-            return
-        self.running.add(request_id, Admitted(ticket, problem, prompt, self.version))
 
-    def _step_paced(self) -> list[tuple[Admitted, list[Completion]]]:
-        """One engine step; the groups it finished. Slowed down by the failpoints that make a slower
-        generator (generator_slowdown) or one paced as if on a device of its own (generator_pace_s:
-        each finished group costs at least that long)."""
+    def _step_paced(self) -> None:
+        """One engine step. Slowed down by the failpoints that make a slower generator
+        (generator_slowdown) or one paced as if on a device of its own (generator_pace_s: each group
+        finished costs at least that long)."""
         started = time.perf_counter()
         self.stats.count_step(self.engine.running_sequences)
-        finished = self.engine.step()
-        self.pace.after_step(started, len(finished))
-        return [(self.running.finish(group.request_id), group.completions) for group in finished]
+        finished = self.episodes.step_engine()
+        self.pace.after_step(started, finished)
 
     def _drop_running(self) -> None:
-        """Abort what the engine runs and forget what is being scored (the run is over)."""
-        self.engine.abort()
-        self.running.drop_all()
+        """Abort what the engine runs, end every episode and forget what is being scored (the run is over)."""
+        self.episodes.drop_all()
         self.scoring.clear()
 
     def _wait_for_tickets(self) -> None:
@@ -253,17 +262,17 @@ class Generator:
             with timer("score_wait"):
                 scores = batch.scores(self.cfg)
             with timer("send"):
-                for admitted, completions, score in zip(batch.admitted, batch.completions, scores):
-                    group = scored_group(self.generator_id, admitted.problem.id, admitted.prompt, completions,
-                                         score, admitted.version)
-                    if group is None:  # reward.on_error=drop_group: the slot goes to someone else
+                for episodes, score in zip(batch.groups, scores):
+                    admitted = episodes.admitted
+                    group = scored_group(self.generator_id, episodes, score, self.cfg.env.on_error)
+                    if group is None:  # reward or env.on_error=drop_group: the slot goes to someone else
                         self.tickets.gave_back(admitted.ticket)
                         continue
                     group.pos = admitted.ticket.position
                     self.stats.tokens_generated += int(group.tokens.size)
                     self._send(group)
                     self.tickets.sent(admitted.ticket)
-            self._heartbeat(periodic=bool(self.running))
+            self._heartbeat(periodic=bool(self.episodes))
 
     def _tokenize(self, problems: list[Problem]) -> list[list[int]]:
         return [self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
@@ -284,9 +293,9 @@ class Generator:
         if version is None:
             return False
         self.stats.count_weight_load(time.perf_counter() - start, in_wait)
-        if self.running:
+        if self.episodes.engine_busy:
             self.stats.inflight_switches += 1
-        self.version = version
+        self.version = self.episodes.version = version
         self.engine.label_version(version)
         self.weights.saves.weights_loaded(version)
         self.channel.acknowledge(version)
@@ -299,7 +308,7 @@ class Generator:
         Hears a stop either way. `in_wait`: called from a wait, whose timer includes the load
         (GeneratorStats.weight_load_in_wait_s)."""
         self._poll_weights(wait_s)
-        loads_allowed = self.cfg.rollout.inflight_updates or not self.running
+        loads_allowed = self.cfg.rollout.inflight_updates or not self.episodes.engine_busy
         loaded = self._apply_latest_weights(in_wait) if loads_allowed else False
         if self.weights.shutdown_reason is not None:
             raise GeneratorStopped(self.weights.shutdown_reason)
@@ -325,11 +334,18 @@ class Generator:
     # ------------------------------------------------------------------------- eval and probes
 
     def evaluate(self, problems: list[Problem], temperature: float) -> float:
-        """Held-out accuracy with one sample per problem (temperature 0 = greedy), in one call on
-        the engine while it runs nothing else."""
-        completions = self.engine.generate(self._tokenize(problems), n=1, max_tokens=self.cfg.rollout.max_new_tokens,
-                                           temperature=temperature)
-        texts = decode_completions(self.tokenizer, [group[0] for group in completions])
+        """Held-out accuracy with one episode per problem (temperature 0 = greedy), a turn of every
+        episode per engine call, on the engine while it runs nothing else."""
+        env = self.cfg.env
+        calls = EnvCalls(env.threads, env.timeout_s, env.latency_s) if self.episodes.env else None  # its own threads
+        try:
+            episodes = play_episodes(self.engine, self.tokenizer, self.episodes.env, calls,
+                                     EpisodeSettings.from_config(self.cfg), self._tokenize(problems), problems,
+                                     temperature)
+        finally:
+            if calls is not None:
+                calls.close()
+        texts = [episode.answer_text(self.tokenizer) for episode in episodes]
         return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
 
     def take_evaluations(self) -> list[dict[str, float]]:

@@ -1,46 +1,50 @@
-"""Building the message a generator sends: a prompt's completions and their rewards -> a `ScoredGroup`.
+"""Building the message a generator sends: a group's episodes and their rewards -> a `ScoredGroup`.
 
-Pure: arrays and a `GroupScore` in, a `ScoredGroup` out; the caller assigns the sequence number
+Pure: episodes and a `GroupScore` in, a `ScoredGroup` out; the caller assigns the sequence number
 when it sends.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from asyncgrpo.rewards.scorer import GroupScore
-from asyncgrpo.rollout.engine import Completion
+from asyncgrpo.rollout.episodes import EpisodeGroup
 from asyncgrpo.wire import ScoredGroup
 
 
-def decode_completions(tokenizer: Any, completions: list[Completion]) -> list[str]:
-    """The completions' texts, as the rewards see them (special tokens such as EOS left out)."""
-    return [tokenizer.decode(c.token_ids.tolist(), skip_special_tokens=True) for c in completions]
+def scored_group(generator_id: int, group: EpisodeGroup, score: GroupScore, env_on_error: str) -> ScoredGroup | None:
+    """The group to send, its episodes packed end to end; `seq` is left at -1 for the sender.
 
-
-def scored_group(generator_id: int, prompt_id: int, prompt_tokens: list[int], completions: list[Completion],
-                 score: GroupScore, version: int) -> ScoredGroup | None:
-    """The group to send, completions packed end to end; `seq` is left at -1 for the sender.
-
-    `version` is the generator's loaded version, recorded in meta and used for any completion
-    without per-token versions. None when the reward policy drops the group
-    (reward.on_error=drop_group and a reward failed): it must not be sent.
+    Each episode's reward is the rewards' score of its last turn plus the environment's rewards; an
+    episode ended by a failed environment call scores 0 (env.on_error=zero). The admission version
+    is recorded in meta and used for any token without a version of its own. None when the group
+    must not be sent: reward.on_error=drop_group and a reward failed, or env.on_error=drop_group and
+    an environment call failed.
     """
-    if score.dropped:
+    if score.dropped or (group.failed and env_on_error == "drop_group"):
         return None
-    return ScoredGroup(
+    episodes = group.episodes
+    completions = [episode.as_completion() for episode in episodes]
+    env_rewards = np.asarray([episode.env_reward for episode in episodes], dtype=np.float32)
+    rewards = np.where([bool(e.failed) for e in episodes], np.float32(0.0), score.rewards + env_rewards)
+    meta = {"version": group.admitted.version, **score.meta()}
+    if any(e.turns > 1 or e.env is not None for e in episodes):  # an environment's episodes
+        meta["reward/env"] = float(env_rewards.mean())
+    message = ScoredGroup(
         generator_id=generator_id,
         seq=-1,  # assigned when sent, so heartbeats and sequence numbers agree
-        prompt_id=prompt_id,
-        prompt_tokens=np.asarray(prompt_tokens, dtype=np.int32),
+        prompt_id=group.admitted.problem.id,
+        prompt_tokens=np.asarray(group.admitted.prompt, dtype=np.int32),
         tokens=np.concatenate([c.token_ids for c in completions]).astype(np.int32),
         logprobs=np.concatenate([c.logprobs for c in completions]).astype(np.float32),
-        versions=np.concatenate([c.versions if c.versions is not None else np.full(c.token_ids.size, version)
-                                 for c in completions]).astype(np.int32),
+        versions=np.concatenate([c.versions for c in completions]).astype(np.int32),
         lengths=np.asarray([c.token_ids.size for c in completions], dtype=np.int32),
-        rewards=score.rewards,
+        rewards=rewards.astype(np.float32),
         truncated=np.asarray([not c.finished for c in completions], dtype=np.uint8),
-        meta={"version": version, **score.meta()},
+        meta=meta,
     )
+    mask = np.concatenate([c.policy_mask for c in completions]).astype(np.uint8)
+    if not mask.all():
+        message.policy_mask = mask
+    return message

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from asyncgrpo.envs import EnvironmentSpec, make_environment
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, FinishedGroup, VLLMEngine
 from asyncgrpo.rollout.sink import GroupSink, with_faults
@@ -31,16 +32,16 @@ class SamplingEngine(Protocol):
     running_sequences: int
 
     def submit(self, request_id: str, prompt: Sequence[int], *, n: int, max_tokens: int,
-               temperature: float) -> None: ...
+               temperature: float, stop: Sequence[str] = ()) -> None: ...
 
     def step(self) -> list[FinishedGroup]: ...
 
-    def abort(self) -> list[str]: ...
+    def abort(self, request_ids: Sequence[str] | None = None) -> list[str]: ...
 
     def label_version(self, version: int) -> None: ...
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, temperature: float,
-                 seed: int | None = None) -> list[list[Completion]]: ...
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int | Sequence[int],
+                 temperature: float, seed: int | None = None, stop: Sequence[str] = ()) -> list[list[Completion]]: ...
 
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[np.ndarray]: ...
 
@@ -51,7 +52,8 @@ class SamplingEngine(Protocol):
 class GeneratorParts:
     """`engine` samples, `tokenizer` and `task` make and score the prompts, `scorer` computes the
     rewards, `sink` sends to the learner, `weights` receives its pushes, `tickets` asks for slots and
-    `positioned` reads their prompts from the run's one prompt stream."""
+    `positioned` reads their prompts from the run's one prompt stream; `env` makes each episode's
+    environment."""
 
     engine: SamplingEngine
     tokenizer: Any
@@ -61,6 +63,7 @@ class GeneratorParts:
     weights: WeightReceiver
     tickets: TicketClient
     positioned: PositionedPrompts
+    env: EnvironmentSpec | None  # env.name="": None, every rollout one turn
 
 
 def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = None) -> GeneratorParts:
@@ -105,4 +108,4 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     # Its prompts come from the run's one stream, at the positions it is granted.
     return GeneratorParts(engine=engine, tokenizer=tokenizer, task=task, scorer=scorer, sink=sink, weights=weights,
                           tickets=TicketClient(sink, grants, spec.generator_id, spec.incarnation),
-                          positioned=PositionedPrompts(lambda: run_stream(task, cfg)))
+                          positioned=PositionedPrompts(lambda: run_stream(task, cfg)), env=make_environment(cfg.env))

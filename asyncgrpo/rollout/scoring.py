@@ -10,9 +10,7 @@ from typing import Any
 
 from asyncgrpo.rewards.judge import call_budget_s
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
-from asyncgrpo.rollout.engine import Completion
-from asyncgrpo.rollout.groups import decode_completions
-from asyncgrpo.rollout.running import Admitted
+from asyncgrpo.rollout.episodes import EpisodeGroup
 from asyncgrpo.schema import Config
 
 
@@ -29,19 +27,17 @@ def score_timeout_s(cfg: Config, num_groups: int) -> float:
 
 @dataclass
 class ScoringBatch:
-    """Finished groups whose rewards are being computed."""
+    """Groups whose episodes have all ended, their rewards being computed."""
 
-    admitted: list[Admitted]  # each group's ticket, problem and prompt
-    completions: list[list[Completion]]
+    groups: list[EpisodeGroup]
     future: concurrent.futures.Future
 
     @classmethod
-    def submit(cls, scorer: Scorer, tokenizer: Any, admitted: list[Admitted],
-               completions: list[list[Completion]]) -> ScoringBatch:
-        """Start scoring finished groups with `scorer`, on their completions' text."""
-        texts = [decode_completions(tokenizer, group) for group in completions]
-        return cls(admitted, completions, scorer.submit([a.problem for a in admitted], texts))
+    def submit(cls, scorer: Scorer, tokenizer: Any, groups: list[EpisodeGroup]) -> ScoringBatch:
+        """Start scoring `groups` with `scorer`, on the text of each episode's last policy turn."""
+        texts = [[episode.answer_text(tokenizer) for episode in group.episodes] for group in groups]
+        return cls(groups, scorer.submit([group.admitted.problem for group in groups], texts))
 
     def scores(self, cfg: Config) -> list[GroupScore]:
         """Each group's rewards, waited for (score_timeout_s)."""
-        return self.future.result(timeout=score_timeout_s(cfg, len(self.admitted)))
+        return self.future.result(timeout=score_timeout_s(cfg, len(self.groups)))

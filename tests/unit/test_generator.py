@@ -21,7 +21,10 @@ from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.engine import Completion, FinishedGroup
 from asyncgrpo.rollout.generator import Generator
-from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.contract import Ticket
+from asyncgrpo.rollout.episodes import Episode, EpisodeGroup
+from asyncgrpo.rollout.groups import scored_group
+from asyncgrpo.rollout.running import Admitted
 from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.scoring import score_timeout_s
 from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed
@@ -49,9 +52,22 @@ def score(rewards: list[float], dropped: bool = False) -> GroupScore:
     return GroupScore(rewards=np.asarray(rewards, np.float32), terms={}, dropped=dropped, report_terms=False)
 
 
+def one_turn_group(prompt_id: int, prompt: list[int], completions: list[Completion], version: int,
+                   problem: Problem | None = None) -> EpisodeGroup:
+    """The episodes of a single-turn group whose one turn each gave `completions`."""
+    admitted = Admitted(Ticket(0, 0), problem or Problem(prompt_id, "", ""), prompt, version)
+    episodes = []
+    for c in completions:
+        episode = Episode(prompt)
+        episode.add_turn(c, version)
+        episode.end(truncated=not c.finished)
+        episodes.append(episode)
+    return EpisodeGroup(admitted, episodes)
+
+
 def test_a_group_packs_its_completions_end_to_end():
     completions = [completion([3, 4, 5], versions=[1, 1, 2]), completion([6], logprob=-1.0)]
-    group = scored_group(7, 42, [1, 2], completions, score([1.0, 0.0]), version=2)
+    group = scored_group(7, one_turn_group(42, [1, 2], completions, version=2), score([1.0, 0.0]), "zero")
     assert isinstance(group, ScoredGroup)
     assert (group.generator_id, group.seq, group.prompt_id) == (7, -1, 42)
     assert group.prompt_tokens.tolist() == [1, 2] and group.prompt_tokens.dtype == np.int32
@@ -65,17 +81,18 @@ def test_a_group_packs_its_completions_end_to_end():
 
 def test_a_group_marks_the_completions_cut_at_the_token_limit_as_truncated():
     completions = [completion([3, 4], finished=False), completion([5]), completion([6, 7], finished=False)]
-    group = scored_group(0, 1, [1], completions, score([0.0, 1.0, 0.0]), version=0)
+    group = scored_group(0, one_turn_group(1, [1], completions, version=0), score([0.0, 1.0, 0.0]), "zero")
     assert group.truncated.tolist() == [1, 0, 1] and group.truncated.dtype == np.uint8
 
 
 def test_a_dropped_group_is_not_built():
-    assert scored_group(0, 1, [1], [completion([2])], score([0.0], dropped=True), version=0) is None
+    group = one_turn_group(1, [1], [completion([2])], version=0)
+    assert scored_group(0, group, score([0.0], dropped=True), "zero") is None
 
 
 def test_rewards_see_the_text_without_special_tokens():
     ids = TOKENIZER("85", add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
-    assert decode_completions(TOKENIZER, [completion(ids)]) == ["85"]
+    assert one_turn_group(1, [1], [completion(ids)], version=0).episodes[0].answer_text(TOKENIZER) == "85"
 
 
 # ------------------------------------------------------------------------------- fakes for a run
@@ -130,7 +147,7 @@ class AddingEngine:
     def running_sequences(self) -> int:
         return sum(n for _, _, n, _, _ in self.submitted)
 
-    def submit(self, request_id, prompt, *, n, max_tokens, temperature) -> None:
+    def submit(self, request_id, prompt, *, n, max_tokens, temperature, stop=()) -> None:
         if len(prompt) > self.max_prompt_tokens:
             raise ValueError(f"prompt of {len(prompt)} tokens, longer than the context")
         self.submitted.append((request_id, list(prompt), n, max_tokens, temperature))
@@ -146,14 +163,15 @@ class AddingEngine:
                 c.versions = np.full(c.token_ids.size, self.version, np.int32)
         return [FinishedGroup(request_id, group) for (request_id, *_), group in zip(batch, groups)]
 
-    def abort(self) -> list[str]:
-        aborted, self.submitted = [request_id for request_id, *_ in self.submitted], []
+    def abort(self, request_ids=None) -> list[str]:
+        aborted = [r for r, *_ in self.submitted if request_ids is None or r in request_ids]
+        self.submitted = [s for s in self.submitted if s[0] not in aborted]
         return aborted
 
     def label_version(self, version: int) -> None:
         self.version = version
 
-    def generate(self, prompts, *, n, max_tokens, temperature, seed=None):
+    def generate(self, prompts, *, n, max_tokens, temperature, seed=None, stop=()):
         if self.before_call is not None:
             self.before_call()
         self.calls.append({"prompts": [list(p) for p in prompts], "n": n, "max_tokens": max_tokens,
@@ -296,7 +314,7 @@ def spec_on_fakes(cfg: Config, quota: int, generator_id: int = 0, initial_versio
 def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: ArithmeticTask = TASK,
                    problems: Callable[[], Iterator[Problem]] | None = None, engine: AddingEngine | None = None,
                    scorer: Any = None, sink: ListSink | None = None, generator_id: int = 0,
-                   initial_version: int = 0, incarnation: int = 0) -> Generator:
+                   initial_version: int = 0, incarnation: int = 0, env: Any = None) -> Generator:
     """The generator alone in a run whose steps are `quota` groups, against the real queue and
     dispatcher in process (nothing is taken: the generator runs until its versions are used up).
     `problems`: the run's prompt stream (default: the task's, seeded 0)."""
@@ -312,7 +330,7 @@ def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: Arit
     generator = Generator(cfg, spec, GeneratorParts(
         engine=engine or AddingEngine(), tokenizer=TOKENIZER, task=task, scorer=scorer or Scorer(task, cfg.reward),
         sink=sink, weights=PushesWhileWaiting(versions, initial_version),
-        tickets=TicketClient(sink, mailbox, generator_id, incarnation), positioned=PositionedPrompts(stream)))
+        tickets=TicketClient(sink, mailbox, generator_id, incarnation), positioned=PositionedPrompts(stream), env=env))
     generator.queue = queue  # type: ignore[attr-defined]  # for the tests that look at what arrived
     return generator
 

@@ -53,7 +53,7 @@ def ticketed(groups_per_step: int, max_staleness: int, versions: int, task=TASK,
     generator = Generator(cfg, spec_on_fakes(cfg, quota=3), GeneratorParts(
         engine=AddingEngine(), tokenizer=TOKENIZER, task=task, scorer=Scorer(task, cfg.reward), sink=sink,
         weights=PushesWhileWaiting(versions), tickets=TicketClient(sink, mailbox, 0, 0),
-        positioned=PositionedPrompts(lambda: task.train_problems(seed=0))))
+        positioned=PositionedPrompts(lambda: task.train_problems(seed=0)), env=None))
     return generator, queue, sink
 
 

@@ -2,12 +2,14 @@
 (rollout/groups.py), without starting vLLM."""
 
 import numpy as np
+from test_generator import one_turn_group  # the generator's fakes, as the other generator tests import them
 
 from asyncgrpo.config import load
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion
-from asyncgrpo.rollout.groups import decode_completions, scored_group
+from asyncgrpo.rollout.groups import scored_group
+from asyncgrpo.rollout.scoring import ScoringBatch
 from asyncgrpo.schema import RewardConfig, RewardTermConfig
 from asyncgrpo.tasks import Problem, make_task
 
@@ -24,9 +26,10 @@ def completions(texts: list[str]) -> list[Completion]:
 
 
 def build(scorer: Scorer, problem: Problem, prompt: list[int], group_completions: list[Completion]):
-    """As the generator does: score the decoded texts, then build the group at loaded version 3."""
-    [score] = scorer.submit([problem], [decode_completions(TOKENIZER, group_completions)]).result()
-    return scored_group(0, problem.id, prompt, group_completions, score, version=3)
+    """As the generator does: score the episodes' texts, then build the group at loaded version 3."""
+    group = one_turn_group(problem.id, prompt, group_completions, version=3, problem=problem)
+    [score] = ScoringBatch.submit(scorer, TOKENIZER, [group]).future.result()
+    return scored_group(0, group, score, "zero")
 
 
 PROBLEM = TASK.problem(TASK.problem_id(37, 48))
@@ -41,7 +44,7 @@ def test_default_rewards_and_meta_are_as_before():
 def test_scores_from_submit_are_used_and_terms_reach_meta():
     reward = RewardConfig(terms=[RewardTermConfig(name="task"), RewardTermConfig(name="format", weight=0.5, pattern=r"^\d+$")])
     group_completions = completions(["85", "8x"])
-    assert decode_completions(TOKENIZER, group_completions) == ["85", "8x"]
+    assert [e.answer_text(TOKENIZER) for e in one_turn_group(1, [1], group_completions, 0).episodes] == ["85", "8x"]
     group = build(Scorer(TASK, reward), PROBLEM, [1, 2], group_completions)
     assert group.rewards.tolist() == [1.5, 0.0]
     assert group.meta == {"version": 3, "reward/task": 0.5, "reward/format": 0.5, "reward/errors": 0}

@@ -47,7 +47,7 @@ class ScriptedEngine:
     def running_sequences(self) -> int:
         return sum(len(r["samples"]) for r in self.requests.values())
 
-    def submit(self, request_id, prompt, *, n, max_tokens, temperature) -> None:
+    def submit(self, request_id, prompt, *, n, max_tokens, temperature, stop=()) -> None:
         self.requests[request_id] = {"prompt_id": prompt[0], "max_tokens": max_tokens,
                                      "samples": [{"tokens": [], "logprobs": [], "versions": [], "done": False,
                                                   "finished": False} for _ in range(n)]}
@@ -72,8 +72,10 @@ class ScriptedEngine:
                                np.asarray(x["versions"], np.int32)) for x in request["samples"]]))
         return finished
 
-    def abort(self) -> list[str]:
-        aborted, self.requests = list(self.requests), {}
+    def abort(self, request_ids=None) -> list[str]:
+        aborted = [r for r in self.requests if request_ids is None or r in request_ids]
+        for request_id in aborted:
+            del self.requests[request_id]
         return aborted
 
     def label_version(self, version: int) -> None:
@@ -121,6 +123,7 @@ def generator_for(engine, **rollout) -> Generator:
     """A generator on the scripted engine (no vLLM, no sockets); these tests drive its admission
     and engine steps directly."""
     cfg = copy.deepcopy(BASE_CONFIG)
+    cfg.model.max_positions = 1024  # room for the long completions: the budget is max_new_tokens alone
     for key, value in rollout.items():
         setattr(cfg.rollout, key, value)
     generator = make_generator(cfg, engine=engine, quota=cfg.train.groups_per_step, sink=ListSink())
@@ -134,9 +137,11 @@ def generate(generator: Generator, groups: int) -> list[tuple]:
     for position in range(groups):
         generator._submit(Ticket(position, position))
     finished = []
-    while generator.running:
+    while generator.episodes:
         generator._load_newest_weights(wait_s=0.0)
-        finished += generator._step_paced()
+        generator._step_paced()
+        finished += [(group.admitted, [episode.as_completion() for episode in group.episodes])
+                     for group in generator.episodes.take_finished()]
     return finished
 
 
@@ -190,9 +195,10 @@ def test_without_inflight_updates_a_push_waits_for_the_running_sequences_and_adm
     assert all(c.versions.tolist() == [0] * c.token_ids.size for c in group)
     generator._submit(Ticket(1, 1))
     assert generator._admission_paused() and generator.stats.drains == 1  # the push is waiting
-    while generator.running:
+    while generator.episodes:
         generator._load_newest_weights(wait_s=0.0)
         generator._step_paced()
+        generator.episodes.take_finished()
     generator._load_newest_weights(wait_s=0.0)  # the engine is empty: now it loads
     assert len(engine.loaded) == 1 and not generator._admission_paused()
 

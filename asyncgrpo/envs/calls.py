@@ -1,0 +1,170 @@
+"""Environment calls on threads, each with a timeout, each failure classified (`EnvCalls`).
+
+A generator's engine must keep decoding while a tool or a service answers, so every environment
+call (reset, step) runs on one of `threads` daemon threads and its result is collected later
+(`finished`, `wait`). A call that runs past `timeout_s` from when a thread took it is reported as
+failed with cause "timeout" and its thread is left to it (a replacement thread takes its place, up
+to STUCK_THREADS_FACTOR x threads in all: past that, further calls queue); what it returns later is
+dropped. A coroutine result (an async environment) is run to completion on the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncgrpo.envs.base import EnvStep
+
+# Threads abandoned to hung calls are replaced, but never beyond this many times the pool's size.
+STUCK_THREADS_FACTOR = 4
+# A failure's text travels in heartbeats: one line, this long at most.
+MAX_ERROR_CHARS = 200
+
+
+@dataclass(frozen=True)
+class EnvCallResult:
+    """What a call gave: `value` (reset's text or step's EnvStep), or a failure's `cause`
+    (timeout | exception | invalid | the exception's own `cause` attribute, as the HTTP adapter
+    sets) and one-line `error`."""
+
+    value: Any = None
+    cause: str = ""
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.cause)
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_ERROR_CHARS else flat[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def checked_step(value: Any) -> EnvStep:
+    """`value` if it is a well-formed EnvStep; else ValueError (counted as cause "invalid")."""
+    if not isinstance(value, EnvStep):
+        raise ValueError(f"step returned {type(value).__name__}, not an EnvStep")
+    if not isinstance(value.observation, str):
+        raise ValueError(f"observation is {type(value.observation).__name__}, not text")
+    if isinstance(value.reward, bool) or not isinstance(value.reward, (int, float)) or not math.isfinite(value.reward):
+        raise ValueError(f"reward {value.reward!r} is not a finite number")
+    if not isinstance(value.done, bool) or not isinstance(value.bad_action, bool):
+        raise ValueError("done and bad_action must be booleans")
+    return value
+
+
+def checked_reset(value: Any) -> str:
+    """`value` if it is text; else ValueError (counted as cause "invalid")."""
+    if not isinstance(value, str):
+        raise ValueError(f"reset returned {type(value).__name__}, not text")
+    return value
+
+
+class EnvCalls:
+    """Runs environment calls on threads; each call is named by a hashable key of the caller's."""
+
+    def __init__(self, threads: int, timeout_s: float, latency_s: float) -> None:
+        """`threads`, `timeout_s`, `latency_s`: env.threads, env.timeout_s, env.latency_s (an
+        injected delay before each call, for benchmarks)."""
+        self.timeout_s, self.latency_s = timeout_s, latency_s
+        self._todo: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._started: dict[Hashable, float] = {}  # key -> when a thread took it (monotonic)
+        self._pending = 0
+        self._threads_left = threads * STUCK_THREADS_FACTOR
+        self._threads_started = 0
+        for _ in range(threads):
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        if self._threads_left <= 0:
+            return
+        self._threads_left -= 1
+        self._threads_started += 1
+        threading.Thread(target=self._work, name="env-call", daemon=True).start()
+
+    def submit(self, key: Hashable, call: Callable[..., Any], check: Callable[[Any], Any], *args: Any) -> None:
+        """Run `call(*args)` (its coroutine awaited) and `check` its value on a thread."""
+        self._pending += 1
+        self._todo.put((key, call, check, args))
+
+    def _work(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            key, call, check, args = item
+            with self._lock:
+                self._started[key] = time.monotonic()
+            result = self._run(call, check, args)
+            with self._lock:
+                if self._started.pop(key, None) is None:
+                    continue  # reported as timed out already
+            self._done.put((key, result))
+
+    def _run(self, call: Callable[..., Any], check: Callable[[Any], Any], args: tuple) -> EnvCallResult:
+        try:
+            if self.latency_s > 0:
+                time.sleep(self.latency_s)
+            value = call(*args)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_awaited(value))
+        except Exception as err:  # noqa: BLE001 - an environment's failure is counted, never raised here
+            cause = getattr(err, "cause", "") or "exception"
+            return EnvCallResult(cause=str(cause), error=_one_line(f"{type(err).__name__}: {err}"))
+        try:
+            return EnvCallResult(value=check(value))
+        except ValueError as err:
+            return EnvCallResult(cause="invalid", error=_one_line(str(err)))
+
+    def _expire(self) -> list[tuple[Hashable, EnvCallResult]]:
+        now, expired = time.monotonic(), []
+        with self._lock:
+            for key, started in list(self._started.items()):
+                if now - started > self.timeout_s:
+                    del self._started[key]
+                    error = f"no answer within env.timeout_s={self.timeout_s:g} s"
+                    expired.append((key, EnvCallResult(cause="timeout", error=error)))
+        for _ in expired:
+            self._start_thread()  # the hung call keeps its thread
+        return expired
+
+    def finished(self, wait_s: float = 0.0) -> list[tuple[Hashable, EnvCallResult]]:
+        """The calls that ended (answered, failed or timed out) since the last call; waits up to
+        `wait_s` for the first one when none has."""
+        results = self._expire()
+        if not results and wait_s > 0 and self._pending:
+            try:
+                results.append(self._done.get(timeout=min(wait_s, self.timeout_s)))
+            except queue.Empty:
+                results = self._expire()
+        while True:
+            try:
+                results.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        self._pending -= len(results)
+        return results
+
+    @property
+    def pending(self) -> int:
+        """Calls submitted whose result has not been collected."""
+        return self._pending
+
+    def close(self) -> None:
+        """Stop the idle threads (a hung call's thread is a daemon and ends with the process)."""
+        for _ in range(self._threads_started):
+            self._todo.put(None)
+
+
+async def _awaited(value: Any) -> Any:
+    return await value

@@ -1,0 +1,296 @@
+"""Episodes on a scripted engine and scripted environments: turns, observations and their policy mask,
+the episode's end (answer, budget, context, max turns, environment), failures counted per cause, the
+turns held while a push waits, and evaluations' batched episodes. No vLLM, no threads but the calls'."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from asyncgrpo.contract import Ticket
+from asyncgrpo.envs.base import EnvironmentSpec, EnvStep
+from asyncgrpo.envs.calls import EnvCalls, checked_step
+from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.rewards.scorer import GroupScore
+from asyncgrpo.rollout.engine import Completion, FinishedGroup
+from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings, play_episodes
+from asyncgrpo.rollout.groups import scored_group
+from asyncgrpo.rollout.running import Admitted
+from asyncgrpo.rollout.stats import GeneratorStats
+from asyncgrpo.tasks import Problem
+
+TOKENIZER = build_char_tokenizer()
+EOS = TOKENIZER.eos_token_id
+
+
+def ids(text: str) -> list[int]:
+    return TOKENIZER(text, add_special_tokens=False)["input_ids"]
+
+
+class ScriptEngine:
+    """Sample i's turn t writes script[i][t]: a text ending in "]" stops there (the tool's close tag),
+    any other ends with EOS; a turn longer than its max_tokens is cut (not finished). Every submitted
+    request finishes at the next step. Later turns name their sample in the request id
+    (position.key.sample.turn), as the runner writes it."""
+
+    weight_load_path = "scripted"
+
+    def __init__(self, script: list[list[str]]) -> None:
+        self.script = script
+        self.requests: dict[str, tuple[list[int], int, int]] = {}  # id -> (prompt, n, max_tokens)
+        self.submits: list[tuple[str, int]] = []  # (request id, n)
+
+    @property
+    def running_sequences(self) -> int:
+        return sum(n for _, n, _ in self.requests.values())
+
+    def submit(self, request_id, prompt, *, n, max_tokens, temperature, stop=()) -> None:
+        self.requests[request_id] = (list(prompt), n, max_tokens)
+        self.submits.append((request_id, n))
+
+    def _turn(self, sample: int, turn: int, max_tokens: int) -> Completion:
+        text = self.script[sample][turn]
+        tokens = ids(text) if text.endswith("]") else ids(text) + [EOS]
+        finished = len(tokens) <= max_tokens
+        tokens = tokens[:max_tokens]
+        return Completion(np.asarray(tokens, np.int32), np.full(len(tokens), -0.25, np.float32), finished,
+                          stop_reason="]" if finished and text.endswith("]") else None)
+
+    def step(self) -> list[FinishedGroup]:
+        out = []
+        for request_id, (prompt, n, max_tokens) in self.requests.items():
+            parts = request_id.split(".")
+            if len(parts) == 2:  # a group's first turns
+                out.append(FinishedGroup(request_id, [self._turn(i, 0, max_tokens) for i in range(n)]))
+            else:
+                out.append(FinishedGroup(request_id, [self._turn(int(parts[2]), int(parts[3]), max_tokens)]))
+        self.requests = {}
+        return out
+
+    def abort(self, request_ids=None) -> list[str]:
+        aborted = [r for r in self.requests if request_ids is None or r in request_ids]
+        for r in aborted:
+            del self.requests[r]
+        return aborted
+
+    def generate(self, prompts, *, n, max_tokens, temperature, seed=None, stop=()):
+        limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        # Evaluations: the observations so far (each has an "=", as the prompt does) say which turn this is.
+        return [[self._turn(0, TOKENIZER.decode(p).count("=") - 1, limit)] for p, limit in zip(prompts, limits)]
+
+
+class Calculator:
+    """Answers "[a*b]" with "=<product>\\n", reward 0.5 per call."""
+
+    def reset(self, problem):
+        return ""
+
+    def step(self, action):
+        left, right = action.strip("[]").split("*")
+        return EnvStep(observation=f"={int(left) * int(right)}\n", reward=0.5)
+
+    def close(self):
+        pass
+
+
+def spec(env_class=Calculator) -> EnvironmentSpec:
+    return EnvironmentSpec("scripted", env_class, ("]",))
+
+
+def settings(**changes) -> EpisodeSettings:
+    values = dict(samples_per_prompt=2, max_new_tokens=40, temperature=1.0, max_turns=4, on_error="zero",
+                  context_tokens=64)
+    values.update(changes)
+    return EpisodeSettings(**values)
+
+
+def admitted(prompt: str = "12*34=", version: int = 0) -> Admitted:
+    return Admitted(Ticket(0, 7), Problem(7, prompt, "408"), ids(prompt), version)
+
+
+def run_until_done(runner: EpisodeRunner, limit: int = 200) -> list:
+    finished = []
+    for _ in range(limit):
+        if runner.engine_busy:
+            runner.step_engine()
+        else:
+            runner.collect_env(wait_s=0.05)
+        finished += runner.take_finished()
+        if not runner:
+            return finished
+    raise AssertionError("episodes did not end")
+
+
+def make_runner(script, env=None, calls=None, **changes) -> tuple[EpisodeRunner, ScriptEngine, GeneratorStats]:
+    engine, stats = ScriptEngine(script), GeneratorStats()
+    if env is not None and calls is None:
+        calls = EnvCalls(threads=2, timeout_s=5.0, latency_s=0.0)
+    return EpisodeRunner(engine, TOKENIZER, env, calls, settings(**changes), stats), engine, stats
+
+
+def test_a_tool_episode_interleaves_policy_turns_and_observations_and_masks_the_observations():
+    runner, engine, stats = make_runner([["[12*34]", "408"], ["[12*34]", "407"]], env=spec())
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    episode = group.episodes[0]
+    expected = ids("[12*34]") + ids("=408\n") + ids("408") + [EOS]
+    assert episode.tokens == expected
+    assert episode.policy == [1] * 7 + [0] * 5 + [1] * 4
+    assert episode.logprobs[7:12] == [0.0] * 5  # an observation carries no log-prob
+    assert episode.answer_text(TOKENIZER) == "408" and episode.turns == 2 and not episode.truncated
+    # The second turn's prompt is the episode so far: prompt, first turn, observation.
+    assert stats.env_calls == 2 * 2  # a reset and a step per episode
+    completion = episode.as_completion()
+    assert completion.policy_mask.tolist() == episode.policy and completion.finished
+
+
+def test_without_an_environment_an_episode_is_one_turn_of_one_group_request():
+    runner, engine, stats = make_runner([["408"], ["407"]])
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert engine.submits == [("7.0", 2)]  # one request of n samples, as single-turn rollouts always were
+    assert [e.answer_text(TOKENIZER) for e in group.episodes] == ["408", "407"]
+    assert all(e.policy == [1] * len(e.tokens) and e.turns == 1 for e in group.episodes)
+    assert stats.env_calls == 0
+
+
+def test_the_rewards_add_the_environments_rewards_and_the_mask_travels_in_the_group():
+    runner, _, _ = make_runner([["[12*34]", "408"], ["408"]], env=spec())
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    score = GroupScore(rewards=np.asarray([1.0, 1.0], np.float32), terms={}, report_terms=False)
+    message = scored_group(0, group, score, "zero")
+    assert message.rewards.tolist() == [1.5, 1.0]  # one tool call rewarded 0.5
+    assert message.meta["reward/env"] == pytest.approx(0.25)
+    assert message.policy_mask.tolist() == group.episodes[0].policy + group.episodes[1].policy
+
+
+def test_an_observation_that_would_overflow_the_budget_ends_the_episode_truncated_and_counted():
+    # "[12*34]" is 7 tokens, "=408\n" 5 more: a budget of 11 has no room for the observation.
+    runner, _, stats = make_runner([["[12*34]", "408"], ["408"]], env=spec(), max_new_tokens=11)
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    first = group.episodes[0]
+    assert first.truncated and first.tokens == ids("[12*34]") and stats.episodes_overflowed == 1
+    assert not group.episodes[1].truncated
+
+
+def test_an_observation_that_would_overflow_the_context_ends_the_episode_truncated():
+    runner, _, stats = make_runner([["[12*34]", "408"], ["408"]], env=spec(), context_tokens=6 + 7 + 4)
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert group.episodes[0].truncated and stats.episodes_overflowed == 1
+
+
+def test_the_last_allowed_turn_ends_the_episode_whatever_it_wrote():
+    runner, _, stats = make_runner([["[1*2]", "[3*4]", "x"], ["5"]], env=spec(), max_turns=2)
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    first = group.episodes[0]
+    assert first.turns == 2 and first.answer_text(TOKENIZER) == "[3*4]" and not first.truncated
+    assert stats.env_calls == 2 + 1  # two resets, one step
+
+
+class Raising(Calculator):
+    def step(self, action):
+        raise ConnectionError("tool down")
+
+
+class Garbage(Calculator):
+    def step(self, action):
+        return {"observation": "=1"}
+
+
+class Hanging(Calculator):
+    def step(self, action):
+        time.sleep(30)
+
+
+@pytest.mark.parametrize("env_class, cause", [(Raising, "exception"), (Garbage, "invalid"), (Hanging, "timeout")])
+def test_a_failed_environment_call_ends_the_episode_with_reward_zero_and_is_counted_by_cause(env_class, cause):
+    calls = EnvCalls(threads=2, timeout_s=0.2, latency_s=0.0)
+    runner, _, stats = make_runner([["[1*2]", "2"], ["2"]], env=spec(env_class), calls=calls)
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert group.episodes[0].failed == cause and stats.env_errors == {cause: 1}
+    assert stats.env_first_error.startswith(cause)
+    score = GroupScore(rewards=np.asarray([1.0, 1.0], np.float32), terms={}, report_terms=False)
+    assert scored_group(0, group, score, "zero").rewards.tolist() == [0.0, 1.0]
+    assert scored_group(0, group, score, "drop_group") is None
+
+
+def test_turns_made_ready_while_a_push_waits_are_held_until_it_is_loaded():
+    runner, engine, _ = make_runner([["[1*2]", "2"], ["[3*4]", "12"]], env=spec())
+    runner.start(admitted())
+    runner.hold_turns = True
+    for _ in range(50):
+        if runner.engine_busy:
+            runner.step_engine()
+        runner.collect_env(wait_s=0.05)
+        if not runner.engine_busy and not runner.env_pending:
+            break
+    assert not runner.engine_busy and len(runner._ready) == 2  # both answered, neither resubmitted
+    runner.hold_turns = False
+    runner.collect_env(wait_s=0.0)
+    assert runner.engine_busy
+    assert [len(g.episodes) for g in run_until_done(runner)] == [2]
+
+
+def test_a_prompt_with_no_room_in_the_context_is_refused_before_anything_starts():
+    runner, engine, _ = make_runner([["1"], ["1"]], context_tokens=6)
+    with pytest.raises(ValueError, match="no room in the context"):
+        runner.start(admitted("12*34="))
+    assert engine.submits == [] and not runner
+
+
+def test_dropping_ends_every_episode_and_late_answers_are_ignored():
+    runner, engine, _ = make_runner([["[1*2]", "2"], ["[3*4]", "12"]], env=spec())
+    runner.start(admitted())
+    runner.step_engine()  # resets answered or pending; no turn may be in the engine yet
+    dropped = runner.drop_all()
+    assert len(dropped) == 1 and all(e.done for e in dropped[0].episodes)
+    runner.collect_env(wait_s=0.2)
+    assert not runner and engine.requests == {}
+
+
+def test_evaluation_plays_each_episode_to_its_answer():
+    engine = ScriptEngine([["[12*34]", "408"]])
+    calls = EnvCalls(threads=2, timeout_s=5.0, latency_s=0.0)
+    problems = [Problem(1, "12*34=", "408"), Problem(2, "12*34=", "408")]
+    episodes = play_episodes(engine, TOKENIZER, spec(), calls, settings(), [ids(p.prompt) for p in problems],
+                             problems, temperature=0.0)
+    assert [e.answer_text(TOKENIZER) for e in episodes] == ["408", "408"]
+    assert episodes[0].policy == [1] * 7 + [0] * 5 + [1] * 4
+
+
+def test_env_calls_run_coroutines_and_name_the_cause_an_exception_carries():
+    class CallError(Exception):
+        cause = "http"
+
+    async def answer(action):
+        await asyncio.sleep(0)
+        return EnvStep(observation=action)
+
+    def failing(action):
+        raise CallError("503 after 3 retries")
+
+    calls = EnvCalls(threads=1, timeout_s=5.0, latency_s=0.0)
+    calls.submit("a", answer, checked_step, "ok")
+    calls.submit("b", failing, checked_step, "x")
+    results = {}
+    while len(results) < 2:
+        results.update(calls.finished(wait_s=1.0))
+    assert results["a"].value == EnvStep(observation="ok")
+    assert results["b"].cause == "http" and "503" in results["b"].error
+    assert calls.pending == 0
+    calls.close()
+
+
+@pytest.mark.parametrize("bad", [EnvStep(observation=3), EnvStep(observation="", reward=float("nan")),
+                                 EnvStep(observation="", done=1), "text"])
+def test_a_malformed_step_answer_is_invalid(bad):
+    with pytest.raises(ValueError):
+        checked_step(bad)
