@@ -33,7 +33,7 @@ from asyncgrpo.envs.calls import EnvCallResult, EnvCalls, checked_reset, checked
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.running import Admitted
 from asyncgrpo.rollout.stats import GeneratorStats
-from asyncgrpo.schema import Config
+from asyncgrpo.schema import Config, EnvConfig
 
 
 @dataclass(frozen=True)
@@ -332,12 +332,24 @@ class EpisodeRunner:
         return len(self._groups)
 
 
-def play_episodes(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCalls | None,
+def play_episodes(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, env_cfg: EnvConfig,
                   settings: EpisodeSettings, prompts: list[list[int]], problems: list[Any],
                   temperature: float) -> list[Episode]:
     """One episode per problem on an engine running nothing else (held-out evaluations): each round
     samples a turn of every running episode in one `generate` call, then waits for the environment's
-    answers. The same episode rules as `EpisodeRunner`, at `temperature` (0 = greedy)."""
+    answers (on threads of its own: env.threads, env.timeout_s, env.latency_s). The same episode
+    rules as `EpisodeRunner`, at `temperature` (0 = greedy)."""
+    calls = EnvCalls(env_cfg.threads, env_cfg.timeout_s, env_cfg.latency_s) if env is not None else None
+    try:
+        return _play(engine, tokenizer, env, calls, settings, prompts, problems, temperature)
+    finally:
+        if calls is not None:
+            calls.close()
+
+
+def _play(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCalls | None,
+          settings: EpisodeSettings, prompts: list[list[int]], problems: list[Any],
+          temperature: float) -> list[Episode]:
     episodes = [Episode(prompt) for prompt in prompts]
     active = list(range(len(episodes)))
     if env is not None:

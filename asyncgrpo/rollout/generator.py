@@ -336,15 +336,8 @@ class Generator:
     def evaluate(self, problems: list[Problem], temperature: float) -> float:
         """Held-out accuracy with one episode per problem (temperature 0 = greedy), a turn of every
         episode per engine call, on the engine while it runs nothing else."""
-        env = self.cfg.env
-        calls = EnvCalls(env.threads, env.timeout_s, env.latency_s) if self.episodes.env else None  # its own threads
-        try:
-            episodes = play_episodes(self.engine, self.tokenizer, self.episodes.env, calls,
-                                     EpisodeSettings.from_config(self.cfg), self._tokenize(problems), problems,
-                                     temperature)
-        finally:
-            if calls is not None:
-                calls.close()
+        episodes = play_episodes(self.engine, self.tokenizer, self.episodes.env, self.cfg.env,
+                                 EpisodeSettings.from_config(self.cfg), self._tokenize(problems), problems, temperature)
         texts = [episode.answer_text(self.tokenizer) for episode in episodes]
         return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
 

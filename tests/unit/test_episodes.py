@@ -20,6 +20,7 @@ from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings, play_epis
 from asyncgrpo.rollout.groups import scored_group
 from asyncgrpo.rollout.running import Admitted
 from asyncgrpo.rollout.stats import GeneratorStats
+from asyncgrpo.schema import EnvConfig
 from asyncgrpo.tasks import Problem
 
 TOKENIZER = build_char_tokenizer()
@@ -258,10 +259,9 @@ def test_dropping_ends_every_episode_and_late_answers_are_ignored():
 
 def test_evaluation_plays_each_episode_to_its_answer():
     engine = ScriptEngine([["[12*34]", "408"]])
-    calls = EnvCalls(threads=2, timeout_s=5.0, latency_s=0.0)
     problems = [Problem(1, "12*34=", "408"), Problem(2, "12*34=", "408")]
-    episodes = play_episodes(engine, TOKENIZER, spec(), calls, settings(), [ids(p.prompt) for p in problems],
-                             problems, temperature=0.0)
+    episodes = play_episodes(engine, TOKENIZER, spec(), EnvConfig(name="calculator"), settings(),
+                             [ids(p.prompt) for p in problems], problems, temperature=0.0)
     assert [e.answer_text(TOKENIZER) for e in episodes] == ["408", "408"]
     assert episodes[0].policy == [1] * 7 + [0] * 5 + [1] * 4
 
