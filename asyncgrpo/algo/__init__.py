@@ -1,7 +1,8 @@
 """The algorithm core of asyncgrpo: pure tensor math, no I/O and no global state.
 
 Shapes: B responses, T response tokens; per-response values are [B], per-token values [B, T], and
-``mask`` is a 0/1 float or bool [B, T] tensor that is 1 on real response tokens. Metrics come back as
+``mask`` is a 0/1 float or bool [B, T] tensor that is 1 on real response tokens (the learner's is the
+policy mask: an environment's observation tokens are 0, like padding). Metrics come back as
 ``dict[str, float]`` of plain Python floats. Invalid arguments raise ``ValueError`` naming the
 argument. The semantics follow verl (trainer/ppo/core_algos.py and rollout_corr_helper.py); the
 formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.md.

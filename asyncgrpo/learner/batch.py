@@ -17,10 +17,13 @@ class Batch:
 
     input_ids [B, L] right-padded prompt+completion; attention_mask [B, L];
     logit_index [B, T]: position of the logits that predict completion token t (prompt_len + t - 1);
-    targets [B, T] completion tokens; mask [B, T] 1 on real completion tokens;
-    rollout_logp [B, T] generator log-probs; token_versions [B, T]; rewards [B]; group_index [B];
-    group_version_min [G]; truncated [B] 1.0 where the completion hit rollout.max_new_tokens without
-    stopping (algo.overlong).
+    targets [B, T] completion tokens; mask [B, T] the policy mask: 1 on the completion tokens the
+    policy sampled, 0 on an environment's (observations: context, never trained) and on padding,
+    so a row's mask may have holes; completion_lengths [B] every completion token, the policy's and
+    the environment's (a row's real columns are [0, completion_lengths)); rollout_logp [B, T]
+    generator log-probs (0 off the mask); token_versions [B, T]; rewards [B]; group_index [B];
+    group_version_min [G] (oldest policy token); truncated [B] 1.0 where the completion hit
+    rollout.max_new_tokens without stopping (algo.overlong).
     """
 
     input_ids: torch.Tensor
@@ -28,6 +31,7 @@ class Batch:
     logit_index: torch.Tensor
     targets: torch.Tensor
     mask: torch.Tensor
+    completion_lengths: torch.Tensor
     rollout_logp: torch.Tensor
     token_versions: torch.Tensor
     rewards: torch.Tensor
@@ -43,15 +47,17 @@ class Batch:
     def select(self, index: torch.Tensor) -> "Batch":
         """Rows `index` (any order), with padding trimmed to what those rows need."""
         attention_mask = self.attention_mask.index_select(0, index)
-        mask = self.mask.index_select(0, index)
+        completion_lengths = self.completion_lengths.index_select(0, index)
         length = max(1, int(attention_mask.sum(1).max()))
-        width = max(1, int(mask.sum(1).max()))
+        # Not the mask's row sums: an environment's tokens are holes in it, and policy tokens lie after them.
+        width = max(1, int(completion_lengths.max()))
         return Batch(
             input_ids=self.input_ids.index_select(0, index)[:, :length],
             attention_mask=attention_mask[:, :length],
             logit_index=self.logit_index.index_select(0, index)[:, :width],
             targets=self.targets.index_select(0, index)[:, :width],
-            mask=mask[:, :width],
+            mask=self.mask.index_select(0, index)[:, :width],
+            completion_lengths=completion_lengths,
             rollout_logp=self.rollout_logp.index_select(0, index)[:, :width],
             token_versions=self.token_versions.index_select(0, index)[:, :width],
             rewards=self.rewards.index_select(0, index),
@@ -66,16 +72,18 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
+        """The tokens trained: the policy's."""
         return int(self.mask.sum().item())
 
 
 def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
-    samples = []  # (prompt, completion tokens, logprobs, versions, reward, group index, truncated)
+    """Pad `groups`' completions into a `Batch`; `mask` is each completion's policy mask."""
+    samples = []  # (prompt, completion tokens, logprobs, versions, reward, group index, truncated, policy mask)
     for index, group in enumerate(groups):
         for i in range(group.num_samples):
             tokens, logprobs, versions = group.completion(i)
             samples.append((group.prompt_tokens, tokens, logprobs, versions, float(group.rewards[i]), index,
-                            float(group.truncated[i])))
+                            float(group.truncated[i]), group.completion_mask(i)))
     batch_size = len(samples)
     max_len = max(len(p) + len(c) for p, c, *_ in samples)
     max_completion = max(1, max(len(c) for _, c, *_ in samples))
@@ -87,15 +95,17 @@ def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
     mask = np.zeros((batch_size, max_completion), dtype=np.float32)
     rollout_logp = np.zeros((batch_size, max_completion), dtype=np.float32)
     token_versions = np.zeros((batch_size, max_completion), dtype=np.int64)
-    for row, (prompt, completion, logprobs, versions, *_) in enumerate(samples):
+    for row, (prompt, completion, logprobs, versions, *_, policy) in enumerate(samples):
         prompt_len, length = len(prompt), len(completion)
         input_ids[row, :prompt_len] = prompt
         input_ids[row, prompt_len:prompt_len + length] = completion
         attention_mask[row, :prompt_len + length] = 1
         logit_index[row, :length] = np.arange(prompt_len - 1, prompt_len + length - 1)
         targets[row, :length] = completion
-        mask[row, :length] = 1.0
-        rollout_logp[row, :length] = logprobs
+        mask[row, :length] = policy
+        # An environment token's log-prob field is ignored: whatever a sender put there, the loss's
+        # ratios see 0, as on padding.
+        rollout_logp[row, :length] = np.where(policy == 1, logprobs, 0.0)
         token_versions[row, :length] = versions
     return Batch(
         input_ids=torch.from_numpy(input_ids),
@@ -103,6 +113,7 @@ def collate(groups: Sequence[ScoredGroup], pad_id: int) -> Batch:
         logit_index=torch.from_numpy(logit_index),
         targets=torch.from_numpy(targets),
         mask=torch.from_numpy(mask),
+        completion_lengths=torch.tensor([len(s[1]) for s in samples], dtype=torch.int64),
         rollout_logp=torch.from_numpy(rollout_logp),
         token_versions=torch.from_numpy(token_versions),
         rewards=torch.tensor([s[4] for s in samples], dtype=torch.float32),
@@ -136,7 +147,7 @@ def completion_logprobs(logits: torch.Tensor, logit_index: torch.Tensor, targets
 # ------------------------------------------------------------------------------ multi-rank split
 
 _INT_FIELDS = ("input_ids", "attention_mask", "logit_index", "targets", "token_versions", "group_index",
-               "group_version_min")
+               "group_version_min", "completion_lengths")
 _FLOAT_FIELDS = ("mask", "rollout_logp", "rewards", "truncated")
 
 
@@ -219,6 +230,7 @@ def broadcast_batch(batch: Batch | None, device: torch.device, src: int = 0) -> 
     size = {"input_ids": (batch_size, length), "attention_mask": (batch_size, length),
             "logit_index": (batch_size, width), "targets": (batch_size, width), "token_versions": (batch_size, width),
             "group_index": (batch_size,), "group_version_min": (num_groups,), "mask": (batch_size, width),
+            "completion_lengths": (batch_size,),
             "rollout_logp": (batch_size, width), "rewards": (batch_size,), "truncated": (batch_size,)}
     ints = torch.empty(sum(int(np.prod(size[n])) for n in _INT_FIELDS), dtype=torch.int64, device=device)
     floats = torch.empty(sum(int(np.prod(size[n])) for n in _FLOAT_FIELDS), dtype=torch.float32, device=device)

@@ -78,9 +78,13 @@ def reduce_metrics(parts: list[tuple[float, dict[str, float]]], sums: dict[str, 
 
 def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_consumed: int,
                   max_new_tokens: int) -> dict[str, float]:
-    """What a step trained on. `staleness` [G]: learner version minus each group's oldest token version;
-    `max_new_tokens`: the generators' completion limit (rollout.max_new_tokens)."""
-    lengths = batch.mask.sum(1)
+    """What a step trained on. `staleness` [G]: learner version minus each group's oldest policy token
+    version; `max_new_tokens`: the generators' completion limit (rollout.max_new_tokens).
+
+    response/length_* count every completion token, an environment's observations included (the
+    budget rollout.max_new_tokens counts them too); perf/tokens and the per-token staleness count
+    the policy's tokens, the trained ones."""
+    lengths = batch.completion_lengths
     return {
         "step": version,
         "samples": samples_consumed,
@@ -91,8 +95,8 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         "staleness/min": staleness.min().item(),
         "staleness/mean": staleness.float().mean().item(),
         "staleness/max": staleness.max().item(),
-        "response/length_mean": batch.mask.sum(1).mean().item(),
-        "response/length_max": batch.mask.sum(1).max().item(),
+        "response/length_mean": lengths.float().mean().item(),
+        "response/length_max": lengths.max().item(),
         **length_percentiles(lengths),
         # Completions the generator cut at rollout.max_new_tokens without stopping (algo.overlong).
         "response/truncated_frac": batch.truncated.float().mean().item(),
@@ -100,7 +104,9 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
         "response/clipped_frac": (lengths >= max_new_tokens).float().mean().item(),
         # Groups whose samples all got the same reward: zero advantage, so no gradient from them.
         "reward/all_equal_frac": all_equal_fraction(batch.rewards, batch.group_index),
-        "prompt/length_mean": (batch.attention_mask.sum(1) - batch.mask.sum(1)).float().mean().item(),
+        # Share of the completion tokens an environment inserted (multi-turn observations, never trained).
+        "response/env_token_frac": env_token_fraction(batch.mask, lengths),
+        "prompt/length_mean": (batch.attention_mask.sum(1) - lengths).float().mean().item(),
         # Versions within one completion (> 0: the weights changed mid-generation, rollout.inflight_updates).
         "staleness/inflight_span_max": version_span(batch.token_versions, batch.mask).max().item(),
         # `version` counts the steps taken, this one included: it trained at version - 1.
@@ -111,10 +117,18 @@ def batch_metrics(batch: Batch, staleness: torch.Tensor, version: int, samples_c
 TOKEN_AGE_BUCKETS = 4  # staleness/tokens_age_0 .. _3, then _4plus
 
 
+def env_token_fraction(mask: torch.Tensor, completion_lengths: torch.Tensor) -> float:
+    """Share of the completion tokens that are not the policy's: mask [B, T] the policy mask,
+    completion_lengths [B] every completion token (0 when there are none)."""
+    total = float(completion_lengths.sum())
+    return (total - float(mask.sum())) / total if total else 0.0
+
+
 def token_age_histogram(version: int, token_versions: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """The share of a step's completion tokens [B, T] (where `mask`) sampled 0, 1, 2, 3 and 4 or more
-    versions before `version`: with in-flight loads a completion's tokens span versions, and this
-    is how old what is trained actually was, token by token."""
+    """The share of a step's trained completion tokens [B, T] (where `mask`, the policy mask) sampled
+    0, 1, 2, 3 and 4 or more versions before `version`: with in-flight loads a completion's tokens
+    span versions, and this is how old what is trained actually was, token by token (an
+    environment's tokens have no version that counts)."""
     ages = (version - token_versions.long())[mask.bool()]
     total = max(1, ages.numel())
     shares = {f"staleness/tokens_age_{k}": float((ages == k).sum()) / total for k in range(TOKEN_AGE_BUCKETS)}
@@ -153,7 +167,8 @@ def arrived_all_equal_fraction(metrics: dict[str, float], filtered_before: int, 
 
 
 def version_span(token_versions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[B]: newest minus oldest version among each sample's real tokens (0 for an empty completion)."""
+    """[B]: newest minus oldest version among each sample's tokens where `mask` (the policy's; 0 for
+    a completion without any)."""
     real = mask.bool()
     big = torch.iinfo(torch.int64).max
     versions = token_versions.long()

@@ -32,7 +32,9 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
         raise ValueError(f"algo.kl.enabled={str(settings.kl is not None).lower()} but the policy has "
                          f"{'no' if policy.reference is None else 'a'} KL reference model")
     # algo.overlong: the rewards the advantages see and the mask the loss sees (denominators included).
-    rewards, loss_mask, overlong_metrics = algo.apply_overlong(batch.rewards, batch.mask, batch.mask.sum(1),
+    # Its lengths count every completion token, as rollout.max_new_tokens (observations included)
+    # and the queue's algo.filter_groups do; the mask is the policy's, so denominators count its tokens.
+    rewards, loss_mask, overlong_metrics = algo.apply_overlong(batch.rewards, batch.mask, batch.completion_lengths,
                                                                batch.truncated, overlong_settings(cfg))
     batch = dataclasses.replace(batch, mask=loss_mask)
     advantages = algo.group_advantages(rewards, batch.group_index, mode=cfg.algo.advantage)

@@ -32,8 +32,11 @@ def sample_records(groups: list[ScoredGroup], learner_version: int, num_groups: 
             "prompt_tokens": group.prompt_tokens.tolist(),
             "completions": [tokens.tolist() for tokens, _, _ in completions],
             "rewards": group.rewards.astype(float).tolist(),
-            # The oldest weights that sampled each completion (all of it, unless a push landed mid-sequence).
-            "versions": [int(versions.min()) if versions.size else group.version_min for _, _, versions in completions],
+            # The oldest weights that sampled each completion (all of it, unless a push landed mid-sequence);
+            # an environment's tokens (policy mask 0) were sampled by none.
+            "versions": [int(sampled.min()) if sampled.size else group.version_min
+                         for sampled in (versions[group.completion_mask(i) == 1]
+                                         for i, (_, _, versions) in enumerate(completions))],
             "staleness": staleness(group.version_min, learner_version),
         })
     return records

@@ -54,7 +54,7 @@ CONFIG_DEFAULTS = "defaults:\n  - asyncgrpo\n  - _self_\n"
 _PREFIX = struct.Struct("<QII")  # body length, crc32 of the length, crc32 of the body
 _LENGTH = struct.Struct("<Q")
 _META_LENGTH = struct.Struct("<I")
-# A record's meta is four small fields and one length per frame (a group has five frames).
+# A record's meta is four small fields and one length per frame (a group has six frames).
 _MAX_META_BYTES = 1 << 16
 
 

@@ -54,7 +54,9 @@ _WIRE_DTYPES: dict[str, np.dtype] = {
 }
 
 # The array frames of a scored group, in order. Lengths and rewards are tiny: they ride in the header.
-_GROUP_ARRAYS = (("prompt_tokens", "int32"), ("tokens", "int32"), ("logprobs", "float32"), ("versions", "int32"))
+# The policy mask is one byte a token: a twelfth of what tokens, log-probs and versions take.
+_GROUP_ARRAYS = (("prompt_tokens", "int32"), ("tokens", "int32"), ("logprobs", "float32"), ("versions", "int32"),
+                 ("policy_mask", "uint8"))
 
 Frame = bytes | memoryview
 
@@ -134,7 +136,7 @@ def encode(message: Message) -> list[Frame]:
 
 
 def encode_group(group: ScoredGroup) -> list[bytes | memoryview]:
-    """Frames of a scored group: header + prompt_tokens, tokens, logprobs, versions."""
+    """Frames of a scored group: header + prompt_tokens, tokens, logprobs, versions, policy_mask."""
     header = {
         "t": int(MsgType.GROUP),
         "gen": int(group.generator_id),
@@ -262,7 +264,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_B
 
 def max_frames(accepts: Sequence[type]) -> int:
     """The most frames a valid message of any of the types `accepts` can have: the header and its
-    arrays (a group's four, a weight chunk's up to MAX_ARRAYS, none for the control messages). A
+    arrays (a group's five, a weight chunk's up to MAX_ARRAYS, none for the control messages). A
     receiver stops reading a message past this count."""
     arrays = {ScoredGroup: len(_GROUP_ARRAYS), WeightsChunk: MAX_ARRAYS}
     return 1 + max((arrays.get(kind, 0) for kind in accepts), default=0)
@@ -289,7 +291,7 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
             raise WireError("bad_dtype", f"{name} must be {dtype}, got {descriptor[0]}")
         if array.ndim != 1:
             raise WireError("bad_shape", f"{name} must be 1-d, got shape {list(array.shape)}")
-    prompt_tokens, tokens, logprobs, versions = arrays
+    prompt_tokens, tokens, logprobs, versions, policy_mask = arrays
 
     lengths = _field(header, "lengths", list)
     if not lengths:
@@ -300,6 +302,10 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
         raise WireError("bad_lengths", f"lengths sum to {sum(lengths)}, tokens has {tokens.size}")
     if logprobs.size != tokens.size or versions.size != tokens.size:
         raise WireError("bad_lengths", "tokens, logprobs and versions differ in length")
+    if policy_mask.size != tokens.size:
+        raise WireError("bad_policy_mask", f"{policy_mask.size} policy mask entries for {tokens.size} tokens")
+    if policy_mask.size and np.maximum.reduce(policy_mask) > 1:
+        raise WireError("bad_policy_mask", "policy mask entries must be 0 or 1")
 
     rewards = _field(header, "rewards", list)
     if len(rewards) != len(lengths):
@@ -317,23 +323,7 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
     # min/max propagate NaN and the comparisons are then False: two passes find NaN, inf and > 0.
     if logprobs.size and not (np.minimum.reduce(logprobs) > -np.inf and np.maximum.reduce(logprobs) <= 0):
         raise WireError("bad_logprobs", "log-probs must be finite and <= 0")
-    vmin, vmax = _int_field(header, "vmin"), _int_field(header, "vmax")
-    if vmin > vmax:
-        raise WireError("bad_versions", f"vmin={vmin} > vmax={vmax}")
-    if versions.size and (np.minimum.reduce(versions) != vmin or np.maximum.reduce(versions) != vmax):
-        raise WireError("bad_versions", "vmin/vmax disagree with per-token versions")
-
-    meta = _field(header, "meta", dict)
-    if not all(type(k) is str and type(v) in (int, float, str) for k, v in meta.items()):
-        raise WireError("bad_field", "meta must map str to int, float or str")
-    # The learner averages meta numbers into its metrics (reward/<term>): NaN or inf would poison
-    # them, and float32 range keeps a step's sum of them finite.
-    if not all(-_FLOAT32_MAX <= v <= _FLOAT32_MAX for v in meta.values() if type(v) is float):
-        raise WireError("bad_meta", "meta floats must be finite and within float32 range")
-    # With no tokens, version_min/max read meta["version"] (set to vmin if absent): it must be vmin,
-    # not a string or a float that int() cannot take.
-    if not versions.size and (meta.setdefault("version", vmin) != vmin or type(meta["version"]) is not int):
-        raise WireError("bad_versions", f"meta version {meta['version']!r} of a group without tokens != vmin={vmin}")
+    meta = _group_meta(header, versions, policy_mask)
     return ScoredGroup(
         generator_id=_int_field(header, "gen"),
         seq=_int_field(header, "seq"),
@@ -348,7 +338,34 @@ def _decode_group(header: dict[str, Any], arrays: list[np.ndarray]) -> ScoredGro
         incarnation=_int_field(header, "inc"),
         pos=_int_field(header, "pos"),
         truncated=np.array(truncated, dtype=np.uint8),
+        policy_mask=policy_mask,
     )
+
+
+def _group_meta(header: dict[str, Any], versions: np.ndarray, policy_mask: np.ndarray) -> dict[str, Any]:
+    """A group's meta, checked with its header's vmin/vmax against the policy tokens' versions
+    (an environment's tokens carry no version that counts)."""
+    vmin, vmax = _int_field(header, "vmin"), _int_field(header, "vmax")
+    if vmin > vmax:
+        raise WireError("bad_versions", f"vmin={vmin} > vmax={vmax}")
+    if policy_mask.size and np.minimum.reduce(policy_mask) == 0:
+        versions = versions[policy_mask.astype(bool)]
+    if versions.size and (np.minimum.reduce(versions) != vmin or np.maximum.reduce(versions) != vmax):
+        raise WireError("bad_versions", "vmin/vmax disagree with the policy tokens' versions")
+
+    meta = _field(header, "meta", dict)
+    if not all(type(k) is str and type(v) in (int, float, str) for k, v in meta.items()):
+        raise WireError("bad_field", "meta must map str to int, float or str")
+    # The learner averages meta numbers into its metrics (reward/<term>): NaN or inf would poison
+    # them, and float32 range keeps a step's sum of them finite.
+    if not all(-_FLOAT32_MAX <= v <= _FLOAT32_MAX for v in meta.values() if type(v) is float):
+        raise WireError("bad_meta", "meta floats must be finite and within float32 range")
+    # With no policy tokens, version_min/max read meta["version"] (set to vmin if absent): it must be
+    # vmin, not a string or a float that int() cannot take.
+    if not versions.size and (meta.setdefault("version", vmin) != vmin or type(meta["version"]) is not int):
+        raise WireError("bad_versions",
+                        f"meta version {meta['version']!r} of a group without policy tokens != vmin={vmin}")
+    return meta
 
 
 def _decode_weights(header: dict[str, Any], arrays: list[np.ndarray]) -> WeightsChunk:
@@ -472,5 +489,20 @@ def example_group(num_samples: int = 8, tokens_per_sample: int = 512, seed: int 
         lengths=lengths,
         rewards=rng.integers(0, 2, size=num_samples).astype(np.float32),
         meta={"version": version},
-        truncated=rng.integers(0, 2, size=num_samples).astype(np.uint8),  # drawn last: earlier fields keep their values
+        truncated=rng.integers(0, 2, size=num_samples).astype(np.uint8),  # drawn late: earlier fields keep their values
+        policy_mask=_example_policy_mask(rng, lengths),  # drawn last, for the same reason
     )
+
+
+def _example_policy_mask(rng: np.random.Generator, lengths: np.ndarray) -> np.ndarray:
+    """Each completion: a policy turn, then from its middle an observation of up to 3 tokens and the
+    policy again, so every completion starts and ends with the policy's tokens (all its versions
+    are the group's one version, so vmin/vmax hold either way)."""
+    masks = []
+    for length in lengths.tolist():
+        mask = np.ones(length, dtype=np.uint8)
+        if length >= 3:
+            start = length // 2
+            mask[start:min(length - 1, start + int(rng.integers(1, 4)))] = 0
+        masks.append(mask)
+    return np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)

@@ -24,9 +24,11 @@ import numpy as np
 #    counts again from sequence number 0); groups carry their position in the prompt stream.
 # 7: groups carry which completions were truncated (hit rollout.max_new_tokens without stopping), for
 #    algo.overlong.
+# 8: groups carry a per-token policy mask: which completion tokens the policy sampled (trained) and
+#    which an environment inserted (multi-turn episodes; never trained).
 # `SaveNotice` (type 6), `TicketRequest` (7) and `Grant` (8) came later without a bump: a new type changes no existing layout or meaning
 # (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class MsgType(IntEnum):
@@ -44,10 +46,14 @@ class MsgType(IntEnum):
 class ScoredGroup:
     """n completions of one prompt, with rewards and per-token rollout log-probs.
 
-    Completions are packed end to end: sample i owns `tokens[offsets[i]:offsets[i+1]]`.
-    Shapes: prompt_tokens [P] int32; tokens, logprobs, versions [sum(lengths)] int32/float32/int32;
-    lengths, rewards [n] int32/float32; truncated [n] uint8, 1 where the completion hit
-    rollout.max_new_tokens without stopping (None when built: no completion truncated).
+    Completions are packed end to end: sample i owns `tokens[offsets[i]:offsets[i+1]]`. A
+    multi-turn completion is the policy's turns with the environment's observations between them.
+    Shapes: prompt_tokens [P] int32; tokens, logprobs, versions, policy_mask [sum(lengths)]
+    int32/float32/int32/uint8; lengths, rewards [n] int32/float32; truncated [n] uint8, 1 where the
+    completion hit rollout.max_new_tokens without stopping (None when built: no completion truncated).
+    policy_mask is 1 where the policy sampled the token (trained, with its log-prob and version) and
+    0 where an environment inserted it (never trained; its log-prob holds 0 and its version entry
+    is ignored); None when built: every token is the policy's.
     `meta` holds small extras (str -> int, float or str).
     """
 
@@ -70,10 +76,15 @@ class ScoredGroup:
     # 1 where the completion was cut at rollout.max_new_tokens (vLLM's finish reason `length`):
     # algo.overlong decides what the learner does with those.
     truncated: np.ndarray | None = None
+    # 1 where the policy sampled the token, 0 where an environment inserted it (an observation):
+    # the learner trains only the policy's tokens (docs/WIRE.md, docs/ALGORITHMS.md).
+    policy_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.truncated is None:
             self.truncated = np.zeros(self.lengths.shape[0], dtype=np.uint8)
+        if self.policy_mask is None:
+            self.policy_mask = np.ones(self.tokens.shape[0], dtype=np.uint8)
 
     @property
     def group_id(self) -> tuple[int, int]:
@@ -85,12 +96,27 @@ class ScoredGroup:
         return int(self.lengths.shape[0])
 
     @property
+    def policy_tokens(self) -> int:
+        """How many tokens the policy sampled (the trained ones)."""
+        return int(np.count_nonzero(self.policy_mask))
+
+    def policy_versions(self) -> np.ndarray:
+        """The versions of the policy's tokens (an environment's tokens have none that counts)."""
+        if self.policy_tokens == self.versions.size:
+            return self.versions
+        return self.versions[self.policy_mask.astype(bool)]
+
+    @property
     def version_min(self) -> int:
-        return int(self.versions.min()) if self.versions.size else int(self.meta.get("version", 0))
+        """The oldest version among the policy's tokens; meta's version when it sampled none."""
+        versions = self.policy_versions()
+        return int(versions.min()) if versions.size else int(self.meta.get("version", 0))
 
     @property
     def version_max(self) -> int:
-        return int(self.versions.max()) if self.versions.size else int(self.meta.get("version", 0))
+        """The newest version among the policy's tokens; meta's version when it sampled none."""
+        versions = self.policy_versions()
+        return int(versions.max()) if versions.size else int(self.meta.get("version", 0))
 
     @property
     def offsets(self) -> np.ndarray:
@@ -100,6 +126,10 @@ class ScoredGroup:
         """(tokens, logprobs, versions) of sample i, as views."""
         start, end = self.offsets[i], self.offsets[i + 1]
         return self.tokens[start:end], self.logprobs[start:end], self.versions[start:end]
+
+    def completion_mask(self, i: int) -> np.ndarray:
+        """policy_mask of sample i, as a view."""
+        return self.policy_mask[self.offsets[i]:self.offsets[i + 1]]
 
 
 @dataclass

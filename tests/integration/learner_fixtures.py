@@ -21,8 +21,11 @@ def make_model_dir(directory: Path) -> str:
     return str(directory)
 
 
-def fixed_groups(num_groups: int = 5, samples: int = 4, seed: int = 0, version: int = 0) -> list[ScoredGroup]:
-    """Groups of varied prompt and completion lengths, with rewards that differ within each group."""
+def fixed_groups(num_groups: int = 5, samples: int = 4, seed: int = 0, version: int = 0,
+                 env_tokens: bool = False) -> list[ScoredGroup]:
+    """Groups of varied prompt and completion lengths, with rewards that differ within each group;
+    with `env_tokens`, completions of 3 or more tokens hold an environment's observation after their
+    first token (a hole in the policy mask; drawn last, so everything else is as without)."""
     rng = np.random.default_rng(seed)
     groups = []
     for g in range(num_groups):
@@ -39,11 +42,20 @@ def fixed_groups(num_groups: int = 5, samples: int = 4, seed: int = 0, version: 
             lengths=lengths,
             rewards=rewards,
         ))
+    for group in groups if env_tokens else []:
+        mask = [np.ones(n, np.uint8) for n in group.lengths.tolist()]
+        for row in mask:
+            if row.size >= 3:
+                row[1:1 + int(rng.integers(1, row.size - 1))] = 0
+        group.policy_mask = np.concatenate(mask)
+        group.logprobs = np.where(group.policy_mask == 1, group.logprobs, 0.0).astype(np.float32)
     return groups
 
 
 def step_groups(num_steps: int, num_groups: int = 5) -> list[list[ScoredGroup]]:
-    return [fixed_groups(num_groups=num_groups, seed=100 + step, version=step) for step in range(num_steps)]
+    # Multi-turn: the ranks must split, broadcast and trim batches whose policy masks have holes.
+    return [fixed_groups(num_groups=num_groups, seed=100 + step, version=step, env_tokens=True)
+            for step in range(num_steps)]
 
 
 def full_params(learner) -> dict[str, torch.Tensor]:

@@ -186,7 +186,7 @@ class _ScriptedSocket:
 
 
 @pytest.mark.parametrize(("accepts", "frames", "reason"), [
-    # An upstream channel: a valid message has at most a header and 4 arrays.
+    # An upstream channel: a valid message has at most a header and 5 arrays.
     (UPSTREAM_TYPES, [encode(Shutdown(reason="x"))[0], *([b""] * 500)], "too_many_frames"),
     # A weights channel takes up to 65,537 frames: the byte limit (4 KiB here) must stop it.
     (DOWNSTREAM_TYPES, [encode(Shutdown(reason="x"))[0], *([b"\x00" * 1024] * 500)], "too_large"),

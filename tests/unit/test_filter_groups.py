@@ -51,6 +51,7 @@ class Sender:
         total = sum(lengths)
         g.tokens, g.logprobs = np.ones(total, np.int32), np.full(total, -1.0, np.float32)
         g.versions, g.lengths = np.zeros(total, np.int32), np.asarray(lengths, np.int32)
+        g.policy_mask = np.ones(total, np.uint8)
         g.rewards, g.truncated = np.asarray(rewards, np.float32), np.zeros(len(rewards), np.uint8)
         g.generator_id, g.incarnation, g.seq, g.pos = 0, 0, self.seq, position
         self.seq += 1

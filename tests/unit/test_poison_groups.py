@@ -83,6 +83,8 @@ POISON: dict[str, tuple[Callable[[], list[bytes]], str, bool]] = {
         lambda: frames_of(tokenless_group(0), meta={"version": "0"}), "bad_versions", False),
     "truncation flags that miss a sample": (lambda: frames_of(good_group(), truncated=[0, 1, 0]), "bad_truncated", False),
     "negative token id": (lambda: frames_of(with_token(good_group(), "tokens", 0, -1)), "bad_tokens", False),
+    "a policy mask entry of 2": (lambda: frames_of(with_token(good_group(), "policy_mask", 4, 2)), "bad_policy_mask",
+                                 False),
     # The learner's limits (the model's vocabulary and context, the config's group size).
     "prompt token id beyond the vocabulary": (
         lambda: frames_of(with_token(good_group(), "prompt_tokens", 0, LIMITS.vocab_size)), "token_out_of_vocab", True),

@@ -44,7 +44,7 @@ def record(directory: Path, num_steps: int, count: int = 3, start: int = 0, fsyn
 
 
 def same_group(a: ScoredGroup, b: ScoredGroup) -> bool:
-    arrays = ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards", "truncated")
+    arrays = ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards", "truncated", "policy_mask")
     return (a.group_id, a.prompt_id, a.meta) == (b.group_id, b.prompt_id, b.meta) and all(
         np.array_equal(getattr(a, name), getattr(b, name)) for name in arrays)
 

@@ -52,6 +52,13 @@ def test_sample_records_keep_the_oldest_version_of_a_completion_sampled_across_a
     assert sample_records([g], learner_version=6, num_groups=1)[0]["versions"] == [4, 6]
 
 
+def test_sample_records_take_a_completions_oldest_version_from_the_policys_tokens_only():
+    g = group("1+1=", ["2=3", "2"], [0.0, 1.0], version=4, prompt_id=1)
+    g.policy_mask = np.array([1, 0, 1, 1], dtype=np.uint8)  # "=" came from an environment
+    g.versions[1] = 0  # its version entry is ignored
+    assert sample_records([g], learner_version=6, num_groups=1)[0]["versions"] == [4, 4]
+
+
 def test_sample_logger_appends_one_line_per_completion_and_prints_one_row_per_prompt(tmp_path):
     groups = [group("37+48=", ["85", "84"], [1.0, 0.0], version=3, prompt_id=7),
               group("1+2=", ["3", "12\n"], [1.0, 0.0], version=4, prompt_id=8)]

@@ -58,7 +58,8 @@ def tiny_batch(lengths: list[int], rewards: list[float], group_index: list[int],
     zeros = torch.zeros(samples, longest, dtype=torch.int64)
     return Batch(input_ids=torch.ones(samples, longest + 2, dtype=torch.int64),
                  attention_mask=torch.tensor([[1] * (n + 2) + [0] * (longest - n) for n in lengths]),
-                 logit_index=zeros, targets=zeros, mask=mask, rollout_logp=torch.zeros(samples, longest),
+                 logit_index=zeros, targets=zeros, mask=mask, completion_lengths=torch.tensor(lengths),
+                 rollout_logp=torch.zeros(samples, longest),
                  token_versions=zeros, rewards=torch.tensor(rewards), group_index=torch.tensor(group_index),
                  group_version_min=torch.zeros(max(group_index) + 1, dtype=torch.int64),
                  truncated=torch.tensor(truncated or [0.0] * samples))

@@ -48,14 +48,20 @@ def scored_groups(draw: st.DrawFn) -> ScoredGroup:
     vmin = draw(st.integers(0, (1 << 31) - 2))
     vmax = draw(st.integers(vmin, min(vmin + 5, (1 << 31) - 1)))
     versions = draw(hnp.arrays(np.int32, total, elements=st.integers(vmin, vmax)))
-    if total:  # the header's vmin/vmax are the per-token extremes
-        versions[0], versions[-1] = vmin, vmax
     meta = draw(st.dictionaries(
         st.text(max_size=8),
         st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.floats(-FLOAT32_MAX, FLOAT32_MAX), st.text()),
         max_size=3,
     ))
-    if not total and "version" in meta:  # without tokens, meta's version is the group's version
+    # Drawn last: 1 = the policy sampled the token, 0 = an environment inserted it (its version is
+    # ignored, so anything goes there; the header's vmin/vmax are the policy tokens' extremes).
+    policy_mask = draw(hnp.arrays(np.uint8, total, elements=st.integers(0, 1)))
+    policy = np.flatnonzero(policy_mask)
+    env_versions = draw(hnp.arrays(np.int32, total, elements=st.integers(-(1 << 31), (1 << 31) - 1)))
+    versions = np.where(policy_mask == 1, versions, env_versions).astype(np.int32)
+    if policy.size:
+        versions[policy[0]], versions[policy[-1]] = vmin, vmax
+    if not policy.size and "version" in meta:  # without policy tokens, meta's version is the group's version
         meta["version"] = vmin
     return ScoredGroup(
         generator_id=draw(INT62),
@@ -71,6 +77,7 @@ def scored_groups(draw: st.DrawFn) -> ScoredGroup:
         incarnation=draw(INT62),
         pos=draw(INT62),
         truncated=draw(hnp.arrays(np.uint8, lengths.size, elements=st.integers(0, 1))),
+        policy_mask=policy_mask,
     )
 
 
@@ -78,13 +85,13 @@ def assert_same_group(decoded: ScoredGroup, original: ScoredGroup) -> None:
     assert decoded.group_id == original.group_id
     assert (decoded.incarnation, decoded.pos) == (original.incarnation, original.pos)
     assert decoded.prompt_id == original.prompt_id
-    for name in ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards", "truncated"):
+    for name in ("prompt_tokens", "tokens", "logprobs", "versions", "lengths", "rewards", "truncated", "policy_mask"):
         got, want = getattr(decoded, name), getattr(original, name)
         assert got.dtype == want.dtype, name
         np.testing.assert_array_equal(got, want, err_msg=name)
     assert (decoded.version_min, decoded.version_max) == (original.version_min, original.version_max)
     expected_meta = dict(original.meta)
-    if not original.tokens.size:
+    if not original.policy_tokens:
         expected_meta.setdefault("version", original.version_min)
     assert decoded.meta == expected_meta
 
@@ -99,7 +106,7 @@ def test_round_trip_is_lossless_and_zero_copy(group: ScoredGroup) -> None:
     frames = [bytes(frame) for frame in encode_group(group)]  # as received: fresh buffers
     decoded = decode_group(frames)
     assert_same_group(decoded, group)
-    for name in ("prompt_tokens", "tokens", "logprobs", "versions"):
+    for name in ("prompt_tokens", "tokens", "logprobs", "versions", "policy_mask"):
         array = getattr(decoded, name)
         assert array.size == 0 or shares_memory_with_frames(array, frames), name
 
@@ -127,9 +134,9 @@ def test_arrays_decoded_from_zmq_frames_are_views_numpy_and_torch() -> None:
 
 def test_encode_sends_views_of_the_groups_arrays() -> None:
     group = example_group()
-    _, prompt, tokens, logprobs, versions = encode_group(group)
+    _, prompt, tokens, logprobs, versions, policy_mask = encode_group(group)
     for frame, array in ((prompt, group.prompt_tokens), (tokens, group.tokens), (logprobs, group.logprobs),
-                         (versions, group.versions)):
+                         (versions, group.versions), (policy_mask, group.policy_mask)):
         assert np.shares_memory(np.frombuffer(frame, dtype=np.uint8), array)
 
 
@@ -253,6 +260,16 @@ def with_descriptor(index: int, descriptor: Any) -> list[Any]:
     return group_frames(a=header["a"])
 
 
+def with_policy_mask(values: list[int], dtype: str = "uint8", shape: list[int] | None = None) -> list[Any]:
+    """A valid group's frames (8 tokens) with the policy mask frame and its descriptor replaced."""
+    array = np.asarray(values, dtype=np.dtype(dtype))
+    header = msgpack.unpackb(group_frames()[0])
+    header["a"][4] = [dtype, shape if shape is not None else [array.size]]
+    frames = group_frames(a=header["a"])
+    frames[5] = array.tobytes()
+    return frames
+
+
 def tokenless_group_frames(**header_changes: Any) -> list[Any]:
     """A valid group of two empty completions (version 7 in meta and vmin/vmax), header fields replaced."""
     group = example_group(num_samples=2, tokens_per_sample=0)
@@ -304,6 +321,14 @@ MALFORMED: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "NaN reward": (lambda: group_frames(rewards=[float("nan"), 0.0]), "bad_rewards"),
     "infinite reward": (lambda: group_frames(rewards=[float("inf"), 0.0]), "bad_rewards"),
     "reward beyond float32": (lambda: group_frames(rewards=[1e300, 0.0]), "bad_rewards"),
+    "a policy mask one entry short": (lambda: with_policy_mask([1] * 7), "bad_policy_mask"),
+    "a policy mask one entry long": (lambda: with_policy_mask([1] * 9), "bad_policy_mask"),
+    "a policy mask entry of 2": (lambda: with_policy_mask([1, 1, 2, 1, 1, 1, 0, 1]), "bad_policy_mask"),
+    "a policy mask entry of 255": (lambda: with_policy_mask([1, 1, 255, 1, 1, 1, 0, 1]), "bad_policy_mask"),
+    "a policy mask of int32": (lambda: with_policy_mask([1] * 8, dtype="int32"), "bad_dtype"),
+    "a 2-d policy mask": (lambda: with_policy_mask([1] * 8, shape=[2, 4]), "bad_shape"),
+    "no policy mask (four arrays, as schema 7 sent)": (
+        lambda: group_frames(a=msgpack.unpackb(group_frames()[0])["a"][:4])[:5], "frame_count"),
     "NaN log-prob": (lambda: with_array(2, np.array([0, -1, np.nan, 0, 0, 0, 0, 0], np.float32)), "bad_logprobs"),
     "-inf log-prob": (lambda: with_array(2, np.array([0, -np.inf, 0, 0, 0, 0, 0, 0], np.float32)), "bad_logprobs"),
     "positive log-prob": (lambda: with_array(2, np.array([0, 0.5, 0, 0, 0, 0, 0, 0], np.float32)), "bad_logprobs"),
@@ -339,6 +364,59 @@ def test_malformed_group_raises_wire_error_with_reason(case: str) -> None:
     with pytest.raises(WireError) as raised:
         decode_group(make_frames())
     assert raised.value.reason == reason, raised.value
+
+
+def multi_turn_group() -> ScoredGroup:
+    """Two completions [policy, policy, env, env, policy] and [policy, env]: the policy sampled at
+    versions 5 and 6, the environment's tokens carry versions 1 and 9 (ignored) and log-prob 0."""
+    return ScoredGroup(
+        generator_id=1, seq=2, prompt_id=3, prompt_tokens=np.array([4, 5], np.int32),
+        tokens=np.arange(10, 17, dtype=np.int32),
+        logprobs=np.array([-0.5, -0.25, 0, 0, -1.0, -2.0, 0], np.float32),
+        versions=np.array([5, 5, 1, 9, 6, 6, 1], np.int32),
+        lengths=np.array([5, 2], np.int32), rewards=np.array([1.0, 0.0], np.float32),
+        meta={"version": 6}, policy_mask=np.array([1, 1, 0, 0, 1, 1, 0], np.uint8))
+
+
+def test_version_min_and_max_and_the_header_ignore_the_environments_tokens() -> None:
+    group = multi_turn_group()
+    assert (group.version_min, group.version_max, group.policy_tokens) == (5, 6, 4)
+    decoded = decode_group(encode_group(group))
+    assert_same_group(decoded, group)
+    assert decoded.completion_mask(0).tolist() == [1, 1, 0, 0, 1] and decoded.completion_mask(1).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(("vmin", "vmax"), [(1, 6), (5, 9), (1, 9)])
+def test_a_header_whose_vmin_or_vmax_counts_an_environment_token_is_refused(vmin, vmax) -> None:
+    frames = [bytes(frame) for frame in encode_group(multi_turn_group())]
+    header = msgpack.unpackb(frames[0])
+    header["vmin"], header["vmax"] = vmin, vmax
+    with pytest.raises(WireError) as raised:
+        decode_group([msgpack.packb(header), *frames[1:]])
+    assert raised.value.reason == "bad_versions"
+
+
+def test_a_group_of_environment_tokens_only_takes_its_version_from_meta() -> None:
+    group = multi_turn_group()
+    group.policy_mask = np.zeros(7, np.uint8)
+    group.meta = {"version": 7}
+    decoded = decode_group(encode_group(group))
+    assert (decoded.version_min, decoded.version_max, decoded.policy_tokens) == (7, 7, 0)
+    frames = [bytes(frame) for frame in encode_group(group)]
+    header = msgpack.unpackb(frames[0])
+    header["meta"] = {"version": 5}  # meta's version must be the header's
+    with pytest.raises(WireError) as raised:
+        decode_group([msgpack.packb(header), *frames[1:]])
+    assert raised.value.reason == "bad_versions"
+
+
+def test_a_group_built_without_a_policy_mask_is_all_policy_tokens() -> None:
+    group = example_group(num_samples=2, tokens_per_sample=4)
+    built = ScoredGroup(generator_id=0, seq=0, prompt_id=0, prompt_tokens=group.prompt_tokens, tokens=group.tokens,
+                        logprobs=group.logprobs, versions=group.versions, lengths=group.lengths,
+                        rewards=group.rewards)
+    assert built.policy_mask.dtype == np.uint8 and built.policy_mask.tolist() == [1] * 8
+    assert decode_group(encode_group(built)).policy_tokens == 8
 
 
 def test_a_tokenless_group_takes_its_version_from_vmin_when_meta_has_none() -> None:
@@ -400,6 +478,6 @@ def test_a_killed_binders_ipc_directory_is_removed_and_nothing_else(tmp_path) ->
 
 def test_max_frames_is_the_header_and_the_most_arrays_a_taken_type_carries() -> None:
     # A receiver stops reading a message past this count, so it must admit every valid message.
-    assert max_frames((ScoredGroup, VersionAck, Heartbeat, TicketRequest)) == len(encode(example_group())) == 5
+    assert max_frames((ScoredGroup, VersionAck, Heartbeat, TicketRequest)) == len(encode(example_group())) == 6
     assert max_frames((WeightsChunk, Shutdown)) == 1 + MAX_ARRAYS
     assert max_frames((Grant,)) == len(encode(Grant(request=0, grant=0, slots=[1], positions=[2]))) == 1
