@@ -31,7 +31,7 @@ def scored_group(generator_id: int, group: EpisodeGroup, score: GroupScore, env_
     meta = {"version": group.admitted.version, **score.meta()}
     if any(e.turns > 1 or e.env is not None for e in episodes):  # an environment's episodes
         meta["reward/env"] = float(env_rewards.mean())
-    message = ScoredGroup(
+    return ScoredGroup(
         generator_id=generator_id,
         seq=-1,  # assigned when sent, so heartbeats and sequence numbers agree
         prompt_id=group.admitted.problem.id,
@@ -42,9 +42,6 @@ def scored_group(generator_id: int, group: EpisodeGroup, score: GroupScore, env_
         lengths=np.asarray([c.token_ids.size for c in completions], dtype=np.int32),
         rewards=rewards.astype(np.float32),
         truncated=np.asarray([not c.finished for c in completions], dtype=np.uint8),
+        policy_mask=np.concatenate([c.policy_mask for c in completions]).astype(np.uint8),
         meta=meta,
     )
-    mask = np.concatenate([c.policy_mask for c in completions]).astype(np.uint8)
-    if not mask.all():
-        message.policy_mask = mask
-    return message

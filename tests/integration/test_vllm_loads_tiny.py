@@ -178,3 +178,75 @@ def test_the_step_loop_returns_each_group_once_with_the_version_of_every_token(m
     assert engine.abort() in (["cut"], []) and engine.running_sequences == 0
     assert len(engine.generate([prompts["g0"]], n=1, max_tokens=2, temperature=1.0)) == 1
     del engine
+
+
+def test_an_episode_turn_ends_at_a_stop_text_and_the_next_continues_on_prompt_turns_and_observation(
+        model_dir: Path) -> None:
+    """Episodes on real vLLM: a turn ends at the environment's stop text (kept in the turn), the
+    environment's observation is appended (policy mask 0, never trained), and
+    the next turn is sampled on the whole episode so far: its log-probs are vLLM's teacher-forced
+    log-probs of the same tokens after the prompt, the first turn and the observation."""
+    pytest.importorskip("vllm")
+    import numpy as np
+
+    from asyncgrpo.contract import Ticket
+    from asyncgrpo.envs.base import EnvironmentSpec, EnvStep
+    from asyncgrpo.envs.calls import EnvCalls
+    from asyncgrpo.rollout.engine import VLLMEngine
+    from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings
+    from asyncgrpo.rollout.running import Admitted
+    from asyncgrpo.rollout.stats import GeneratorStats
+    from asyncgrpo.tasks import Problem
+
+    class Plus:
+        """Answers every call with "+" and ends the episode at its second call."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def reset(self, problem):
+            return ""
+
+        def step(self, action):
+            self.calls += 1
+            return EnvStep(observation="+", done=self.calls == 2)
+
+        def close(self):
+            pass
+
+    stops = tuple("0123456789abcdefghijklmnopqrstuvwxyz")
+    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25,
+                        gpu_memory_utilization=0.3, max_running_seqs=64, prefix_caching=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    engine.label_version(0)
+    runner = EpisodeRunner(engine, tokenizer, EnvironmentSpec("plus", Plus, stops),
+                           EnvCalls(threads=2, timeout_s=30.0, latency_s=0.0),
+                           EpisodeSettings(samples_per_prompt=2, max_new_tokens=20, temperature=1.0, max_turns=4,
+                                           on_error="zero", context_tokens=32), GeneratorStats())
+    for position, prompt in enumerate(PROMPTS * 2):
+        runner.start(Admitted(Ticket(position, position), Problem(position, prompt, ""), tokenizer(prompt).input_ids, 0))
+    groups = []
+    for _ in range(400):
+        if runner.engine_busy:
+            runner.step_engine()
+        else:
+            runner.collect_env(wait_s=0.1)
+        groups += runner.take_finished()
+        if not runner:
+            break
+    episodes = [episode for group in groups for episode in group.episodes]
+    assert len(episodes) == 8 and all(e.done for e in episodes)
+    plus = tokenizer("+", add_special_tokens=False).input_ids
+    continued = [e for e in episodes if e.turns >= 2]
+    assert continued, "no episode reached a second turn"
+    for episode in continued:
+        first_end = episode.policy.index(0)  # the first observation follows the first turn
+        assert tokenizer.decode(episode.tokens[:first_end])[-1] in stops  # the turn ended at a stop text, kept
+        assert episode.tokens[first_end:first_end + len(plus)] == plus
+        # The rest was sampled on the whole episode so far: teacher-forced log-probs agree.
+        sequence = episode.prompt + episode.tokens
+        forced = engine.sequence_logprobs([sequence], temperature=1.0)[0][len(episode.prompt) - 1:]
+        policy = np.asarray(episode.policy, bool)
+        np.testing.assert_allclose(np.asarray(episode.logprobs)[policy], forced[policy], atol=LOGPROB_TOLERANCE)
+    del engine
+    gc.collect()

@@ -294,3 +294,21 @@ def test_env_calls_run_coroutines_and_name_the_cause_an_exception_carries():
 def test_a_malformed_step_answer_is_invalid(bad):
     with pytest.raises(ValueError):
         checked_step(bad)
+
+
+def test_an_episode_group_crosses_the_wire_and_the_learner_trains_only_the_policys_tokens():
+    from asyncgrpo.learner.batch import collate
+    from asyncgrpo.wire.codec import decode_group, encode_group
+
+    runner, _, _ = make_runner([["[12*34]", "408"], ["408"]], env=spec())
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    score = GroupScore(rewards=np.asarray([1.0, 0.0], np.float32), terms={}, report_terms=False)
+    message = scored_group(0, group, score, "zero")
+    message.seq = 0
+    received = decode_group([bytes(frame) for frame in encode_group(message)])
+    assert received.policy_mask.tolist() == message.policy_mask.tolist()
+    batch = collate([received], pad_id=0)
+    first = group.episodes[0]
+    assert batch.mask[0, :len(first.tokens)].tolist() == [float(p) for p in first.policy]
+    assert batch.completion_lengths.tolist() == [len(first.tokens), len(group.episodes[1].tokens)]
