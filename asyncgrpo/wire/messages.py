@@ -24,9 +24,11 @@ import numpy as np
 #    counts again from sequence number 0); groups carry their position in the prompt stream.
 # 7: groups carry which completions were truncated (hit rollout.max_new_tokens without stopping), for
 #    algo.overlong.
+# 8: heartbeats carry environment calls, failed ones and the first failure (environment outages stop
+#    the run).
 # `SaveNotice` (type 6), `TicketRequest` (7) and `Grant` (8) came later without a bump: a new type changes no existing layout or meaning
 # (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class MsgType(IntEnum):
@@ -144,6 +146,9 @@ class Heartbeat:
     # term name -> its first error, so a run that fails on the error rate says why
     reward_first_errors: dict[str, str] = field(default_factory=dict)
     incarnation: int = 0  # its counters are this incarnation's: a restarted process counts from 0
+    env_calls: int = 0  # environment calls made (resets and steps): the env error rate's denominator
+    env_errors: int = 0  # of those, the ones that failed (any cause: raised, timed out, invalid)
+    env_first_error: str = ""  # the first failure's text, so a run that fails on the env error rate says why
 
 
 @dataclass
