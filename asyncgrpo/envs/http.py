@@ -58,6 +58,10 @@ class EnvCallError(RuntimeError):
         super().__init__(one_line(message))
         self.cause = cause
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Rebuilt from both arguments, so it survives pickling (a process boundary) with its cause.
+        return EnvCallError, (self.cause, str(self))
+
 
 class _Retryable(Exception):
     """A try that may succeed if repeated: a timeout, a connection error, HTTP 429 or 5xx."""
