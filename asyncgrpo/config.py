@@ -568,6 +568,11 @@ def _env_rules(cfg: Config) -> None:
     require(env.latency_s >= 0, "env.latency_s", "must be >= 0", env.latency_s)
     require(env.name != "http" or bool(env.http.base_url), "env.http.base_url", "must be set for env.name=http",
             env.http.base_url)
+    if env.name == "http":
+        require(env.http.base_url.startswith(("http://", "https://")), "env.http.base_url", "must be an http(s) URL",
+                env.http.base_url)
+        insecure = key_transport_error(env.http.base_url, env.http.api_key_env, "env.http.api_key_env")
+        require(insecure is None, "env.http.base_url", insecure or "", env.http.base_url)
     require(env.http.timeout_s > 0, "env.http.timeout_s", "must be > 0", env.http.timeout_s)
     require(env.http.retries >= 0, "env.http.retries", "must be >= 0", env.http.retries)
     require(env.http.backoff_s >= 0, "env.http.backoff_s", "must be >= 0", env.http.backoff_s)
@@ -605,7 +610,7 @@ def _judge_rules(cfg: Config) -> None:
         return
     judge = cfg.reward.judge
     require(judge.base_url.startswith(("http://", "https://")), "reward.judge.base_url", "must be an http(s) URL", judge.base_url)
-    insecure = key_transport_error(judge.base_url, judge.api_key_env)
+    insecure = key_transport_error(judge.base_url, judge.api_key_env, "reward.judge.api_key_env")
     require(insecure is None, "reward.judge.base_url", insecure or "", judge.base_url)
     require(judge.concurrency >= 1, "reward.judge.concurrency", "must be >= 1", judge.concurrency)
     require(judge.timeout_s > 0, "reward.judge.timeout_s", "must be > 0", judge.timeout_s)

@@ -140,7 +140,8 @@ class EnvHttpConfig:
 
     base_url: str = ""  # e.g. http://127.0.0.1:8100; episodes are POSTed to <base_url>/reset and /step
     api_key_env: str = ""  # name of an environment variable holding a bearer token (never the token itself)
-    timeout_s: float = 10.0  # one request
+    # One request; with the retries and their backoff well within env.timeout_s, which bounds the call.
+    timeout_s: float = 2.0
     retries: int = 3  # after the first try, on timeouts, connection errors, 429 and 5xx
     backoff_s: float = 0.2  # first retry delay, doubled each retry
 

@@ -141,7 +141,22 @@ def check_rewards(cfg: Config) -> dict[str, Any]:
             report["judge"] = probe_judge(cfg.reward.judge)
         except JudgeError as err:
             raise PreflightError(one_line(str(err), limit=1000)) from None
+    if cfg.env.name:
+        report["env"] = check_environment(cfg)
     return report
+
+
+def check_environment(cfg: Config) -> dict[str, Any]:
+    """Build the configured environment once (an HTTP one asks its server for its stop texts), so a
+    dead server or a bad setting is one line before any actor starts, not an error in every generator."""
+    from asyncgrpo.envs import make_environment
+    from asyncgrpo.rewards.errors import one_line
+
+    try:
+        spec = make_environment(cfg.env)
+    except ValueError as err:
+        raise PreflightError(one_line(str(err), limit=1000)) from None
+    return {"name": spec.name, "stop": list(spec.stop)}
 
 
 def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from asyncgrpo.queue.replay_queue import (
     StalenessEviction,
 )
 from asyncgrpo.runtime.resources import pin_to_cores
-from asyncgrpo.rewards.errors import RewardErrorWindow
+from asyncgrpo.rewards.errors import ErrorWindow
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import make_task, run_stream_length
 from asyncgrpo.weights import make_sender
@@ -120,7 +120,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     wire = cfg.wire
     # auto decided from the whole config (tcp when actors may span nodes), not from wire.host alone.
     transport = wire_transport(cfg)
-    registry = GeneratorRegistry(RewardErrorWindow.from_config(cfg.reward))
+    registry = GeneratorRegistry(ErrorWindow.from_config(cfg.reward), ErrorWindow.from_config(cfg.env))
     receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
                         transport=transport)
     eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES)

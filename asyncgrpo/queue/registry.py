@@ -3,7 +3,8 @@ and whether it is down for a restart.
 
 The replay queue's receiving thread feeds it (`admit` for each group, `on_ack`, `on_heartbeat`);
 the learner reads it (acknowledged versions, per-step increases of the generators' counters) and
-asks it whether the reports end the run (`check_reports`: rejected weights, a reward outage).
+asks it whether the reports end the run (`check_reports`: rejected weights, a reward outage, an
+environment outage).
 
 Sequence numbers are per generator *incarnation* (its process: 0 for the first, +1 per restart) and
 ordered: an old one is a duplicate, a gap is loss. A newer incarnation starts again at 0, so its
@@ -23,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from asyncgrpo.rewards.errors import RewardErrorWindow, outage_reason
+from asyncgrpo.rewards.errors import ErrorRate, ErrorWindow, env_outage_reason, outage_reason
 from asyncgrpo.wire import Heartbeat, VersionAck
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ REPORTED_COUNTERS = {
     "reward_errors": "reward/errors",
     "groups_dropped": "reward/groups_dropped",
     "reward_calls": "reward/calls",
+    "env_calls": "env/calls",
+    "env_errors": "env/errors",
 }
 
 
@@ -47,6 +50,10 @@ class WeightsRejected(RunStopped):
 
 class RewardOutage(RunStopped):
     """Reward calls fail beyond reward.max_error_rate over reward.error_window_steps."""
+
+
+class EnvOutage(RunStopped):
+    """Environment calls fail beyond env.max_error_rate over env.error_window_steps."""
 
 
 @dataclass
@@ -70,14 +77,16 @@ class GeneratorState:
 class GeneratorRegistry:
     """Thread-safe: written by the queue's receiving thread, read by the learner."""
 
-    def __init__(self, reward_window: RewardErrorWindow | None = None) -> None:
-        """`reward_window`: the window that decides a reward outage (None: reward errors never end the run)."""
+    def __init__(self, reward_window: ErrorWindow | None = None, env_window: ErrorWindow | None = None) -> None:
+        """`reward_window`, `env_window`: the windows that decide a reward or an environment outage
+        (None: those errors never end the run)."""
         self.generators: dict[int, GeneratorState] = {}
         self.lost = self.duplicates = 0
         self.old_incarnation = self.old_incarnation_reports = 0  # groups; acknowledgements and heartbeats
-        self.reward_window = reward_window
+        self.reward_window, self.env_window = reward_window, env_window
         # term -> the first error any generator reported for it (the first heartbeat to carry it wins).
         self.first_reward_errors: dict[str, str] = {}
+        self.first_env_error = ""  # the same for environment calls
         self._last_rejoin = float("-inf")
         self._lock = threading.Lock()
 
@@ -125,6 +134,7 @@ class GeneratorRegistry:
                 state.rejection = beat.rejection
             for term, text in beat.reward_first_errors.items():
                 self.first_reward_errors.setdefault(term, text)
+            self.first_env_error = self.first_env_error or beat.env_first_error
 
     def _current(self, generator_id: int, incarnation: int) -> GeneratorState | None:
         """With the lock held: the state of `generator_id` if `incarnation` is its current one (a
@@ -198,15 +208,17 @@ class GeneratorRegistry:
 
     def report_increments(self) -> dict[str, float]:
         """What the generators reported since the previous call, summed over generators: idle
-        seconds, reward errors, reward calls and groups dropped by the reward policy (which never
-        reach the queue). Called once per learner step: it closes that step in the reward error window."""
+        seconds, reward errors, reward calls, groups dropped by the reward policy (which never
+        reach the queue), environment calls and their errors. Called once per learner step: it closes
+        that step in the error windows and adds their rates (what max_error_rate bounds)."""
         with self._lock:
             increments = self._unlogged()
             for state in self.generators.values():
                 state.logged.update(state.reported)
-            if self.reward_window is not None:
-                self.reward_window.close_step(int(increments["reward/errors"]), int(increments["reward/calls"]))
-                increments["reward/error_rate"] = self.reward_window.current().rate  # what max_error_rate bounds
+            for window, prefix in ((self.reward_window, "reward"), (self.env_window, "env")):
+                if window is not None:
+                    window.close_step(int(increments[f"{prefix}/errors"]), int(increments[f"{prefix}/calls"]))
+                    increments[f"{prefix}/error_rate"] = window.current().rate
         return increments
 
     def _unlogged(self) -> dict[str, float]:
@@ -218,23 +230,42 @@ class GeneratorRegistry:
 
     def check_reports(self) -> None:
         """Raise `RunStopped` if the generators' reports end the run (`check_weights_accepted`,
-        `check_reward_errors`)."""
+        `check_reward_errors`, `check_env_errors`)."""
         self.check_weights_accepted()
         self.check_reward_errors()
+        self.check_env_errors()
 
     def check_reward_errors(self) -> None:
         """Raise `RewardOutage` if reward calls fail beyond reward.max_error_rate over the window
         (the closed steps and what was reported since): training on zeros, or on nothing while every
         group is dropped, would only hide the outage."""
-        if self.reward_window is None:
-            return
         with self._lock:
-            pending = self._unlogged()
-            rate = self.reward_window.current(int(pending["reward/errors"]), int(pending["reward/calls"]))
-            if not self.reward_window.exceeded(rate):
+            rate = self._beyond(self.reward_window, "reward")
+            if rate is None:
                 return
+            assert self.reward_window is not None
             reason = outage_reason(rate, self.reward_window, self.first_reward_errors)
         raise RewardOutage(reason)
+
+    def check_env_errors(self) -> None:
+        """Raise `EnvOutage` if environment calls fail beyond env.max_error_rate over the window:
+        an environment that is down would otherwise be trained on as zero rewards."""
+        with self._lock:
+            rate = self._beyond(self.env_window, "env")
+            if rate is None:
+                return
+            assert self.env_window is not None
+            reason = env_outage_reason(rate, self.env_window, self.first_env_error)
+        raise EnvOutage(reason)
+
+    def _beyond(self, window: ErrorWindow | None, prefix: str) -> ErrorRate | None:
+        """With the lock held: `window`'s rate with what was reported since the last step (the
+        counters `<prefix>/errors` and `<prefix>/calls`) if it is beyond its limit, else None."""
+        if window is None:
+            return None
+        pending = self._unlogged()
+        rate = window.current(int(pending[f"{prefix}/errors"]), int(pending[f"{prefix}/calls"]))
+        return rate if window.exceeded(rate) else None
 
     def check_weights_accepted(self) -> None:
         """Raise `WeightsRejected` if a generator reported weight messages it could not use: it

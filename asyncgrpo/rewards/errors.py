@@ -1,9 +1,11 @@
-"""Reward errors over a run: one-line error texts, the error rate over a window of learner steps,
-and the decision that a reward outage ends the run (reward.max_error_rate, reward.error_window_steps).
+"""Reward and environment errors over a run: one-line error texts, the error rate over a window of
+learner steps, and the decision that an outage ends the run (reward.max_error_rate and
+reward.error_window_steps; env.max_error_rate and env.error_window_steps).
 
-The generator's Scorer keeps each term's first error (`one_line`); the learner's registry keeps a
-`RewardErrorWindow` of the generators' reported errors and calls, and raises with `outage_reason`.
-Light to import (no numpy, no torch): the registry and the wire's users import it.
+The generator's Scorer keeps each term's first error (`one_line`); the learner's registry keeps an
+`ErrorWindow` of the generators' reported reward errors and calls, another of their environment
+calls, and raises with `outage_reason` or `env_outage_reason`. Light to import (no numpy, no torch):
+the registry and the wire's users import it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from asyncgrpo.schema import RewardConfig
+from asyncgrpo.schema import EnvConfig, RewardConfig
 
 # An error text travels in every heartbeat and ends up in summary.json's one-line reason.
 MAX_ERROR_CHARS = 200
@@ -25,8 +27,8 @@ def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 @dataclass(frozen=True)
 class ErrorRate:
-    """Failed reward calls out of all reward calls (completions x terms) over `steps` closed steps
-    and the step in progress."""
+    """Failed calls out of all calls (reward: completions x terms; environment: resets and steps)
+    over `steps` closed steps and the step in progress."""
 
     errors: int
     calls: int
@@ -37,12 +39,13 @@ class ErrorRate:
         return self.errors / self.calls if self.calls else 0.0
 
 
-class RewardErrorWindow:
-    """The reward error rate over the last `window_steps` learner steps plus the step in progress.
+class ErrorWindow:
+    """An error rate (reward or environment calls) over the last `window_steps` learner steps plus
+    the step in progress.
 
     The step in progress counts so that an outage is heard while no step can complete (under
-    reward.on_error=drop_group every group is dropped and the learner waits for groups). Not
-    thread-safe: the registry calls it under its lock.
+    on_error=drop_group every group is dropped and the learner waits for groups). Not thread-safe:
+    the registry calls it under its lock.
     """
 
     def __init__(self, max_rate: float, window_steps: int) -> None:
@@ -52,11 +55,12 @@ class RewardErrorWindow:
         self._closed: deque[tuple[int, int]] = deque(maxlen=window_steps)
 
     @classmethod
-    def from_config(cls, cfg: RewardConfig) -> RewardErrorWindow:
+    def from_config(cls, cfg: RewardConfig | EnvConfig) -> ErrorWindow:
+        """The window of reward.* or env.* (max_error_rate, error_window_steps)."""
         return cls(cfg.max_error_rate, cfg.error_window_steps)
 
     def close_step(self, errors: int, calls: int) -> None:
-        """A learner step ended; `errors` of its `calls` reward calls failed (reported since the last step)."""
+        """A learner step ended; `errors` of its `calls` calls failed (reported since the last step)."""
         self._closed.append((int(errors), int(calls)))
 
     def current(self, pending_errors: int = 0, pending_calls: int = 0) -> ErrorRate:
@@ -70,9 +74,22 @@ class RewardErrorWindow:
         return rate.calls > 0 and rate.rate > self.max_rate
 
 
-def outage_reason(rate: ErrorRate, window: RewardErrorWindow, first_errors: dict[str, str]) -> str:
+# Its name from before it served environment calls too, kept for the code that still says so.
+RewardErrorWindow = ErrorWindow
+
+
+def outage_reason(rate: ErrorRate, window: ErrorWindow, first_errors: dict[str, str]) -> str:
     """The one-line reason a run fails: the rate, the window and each failing term's first error."""
     firsts = "; ".join(f"[{term}] {text}" for term, text in sorted(first_errors.items())) or "none reported"
     return (f"reward error rate {rate.rate:.2f} ({rate.errors} of {rate.calls} reward calls failed over the last "
             f"{rate.steps} learner step(s) and the one in progress, reward.error_window_steps={window.window_steps}) "
             f"is beyond reward.max_error_rate={window.max_rate:g}; first error of each failing term: {firsts}")
+
+
+def env_outage_reason(rate: ErrorRate, window: ErrorWindow, first_error: str) -> str:
+    """The one-line reason a run fails on its environment: the rate, the window and the first error
+    any generator reported."""
+    return (f"environment error rate {rate.rate:.2f} ({rate.errors} of {rate.calls} environment calls failed over "
+            f"the last {rate.steps} learner step(s) and the one in progress, env.error_window_steps="
+            f"{window.window_steps}) is beyond env.max_error_rate={window.max_rate:g}; first error: "
+            f"{first_error or 'none reported'}")

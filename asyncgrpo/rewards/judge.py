@@ -31,7 +31,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asyncgrpo.schema import JudgeConfig
+from asyncgrpo.schema import EnvHttpConfig, JudgeConfig
 from asyncgrpo.wire.network import is_loopback
 
 MAX_RETRY_AFTER_S = 30.0
@@ -110,22 +110,43 @@ def parse_score(reply: str, *, parser: str, max_score: float) -> float:
     return value / max_score
 
 
-def request_headers(cfg: JudgeConfig) -> dict[str, str]:
-    """The judge's request headers, with the API key from reward.judge.api_key_env; raises JudgeError if it is unset."""
+def bearer_headers(api_key_env: str, setting: str, error: type[Exception]) -> dict[str, str]:
+    """JSON request headers, with `Authorization: Bearer <key>` from the environment variable named
+    `api_key_env` when there is one; raises `error` (one line naming the config key `setting`) if
+    that variable is unset. Shared by the judge and the HTTP environment (asyncgrpo/envs/http.py)."""
     headers = {"Content-Type": "application/json"}
-    if cfg.api_key_env:
-        key = os.environ.get(cfg.api_key_env, "")
+    if api_key_env:
+        key = os.environ.get(api_key_env, "")
         if not key:
-            raise JudgeError(f"reward.judge.api_key_env names {cfg.api_key_env!r}, which is not set")
+            raise error(f"{setting} names {api_key_env!r}, which is not set")
         headers["Authorization"] = f"Bearer {key}"
     return headers
 
 
-def call_budget_s(cfg: JudgeConfig) -> float:
+def request_headers(cfg: JudgeConfig) -> dict[str, str]:
+    """The judge's request headers, with the API key from reward.judge.api_key_env; raises JudgeError if it is unset."""
+    return bearer_headers(cfg.api_key_env, "reward.judge.api_key_env", JudgeError)
+
+
+def call_budget_s(cfg: JudgeConfig | EnvHttpConfig) -> float:
     """The most one score() call may take from its first request: every try's timeout and the
     nominal backoff. The generator's wait for a batch's rewards (rollout/scoring.py:
-    score_timeout_s) allows this per wave of reward.judge.concurrency calls."""
+    score_timeout_s) allows this per wave of reward.judge.concurrency calls. The same bound holds
+    for one HTTP environment call (env.http)."""
     return cfg.timeout_s * (cfg.retries + 1) + cfg.backoff_s * 2 ** cfg.retries
+
+
+def retryable_status(status: int) -> bool:
+    """An HTTP status worth another try: 429 (rate limited) and 5xx (the server's trouble). Any
+    other 4xx would get the same answer again."""
+    return status == 429 or status >= 500
+
+
+def backoff_wait_s(backoff_s: float, retry: int, retry_after_s: float) -> float:
+    """The wait before retry number `retry` (1 for the first): `backoff_s` doubled per retry, with
+    jitter so that many failed requests do not retry in lock step; a Retry-After is a floor for
+    this wait only, so it does not compound with the backoff."""
+    return max(backoff_s * 2 ** (retry - 1) * (0.5 + random.random()), retry_after_s)
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
@@ -143,13 +164,13 @@ def same_origin(url: str, other: str) -> bool:
     return origin(url) == origin(other) and origin(url)[2] is not None
 
 
-def key_transport_error(base_url: str, api_key_env: str) -> str | None:
-    """Why the API key may not go to `base_url` (plain http to a host other than loopback, where
-    anyone on the path reads it), or None."""
+def key_transport_error(base_url: str, api_key_env: str, setting: str) -> str | None:
+    """Why the API key in the variable `api_key_env` (the config key `setting`) may not go to
+    `base_url` (plain http to a host other than loopback, where anyone on the path reads it), or None."""
     if not api_key_env or origin(base_url)[0] != "http" or is_loopback(origin(base_url)[1]):
         return None
     return (f"is plain http:// to a host other than loopback, which would send the key in "
-            f"reward.judge.api_key_env={api_key_env!r} unencrypted: use https:// (plain http is allowed only on "
+            f"{setting}={api_key_env!r} unencrypted: use https:// (plain http is allowed only on "
             f"127.0.0.0/8, ::1 and localhost)")
 
 
@@ -256,9 +277,7 @@ class JudgeClient:
         for attempt in range(self.cfg.retries + 1):
             if attempt:
                 assert deadline is not None
-                # Jitter keeps many failed requests from retrying in lock step; a Retry-After is a
-                # floor for this wait only, so it does not compound with the backoff.
-                wait = max(self.cfg.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random()), last.retry_after_s)
+                wait = backoff_wait_s(self.cfg.backoff_s, attempt, last.retry_after_s)
                 left = deadline - self._clock()
                 if wait >= left:
                     raise JudgeError(self._gave_up(attempt, f"the next wait, {wait:.1f} s, is beyond the "
@@ -308,8 +327,8 @@ class JudgeClient:
                             raise JudgeError(f"judge {url} {_redirect_refused(response.status, target)}")
                         url = target
                         continue
-                    if response.status == 429 or response.status >= 500:
-                        raise _Retryable(f"HTTP {response.status}", _retry_after_s(response.headers.get("Retry-After")))
+                    if retryable_status(response.status):
+                        raise _Retryable(f"HTTP {response.status}", retry_after_s(response.headers.get("Retry-After")))
                     if response.status >= 400:
                         text = (await response.text())[:200]
                         raise JudgeError(f"judge {url} answered HTTP {response.status}: {text!r}")
@@ -326,7 +345,8 @@ class JudgeClient:
             self._session = None
 
 
-def _retry_after_s(header: str | None) -> float:
+def retry_after_s(header: str | None) -> float:
+    """A Retry-After header's seconds, at most MAX_RETRY_AFTER_S; 0 for none or an HTTP date."""
     try:
         return min(max(float(header), 0.0), MAX_RETRY_AFTER_S) if header else 0.0
     except ValueError:

@@ -24,8 +24,9 @@ HEARTBEAT_EVERY_S = 1.0
 
 class GroupChannel:
     """Sends generator `generator_id` (process `incarnation`)'s messages on `sink`, counting in
-    `stats`; a heartbeat reads `scorer`'s counters. The weight receiver is passed to each call that
-    reads it (tests swap a generator's receiver after construction)."""
+    `stats`; a heartbeat reads `scorer`'s counters and the environment counters in `stats`. The
+    weight receiver is passed to each call that reads it (tests swap a generator's receiver after
+    construction)."""
 
     def __init__(self, sink: GroupSink, generator_id: int, incarnation: int, stats: GeneratorStats,
                  scorer: Scorer, wait_limit: WaitLimit) -> None:
@@ -72,5 +73,7 @@ class GroupChannel:
                                      groups_dropped=rewards["reward/groups_dropped"],
                                      weights_rejected=rejected, rejection=reason,
                                      reward_calls=rewards["reward/calls"],
-                                     reward_first_errors=self.scorer.first_errors(), incarnation=self.incarnation),
+                                     reward_first_errors=self.scorer.first_errors(), incarnation=self.incarnation,
+                                     env_calls=self.stats.env_calls, env_errors=sum(self.stats.env_errors.values()),
+                                     env_first_error=self.stats.env_first_error),
                            timeout_s=0.0)

@@ -115,6 +115,9 @@ def encode(message: Message) -> list[Frame]:
             "reward_calls": int(message.reward_calls),
             "reward_first_errors": {str(term): str(text)[:MAX_REJECTION_CHARS]
                                     for term, text in message.reward_first_errors.items()},
+            "env_calls": int(message.env_calls),
+            "env_errors": int(message.env_errors),
+            "env_first_error": str(message.env_first_error)[:MAX_REJECTION_CHARS],
         }
         return _pack(header, [])
     if isinstance(message, Shutdown):
@@ -419,6 +422,9 @@ def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heart
         reward_calls=_int_field(header, "reward_calls"),
         reward_first_errors={term: text[:MAX_REJECTION_CHARS] for term, text in first_errors.items()},
         incarnation=_int_field(header, "inc"),
+        env_calls=_int_field(header, "env_calls"),
+        env_errors=_int_field(header, "env_errors"),
+        env_first_error=_field(header, "env_first_error", str)[:MAX_REJECTION_CHARS],
     )
 
 

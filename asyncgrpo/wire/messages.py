@@ -25,7 +25,8 @@ import numpy as np
 # 7: groups carry which completions were truncated (hit rollout.max_new_tokens without stopping), for
 #    algo.overlong.
 # 8: groups carry a per-token policy mask: which completion tokens the policy sampled (trained) and
-#    which an environment inserted (multi-turn episodes; never trained).
+#    which an environment inserted (multi-turn episodes; never trained); heartbeats carry environment
+#    calls, failed ones and the first failure (environment outages stop the run).
 # `SaveNotice` (type 6), `TicketRequest` (7) and `Grant` (8) came later without a bump: a new type changes no existing layout or meaning
 # (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
 SCHEMA_VERSION = 8
@@ -174,6 +175,9 @@ class Heartbeat:
     # term name -> its first error, so a run that fails on the error rate says why
     reward_first_errors: dict[str, str] = field(default_factory=dict)
     incarnation: int = 0  # its counters are this incarnation's: a restarted process counts from 0
+    env_calls: int = 0  # environment calls made (resets and steps): the env error rate's denominator
+    env_errors: int = 0  # of those, the ones that failed (any cause: raised, timed out, invalid)
+    env_first_error: str = ""  # the first failure's text, so a run that fails on the env error rate says why
 
 
 @dataclass

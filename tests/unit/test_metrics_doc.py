@@ -28,7 +28,7 @@ from asyncgrpo.models.tiny import TinyModelSpec, build_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
-from asyncgrpo.rewards.errors import RewardErrorWindow
+from asyncgrpo.rewards.errors import ErrorWindow
 from asyncgrpo.rollout.stats import GeneratorStats
 from asyncgrpo.wire import ScoredGroup
 
@@ -63,7 +63,7 @@ def learner_after_one_step(*overrides: str) -> tuple[Learner, dict[str, float]]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), reference,
                     torch.device("cpu"), torch.device("cpu"), rank=0, temperature=cfg.rollout.temperature)
-    registry = GeneratorRegistry(RewardErrorWindow.from_config(cfg.reward))
+    registry = GeneratorRegistry(ErrorWindow.from_config(cfg.reward), ErrorWindow.from_config(cfg.env))
     queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=True),
                         limits=None, registry=registry)
     for group in scored_groups(2):

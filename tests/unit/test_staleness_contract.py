@@ -303,12 +303,15 @@ def test_generator_reports_are_attributed_once_per_step():
 
     beat(0, 1.0), beat(0, 1.5, errors=2, calls=16), beat(1, 0.25, calls=8)
     assert registry.report_increments() == pytest.approx(
-        {"time/gen_idle_s": 1.75, "reward/errors": 2, "reward/groups_dropped": 0, "reward/calls": 24})
+        {"time/gen_idle_s": 1.75, "reward/errors": 2, "reward/groups_dropped": 0, "reward/calls": 24,
+         "env/calls": 0, "env/errors": 0})
     # A report older than the newest seen (reordered) adds nothing; new counts add only the
     # difference, including errors of groups the reward policy dropped (they never reach the learner).
     beat(0, 1.2), beat(0, 2.0, errors=5, dropped=1, calls=32), beat(1, 0.25, calls=8)
     assert registry.report_increments() == pytest.approx(
-        {"time/gen_idle_s": 0.5, "reward/errors": 3, "reward/groups_dropped": 1, "reward/calls": 16})
+        {"time/gen_idle_s": 0.5, "reward/errors": 3, "reward/groups_dropped": 1, "reward/calls": 16,
+         "env/calls": 0, "env/errors": 0})
     beat(1, 0.25, calls=8)
     assert registry.report_increments() == {"time/gen_idle_s": 0.0, "reward/errors": 0.0,
-                                            "reward/groups_dropped": 0.0, "reward/calls": 0.0}
+                                            "reward/groups_dropped": 0.0, "reward/calls": 0.0,
+                                            "env/calls": 0.0, "env/errors": 0.0}
