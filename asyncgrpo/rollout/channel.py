@@ -70,7 +70,7 @@ class GroupChannel:
         self.reported_rejections = rejected
         self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, version, idle_s=self.stats.idle_s,
                                      reward_errors=rewards["reward/errors"],
-                                     groups_dropped=rewards["reward/groups_dropped"],
+                                     groups_dropped=rewards["reward/groups_dropped"] + self.stats.env_groups_dropped,
                                      weights_rejected=rejected, rejection=reason,
                                      reward_calls=rewards["reward/calls"],
                                      reward_first_errors=self.scorer.first_errors(), incarnation=self.incarnation,

@@ -166,7 +166,9 @@ class Generator:
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
         tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered}
-        return {**self.stats.as_dict(self.cfg.rollout.max_running_seqs), **self.scorer.stats_snapshot(), **tickets,
+        rewards = self.scorer.stats_snapshot()
+        rewards["reward/groups_dropped"] += self.stats.env_groups_dropped  # as the heartbeats report it
+        return {**self.stats.as_dict(self.cfg.rollout.max_running_seqs), **rewards, **tickets,
                 "gen/version": self.version, "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
                 "gen/idle_s": self.stats.idle_s, "gen/idle_frac": self.stats.idle_s / wall_s if wall_s > 0 else 0.0,
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}
@@ -266,6 +268,7 @@ class Generator:
                     admitted = episodes.admitted
                     group = scored_group(self.generator_id, episodes, score, self.cfg.env.on_error)
                     if group is None:  # reward or env.on_error=drop_group: the slot goes to someone else
+                        self.stats.env_groups_dropped += int(not score.dropped)
                         self.tickets.gave_back(admitted.ticket)
                         continue
                     group.pos = admitted.ticket.position

@@ -41,6 +41,9 @@ class GeneratorStats:
     env_first_error: str = ""
     # Policy turns whose call did not parse (the environment said so in its observation).
     env_bad_actions: int = 0
+    # Groups not sent because an environment call failed under env.on_error=drop_group (reported with
+    # the reward's drops as groups_dropped: the run's loss accounting counts both).
+    env_groups_dropped: int = 0
     # Episodes that ended because an observation would not fit the context or the token budget.
     episodes_overflowed: int = 0
     episodes_finished: int = 0
@@ -84,6 +87,7 @@ class GeneratorStats:
             "gen/env_errors": sum(self.env_errors.values()),
             **{f"gen/env_errors_{cause}": count for cause, count in sorted(self.env_errors.items())},
             "gen/env_bad_actions": self.env_bad_actions,
+            "gen/env_groups_dropped": self.env_groups_dropped,
             "gen/episodes_overflowed": self.episodes_overflowed,
             "gen/mean_episode_turns": self.episode_turns_sum / self.episodes_finished if self.episodes_finished else 0.0,
             "gen/weight_load_s": self.weight_load_s,

@@ -168,7 +168,8 @@ class Heartbeat:
     version: int
     idle_s: float = 0.0  # waiting on the throttle, on rewards, on new weights or on a full queue
     reward_errors: int = 0  # reward terms that failed (reward/errors)
-    groups_dropped: int = 0  # groups not sent because a reward failed under reward.on_error=drop_group
+    # groups not sent because a reward or an environment call failed under reward/env.on_error=drop_group
+    groups_dropped: int = 0
     weights_rejected: int = 0  # weight messages this generator could not accept
     rejection: str = ""  # the first reason, for the learner's error message
     reward_calls: int = 0  # reward term calls made (completions x terms): the error rate's denominator
