@@ -28,14 +28,17 @@ class EnvStep:
 
     observation: text appended to the episode after the turn (the tool's result, the game's
     feedback); tokenized by the generator, never trained on. reward: added to the episode's
-    environment reward (the reward term kind=env). done: the episode ends here. bad_action: the
-    turn's call did not parse (counted as env/bad_actions; the observation should say so).
+    environment reward (logged as reward/env). done: the episode ends here. bad_action: the turn's
+    call did not parse (counted as gen/env_bad_actions; the observation should say so).
+    observation_tokens: the observation's token ids, appended as they are instead of tokenizing the
+    text (an environment that renders a chat template itself: no retokenisation drift).
     """
 
     observation: str
     reward: float = 0.0
     done: bool = False
     bad_action: bool = False
+    observation_tokens: tuple[int, ...] | None = None
 
 
 class Environment(Protocol):
@@ -55,8 +58,11 @@ class Environment(Protocol):
 @dataclass(frozen=True)
 class EnvironmentSpec:
     """How a generator makes environments: `new()` is a fresh one per episode; `stop` are the texts
-    that end a policy turn and call it (kept in the turn's text)."""
+    that end a policy turn and call it (kept in the turn's text); `eos_calls`: a turn that ends with
+    the end-of-sequence token calls it too (a chat's assistant message ends so), instead of ending
+    the episode, which then ends only when the environment says done (or at the limits)."""
 
     name: str
     new: Callable[[], Environment]
     stop: tuple[str, ...]
+    eos_calls: bool = False

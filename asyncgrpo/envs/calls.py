@@ -58,6 +58,9 @@ def checked_step(value: Any) -> EnvStep:
         raise ValueError(f"reward {value.reward!r} is not a finite number")
     if not isinstance(value.done, bool) or not isinstance(value.bad_action, bool):
         raise ValueError("done and bad_action must be booleans")
+    tokens = value.observation_tokens
+    if tokens is not None and not (isinstance(tokens, tuple) and all(type(t) is int and t >= 0 for t in tokens)):
+        raise ValueError("observation_tokens must be a tuple of token ids (ints >= 0)")
     return value
 
 

@@ -133,7 +133,7 @@ def after_turn(episode: Episode, completion: Completion, version: int, env: Envi
     episode.add_turn(completion, version)
     if not completion.finished:
         return "truncated"
-    if completion.stop_reason is None or env is None or episode.turns >= max_turns:
+    if env is None or episode.turns >= max_turns or (completion.stop_reason is None and not env.eos_calls):
         return "end"
     return "call"
 
@@ -142,7 +142,8 @@ def after_answer(tokenizer: Any, settings: EpisodeSettings, episode: Episode, an
     """Add the environment's answer to `episode`; what comes next: "overflow" (its observation would
     not fit the budget or the context: nothing added), "end" (the environment ended it) or "turn"."""
     episode.env_reward += float(answer.reward)
-    observation = tokenizer(answer.observation, add_special_tokens=False)["input_ids"]
+    observation = (list(answer.observation_tokens) if answer.observation_tokens is not None
+                   else tokenizer(answer.observation, add_special_tokens=False)["input_ids"])
     if len(episode.tokens) + len(observation) >= settings.max_new_tokens or (
             len(episode.context) + len(observation) >= settings.context_tokens):
         return "overflow"

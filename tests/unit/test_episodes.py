@@ -312,3 +312,31 @@ def test_an_episode_group_crosses_the_wire_and_the_learner_trains_only_the_polic
     first = group.episodes[0]
     assert batch.mask[0, :len(first.tokens)].tolist() == [float(p) for p in first.policy]
     assert batch.completion_lengths.tolist() == [len(first.tokens), len(group.episodes[1].tokens)]
+
+
+class Chat(Calculator):
+    """A chat-like environment: every assistant message (ended by EOS) is answered with the tokens of
+    "?" given as ids; the episode ends at the second answer."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def step(self, action):
+        self.calls += 1
+        return EnvStep(observation="(ignored)", observation_tokens=tuple(ids("?")), done=self.calls == 2)
+
+
+def test_with_eos_calls_an_answers_end_calls_the_environment_and_its_tokens_are_appended_as_given():
+    chat = EnvironmentSpec("chat", Chat, (), eos_calls=True)
+    runner, _, _ = make_runner([["a", "b"], ["c", "d"]], env=chat)
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    episode = group.episodes[0]
+    assert episode.tokens == ids("a") + [EOS] + ids("?") + ids("b") + [EOS] + ids("?")
+    assert episode.policy == [1, 1, 0, 1, 1, 0] and episode.turns == 2
+
+
+def test_observation_tokens_must_be_token_ids():
+    with pytest.raises(ValueError, match="observation_tokens"):
+        checked_step(EnvStep(observation="", observation_tokens=(1, -2)))
+    assert checked_step(EnvStep(observation="", observation_tokens=(1, 2))).observation_tokens == (1, 2)
