@@ -636,6 +636,92 @@ class Judge:
         self._thread.join(5)
 
 
+class EnvServer:
+    """A stand-in for an environment served over HTTP on 127.0.0.1 (docs/ENVIRONMENTS.md, HTTP
+    environments): the calculator tool (stop text "]", "[a*b]" answered "=<product>\\n"). Every
+    `hang_every`-th episode never gets an answer to its step (each try of it waits forever: only the
+    generator's timeouts get past it), and while an outage (`fail_for`) lasts every request is
+    answered HTTP 500."""
+
+    def __init__(self, hang_every: int = 0) -> None:
+        from asyncgrpo.envs.calculator import CalculatorEnvironment
+
+        server = self
+        self.fail_until = 0.0
+        self.hang_every = hang_every
+        self.answered = self.failed = self.hung = self.episodes = 0
+        self._lock = threading.Lock()
+        self._hanging: set[str] = set()
+        self._stop = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # http.server's name for the GET handler
+                self._reply(200 if self.path.rstrip("/") == "/info" else 404, {"stop": ["]"], "name": "chaos-calculator"})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if time.monotonic() < server.fail_until:
+                    with server._lock:
+                        server.failed += 1
+                    self._reply(500, {"error": "chaos: the environment is down"})
+                    return
+                route = self.path.rstrip("/")
+                if route == "/reset":
+                    with server._lock:
+                        server.episodes += 1
+                        episode = f"e{server.episodes}"
+                        if server.hang_every and server.episodes % server.hang_every == 0:
+                            server._hanging.add(episode)
+                    self._reply(200, {"episode_id": episode, "observation": ""})
+                elif route == "/step":
+                    if body.get("episode_id") in server._hanging:
+                        with server._lock:
+                            server.hung += 1
+                        server._stop.wait()  # until the server closes: the client's timeouts end it
+                        return
+                    answer = CalculatorEnvironment().step(str(body.get("action", "")))
+                    with server._lock:
+                        server.answered += 1
+                    self._reply(200, {"observation": answer.observation, "reward": 0.0, "done": False,
+                                      "bad_action": answer.bad_action})
+                else:
+                    self._reply(200, {})
+
+            def _reply(self, status: int, value: dict[str, Any]) -> None:
+                data = json.dumps(value).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def fail_for(self, seconds: float) -> None:
+        self.fail_until = time.monotonic() + seconds
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+
 FAULTY_REWARD = '''"""Written by tools/chaos.py: exact match, but every {every}th call {what}."""
 import itertools
 import os
