@@ -37,7 +37,10 @@ from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
 from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
+from asyncgrpo.tasks.guess import MAX_MAX_NUMBER as GUESS_MAX, MIN_MAX_NUMBER as GUESS_MIN, GuessTask
 from asyncgrpo.tasks.longtail import MAX_DIGITS as LONGTAIL_MAX_DIGITS, MIN_DIGITS as LONGTAIL_MIN_DIGITS
+from asyncgrpo.tasks.multiply import MAX_DIGITS as MULTIPLY_MAX_DIGITS, MAX_EVAL_SHARE, MIN_DIGITS as MULTIPLY_MIN_DIGITS, \
+    MultiplyTask, operands
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
 from asyncgrpo.wire.reach import wire_transport
 
@@ -546,6 +549,44 @@ def _longtail_rules(cfg: Config) -> None:
             f"{cfg.rollout.max_new_tokens} (configs/longtail.yaml sets both)", cfg.model.max_positions)
 
 
+def _episode_task_rules(cfg: Config) -> None:
+    """task.multiply_* and task.guess_max: in range, the game played against its own environment, and an
+    embedded model's context that holds the longest prompt beside rollout.max_new_tokens, which holds the
+    longest reference episode (what the warm start taught) and its eos. Other tasks: nothing."""
+    task = cfg.task
+    require(cfg.env.name != "guess" or task.name == "guess", "env.name",
+            f"guess plays task.name=guess (its secret is the problem's number), not task.name={task.name}", cfg.env.name)
+    if task.name == "multiply":
+        for key, digits in (("multiply_left_digits", task.multiply_left_digits),
+                            ("multiply_right_digits", task.multiply_right_digits)):
+            require(MULTIPLY_MIN_DIGITS <= digits <= MULTIPLY_MAX_DIGITS, f"task.{key}",
+                    f"must be between {MULTIPLY_MIN_DIGITS} and {MULTIPLY_MAX_DIGITS}", digits)
+        distinct = operands(task.multiply_left_digits) * operands(task.multiply_right_digits)
+        require(task.eval_size <= MAX_EVAL_SHARE * distinct, "task.eval_size",
+                f"must be at most {MAX_EVAL_SHARE:.0%} of the {distinct} multiply problems", task.eval_size)
+        built = MultiplyTask(left_digits=task.multiply_left_digits, right_digits=task.multiply_right_digits,
+                             eval_size=task.eval_size, tool=cfg.env.name == "calculator")
+        longest_prompt = task.multiply_left_digits + task.multiply_right_digits + 2  # "a*b="
+    elif task.name == "guess":
+        require(cfg.env.name == "guess", "env.name", "must be guess for task.name=guess (the game needs its answers)",
+                cfg.env.name)
+        require(GUESS_MIN <= task.guess_max <= GUESS_MAX, "task.guess_max", f"must be between {GUESS_MIN} and {GUESS_MAX}",
+                task.guess_max)
+        built = GuessTask(max_number=task.guess_max, eval_size=task.eval_size)
+        longest_prompt = len(built.prompt)
+    else:
+        return
+    if cfg.model.path:
+        return
+    episode = built.max_answer_chars + 1  # the reference and its eos, one token per character
+    require(cfg.rollout.max_new_tokens >= episode, "rollout.max_new_tokens",
+            f"must hold the longest {task.name} reference episode and an eos ({episode} tokens; "
+            f"configs/{'guess' if task.name == 'guess' else 'calculator'}.yaml sets it)", cfg.rollout.max_new_tokens)
+    require(cfg.model.max_positions >= longest_prompt + cfg.rollout.max_new_tokens, "model.max_positions",
+            f"must hold the longest {task.name} prompt ({longest_prompt} tokens) beside rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens}", cfg.model.max_positions)
+
+
 def _data_rules(cfg: Config) -> None:
     """data.*: the prompt template and the limits on prompts and epochs."""
     data = cfg.data
@@ -639,7 +680,7 @@ def _log_rules(cfg: Config) -> None:
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
     _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
     _optimizer_rules, _weights_rules, _wire_rules, _end_of_run_rules, _wire_security_rules, _placement_rules,
-    _algo_rules, _task_rules, _longtail_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,
+    _algo_rules, _task_rules, _longtail_rules, _episode_task_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,
     _log_rules,
 )
 

@@ -38,8 +38,9 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     # arithmetic (built in) | countdown (built in) | longtail (built in: addition worked column by column,
-    # heavy-tailed lengths) | gsm8k (data.* files, answers after #### or in \boxed{}) | files (data.* files,
-    # answers compared as strings). See docs/TASKS.md.
+    # heavy-tailed lengths) | multiply (built in: a*b, with the calculator tool when env.name=calculator) |
+    # guess (built in: guess the number, needs env.name=guess) | gsm8k (data.* files, answers after #### or
+    # in \boxed{}) | files (data.* files, answers compared as strings). See docs/TASKS.md.
     name: str = "arithmetic"
     num_digits: int = 2
     # Held-out problems (file tasks: at most this many, a fixed subset of data.eval_files, or without
@@ -53,6 +54,12 @@ class TaskConfig:
     longtail_min_digits: int = 2
     longtail_max_digits: int = 16
     longtail_exponent: float = 2.5
+    # multiply: digits of the left and right operand (123*45: 3 and 2); the product is beyond the embedded
+    # model unaided, so the calculator tool (env.name=calculator) is what makes it learnable.
+    multiply_left_digits: int = 3
+    multiply_right_digits: int = 2
+    # guess: the secret is drawn from 1..this; a binary search needs ceil(log2(this)) + 1 guesses (env.max_turns).
+    guess_max: int = 64
 
 
 @dataclass

@@ -24,16 +24,19 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from asyncgrpo.envs import Environment, EnvironmentSpec, make_environment
 from asyncgrpo.runtime.files import private_dir
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.tasks.problem import Problem, Task, reference_completion
+from asyncgrpo.schema import EnvConfig
+from asyncgrpo.tasks.problem import Problem, Task, reference_segments
 
 # Bump whenever a change here would produce a different model for the same inputs, so
 # stale cache entries are not reused.
@@ -234,17 +237,31 @@ def _batched(problems: Iterator[Problem], size: int) -> Iterator[list[Problem]]:
 def _supervised_batch(
     tokenizer: PreTrainedTokenizerFast, problems: Sequence[Problem]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded prompt+reference+eos ids, with labels only on the reference completion and eos
-    (the answer, or the task's worked scratchpad: `reference_completion`)."""
+    """Right-padded prompt+reference+eos ids, with labels only on what the policy writes: the reference
+    completion (the answer, or the task's worked scratchpad or episode: `reference_segments`) and the eos.
+    An environment's observations inside an episode are inputs without labels (the policy never samples
+    them), and an episode whose last piece is an observation (the environment ended it) has no eos."""
     prompt_ids = tokenizer([p.prompt for p in problems], add_special_tokens=False).input_ids
-    answer_ids = tokenizer([reference_completion(p) for p in problems], add_special_tokens=False).input_ids
-    length = max(len(p) + len(a) + 1 for p, a in zip(prompt_ids, answer_ids, strict=True))
+    segments = [reference_segments(p) for p in problems]
+    # One tokenizer call for every piece of every reference: a single-turn reference is one piece, so
+    # its ids are those of the whole reference, as they always were.
+    piece_ids = iter(tokenizer([text for pieces in segments for text, _ in pieces], add_special_tokens=False).input_ids)
+    completions = []
+    for pieces in segments:
+        ids, labels = [], []
+        for _, policy in pieces:
+            piece = next(piece_ids)
+            ids += piece
+            labels += piece if policy else [IGNORE_INDEX] * len(piece)
+        if not pieces or pieces[-1][1]:
+            ids, labels = [*ids, tokenizer.eos_token_id], [*labels, tokenizer.eos_token_id]
+        completions.append((ids, labels))
+    length = max(len(p) + len(ids) for p, (ids, _) in zip(prompt_ids, completions, strict=True))
     input_rows, label_rows = [], []
-    for prompt, answer in zip(prompt_ids, answer_ids, strict=True):
-        completion = [*answer, tokenizer.eos_token_id]
-        padding = length - len(prompt) - len(completion)
-        input_rows.append([*prompt, *completion] + [tokenizer.pad_token_id] * padding)
-        label_rows.append([IGNORE_INDEX] * len(prompt) + completion + [IGNORE_INDEX] * padding)
+    for prompt, (ids, labels) in zip(prompt_ids, completions, strict=True):
+        padding = length - len(prompt) - len(ids)
+        input_rows.append([*prompt, *ids] + [tokenizer.pad_token_id] * padding)
+        label_rows.append([IGNORE_INDEX] * len(prompt) + labels + [IGNORE_INDEX] * padding)
     return torch.tensor(input_rows), torch.tensor(label_rows)
 
 
@@ -252,7 +269,8 @@ def _supervised_batch(
 def expected_sampled_accuracy(
     model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, problems: Sequence[Problem]
 ) -> float:
-    """Mean probability that temperature-1 sampling emits exactly the answer then eos.
+    """Mean probability that temperature-1 sampling emits exactly the answer then eos (in an episode, the
+    policy's pieces given the environment's observations, which are not sampled and so not counted).
 
     This is the expectation of sampled accuracy, computed exactly by one teacher-forced
     forward pass instead of estimated by sampling, so the stopping check is both cheap
@@ -289,6 +307,9 @@ def measure_accuracy(
     faster than HF generate for a model this small. Prompts are batched by token length
     so no padding is needed.
     """
+    environment = task_environment(task)
+    if environment is not None:
+        return _episode_accuracy(model, tokenizer, task, problems, environment, greedy=greedy)
     model.eval()
     generator = torch.Generator().manual_seed(MEASURE_SEED)
     max_new_tokens = task.max_answer_chars + 1
@@ -321,3 +342,84 @@ def measure_accuracy(
             text = tokenizer.decode(completion, skip_special_tokens=True)
             total_score += task.score(text, problems[row])
     return total_score / len(problems)
+
+
+def task_environment(task: Task) -> EnvironmentSpec | None:
+    """The environment whose episodes a task's references are (its `environment` attribute, an env.name:
+    MultiplyTask with the tool, GuessTask), or None for a single-turn task."""
+    name = getattr(task, "environment", "")
+    return make_environment(EnvConfig(name=name)) if name else None
+
+
+@dataclass
+class _Episode:
+    """One problem played against its environment by `_episode_accuracy`."""
+
+    environment: Environment
+    tokens: list[int]
+    budget: int
+    turn: str = ""
+    last_turn: str = ""
+    spent: int = 0
+    done: bool = False
+
+    def advance(self, token: int, tokenizer: PreTrainedTokenizerFast, stops: tuple[str, ...]) -> None:
+        """The policy sampled `token`: end at eos; at a stop text call the environment and append its
+        observation; end when it says done or the budget (observations included) is spent."""
+        if token == tokenizer.eos_token_id:
+            self.done = True
+            return
+        self.tokens.append(token)
+        self.turn += tokenizer.decode([token], skip_special_tokens=True)
+        self.spent += 1
+        if any(self.turn.endswith(stop) for stop in stops):
+            step = self.environment.step(self.turn)
+            observed = tokenizer(step.observation, add_special_tokens=False).input_ids
+            self.tokens += observed
+            self.spent += len(observed)
+            self.last_turn, self.turn, self.done = self.turn, "", step.done
+        self.done = self.done or self.spent >= self.budget
+
+    @property
+    def scored_text(self) -> str:
+        """The policy's last turn: an observation is never scored as if the policy wrote it."""
+        return self.turn or self.last_turn
+
+
+@torch.no_grad()
+def _episode_accuracy(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    task: Task,
+    problems: Sequence[Problem],
+    environment: EnvironmentSpec,
+    *,
+    greedy: bool,
+) -> float:
+    """measure_accuracy for a task whose references are episodes: each problem played against a fresh
+    environment as an episode runs (a turn ends at a stop text, which it keeps; the observation follows;
+    the episode ends at eos, when the environment says done or when the budget, the longest reference and
+    an eos, observations included, is spent), scored on the policy's last turn. Rows of different lengths
+    run together left-padded, positions counted from each row's first token."""
+    model.eval()
+    generator = torch.Generator().manual_seed(MEASURE_SEED)
+    episodes = []
+    for problem in problems:
+        env = environment.new()
+        start = problem.prompt + env.reset(problem)
+        episodes.append(_Episode(env, tokenizer(start, add_special_tokens=False).input_ids, task.max_answer_chars + 1))
+    while active := [e for e in episodes if not e.done]:
+        width = max(len(e.tokens) for e in active)
+        input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e.tokens)) + e.tokens for e in active])
+        attention_mask = torch.tensor([[0] * (width - len(e.tokens)) + [1] * len(e.tokens) for e in active])
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, -1]
+        if greedy:
+            next_tokens = logits.argmax(dim=-1)
+        else:
+            next_tokens = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+        for episode, token in zip(active, next_tokens.tolist(), strict=True):
+            episode.advance(token, tokenizer, environment.stop)
+    for episode in episodes:
+        episode.environment.close()
+    return sum(task.score(e.scored_text, p) for e, p in zip(episodes, problems, strict=True)) / len(problems)

@@ -12,17 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 from asyncgrpo.tasks.arithmetic import ArithmeticTask
 from asyncgrpo.tasks.countdown import CountdownTask
+from asyncgrpo.tasks.guess import GuessTask
 from asyncgrpo.tasks.longtail import LongtailTask
+from asyncgrpo.tasks.multiply import MultiplyTask
 from asyncgrpo.tasks.problem import Problem, Task
 
 if TYPE_CHECKING:
     from asyncgrpo.schema import Config
 
-__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "LongtailTask", "Problem", "Task",
-           "make_task", "run_stream"]
+__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "GuessTask", "LongtailTask", "MultiplyTask",
+           "Problem", "Task", "make_task", "run_stream"]
 
 # task.name: each is built by `make_task`; the file tasks read their problems from data.* files.
-TASK_NAMES = ("arithmetic", "countdown", "longtail", "gsm8k", "files")
+TASK_NAMES = ("arithmetic", "countdown", "longtail", "multiply", "guess", "gsm8k", "files")
 FILE_TASKS = ("gsm8k", "files")
 
 
@@ -38,6 +40,12 @@ def make_task(cfg: Config, tokenizer: Any | None = None) -> Task:
     if name == "longtail":
         return LongtailTask(min_digits=cfg.task.longtail_min_digits, max_digits=cfg.task.longtail_max_digits,
                             exponent=cfg.task.longtail_exponent, eval_size=cfg.task.eval_size)
+    if name == "multiply":
+        # The references are episodes with the calculator when it is on, plain products when not.
+        return MultiplyTask(left_digits=cfg.task.multiply_left_digits, right_digits=cfg.task.multiply_right_digits,
+                            eval_size=cfg.task.eval_size, tool=cfg.env.name == "calculator")
+    if name == "guess":
+        return GuessTask(max_number=cfg.task.guess_max, eval_size=cfg.task.eval_size)
     if name in FILE_TASKS:
         from asyncgrpo.tasks.files import FileTask
         from asyncgrpo.tasks.gsm8k import GSM8KTask

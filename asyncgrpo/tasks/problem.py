@@ -9,6 +9,10 @@ from typing import Any, Protocol
 # Problem.extra key of a reference completion that is more than the answer (a worked scratchpad): what
 # the warm start trains on and measures, while rewards still compare with `answer`.
 REFERENCE_KEY = "reference"
+# Problem.extra key of the (start, end) character spans of the reference completion that an environment
+# writes, not the policy (a tool's result, a game's answer): the warm start neither trains on them nor
+# counts their probability, as in an episode they are appended, never sampled.
+OBSERVATIONS_KEY = "observations"
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,17 @@ class Problem:
 def reference_completion(problem: Problem) -> str:
     """The completion the warm start imitates: extra[REFERENCE_KEY] where the task writes one, else the answer."""
     return problem.extra.get(REFERENCE_KEY, problem.answer)
+
+
+def reference_segments(problem: Problem) -> list[tuple[str, bool]]:
+    """The reference completion cut into (text, written by the policy) pieces, in order: one policy piece
+    for a single-turn task; policy turns and environment observations (extra[OBSERVATIONS_KEY]) otherwise."""
+    text, segments, position = reference_completion(problem), [], 0
+    for start, end in problem.extra.get(OBSERVATIONS_KEY, ()):
+        segments += [(text[position:start], True), (text[start:end], False)]
+        position = end
+    segments.append((text[position:], True))
+    return [(piece, policy) for piece, policy in segments if piece]
 
 
 class Task(Protocol):

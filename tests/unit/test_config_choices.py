@@ -61,6 +61,8 @@ NEEDS = {
     ("learner.mixed_precision", "bf16"): ["device=cuda"],  # bf16 is refused on device=cpu
     ("task.name", "countdown"): ["model.path=/models/any"],  # its prompts do not fit the tiny model
     ("task.name", "longtail"): ["model.max_positions=256", "rollout.max_new_tokens=200"],  # room for its scratchpads
+    ("task.name", "multiply"): ["rollout.max_new_tokens=8", "model.max_positions=64"],  # room for the product
+    ("task.name", "guess"): ["env.name=guess", "rollout.max_new_tokens=80", "model.max_positions=96"],  # the game
     ("task.name", "gsm8k"): ["model.path=/models/any", f"data.train_files=[{SAMPLE}]"],
     ("task.name", "files"): [f"data.train_files=[{SAMPLE}]"],
 }

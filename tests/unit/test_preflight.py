@@ -18,7 +18,7 @@ from asyncgrpo.schema import CONFIG_DIR
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
 # The model each preset is written for (None: the embedded tiny model). A new preset must be added.
-PRESET_SHAPES = {"default": None, "longtail": None, "gsm8k_qwen05b_1gpu": "qwen2.5-0.5b", "qwen7b_8gpu_judge": "qwen2.5-7b"}
+PRESET_SHAPES = {"default": None, "longtail": None, "calculator": None, "guess": None, "gsm8k_qwen05b_1gpu": "qwen2.5-0.5b", "qwen7b_8gpu_judge": "qwen2.5-7b"}
 
 
 @pytest.fixture(scope="module")
