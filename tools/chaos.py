@@ -638,30 +638,27 @@ class Judge:
 
 class EnvServer:
     """A stand-in for an environment served over HTTP on 127.0.0.1 (docs/ENVIRONMENTS.md, HTTP
-    environments): the calculator tool (stop text "]", "[a*b]" answered "=<product>\\n"). Every
-    `hang_every`-th episode never gets an answer to its step (each try of it waits forever: only the
-    generator's timeouts get past it), and while an outage (`fail_for`) lasts every request is
-    answered HTTP 500."""
+    environments) for the default task: a policy turn ends at the digit "0" and the environment
+    answers with nothing (the episode goes on), so the episodes of answers holding a 0 call it (their
+    rewards see only the last turn: what is learnt is not what these scenarios test). Every `hang_every`-th reset never gets an answer (only the generator's
+    timeouts get past it), and while an outage (`fail_for`) lasts every request is answered HTTP 500."""
 
     def __init__(self, hang_every: int = 0) -> None:
-        from asyncgrpo.envs.calculator import CalculatorEnvironment
-
         server = self
         self.fail_until = 0.0
         self.hang_every = hang_every
-        self.answered = self.failed = self.hung = self.episodes = 0
+        self.resets = self.steps = self.failed = self.hung = 0
         self._lock = threading.Lock()
-        self._hanging: set[str] = set()
         self._stop = threading.Event()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:  # http.server's name for the GET handler
-                self._reply(200 if self.path.rstrip("/") == "/info" else 404, {"stop": ["]"], "name": "chaos-calculator"})
+                self._reply(200 if self.path.rstrip("/") == "/info" else 404, {"stop": ["0"], "name": "chaos-echo"})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if time.monotonic() < server.fail_until:
                     with server._lock:
                         server.failed += 1
@@ -670,22 +667,18 @@ class EnvServer:
                 route = self.path.rstrip("/")
                 if route == "/reset":
                     with server._lock:
-                        server.episodes += 1
-                        episode = f"e{server.episodes}"
-                        if server.hang_every and server.episodes % server.hang_every == 0:
-                            server._hanging.add(episode)
+                        server.resets += 1
+                        hang = server.hang_every > 0 and server.resets % server.hang_every == 0
+                        server.hung += hang
+                        episode = f"e{server.resets}"
+                    if hang:
+                        server._stop.wait()  # until the server closes: the generator's timeout ends the call
+                        return
                     self._reply(200, {"episode_id": episode, "observation": ""})
                 elif route == "/step":
-                    if body.get("episode_id") in server._hanging:
-                        with server._lock:
-                            server.hung += 1
-                        server._stop.wait()  # until the server closes: the client's timeouts end it
-                        return
-                    answer = CalculatorEnvironment().step(str(body.get("action", "")))
                     with server._lock:
-                        server.answered += 1
-                    self._reply(200, {"observation": answer.observation, "reward": 0.0, "done": False,
-                                      "bad_action": answer.bad_action})
+                        server.steps += 1
+                    self._reply(200, {"observation": "", "reward": 0.0, "done": False})
                 else:
                     self._reply(200, {})
 
@@ -697,7 +690,7 @@ class EnvServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args: Any) -> None:
+            def log_message(self, *args: Any) -> None:  # tens of thousands of requests: not on the console
                 pass
 
         class Server(http.server.ThreadingHTTPServer):
@@ -1074,6 +1067,75 @@ def disk_full(ctx: Context, row: Row) -> None:
     ])
 
 
+def env_overrides(server: EnvServer, steps: int, *more: str) -> list[str]:
+    """The default task with the chaos environment (EnvServer): no retries, so each hung or failed
+    request is one failed call, and short timeouts."""
+    return [f"train.max_steps={steps}", "env.name=http", f"env.http.base_url={server.base_url}",
+            "env.http.retries=0", "env.http.timeout_s=1", "env.timeout_s=2", "rollout.max_new_tokens=8", *more]
+
+
+def env_errors(result: RunResult) -> int:
+    return sum(int(r.get("env/errors", 0)) for r in result.steps)
+
+
+def env_hang(ctx: Context, row: Row) -> None:
+    """Every 500th episode's environment never answers its reset: each is a timeout, counted, the
+    episode scored 0 (env.on_error=zero), nothing else lost."""
+    steps, every = 150, 500
+    server = EnvServer(hang_every=every)
+    try:
+        result = ctx.finish(ctx.train(env_overrides(server, steps, "env.max_error_rate=1")))
+    finally:
+        server.close()
+    errors = env_errors(result)
+    evaluate(ctx, row, steps, [
+        (server.steps > 0, f"turns ended at the stop text called the environment ({server.steps} steps)"),
+        (server.hung > 0, f"resets hung ({server.hung})"),
+        # A hang still pending when the run ended is never reported: at most one per generator.
+        (server.hung - 1 <= errors <= server.hung,
+         f"each hung reset is one environment error, and no other call is ({errors} errors, {server.hung} hangs)"),
+    ])
+    row.notes.append(f"{server.resets} resets ({server.hung} hung), {server.steps} steps; env/errors {errors}")
+
+
+def env_outage(ctx: Context, row: Row) -> None:
+    """The environment answers 500 for 20 s from step 40, env.on_error=drop_group, never stopping: the
+    failed calls are counted and their groups dropped (counted as lost), the run finishes."""
+    steps, outage_at, outage_s = 200, 40, 20.0
+    server = EnvServer()
+    try:
+        train = ctx.train(env_overrides(server, steps, "env.on_error=drop_group", "env.max_error_rate=1"))
+        ctx.wait_for_step(train, outage_at)
+        server.fail_for(outage_s)
+        ctx.notes.append(f"environment answers 500 for {outage_s:.0f} s from step {outage_at}")
+        result = ctx.finish(train)
+    finally:
+        server.close()
+    errors = env_errors(result)
+    dropped = sum(int(r.get("reward/groups_dropped", 0)) for r in result.steps)
+    evaluate(ctx, row, steps, [
+        (server.failed > 0, "the environment answered 500 during the outage"),
+        (errors > 0 and dropped > 0, f"env/errors and reward/groups_dropped count the outage ({errors}, {dropped})"),
+    ])
+    row.notes.append(f"environment: {server.failed} x 500; env/errors {errors}, groups dropped {dropped}")
+
+
+def env_down(ctx: Context, row: Row) -> None:
+    """The environment goes down for good at step 40: beyond env.max_error_rate (0.5) the run stops
+    with one line naming the setting and the first error, instead of training on zeros."""
+    outage_at = 40
+    server = EnvServer()
+    try:
+        train = ctx.train(env_overrides(server, 400))
+        ctx.wait_for_step(train, outage_at)
+        server.fail_for(3600.0)
+        result = ctx.finish(train)
+    finally:
+        server.close()
+    evaluate(ctx, row, None, [*one_line_error(result, "env.max_error_rate", "500")])
+    row.notes.append(f"environment down from step {outage_at}: stopped at step {result.summary.get('steps')}")
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -1119,6 +1181,14 @@ SCENARIOS = [
              "every 97th reward call failing (reward.on_error=drop_group): give-backs repeated after lost answers",
              "finished; dispatch/unreceived and the give-backs count them; 0 duplicates; no silent loss",
              grant_drop),
+    Scenario("env_hang", "the HTTP environment never answers every 500th reset (env.timeout_s=2, no retries)",
+             "finished; each hang one environment error (timeout); 0 duplicates; no silent loss", env_hang),
+    Scenario("env_outage", "the HTTP environment answers 500 for 20 s from step 40 (env.on_error=drop_group, "
+             "env.max_error_rate=1)",
+             "finished; env/errors and reward/groups_dropped count the outage; 0 duplicates; no silent loss",
+             env_outage),
+    Scenario("env_down", "the HTTP environment answers 500 from step 40 on (env.max_error_rate=0.5)",
+             "failed, exit 1, one-line error naming env.max_error_rate and the 500", env_down),
     Scenario("disk_full", "run_dir/checkpoints on a tmpfs with room for 2.5 checkpoints (saves every 50), then "
              "resume=auto after making room",
              "failed, exit 1, one-line error naming 'No space left on device'; the failed save incomplete, the "
