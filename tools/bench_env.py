@@ -43,7 +43,8 @@ def modes_for(latencies_ms: list[int], eta: int) -> list[Mode]:
     for latency in latencies_ms:
         delay = f"env.latency_s={latency / 1000:g}"
         modes.append(Mode(f"{SYNC} {latency} ms", 0, ("train.max_staleness=0", delay)))
-        modes.append(Mode(f"{ASYNC} {latency} ms", eta, (f"train.max_staleness={eta}", "rollout.continuous=true", delay)))
+        continuous = (f"train.max_staleness={eta}", "rollout.continuous=true", delay)
+        modes.append(Mode(f"{ASYNC} {latency} ms", eta, continuous))
     return modes
 
 
@@ -59,7 +60,8 @@ def env_figures(summary: dict[str, Any], records: list[dict[str, Any]], groups_p
 
     waits = [g.get("gen_time/env_wait_s", 0.0) / g["gen/wall_s"] for g in generators if g.get("gen/wall_s")]
     return {**figures, "env_wait_frac": statistics.fmean(waits) if waits else None,
-            "engine_occupancy": mean_of("gen/engine_occupancy"), "mean_episode_turns": mean_of("gen/mean_episode_turns")}
+            "engine_occupancy": mean_of("gen/engine_occupancy"),
+            "mean_episode_turns": mean_of("gen/mean_episode_turns")}
 
 
 def run_once(mode: Mode, repeat: int, common: list[str], out_dir: Path) -> dict[str, Any]:

@@ -235,7 +235,8 @@ class EpisodeRunner:
             key, index = self._requests.pop(finished.request_id, (None, None))
             if key is None:
                 continue
-            for i, completion in enumerate(finished.completions) if index is None else [(index, finished.completions[0])]:
+            turns = enumerate(finished.completions) if index is None else [(index, finished.completions[0])]
+            for i, completion in turns:
                 self._turn_ended(key, i, completion)
         self.collect_env(wait_s=0.0)
         return sum(group.done for group in self._groups.values()) - done_before

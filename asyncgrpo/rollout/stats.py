@@ -89,7 +89,7 @@ class GeneratorStats:
             "gen/env_bad_actions": self.env_bad_actions,
             "gen/env_groups_dropped": self.env_groups_dropped,
             "gen/episodes_overflowed": self.episodes_overflowed,
-            "gen/mean_episode_turns": self.episode_turns_sum / self.episodes_finished if self.episodes_finished else 0.0,
+            "gen/mean_episode_turns": self.episode_turns_sum / max(1, self.episodes_finished),
             "gen/weight_load_s": self.weight_load_s,
             "gen/weight_load_in_wait_s": self.weight_load_in_wait_s,
             **self.timer.metrics("gen_time/"),
