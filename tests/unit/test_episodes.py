@@ -470,3 +470,15 @@ def test_an_environment_that_works_in_tokens_is_made_with_the_tokenizer_and_step
     play_episodes(engine, TOKENIZER, EnvironmentSpec("tokens", Tokens, (), eos_calls=True, token_turns=True),
                   EnvConfig(name="agent"), settings(), [ids("1+1=")], [Problem(1, "1+1=", "2")], temperature=0.0)
     assert Tokens.seen == [("ab", tuple(ids("ab") + [EOS]))]
+
+
+def test_evaluation_plays_an_episode_from_the_prompt_its_reset_replaced():
+    OwnPrompt.made = 0
+    engine = ScriptEngine([["[12*34]", "408"]])
+    prompts, generate = [], engine.generate
+    engine.generate = lambda contexts, **kw: (prompts.append([list(c) for c in contexts]), generate(contexts, **kw))[1]
+    problems = [Problem(1, "12*34=", "408")]
+    [episode] = play_episodes(engine, TOKENIZER, spec(OwnPrompt), EnvConfig(name="calculator"), settings(),
+                              [ids(p.prompt) for p in problems], problems, temperature=0.0)
+    assert episode.prompt == ids("q:12*34=") and prompts[0] == [ids("q:12*34=")]
+    assert episode.answer_text(TOKENIZER) == "408"
