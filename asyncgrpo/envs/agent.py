@@ -305,7 +305,10 @@ class AgentEnvironment:
 
     def reset(self, problem: Problem) -> EnvStep:
         """Start the agent; its first request's render is the episode's prompt."""
-        self.server.register(self)
+        with self._lock:  # registered only while open, so an episode closed first is never served
+            if self._closed:
+                raise AgentError("invalid", "the episode was closed before it started")
+            self.server.register(self)
         payload = {"id": problem.id, "prompt": problem.prompt, "answer": problem.answer,
                    "extra": json_extras(problem.extra)}
         threading.Thread(target=self._run_agent, args=(payload,), name=f"agent-{self.episode_id}",
@@ -346,11 +349,11 @@ class AgentEnvironment:
         thread is left to finish (a daemon)."""
         with self._lock:
             self._closed, pending, self._pending = True, self._pending, None
+            self.server.retire(self)
         if pending is not None:
             pending.answer(409, _error("the episode is over (its turns, its token budget or the run ended)",
                                        "conflict"))
         self._events.put(("closed", None))
-        self.server.retire(self)
 
     def _run_agent(self, problem: dict[str, Any]) -> None:
         try:

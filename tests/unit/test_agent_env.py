@@ -286,3 +286,12 @@ def test_env_name_agent_needs_a_function_and_one_that_cannot_be_loaded_is_one_li
     assert load(["env.name=agent", "env.agent.fn=examples.agent_calculator:calculator_agent"]).env.agent.fn
     with pytest.raises(ConfigError, match="env.agent.fn='examples.agent_calculator:nothing'"):
         spec("examples.agent_calculator:nothing")
+
+
+def test_an_episode_closed_before_its_reset_runs_never_starts_its_agent():
+    started = []
+    env = new_env(lambda problem, base_url, api_key: started.append(base_url))
+    env.close()  # dropped while its reset waited for a thread
+    with pytest.raises(AgentError, match="closed before it started"):
+        env.reset(PROBLEM)
+    assert started == [] and env.episode_id not in env.server._episodes
