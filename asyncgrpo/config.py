@@ -614,6 +614,8 @@ def _env_rules(cfg: Config) -> None:
                 env.http.base_url)
         insecure = key_transport_error(env.http.base_url, env.http.api_key_env, "env.http.api_key_env")
         require(insecure is None, "env.http.base_url", insecure or "", env.http.base_url)
+    require(env.name != "agent" or ":" in env.agent.fn or "." in env.agent.fn, "env.agent.fn",
+            "must be package.module:function for env.name=agent", env.agent.fn)
     require(env.http.timeout_s > 0, "env.http.timeout_s", "must be > 0", env.http.timeout_s)
     require(env.http.retries >= 0, "env.http.retries", "must be >= 0", env.http.retries)
     require(env.http.backoff_s >= 0, "env.http.backoff_s", "must be >= 0", env.http.backoff_s)

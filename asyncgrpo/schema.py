@@ -154,13 +154,28 @@ class EnvHttpConfig:
 
 
 @dataclass
+class AgentEnvConfig:
+    """env.name=agent: your own agent code drives each episode through an OpenAI-compatible chat
+    endpoint that the generator serves on loopback (asyncgrpo/envs/agent.py, docs/ENVIRONMENTS.md,
+    Bring your own agent)."""
+
+    # package.module:function, called once per episode on a thread of its own as
+    # fn(problem: dict, base_url: str, api_key: str) -> float (sync or async); its return value is
+    # added to the episode's reward (reward/env).
+    fn: str = ""
+    # A Jinja chat template rendering the agent's messages into tokens; "" = the tokenizer's own
+    # (a model without one, like the embedded toy, needs this set).
+    chat_template: str = ""
+
+
+@dataclass
 class EnvConfig:
     """Multi-turn episodes: the policy's turns and an environment's answers (asyncgrpo/envs/,
     docs/ENVIRONMENTS.md). Read by asyncgrpo/envs and the generator's episode runner."""
 
     # "" = none: a rollout is the policy's one turn. calculator (a tool for arithmetic: the policy
     # writes [expression], the environment answers =value) | guess (guess the number, answered
-    # higher/lower) | http (env.http).
+    # higher/lower) | http (env.http) | agent (your agent code over a chat endpoint: env.agent).
     name: str = ""
     # Policy turns per episode at most; the episode ends after the last one whatever it wrote.
     max_turns: int = 4
@@ -181,6 +196,7 @@ class EnvConfig:
     # Added to every environment call (seconds; benchmarks inject a tool's latency with it).
     latency_s: float = 0.0
     http: EnvHttpConfig = field(default_factory=EnvHttpConfig)
+    agent: AgentEnvConfig = field(default_factory=AgentEnvConfig)
 
 
 @dataclass

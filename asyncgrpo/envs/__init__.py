@@ -1,6 +1,7 @@
 """Environments for multi-turn episodes: the protocol (base.py), calls with timeouts and error counts
 (calls.py), and the shipped environments: calculator.py (a tool), guess.py (a game with feedback),
-http.py (any environment served over HTTP). `make_environment(cfg)` builds the configured one; the
+http.py (any environment served over HTTP), agent.py (your agent code, over an OpenAI-compatible chat
+endpoint served on loopback). `make_environment(cfg)` builds the configured one; the
 generator's episode runner (asyncgrpo/rollout/episodes.py) drives it. docs/ENVIRONMENTS.md.
 """
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["ENV_NAMES", "ENV_ON_ERROR", "EnvStep", "Environment", "EnvironmentSpec", "make_environment"]
 
 # env.name: "" is no environment (one policy turn per rollout).
-ENV_NAMES = ("", "calculator", "guess", "http")
+ENV_NAMES = ("", "calculator", "guess", "http", "agent")
 # env.on_error
 ENV_ON_ERROR = ("zero", "drop_group")
 
@@ -37,4 +38,8 @@ def make_environment(cfg: EnvConfig) -> EnvironmentSpec | None:
         from asyncgrpo.envs.http import http_spec
 
         return http_spec(cfg)
+    if cfg.name == "agent":
+        from asyncgrpo.envs.agent import agent_spec
+
+        return agent_spec(cfg)
     raise ValueError(f"env.name must be one of {', '.join(repr(n) for n in ENV_NAMES)}, got {cfg.name!r}")

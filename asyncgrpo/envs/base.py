@@ -32,6 +32,9 @@ class EnvStep:
     call did not parse (counted as gen/env_bad_actions; the observation should say so).
     observation_tokens: the observation's token ids, appended as they are instead of tokenizing the
     text (an environment that renders a chat template itself: no retokenisation drift).
+    replaces_prompt: only from `reset`, with observation_tokens: they are the episode's prompt instead
+    of the task's (an agent's own rendering of its first request); the group's common prefix is sent
+    as its prompt, the rest of each episode's prompt as environment tokens (rollout/groups.py).
     """
 
     observation: str
@@ -39,14 +42,15 @@ class EnvStep:
     done: bool = False
     bad_action: bool = False
     observation_tokens: tuple[int, ...] | None = None
+    replaces_prompt: bool = False
 
 
 class Environment(Protocol):
     """One episode's environment."""
 
-    def reset(self, problem: Problem) -> str:
+    def reset(self, problem: Problem) -> str | EnvStep:
         """Start the episode of `problem`; returns text appended to the prompt before the first turn
-        ("" for none)."""
+        ("" for none), or an EnvStep (its tokens appended, or replacing the prompt; never done)."""
 
     def step(self, action: str) -> EnvStep | Awaitable[EnvStep]:
         """The policy's turn `action` (its text, the stop text included) -> the environment's answer."""
@@ -60,9 +64,13 @@ class EnvironmentSpec:
     """How a generator makes environments: `new()` is a fresh one per episode; `stop` are the texts
     that end a policy turn and call it (kept in the turn's text); `eos_calls`: a turn that ends with
     the end-of-sequence token calls it too (a chat's assistant message ends so), instead of ending
-    the episode, which then ends only when the environment says done (or at the limits)."""
+    the episode, which then ends only when the environment says done (or at the limits).
+    token_turns: the environment works in token ids: `new(tokenizer)` is given the generator's
+    tokenizer, and `step(action, token_ids)` the turn's sampled ids (a tuple) besides its text (an
+    agent's chat server hands back the engine's exact turn)."""
 
     name: str
-    new: Callable[[], Environment]
+    new: Callable[..., Environment]
     stop: tuple[str, ...]
     eos_calls: bool = False
+    token_turns: bool = False

@@ -30,7 +30,7 @@ MAX_ERROR_CHARS = 200
 
 @dataclass(frozen=True)
 class EnvCallResult:
-    """What a call gave: `value` (reset's text or step's EnvStep), or a failure's `cause`
+    """What a call gave: `value` (reset's text or EnvStep, step's EnvStep), or a failure's `cause`
     (timeout | exception | invalid | the exception's own `cause` attribute, as the HTTP adapter
     sets) and one-line `error`."""
 
@@ -50,24 +50,39 @@ def _one_line(text: str) -> str:
 
 def checked_step(value: Any) -> EnvStep:
     """`value` if it is a well-formed EnvStep; else ValueError (counted as cause "invalid")."""
+    step = _checked_env_step(value)
+    if step.replaces_prompt:
+        raise ValueError("replaces_prompt is for reset's answer only (a step cannot change the prompt)")
+    return step
+
+
+def _checked_env_step(value: Any) -> EnvStep:
     if not isinstance(value, EnvStep):
         raise ValueError(f"step returned {type(value).__name__}, not an EnvStep")
     if not isinstance(value.observation, str):
         raise ValueError(f"observation is {type(value.observation).__name__}, not text")
     if isinstance(value.reward, bool) or not isinstance(value.reward, (int, float)) or not math.isfinite(value.reward):
         raise ValueError(f"reward {value.reward!r} is not a finite number")
-    if not isinstance(value.done, bool) or not isinstance(value.bad_action, bool):
-        raise ValueError("done and bad_action must be booleans")
+    if not all(isinstance(flag, bool) for flag in (value.done, value.bad_action, value.replaces_prompt)):
+        raise ValueError("done, bad_action and replaces_prompt must be booleans")
     tokens = value.observation_tokens
     if tokens is not None and not (isinstance(tokens, tuple) and all(type(t) is int and t >= 0 for t in tokens)):
         raise ValueError("observation_tokens must be a tuple of token ids (ints >= 0)")
     return value
 
 
-def checked_reset(value: Any) -> str:
-    """`value` if it is text; else ValueError (counted as cause "invalid")."""
+def checked_reset(value: Any) -> str | EnvStep:
+    """`value` if it is text or a well-formed EnvStep that does not end the episode (it has had no
+    turn) and replaces the prompt only with tokens; else ValueError (counted as cause "invalid")."""
+    if isinstance(value, EnvStep):
+        step = _checked_env_step(value)
+        if step.done:
+            raise ValueError("reset cannot end the episode (done): it has had no turn")
+        if step.replaces_prompt and not step.observation_tokens:
+            raise ValueError("replaces_prompt needs the new prompt as observation_tokens (at least one token)")
+        return step
     if not isinstance(value, str):
-        raise ValueError(f"reset returned {type(value).__name__}, not text")
+        raise ValueError(f"reset returned {type(value).__name__}, not text or an EnvStep")
     return value
 
 

@@ -17,6 +17,9 @@ Invariants (docs/ENVIRONMENTS.md, docs/ARCHITECTURE.md "Episodes"):
   policy wrote it), plus the environment's rewards summed over the episode (reward term `env`).
 - A failed environment call (raised, timed out, answered garbage) ends its episode and is counted per
   cause; env.on_error says whether the group is sent with that episode's reward 0 or dropped.
+- An environment's reset may replace an episode's prompt with tokens of its own (an agent's rendered
+  first request: EnvStep.replaces_prompt); the budget counts from that prompt, and the group goes out
+  with its episodes' common prefix as the prompt (rollout/groups.py).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class EpisodeSettings:
 class Episode:
     """One rollout: the tokens after the prompt, whose they are, and how it ended."""
 
-    prompt: list[int]
+    prompt: list[int]  # the task's prompt, or what the environment's reset replaced it with
     env: Environment | None = None
     tokens: list[int] = field(default_factory=list)
     policy: list[int] = field(default_factory=list)  # 1 = sampled by the policy, 0 = an observation
@@ -140,15 +143,36 @@ def after_turn(episode: Episode, completion: Completion, version: int, env: Envi
 
 def after_answer(tokenizer: Any, settings: EpisodeSettings, episode: Episode, answer: EnvStep, version: int) -> str:
     """Add the environment's answer to `episode`; what comes next: "overflow" (its observation would
-    not fit the budget or the context: nothing added), "end" (the environment ended it) or "turn"."""
+    not fit the budget or the context: nothing added), "end" (the environment ended it) or "turn".
+    An answer that replaces the prompt (reset's) sets `episode.prompt` instead, its budget untouched."""
     episode.env_reward += float(answer.reward)
     observation = (list(answer.observation_tokens) if answer.observation_tokens is not None
                    else tokenizer(answer.observation, add_special_tokens=False)["input_ids"])
+    if answer.replaces_prompt:  # reset's only (calls.checked_reset): the episode has no tokens yet
+        if len(observation) >= settings.context_tokens:
+            return "overflow"
+        episode.prompt = observation
+        return "turn"
     if len(episode.tokens) + len(observation) >= settings.max_new_tokens or (
             len(episode.context) + len(observation) >= settings.context_tokens):
         return "overflow"
     episode.add_observation(observation, version)
     return "end" if answer.done else "turn"
+
+
+def new_environment(env: EnvironmentSpec, tokenizer: Any) -> Environment:
+    """A fresh environment of `env` (given the tokenizer if it works in tokens: spec.token_turns)."""
+    return env.new(tokenizer) if env.token_turns else env.new()
+
+
+def step_arguments(env: EnvironmentSpec, episode: Episode, tokenizer: Any) -> tuple[Any, ...]:
+    """What `step` is called with for `episode`'s last turn: its text (and its token ids, for an
+    environment that works in tokens)."""
+    text = episode.answer_text(tokenizer)
+    if not env.token_turns:
+        return (text,)
+    start, end = episode.last_turn
+    return text, tuple(episode.tokens[start:end])
 
 
 class EpisodeRunner:
@@ -186,7 +210,7 @@ class EpisodeRunner:
             return
         for index, episode in enumerate(group.episodes):
             try:
-                episode.env = self.env.new()
+                episode.env = new_environment(self.env, self.tokenizer)
             except Exception as err:  # noqa: BLE001 - counted as the episode's failure
                 self._answered(("reset", key, index), EnvCallResult(cause="exception", error=f"new(): {err}"))
                 continue
@@ -245,15 +269,16 @@ class EpisodeRunner:
         episode = self._groups[key].episodes[index]
         outcome = after_turn(episode, completion, self.version, self.env, self.settings.max_turns)
         if outcome == "call":
-            self._call(("step", key, index), episode.env.step, checked_step, episode.answer_text(self.tokenizer))
+            self._call(("step", key, index), episode.env.step, checked_step,
+                       *step_arguments(self.env, episode, self.tokenizer))
         else:
             self._end(episode, truncated=outcome == "truncated")
 
     # ---- the environment
 
-    def _call(self, key: Hashable, call: Any, check: Any, argument: Any) -> None:
+    def _call(self, key: Hashable, call: Any, check: Any, *arguments: Any) -> None:
         self.stats.env_calls += 1
-        self.calls.submit(key, call, check, argument)
+        self.calls.submit(key, call, check, *arguments)
 
     @property
     def env_pending(self) -> int:
@@ -271,7 +296,7 @@ class EpisodeRunner:
                 self._next_turn(key, index)
 
     def _answered(self, key: Hashable, result: EnvCallResult) -> None:
-        kind, group_key, index = key
+        _, group_key, index = key
         group = self._groups.get(group_key)
         if group is None:  # dropped meanwhile
             return
@@ -281,7 +306,7 @@ class EpisodeRunner:
             self.stats.env_first_error = self.stats.env_first_error or f"{result.cause}: {result.error}"
             self._end(episode, failed=result.cause)
             return
-        answer: EnvStep = result.value if kind == "step" else EnvStep(observation=result.value)
+        answer = result.value if isinstance(result.value, EnvStep) else EnvStep(observation=result.value)
         self.stats.env_bad_actions += int(answer.bad_action)
         outcome = after_answer(self.tokenizer, self.settings, episode, answer, self.version)
         if outcome == "overflow":
@@ -356,7 +381,7 @@ def _play(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCa
     active = list(range(len(episodes)))
     if env is not None:
         for i in active:
-            episodes[i].env = env.new()
+            episodes[i].env = new_environment(env, tokenizer)
             calls.submit(i, episodes[i].env.reset, checked_reset, problems[i])
         active = _applied_answers(tokenizer, calls, settings, episodes, active)
     while active:
@@ -376,7 +401,7 @@ def _play(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCa
         for i, (completion,) in zip(active, outputs):
             outcome = after_turn(episodes[i], completion, 0, env, settings.max_turns)
             if outcome == "call":
-                calls.submit(i, episodes[i].env.step, checked_step, episodes[i].answer_text(tokenizer))
+                calls.submit(i, episodes[i].env.step, checked_step, *step_arguments(env, episodes[i], tokenizer))
                 waiting.append(i)
             else:
                 episodes[i].end(truncated=outcome == "truncated")

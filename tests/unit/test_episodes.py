@@ -12,7 +12,7 @@ import pytest
 
 from asyncgrpo.contract import Ticket
 from asyncgrpo.envs.base import EnvironmentSpec, EnvStep
-from asyncgrpo.envs.calls import EnvCalls, checked_step
+from asyncgrpo.envs.calls import EnvCalls, checked_reset, checked_step
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.rewards.scorer import GroupScore
 from asyncgrpo.rollout.engine import Completion, FinishedGroup
@@ -340,3 +340,145 @@ def test_observation_tokens_must_be_token_ids():
     with pytest.raises(ValueError, match="observation_tokens"):
         checked_step(EnvStep(observation="", observation_tokens=(1, -2)))
     assert checked_step(EnvStep(observation="", observation_tokens=(1, 2))).observation_tokens == (1, 2)
+
+
+class OwnPrompt(Calculator):
+    """Replaces the prompt at reset with "q:<problem>" plus "!" for the second episode made, so the
+    group's episodes share "q:12*34=" and differ after it; answers like Calculator."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        OwnPrompt.made += 1
+        self.suffix = "!" * (OwnPrompt.made % 2 == 0)
+
+    def reset(self, problem):
+        return EnvStep(observation="", observation_tokens=tuple(ids("q:" + problem.prompt + self.suffix)),
+                       replaces_prompt=True)
+
+
+def test_a_reset_that_replaces_the_prompt_is_the_episodes_context_and_the_group_sends_the_common_prefix():
+    OwnPrompt.made = 0
+    runner, engine, _ = make_runner([["[1*2]", "2"], ["3"]], env=spec(OwnPrompt))
+    prompts, submit = {}, engine.submit
+    engine.submit = lambda request_id, prompt, **kw: (prompts.setdefault(request_id, list(prompt)),
+                                                     submit(request_id, prompt, **kw))
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    first, second = group.episodes
+    assert first.prompt == ids("q:12*34=") and second.prompt == ids("q:12*34=!")
+    # Each episode's first turn is sampled after its own prompt, not the task's.
+    assert prompts["7.0.0.0"] == ids("q:12*34=") and prompts["7.0.1.0"] == ids("q:12*34=!")
+    assert first.tokens == ids("[1*2]") + ids("=2\n") + ids("2") + [EOS]
+    score = GroupScore(rewards=np.asarray([1.0, 0.0], np.float32), terms={}, report_terms=False)
+    message = scored_group(0, group, score, "zero")
+    assert message.prompt_tokens.tolist() == ids("q:12*34=")
+    # The second episode's own prompt token goes before its turn, as the environment's (never trained).
+    assert message.lengths.tolist() == [len(first.tokens), 1 + len(second.tokens)]
+    second_mask = message.policy_mask[len(first.tokens):].tolist()
+    assert second_mask == [0] + second.policy and message.tokens[len(first.tokens)] == ids("!")[0]
+    assert message.logprobs[len(first.tokens)] == 0.0
+
+
+def test_without_a_replaced_prompt_the_group_is_sent_with_the_tasks_prompt():
+    runner, _, _ = make_runner([["[1*2]", "2"], ["3"]], env=spec())
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    score = GroupScore(rewards=np.asarray([1.0, 0.0], np.float32), terms={}, report_terms=False)
+    message = scored_group(0, group, score, "zero")
+    assert message.prompt_tokens.tolist() == ids("12*34=")
+    assert message.lengths.tolist() == [len(e.tokens) for e in group.episodes]
+
+
+class Disjoint(OwnPrompt):
+    def reset(self, problem):
+        text = "b:" if self.suffix else "a:"
+        return EnvStep(observation="", observation_tokens=tuple(ids(text)), replaces_prompt=True)
+
+
+class FailsSecondReset(OwnPrompt):
+    def reset(self, problem):
+        if self.suffix:  # the second episode
+            raise RuntimeError("agent crashed")
+        return super().reset(problem)
+
+
+def test_replaced_prompts_with_no_common_token_cannot_be_sent_and_an_episode_without_tokens_does_not_count():
+    score = GroupScore(rewards=np.asarray([1.0, 0.0], np.float32), terms={}, report_terms=False)
+    OwnPrompt.made = 0
+    runner, _, _ = make_runner([["1"], ["2"]], env=spec(Disjoint))
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert scored_group(0, group, score, "zero") is None
+    OwnPrompt.made = 0
+    runner, _, stats = make_runner([["1"], ["2"]], env=spec(FailsSecondReset))
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert stats.env_errors == {"exception": 1} and group.episodes[1].tokens == []
+    message = scored_group(0, group, score, "zero")
+    assert message.prompt_tokens.tolist() == ids("q:12*34=") and message.rewards.tolist() == [1.0, 0.0]
+
+
+def test_a_replaced_prompt_that_fills_the_context_ends_the_episode_as_overflowed():
+    OwnPrompt.made = 0
+    runner, _, stats = make_runner([["1"], ["2"]], env=spec(OwnPrompt), context_tokens=8)
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert all(e.truncated and e.tokens == [] for e in group.episodes) and stats.episodes_overflowed == 2
+    assert group.episodes[0].prompt == ids("12*34=")  # not replaced: nothing of it was used
+
+
+@pytest.mark.parametrize("bad, match", [
+    (EnvStep(observation="", done=True), "cannot end"),
+    (EnvStep(observation="x", replaces_prompt=True), "observation_tokens"),
+    (EnvStep(observation="", observation_tokens=(), replaces_prompt=True), "observation_tokens"),
+    (3, "not text or an EnvStep")])
+def test_a_malformed_reset_answer_is_invalid(bad, match):
+    with pytest.raises(ValueError, match=match):
+        checked_reset(bad)
+
+
+def test_only_reset_may_replace_the_prompt():
+    with pytest.raises(ValueError, match="reset's answer only"):
+        checked_step(EnvStep(observation="", observation_tokens=(5,), replaces_prompt=True))
+    assert checked_reset(EnvStep(observation="", observation_tokens=(5,), replaces_prompt=True)).replaces_prompt
+
+
+class Tokens(Calculator):
+    """Works in tokens: made with the tokenizer, stepped with the turn's ids too."""
+
+    seen: list = []
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def step(self, action, token_ids):
+        Tokens.seen.append((action, token_ids))
+        return EnvStep(observation="", observation_tokens=tuple(self.tokenizer("?")["input_ids"]), done=True)
+
+
+def test_an_environment_that_works_in_tokens_is_made_with_the_tokenizer_and_stepped_with_the_turns_ids():
+    Tokens.seen = []
+    runner, _, _ = make_runner([["ab"], ["c"]], env=EnvironmentSpec("tokens", Tokens, (), eos_calls=True,
+                                                                      token_turns=True))
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert sorted(Tokens.seen) == [("ab", tuple(ids("ab") + [EOS])), ("c", tuple(ids("c") + [EOS]))]
+    assert group.episodes[0].tokens[-1] == ids("?")[0]
+    engine = ScriptEngine([["ab"]])
+    Tokens.seen = []
+    play_episodes(engine, TOKENIZER, EnvironmentSpec("tokens", Tokens, (), eos_calls=True, token_turns=True),
+                  EnvConfig(name="agent"), settings(), [ids("1+1=")], [Problem(1, "1+1=", "2")], temperature=0.0)
+    assert Tokens.seen == [("ab", tuple(ids("ab") + [EOS]))]
+
+
+def test_evaluation_plays_an_episode_from_the_prompt_its_reset_replaced():
+    OwnPrompt.made = 0
+    engine = ScriptEngine([["[12*34]", "408"]])
+    prompts, generate = [], engine.generate
+    engine.generate = lambda contexts, **kw: (prompts.append([list(c) for c in contexts]), generate(contexts, **kw))[1]
+    problems = [Problem(1, "12*34=", "408")]
+    [episode] = play_episodes(engine, TOKENIZER, spec(OwnPrompt), EnvConfig(name="calculator"), settings(),
+                              [ids(p.prompt) for p in problems], problems, temperature=0.0)
+    assert episode.prompt == ids("q:12*34=") and prompts[0] == [ids("q:12*34=")]
+    assert episode.answer_text(TOKENIZER) == "408"
