@@ -32,7 +32,6 @@ import numpy as np
 
 from asyncgrpo.contract import Ticket
 from asyncgrpo.envs.calls import EnvCalls
-from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.rollout.channel import GroupChannel
 from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings, play_episodes
 from asyncgrpo.rollout.evaluations import PeriodicEvaluations
@@ -166,12 +165,8 @@ class Generator:
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
         tickets = {"gen/ticket_requests": self.tickets.request, "gen/ticket_requests_unanswered": self.tickets.unanswered}
-        rewards = self.scorer.stats_snapshot()
-        rewards["reward/groups_dropped"] += self.stats.env_groups_dropped  # as the heartbeats report it
-        return {**self.stats.as_dict(self.cfg.rollout.max_running_seqs), **rewards, **tickets,
-                "gen/version": self.version, "gen/weight_load_path": self.engine.weight_load_path, "gen/wall_s": wall_s,
-                "gen/idle_s": self.stats.idle_s, "gen/idle_frac": self.stats.idle_s / wall_s if wall_s > 0 else 0.0,
-                **{f"gen/{key}": value for key, value in peak_memory().items()}}
+        return {**self.stats.summary(self.cfg.rollout.max_running_seqs, wall_s, self.scorer.stats_snapshot()),
+                **tickets, "gen/version": self.version, "gen/weight_load_path": self.engine.weight_load_path}
 
     # ---------------------------------------------------------------------------------- admission
 

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.runtime.timing import PhaseTimer
 
 
@@ -67,6 +69,15 @@ class GeneratorStats:
         """An engine step over `running_sequences` sequences (counted before the step)."""
         self.engine_steps += 1
         self.running_sequences_sum += running_sequences
+
+    def summary(self, max_running_seqs: int, wall_s: float, rewards: dict[str, int]) -> dict[str, Any]:
+        """The counters (`as_dict`), the scorer's `rewards` counters (groups dropped for an environment
+        failure added to the reward's, as the heartbeats report them), the wall and idle times, the
+        process's peak memory."""
+        rewards = {**rewards, "reward/groups_dropped": rewards["reward/groups_dropped"] + self.env_groups_dropped}
+        return {**self.as_dict(max_running_seqs), **rewards, "gen/wall_s": wall_s, "gen/idle_s": self.idle_s,
+                "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
+                **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
     def as_dict(self, max_running_seqs: int) -> dict[str, float]:
         """The summary's gen/* and gen_time/* entries; `max_running_seqs` is rollout.max_running_seqs."""
