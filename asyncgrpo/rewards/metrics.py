@@ -6,9 +6,10 @@ from collections.abc import Iterable
 from typing import Any
 
 # reward/<name> entries that are not terms (reward/mean, reward/std: the learner's batch statistics;
-# reward/errors, reward/calls, reward/error_rate, reward/groups_dropped: the generators' reports),
+# reward/errors, reward/calls, reward/error_rate, reward/groups_dropped: the generators' reports;
+# reward/env: the environments' rewards of multi-turn episodes),
 # so no reward.terms[].name may take these names.
-RESERVED_TERM_NAMES = ("mean", "std", "errors", "calls", "error_rate", "groups_dropped")
+RESERVED_TERM_NAMES = ("mean", "std", "errors", "calls", "error_rate", "groups_dropped", "env")
 
 
 def reward_term_metrics(groups: Iterable[Any]) -> dict[str, float]:

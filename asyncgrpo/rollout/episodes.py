@@ -1,6 +1,6 @@
 """Episodes: a group's n rollouts, each the policy's turns with an environment's answers between them.
 
-Invariants (docs/ENVIRONMENTS.md, docs/ARCHITECTURE.md "Episodes"):
+Invariants (docs/ENVIRONMENTS.md, How the generator runs episodes):
 - One path. Every rollout is an episode; without an environment (env.name="") an episode is the
   policy's one turn, ended by EOS or the token budget, and no environment is ever called.
 - A group's first turns are one engine request of n samples of the prompt (without an environment,
@@ -14,7 +14,7 @@ Invariants (docs/ENVIRONMENTS.md, docs/ARCHITECTURE.md "Episodes"):
   an episode always fits the learner's context as a single-turn completion does. An observation that
   would not fit ends the episode as truncated (gen/episodes_overflowed), not the run.
 - The rewards see the text of the policy's last turn only (an observation is never scored as if the
-  policy wrote it), plus the environment's rewards summed over the episode (reward term `env`).
+  policy wrote it), plus the environment's rewards summed over the episode (logged as reward/env).
 - A failed environment call (raised, timed out, answered garbage) ends its episode and is counted per
   cause; env.on_error says whether the group is sent with that episode's reward 0 or dropped.
 - An environment's reset may replace an episode's prompt with tokens of its own (an agent's rendered
