@@ -425,6 +425,44 @@ def test_dropped_groups_give_their_slots_back_and_are_reported():
     assert last.reward_errors == len(dropped) * cfg.rollout.samples_per_prompt == stats["reward/errors"]
 
 
+class ResetFailsEveryThirdProblem:
+    """An environment whose reset raises for problems whose id is a multiple of 3 (the episode
+    then fails); the others play one turn, as the AddingEngine never writes the stop text."""
+
+    def reset(self, problem: Problem) -> str:
+        if problem.id % 3 == 0:
+            raise ConnectionError("the environment is down")
+        return ""
+
+    def step(self, action: str):
+        raise AssertionError("never called: no turn ends at the stop text")
+
+    def close(self) -> None:
+        pass
+
+
+def test_groups_whose_environment_fails_give_their_slots_back_and_are_reported_under_drop_group():
+    from asyncgrpo.envs.base import EnvironmentSpec
+
+    cfg = config(env={"on_error": "drop_group"}, train={"max_staleness": 1})
+    taken: list[Problem] = []
+    env = EnvironmentSpec("flaky", ResetFailsEveryThirdProblem, ("]",))
+    generator = make_generator(cfg, versions=1, problems=lambda: recording(TASK.train_problems(seed=0), taken),
+                               env=env)
+    stats = generator.run()
+    groups = generator.sink.of(ScoredGroup)
+    dropped = [p for p in taken if p.id % 3 == 0]
+    assert dropped, "the stream should hold a problem whose environment fails"
+    assert len(groups) == (1 + 1 + 1) * 2 == len(taken) - len(dropped)  # their slots were granted again
+    assert all(g.prompt_id % 3 != 0 for g in groups)
+    samples = cfg.rollout.samples_per_prompt
+    assert stats["gen/env_groups_dropped"] == len(dropped) == stats["reward/groups_dropped"]
+    assert stats["gen/env_errors_exception"] == len(dropped) * samples
+    last = generator.sink.of(Heartbeat)[-1]
+    assert last.groups_dropped == len(dropped) and last.env_errors == len(dropped) * samples
+    assert last.env_calls == len(taken) * samples and "the environment is down" in last.env_first_error
+
+
 def test_slow_rewards_are_sent_once_the_next_vllm_call_returns():
     cfg = config(rollout={"groups_per_call": 1}, train={"max_staleness": 0})
     scorer = DeferredScorer(Scorer(TASK, cfg.reward))
