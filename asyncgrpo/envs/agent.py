@@ -50,6 +50,13 @@ MAX_BODY_BYTES = 16 << 20
 _ROUTE = re.compile(r"^/episodes/([A-Za-z0-9_-]+)/v1/(models|chat/completions)/?$")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Many episodes' agents connect at once: with socketserver's backlog of 5 a burst of connections
+    # waits for a SYN retry (a second), long enough to look like a slow policy.
+    request_queue_size = 256
+
+
 class AgentError(RuntimeError):
     """An agent episode failed; `cause` (invalid | exception | timeout) is what the generator counts
     (env/errors_<cause>)."""
@@ -164,8 +171,7 @@ class AgentServer:
         self._lock = threading.Lock()
         self._episodes: dict[str, AgentEnvironment] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # episode id -> its token
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)  # loopback only: no setting widens it
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), _Handler)  # loopback only: no setting widens it
         self.httpd.agent_server = self  # type: ignore[attr-defined]
         threading.Thread(target=self.httpd.serve_forever, name="agent-server", daemon=True).start()
 
