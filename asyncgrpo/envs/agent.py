@@ -158,10 +158,15 @@ class _Pending:
         self.body = body
         self.answered = threading.Event()
         self.status, self.payload = 500, _error("not answered", "server_error")
+        self._lock = threading.Lock()
 
     def answer(self, status: int, payload: dict[str, Any]) -> None:
-        self.status, self.payload = status, payload
-        self.answered.set()
+        """The first answer counts (a close racing a step must not pair one's status with the other's body)."""
+        with self._lock:
+            if self.answered.is_set():
+                return
+            self.status, self.payload = status, payload
+            self.answered.set()
 
 
 class AgentServer:

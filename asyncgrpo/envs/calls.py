@@ -4,13 +4,16 @@ A generator's engine must keep decoding while a tool or a service answers, so ev
 call (reset, step) runs on one of `threads` daemon threads and its result is collected later
 (`finished`, `wait`). A call that runs past `timeout_s` from when a thread took it is reported as
 failed with cause "timeout" and its thread is left to it (a replacement thread takes its place, up
-to STUCK_THREADS_FACTOR x threads in all: past that, further calls queue); what it returns later is
-dropped. A coroutine result (an async environment) is run to completion on the thread.
+to STUCK_THREADS_FACTOR x threads in all: past that, a call queued longer than `timeout_s` fails
+with cause "timeout" too, so every call ends); what it returns later is dropped. A coroutine result
+(an async environment) is run to completion on the thread. `background` runs what nobody waits for
+(an environment's close).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import queue
@@ -96,6 +99,7 @@ class EnvCalls:
         self._todo: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
+        self._queued: dict[Hashable, float] = {}  # key -> when it was submitted, until a thread takes it
         self._started: dict[Hashable, float] = {}  # key -> when a thread took it (monotonic)
         self._pending = 0
         self._threads_left = threads * STUCK_THREADS_FACTOR
@@ -113,7 +117,14 @@ class EnvCalls:
     def submit(self, key: Hashable, call: Callable[..., Any], check: Callable[[Any], Any], *args: Any) -> None:
         """Run `call(*args)` (its coroutine awaited) and `check` its value on a thread."""
         self._pending += 1
+        with self._lock:
+            self._queued[key] = time.monotonic()
         self._todo.put((key, call, check, args))
+
+    def background(self, call: Callable[[], Any]) -> None:
+        """Run `call()` on a thread, its result and failure ignored (an environment's close: it must
+        not hold up the generator's loop, nor count)."""
+        self._todo.put((_BACKGROUND, call, None, ()))
 
     def _work(self) -> None:
         while True:
@@ -121,7 +132,13 @@ class EnvCalls:
             if item is None:
                 return
             key, call, check, args = item
+            if key is _BACKGROUND:
+                with contextlib.suppress(Exception):
+                    call()
+                continue
             with self._lock:
+                if self._queued.pop(key, None) is None:
+                    continue  # timed out in the queue
                 self._started[key] = time.monotonic()
             result = self._run(call, check, args)
             with self._lock:
@@ -152,7 +169,15 @@ class EnvCalls:
                     del self._started[key]
                     error = f"no answer within env.timeout_s={self.timeout_s:g} s"
                     expired.append((key, EnvCallResult(cause="timeout", error=error)))
-        for _ in expired:
+            hung_calls = len(expired)
+            if self._threads_left <= 0:  # no thread will be replaced: a queued call may never start
+                for key, queued in list(self._queued.items()):
+                    if now - queued > self.timeout_s:
+                        del self._queued[key]
+                        error = (f"not started within env.timeout_s={self.timeout_s:g} s: every thread is held "
+                                 "by a call that never returned")
+                        expired.append((key, EnvCallResult(cause="timeout", error=error)))
+        for _ in range(hung_calls):
             self._start_thread()  # the hung call keeps its thread
         return expired
 
@@ -182,6 +207,10 @@ class EnvCalls:
         """Stop the idle threads (a hung call's thread is a daemon and ends with the process)."""
         for _ in range(self._threads_started):
             self._todo.put(None)
+
+
+# The key of a call whose result nobody collects (`EnvCalls.background`).
+_BACKGROUND = object()
 
 
 async def _awaited(value: Any) -> Any:

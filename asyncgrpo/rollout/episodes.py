@@ -97,8 +97,13 @@ class Episode:
 
     def end(self, truncated: bool = False, failed: str = "") -> None:
         self.done, self.truncated, self.failed = True, truncated, failed
-        if self.env is not None:
-            self.env.close()
+
+    def release_env(self, calls: EnvCalls | None) -> None:
+        """Close the episode's environment on `calls`' threads (a close may be a request to a slow
+        server: never on the generator's loop), once."""
+        env, self.env = self.env, None
+        if env is not None and calls is not None:
+            calls.background(env.close)
 
     def as_completion(self) -> Completion:
         """The episode as one completion: every token after the prompt, with its policy mask."""
@@ -132,11 +137,12 @@ class EpisodeGroup:
 def after_turn(episode: Episode, completion: Completion, version: int, env: EnvironmentSpec | None,
                max_turns: int) -> str:
     """Add a policy turn to `episode`; what comes next: "truncated" (cut at its token limit), "end"
-    (the answer's end, or no environment or turns left) or "call" (its environment answers it)."""
+    (the answer's end, or no environment) or "call" (its environment answers it: also after the last
+    turn allowed, whose rewards count though nothing follows it; `after_answer`)."""
     episode.add_turn(completion, version)
     if not completion.finished:
         return "truncated"
-    if env is None or episode.turns >= max_turns or (completion.stop_reason is None and not env.eos_calls):
+    if env is None or (completion.stop_reason is None and not env.eos_calls):
         return "end"
     return "call"
 
@@ -153,11 +159,17 @@ def after_answer(tokenizer: Any, settings: EpisodeSettings, episode: Episode, an
             return "overflow"
         episode.prompt = observation
         return "turn"
-    if len(episode.tokens) + len(observation) >= settings.max_new_tokens or (
-            len(episode.context) + len(observation) >= settings.context_tokens):
-        return "overflow"
+    fits = (len(episode.tokens) + len(observation) <= settings.max_new_tokens
+            and len(episode.context) + len(observation) <= settings.context_tokens)
+    if answer.done or episode.turns >= settings.max_turns:  # nothing follows: the observation if it fits
+        if fits:
+            episode.add_observation(observation, version)
+        return "end"
+    if not fits or len(episode.tokens) + len(observation) == settings.max_new_tokens or (
+            len(episode.context) + len(observation) == settings.context_tokens):
+        return "overflow"  # no room left for another turn
     episode.add_observation(observation, version)
-    return "end" if answer.done else "turn"
+    return "turn"
 
 
 def new_environment(env: EnvironmentSpec, tokenizer: Any) -> Environment:
@@ -212,6 +224,7 @@ class EpisodeRunner:
             try:
                 episode.env = new_environment(self.env, self.tokenizer)
             except Exception as err:  # noqa: BLE001 - counted as the episode's failure
+                self.stats.env_calls += 1  # a call that failed: the error window counts it as one
                 self._answered(("reset", key, index), EnvCallResult(cause="exception", error=f"new(): {err}"))
                 continue
             self._call(("reset", key, index), episode.env.reset, checked_reset, admitted.problem)
@@ -331,6 +344,7 @@ class EpisodeRunner:
 
     def _end(self, episode: Episode, truncated: bool = False, failed: str = "") -> None:
         episode.end(truncated, failed)
+        episode.release_env(self.calls)
         self.stats.episodes_finished += 1
         self.stats.episode_turns_sum += episode.turns
 
@@ -352,6 +366,7 @@ class EpisodeRunner:
             for episode in group.episodes:
                 if not episode.done:
                     episode.end(truncated=True)
+                episode.release_env(self.calls)
         return dropped
 
     def __len__(self) -> int:
@@ -367,21 +382,28 @@ def play_episodes(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, env_
     answers (on threads of its own: env.threads, env.timeout_s, env.latency_s). The same episode
     rules as `EpisodeRunner`, at `temperature` (0 = greedy)."""
     calls = EnvCalls(env_cfg.threads, env_cfg.timeout_s, env_cfg.latency_s) if env is not None else None
+    episodes = [Episode(prompt) for prompt in prompts]
     try:
-        return _play(engine, tokenizer, env, calls, settings, prompts, problems, temperature)
+        _play(engine, tokenizer, env, calls, settings, episodes, problems, temperature)
     finally:
+        for episode in episodes:
+            episode.release_env(calls)
         if calls is not None:
             calls.close()
+    return episodes
 
 
 def _play(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCalls | None,
-          settings: EpisodeSettings, prompts: list[list[int]], problems: list[Any],
-          temperature: float) -> list[Episode]:
-    episodes = [Episode(prompt) for prompt in prompts]
+          settings: EpisodeSettings, episodes: list[Episode], problems: list[Any], temperature: float) -> None:
     active = list(range(len(episodes)))
     if env is not None:
-        for i in active:
-            episodes[i].env = new_environment(env, tokenizer)
+        for i in list(active):
+            try:
+                episodes[i].env = new_environment(env, tokenizer)
+            except Exception:  # noqa: BLE001 - the episode fails, as in training
+                episodes[i].end(failed="exception")
+                active.remove(i)
+                continue
             calls.submit(i, episodes[i].env.reset, checked_reset, problems[i])
         active = _applied_answers(tokenizer, calls, settings, episodes, active)
     while active:
@@ -406,7 +428,6 @@ def _play(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCa
             else:
                 episodes[i].end(truncated=outcome == "truncated")
         active = _applied_answers(tokenizer, calls, settings, episodes, waiting)
-    return episodes
 
 
 def _applied_answers(tokenizer: Any, calls: EnvCalls, settings: EpisodeSettings, episodes: list[Episode],

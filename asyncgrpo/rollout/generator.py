@@ -336,8 +336,9 @@ class Generator:
         episode per engine call, on the engine while it runs nothing else."""
         episodes = play_episodes(self.engine, self.tokenizer, self.episodes.env, self.cfg.env,
                                  EpisodeSettings.from_config(self.cfg), self._tokenize(problems), problems, temperature)
-        texts = [episode.answer_text(self.tokenizer) for episode in episodes]
-        return float(np.mean([self.task.score(text, p) for p, text in zip(problems, texts)]))
+        # An episode its environment failed scores 0, as in training.
+        return float(np.mean([0.0 if e.failed else self.task.score(e.answer_text(self.tokenizer), p)
+                              for p, e in zip(problems, episodes)]))
 
     def take_evaluations(self) -> list[dict[str, float]]:
         """The periodic evaluations since the last call (the driver's, in the control group)."""

@@ -186,13 +186,15 @@ def test_an_observation_that_would_overflow_the_context_ends_the_episode_truncat
     assert group.episodes[0].truncated and stats.episodes_overflowed == 1
 
 
-def test_the_last_allowed_turn_ends_the_episode_whatever_it_wrote():
+def test_the_last_allowed_turn_ends_the_episode_and_its_call_still_earns_its_reward():
     runner, _, stats = make_runner([["[1*2]", "[3*4]", "x"], ["5"]], env=spec(), max_turns=2)
     runner.start(admitted())
     [group] = run_until_done(runner)
     first = group.episodes[0]
     assert first.turns == 2 and first.answer_text(TOKENIZER) == "[3*4]" and not first.truncated
-    assert stats.env_calls == 2 + 1  # two resets, one step
+    assert stats.env_calls == 2 + 2  # two resets, a step after each of the first episode's turns
+    assert first.env_reward == 0.5 + 0.5  # the last call's reward counts (a game won on the last guess)
+    assert first.tokens[-len(ids("=12\n")):] == ids("=12\n")  # its observation fits: kept, never trained
 
 
 class Raising(Calculator):
@@ -482,3 +484,67 @@ def test_evaluation_plays_an_episode_from_the_prompt_its_reset_replaced():
                               [ids(p.prompt) for p in problems], problems, temperature=0.0)
     assert episode.prompt == ids("q:12*34=") and prompts[0] == [ids("q:12*34=")]
     assert episode.answer_text(TOKENIZER) == "408"
+
+
+class Winning(Calculator):
+    """Ends the episode at its first call, answering "=ok" with reward 1."""
+
+    def step(self, action):
+        return EnvStep(observation="=ok", reward=1.0, done=True)
+
+
+def test_an_episode_its_environment_ends_is_finished_even_when_the_last_observation_exactly_fills_the_budget():
+    # "[1*2]" is 5 tokens and "=ok" 3: a budget of 8 holds both, and nothing needs to follow.
+    runner, _, stats = make_runner([["[1*2]"], ["[1*2]"]], env=spec(Winning), max_new_tokens=8)
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    episode = group.episodes[0]
+    assert episode.tokens == ids("[1*2]") + ids("=ok") and not episode.truncated and episode.env_reward == 1.0
+    assert stats.episodes_overflowed == 0
+
+
+def test_an_environment_that_cannot_be_made_counts_a_failed_call_for_the_error_window():
+    def broken():
+        raise OSError("no port free")
+
+    runner, _, stats = make_runner([["1"], ["1"]], env=EnvironmentSpec("broken", broken, ("]",)))
+    runner.start(admitted())
+    [group] = run_until_done(runner)
+    assert all(e.failed == "exception" for e in group.episodes)
+    assert stats.env_calls == 2 and stats.env_errors == {"exception": 2}  # a rate of 1, not "no calls"
+
+
+def test_a_slow_close_runs_beside_the_loop_never_on_it():
+    import threading
+
+    release, closing, closed = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowClose(Calculator):
+        def close(self):
+            closing.set()
+            release.wait(2)  # a close POSTed to a server that does not answer
+            closed.set()
+
+    runner, _, _ = make_runner([["5"], ["6"]], env=spec(SlowClose))
+    runner.start(admitted())
+    [group] = run_until_done(runner)  # returns while the closes still wait (on the loop, it would not)
+    assert not closed.is_set() and all(e.env is None for e in group.episodes)
+    assert closing.wait(5)
+    release.set()
+
+
+def test_when_every_thread_is_held_by_a_hung_call_queued_calls_time_out_too():
+    import threading
+
+    forever = threading.Event()
+    calls = EnvCalls(threads=1, timeout_s=0.05, latency_s=0.0)  # 4 threads at most, each then hung
+    for key in range(7):
+        calls.submit(key, lambda _: forever.wait(), checked_step, "x")
+    results = {}
+    for _ in range(400):
+        results.update(calls.finished(wait_s=0.05))
+        if len(results) == 7:
+            break
+    assert sorted(results) == list(range(7)) and all(r.cause == "timeout" for r in results.values())
+    assert calls.pending == 0
+    forever.set()
