@@ -182,7 +182,10 @@ class EnvConfig:
     # One environment call (reset or step), from when a thread takes it; beyond it the call counts
     # as an error (env/errors_timeout).
     timeout_s: float = 10.0
-    threads: int = 8  # environment calls in flight per generator
+    # Environment calls in flight per generator: a call waiting on a tool or a service holds a thread,
+    # so latency is hidden only while every episode waiting can wait at once (a generator runs up to
+    # rollout.max_running_seqs sequences, and more episodes than that while some wait).
+    threads: int = 256
     # A call that raises, times out or answers something that is not an EnvStep: zero = the episode
     # ends there and its reward is 0 (its tokens so far are still trained, against the group's
     # others); drop_group = the group is not sent (its slot goes to another prompt). Counted either
@@ -193,7 +196,7 @@ class EnvConfig:
     # stops the run instead of training on zeros. 1 = never stop.
     max_error_rate: float = 0.5
     error_window_steps: int = 20
-    # Added to every environment call (seconds; benchmarks inject a tool's latency with it).
+    # Added to every environment step call (seconds; benchmarks inject a tool's latency with it).
     latency_s: float = 0.0
     http: EnvHttpConfig = field(default_factory=EnvHttpConfig)
     agent: AgentEnvConfig = field(default_factory=AgentEnvConfig)

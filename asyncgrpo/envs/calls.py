@@ -94,7 +94,7 @@ class EnvCalls:
 
     def __init__(self, threads: int, timeout_s: float, latency_s: float) -> None:
         """`threads`, `timeout_s`, `latency_s`: env.threads, env.timeout_s, env.latency_s (an
-        injected delay before each call, for benchmarks)."""
+        injected delay before each step call, for benchmarks)."""
         self.timeout_s, self.latency_s = timeout_s, latency_s
         self._todo: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
@@ -102,10 +102,10 @@ class EnvCalls:
         self._queued: dict[Hashable, float] = {}  # key -> when it was submitted, until a thread takes it
         self._started: dict[Hashable, float] = {}  # key -> when a thread took it (monotonic)
         self._pending = 0
+        self._threads = threads
         self._threads_left = threads * STUCK_THREADS_FACTOR
         self._threads_started = 0
-        for _ in range(threads):
-            self._start_thread()
+        self._hung = 0  # threads held by a call reported as timed out
 
     def _start_thread(self) -> None:
         if self._threads_left <= 0:
@@ -114,24 +114,33 @@ class EnvCalls:
         self._threads_started += 1
         threading.Thread(target=self._work, name="env-call", daemon=True).start()
 
-    def submit(self, key: Hashable, call: Callable[..., Any], check: Callable[[Any], Any], *args: Any) -> None:
-        """Run `call(*args)` (its coroutine awaited) and `check` its value on a thread."""
+    def submit(self, key: Hashable, call: Callable[..., Any], check: Callable[[Any], Any], *args: Any,
+               step: bool = False) -> None:
+        """Run `call(*args)` (its coroutine awaited) and `check` its value on a thread; `step`: an
+        environment's step, which the injected latency delays (a reset is not)."""
         self._pending += 1
         with self._lock:
             self._queued[key] = time.monotonic()
-        self._todo.put((key, call, check, args))
+            # Threads start as calls need them, up to `threads` not held by a hung call.
+            live = self._threads_started - self._hung
+            more = len(self._queued) + len(self._started) > live and live < self._threads
+        if more:
+            self._start_thread()
+        self._todo.put((key, call, check, args, step))
 
     def background(self, call: Callable[[], Any]) -> None:
         """Run `call()` on a thread, its result and failure ignored (an environment's close: it must
         not hold up the generator's loop, nor count)."""
-        self._todo.put((_BACKGROUND, call, None, ()))
+        if self._threads_started == 0:
+            self._start_thread()
+        self._todo.put((_BACKGROUND, call, None, (), False))
 
     def _work(self) -> None:
         while True:
             item = self._todo.get()
             if item is None:
                 return
-            key, call, check, args = item
+            key, call, check, args, step = item
             if key is _BACKGROUND:
                 with contextlib.suppress(Exception):
                     call()
@@ -140,16 +149,17 @@ class EnvCalls:
                 if self._queued.pop(key, None) is None:
                     continue  # timed out in the queue
                 self._started[key] = time.monotonic()
-            result = self._run(call, check, args)
+            result = self._run(call, check, args, self.latency_s if step else 0.0)
             with self._lock:
                 if self._started.pop(key, None) is None:
                     continue  # reported as timed out already
             self._done.put((key, result))
 
-    def _run(self, call: Callable[..., Any], check: Callable[[Any], Any], args: tuple) -> EnvCallResult:
+    def _run(self, call: Callable[..., Any], check: Callable[[Any], Any], args: tuple,
+             delay_s: float) -> EnvCallResult:
         try:
-            if self.latency_s > 0:
-                time.sleep(self.latency_s)
+            if delay_s > 0:
+                time.sleep(delay_s)
             value = call(*args)
             if inspect.isawaitable(value):
                 value = asyncio.run(_awaited(value))
@@ -177,6 +187,7 @@ class EnvCalls:
                         error = (f"not started within env.timeout_s={self.timeout_s:g} s: every thread is held "
                                  "by a call that never returned")
                         expired.append((key, EnvCallResult(cause="timeout", error=error)))
+        self._hung += hung_calls
         for _ in range(hung_calls):
             self._start_thread()  # the hung call keeps its thread
         return expired

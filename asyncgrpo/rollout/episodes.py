@@ -291,7 +291,7 @@ class EpisodeRunner:
 
     def _call(self, key: Hashable, call: Any, check: Any, *arguments: Any) -> None:
         self.stats.env_calls += 1
-        self.calls.submit(key, call, check, *arguments)
+        self.calls.submit(key, call, check, *arguments, step=key[0] == "step")
 
     @property
     def env_pending(self) -> int:
@@ -423,7 +423,8 @@ def _play(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCa
         for i, (completion,) in zip(active, outputs):
             outcome = after_turn(episodes[i], completion, 0, env, settings.max_turns)
             if outcome == "call":
-                calls.submit(i, episodes[i].env.step, checked_step, *step_arguments(env, episodes[i], tokenizer))
+                calls.submit(i, episodes[i].env.step, checked_step, *step_arguments(env, episodes[i], tokenizer),
+                             step=True)
                 waiting.append(i)
             else:
                 episodes[i].end(truncated=outcome == "truncated")
