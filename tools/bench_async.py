@@ -381,6 +381,25 @@ def run_all(modes: Sequence[Mode], repeats: int, out_dir: Path, tool: str,
     return runs
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, steps: int, out: str) -> None:
+    """--steps, --eta, --repeats, --out and the Hydra overrides, as the single-preset benchmarks
+    (bench_tail, bench_env) take them; `check_run_arguments` refuses what cannot run."""
+    parser.add_argument("--steps", type=int, default=steps, help=f"learner steps per run (default: {steps})")
+    parser.add_argument("--eta", type=int, default=2, help="max_staleness of the asynchronous modes (default: 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved (default: 3)")
+    parser.add_argument("--out", default=out)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run, e.g. seed=1")
+
+
+def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The overrides every run of a single-preset benchmark takes (`add_run_arguments`)."""
+    if args.repeats < 1 or args.steps < 1 or args.eta < 1:
+        parser.error("--repeats, --steps and --eta must be at least 1")
+    # Held-out accuracy at the end is a figure here; the export is not, and costs time.
+    return ["train.export_at_end=false", "eval.at_start=false", "train.max_train_minutes=0", *args.overrides,
+            f"train.max_steps={args.steps}"]
+
+
 def fmt_spread(s: dict[str, float] | None, fmt: str, scale: float = 1.0) -> str:
     """'median [min-max]' (a lone value when min = max); '-' for nothing."""
     if s is None:

@@ -32,7 +32,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.bench_async import Mode, fmt_spread, run_all, run_figures, speedup, spread, train_run
+from tools.bench_async import (
+    Mode,
+    add_run_arguments,
+    check_run_arguments,
+    fmt_spread,
+    run_all,
+    run_figures,
+    speedup,
+    spread,
+    train_run,
+)
 
 SYNC, ASYNC = "sync", "async"
 KEYS = ("samples_per_s", "env_wait_frac", "engine_occupancy", "mean_episode_turns", "accuracy_end")
@@ -114,20 +124,11 @@ def parse_latencies(text: str) -> list[int]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_env", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20, help="learner steps per run (default: 20)")
-    parser.add_argument("--eta", type=int, default=2, help="max_staleness of the asynchronous mode (default: 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved (default: 3)")
+    add_run_arguments(parser, steps=20, out="runs/bench_env")
     parser.add_argument("--latencies-ms", type=parse_latencies, default=[0, 50, 200],
-                        help="injected delay per environment call, comma-separated (default: 0,50,200)")
-    parser.add_argument("--out", default="runs/bench_env")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run, e.g. seed=1")
+                        help="injected delay per environment step call, comma-separated (default: 0,50,200)")
     args = parser.parse_args()
-    if args.repeats < 1 or args.steps < 1 or args.eta < 1:
-        parser.error("--repeats, --steps and --eta must be at least 1")
-
-    # Held-out accuracy at the end is a figure here; the export is not, and costs time.
-    common = ["train.export_at_end=false", "eval.at_start=false", "train.max_train_minutes=0", *args.overrides,
-              f"train.max_steps={args.steps}"]
+    common = check_run_arguments(parser, args)
     out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = run_all(modes_for(args.latencies_ms, args.eta), args.repeats, out_dir, "bench_env",

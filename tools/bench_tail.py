@@ -37,7 +37,9 @@ from typing import Any
 from tools.bench_async import (
     SYNC_CONFIGS,
     Mode,
+    add_run_arguments,
     best_sync_mode,
+    check_run_arguments,
     fmt_spread,
     parse_sync_configs,
     run_all,
@@ -119,24 +121,16 @@ def print_table(result: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_tail", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30, help="learner steps per run (default: 30)")
-    parser.add_argument("--eta", type=int, default=2, help="max_staleness of the asynchronous modes (default: 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved (default: 3)")
+    add_run_arguments(parser, steps=30, out="runs/bench_tail")
     parser.add_argument("--sync-configs", type=parse_sync_configs, default=list(SYNC_CONFIGS),
                         help=f"which sync pinnings to run (default: all of {','.join(SYNC_CONFIGS)})")
-    parser.add_argument("--out", default="runs/bench_tail")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run, e.g. seed=1")
     args = parser.parse_args()
-    if args.repeats < 1 or args.steps < 1 or args.eta < 1:
-        parser.error("--repeats, --steps and --eta must be at least 1")
+    common = check_run_arguments(parser, args)
 
     from asyncgrpo.config import load
     from asyncgrpo.driver.prepare import resolve_device
     from asyncgrpo.runtime.resources import plan_cores
 
-    # Held-out accuracy at the end is a figure here; the export is not, and costs time.
-    common = ["train.export_at_end=false", "eval.at_start=false", "train.max_train_minutes=0", *args.overrides,
-              f"train.max_steps={args.steps}"]
     base = load(common, config_name="longtail")
     generator_cores, learner_cores = plan_cores(base.rollout.num_generators, base.learner.world_size,
                                                 base.rollout.cpu_cores, base.learner.cpu_cores)

@@ -565,6 +565,35 @@ def evaluate(ctx: Context, row: Row, max_steps: int | None, checks: list[Check])
 # --------------------------------------------------------------------------------------- helpers
 
 
+class JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler of the stand-in servers below: JSON answers, nothing on the console."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: a client that can reuses its connections
+
+    def _reply(self, status: int, value: dict[str, Any]) -> None:
+        data = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:  # tens of thousands of requests: not on the console
+        pass
+
+
+class LoopbackServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    # A client without keep-alive (the HTTP environment adapter) opens a connection per call: with
+    # socketserver's backlog of 5 a burst waits for a SYN retry (1 s) and times out without any hang.
+    request_queue_size = 256
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # The client drops a connection whose 500 it did not read: a reset, not news.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class Judge:
     """A stand-in for an OpenAI-compatible judge on 127.0.0.1 (the endpoints reward.judge uses: GET
     /v1/models at start-up, POST /v1/chat/completions per completion). Its prompt template is
@@ -579,8 +608,7 @@ class Judge:
         self.answered = self.failed = 0
         self._lock = threading.Lock()
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: the client reuses its connections
+        class Handler(JsonHandler):
 
             def do_GET(self) -> None:  # http.server's name for the GET handler
                 self._reply(200 if self.path.rstrip("/") == "/v1/models" else 404,
@@ -603,26 +631,7 @@ class Judge:
                 self._reply(200, {"choices": [{"index": 0, "message": {"role": "assistant",
                                                                        "content": f"Score: {score}"}}]})
 
-            def _reply(self, status: int, value: dict[str, Any]) -> None:
-                data = json.dumps(value).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:  # thousands of requests: not on the console
-                pass
-
-        class Server(http.server.ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                # The client drops a connection whose 500 it did not read: a reset, not news.
-                if not isinstance(sys.exc_info()[1], ConnectionError):
-                    super().handle_error(request, client_address)
-
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
@@ -651,8 +660,7 @@ class EnvServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(JsonHandler):
 
             def do_GET(self) -> None:  # http.server's name for the GET handler
                 self._reply(200 if self.path.rstrip("/") == "/info" else 404, {"stop": ["0"], "name": "chaos-echo"})
@@ -682,28 +690,7 @@ class EnvServer:
                 else:
                     self._reply(200, {})
 
-            def _reply(self, status: int, value: dict[str, Any]) -> None:
-                data = json.dumps(value).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:  # tens of thousands of requests: not on the console
-                pass
-
-        class Server(http.server.ThreadingHTTPServer):
-            daemon_threads = True
-            # Each call is a new connection (the adapter does not keep them): with socketserver's
-            # backlog of 5 a burst would wait for a SYN retry (1 s) and time out without any hang.
-            request_queue_size = 256
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                if not isinstance(sys.exc_info()[1], ConnectionError):
-                    super().handle_error(request, client_address)
-
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
