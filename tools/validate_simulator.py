@@ -4,6 +4,7 @@
     .venv/bin/python -m tools.validate_simulator --etas 0,2 --generators 1 --steps 30
     .venv/bin/python -m tools.validate_simulator --reuse --out /tmp/simval      # simulate finished runs again
     .venv/bin/python -m tools.validate_simulator --steps 200 --repeats 3        # every setting 3 times, medians
+    .venv/bin/python -m tools.validate_simulator --bench-env runs/bench_env/DATE  # tool latency: no training
 
 For each (generators, max_staleness): a short real `asyncgrpo train` (the embedded tiny model on
 the default task, no evaluation, no export) into OUT/g<generators>_eta<max_staleness>. Then each
@@ -26,6 +27,11 @@ run's samples/s is predicted three ways and compared with what the run measured:
 so that a shared machine's drift reaches every setting alike); each round's predictions are
 calibrated from that round's reference, and a setting's figure is the median over rounds of its
 ratios (and of its measured samples/s), printed with their [min-max].
+
+`--bench-env DIR` trains nothing: it predicts the runs of a finished tools/bench_env.py benchmark
+(DIR/runs.jsonl), each from the run of its kind (sync, async) and repeat at `--env-reference-ms`
+(default 0: no injected latency), simulating the target's env.latency_s and settings; beside it
+the run from itself (own). Per mode the median ratio over repeats [min-max].
 
 Last, one JSON line: every row, and per column the worst ratio (farthest from 1) with its run and
 whether every ratio is within 15%. The reference run's own row is not a prediction and is left out
@@ -124,16 +130,16 @@ def same_generators_source(available: list[tuple[int, int]], generators: int, et
     return generators, min(others, key=lambda e: (abs(e - eta), e))
 
 
-def worst(rows: list[dict[str, Any]], column: str) -> dict[str, Any] | None:
+def worst(rows: list[dict[str, Any]], column: str,
+          names: tuple[str, ...] = ("generators", "max_staleness")) -> dict[str, Any] | None:
     """The ratio farthest from 1 in `column` (rows marked as that column's source left out), with
-    its run, and whether every ratio is within TOLERANCE."""
+    its run (the row's `names`), and whether every ratio is within TOLERANCE."""
     scored = [(row[column]["ratio"], row) for row in rows
               if row.get(column) and row[column]["ratio"] is not None and not row[column].get("is_source")]
     if not scored:
         return None
     ratio, row = max(scored, key=lambda item: abs(item[0] - 1))
-    return {"ratio": ratio, "generators": row["generators"], "max_staleness": row["max_staleness"],
-            "runs": len(scored), "within_15pct": all(abs(r - 1) <= TOLERANCE for r, _ in scored)}
+    return {"ratio": ratio, **{name: row[name] for name in names}, "runs": len(scored), "within_15pct": all(abs(r - 1) <= TOLERANCE for r, _ in scored)}
 
 
 def combine(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -242,12 +248,18 @@ def main() -> int:
     parser.add_argument("--cores", default="auto", help="sim.cores of every prediction: auto (default), the cores "
                                                         "the predicted run's actors were planned on; 0, no model "
                                                         "of actors sharing cores; or a number")
+    parser.add_argument("--bench-env", default="", help="predict this finished tools/bench_env.py benchmark's "
+                                                        "runs (its runs.jsonl) instead of training a grid")
+    parser.add_argument("--env-reference-ms", type=int, default=0, help="with --bench-env: calibrate each kind from "
+                                                                        "its run at this latency (default 0)")
     parser.add_argument("overrides", nargs="*", help="further `asyncgrpo train` overrides for every run")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.cores != "auto" and not (args.cores.isdigit()):
         parser.error(f"--cores is auto or a number >= 0 (got {args.cores!r})")
+    if args.bench_env:
+        return validate_bench_env(Path(args.bench_env), args.env_reference_ms, args.cores)
     extra = [*([f"model.cache_dir={args.cache_dir}"] if args.cache_dir else []), *args.overrides]
     try:
         reference_generators, reference_run_eta = (int(x) for x in args.reference.split(","))
@@ -329,6 +341,99 @@ def one_round(args: argparse.Namespace, out: Path, order: list[tuple[int, int]],
             "own": predict(target, target, cores), "sim_cores": cores,
         })
     return reference, rows
+
+
+# ------------------------------------------------ environment latency (tools/bench_env.py's runs)
+
+
+def env_references(runs: list[dict[str, Any]], reference_ms: int) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each bench_env run with the run it is predicted from: the same kind (sync, async) at
+    `reference_ms`, of the same repeat where there is one, else of the lowest repeat; None when the
+    kind has no run at that latency."""
+    references: dict[tuple[str, int], dict[str, Any]] = {}
+    for run in sorted(runs, key=lambda r: -r["repeat"]):  # the lowest repeat last: kept as the fallback
+        if run["latency_ms"] == reference_ms:
+            references[run["kind"], run["repeat"]] = references[run["kind"], -1] = run
+    return [(run, references.get((run["kind"], run["repeat"]), references.get((run["kind"], -1)))) for run in runs]
+
+
+def combine_env(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per bench_env mode: the median over repeats of the measured samples/s and of each
+    column's ratio, with their min and max; the reference runs' own cross cells marked."""
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_mode.setdefault(row["mode"], []).append(row)
+    combined = []
+    for mode, group in by_mode.items():
+        measured = [r["measured"]["samples_per_s"] for r in group]
+        entry: dict[str, Any] = {"mode": mode, "kind": group[0]["kind"], "latency_ms": group[0]["latency_ms"],
+                                 "repeats": len(group), "measured": {"samples_per_s": statistics.median(measured),
+                                                                     "min": min(measured), "max": max(measured)}}
+        for column in ("cross", "own"):
+            cells = [r[column] for r in group if r.get(column) and r[column]["ratio"] is not None]
+            ratios = [c["ratio"] for c in cells]
+            entry[column] = ({"ratio": round(statistics.median(ratios), 4), "min": min(ratios), "max": max(ratios),
+                              "samples_per_s": round(statistics.median(c["samples_per_s"] for c in cells), 2),
+                              **({"is_source": True} if any(c.get("is_source") for c in cells) else {})}
+                             if ratios else None)
+        combined.append(entry)
+    return sorted(combined, key=lambda e: (e["kind"], e["latency_ms"]))
+
+
+def format_env_table(rows: list[dict[str, Any]]) -> str:
+    """Per mode: measured and predicted samples/s (medians over repeats) and the ratios [min-max];
+    * marks the reference runs (predicted from themselves)."""
+    def cell(column: dict[str, Any] | None) -> str:
+        if not column:
+            return "-"
+        return (f"{column['ratio']:.3f} [{column['min']:.3f}-{column['max']:.3f}]"
+                + ("*" if column.get("is_source") else ""))
+
+    lines = ["| mode | repeats | measured samples/s | predicted samples/s | ratio predicted | ratio own |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        m, c = r["measured"], r["cross"]
+        predicted = f"{c['samples_per_s']:.1f}" if c else "-"
+        lines.append(f"| {r['mode']} | {r['repeats']} | {m['samples_per_s']:.1f} [{m['min']:.1f}-{m['max']:.1f}] | "
+                     f"{predicted} | {cell(c)} | {cell(r['own'])} |")
+    return "\n".join(lines)
+
+
+def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
+    """Predict every run of a finished tools/bench_env.py benchmark from its kind's run at
+    `reference_ms`; print the table per mode, then the JSON line."""
+    try:
+        runs = [json.loads(line) for line in (bench_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"{bench_dir}: no bench_env runs.jsonl to predict ({err})", file=sys.stderr)
+        return 1
+    calibrations: dict[str, Calibration] = {}
+
+    def calibration(run: dict[str, Any]) -> Calibration:
+        if run["run_dir"] not in calibrations:
+            calibrations[run["run_dir"]] = Calibration.from_run(run["run_dir"])
+        return calibrations[run["run_dir"]]
+
+    rows = []
+    for run, reference in env_references(runs, reference_ms):
+        try:
+            target = calibration(run)
+            cross = predict(calibration(reference), target, target_cores(target, cores)) if reference else None
+        except SimulationError as err:
+            print(f"{run['run_dir']}: {err}", file=sys.stderr, flush=True)
+            continue
+        if cross and reference is run:
+            cross["is_source"] = True
+        rows.append({"mode": run["mode"], "kind": run["kind"], "latency_ms": run["latency_ms"],
+                     "repeat": run["repeat"], "run_dir": run["run_dir"], "measured": measured_fields(target.measured),
+                     "cross": cross, "own": predict(target, target, target_cores(target, cores)),
+                     "env_latency_s": target.settings.env_latency_s})
+    combined = combine_env(rows)
+    print(f"predicted: each kind's run at {reference_ms} ms of the same repeat; own: each run from itself")
+    print(format_env_table(combined))
+    print(json.dumps({"bench_env": str(bench_dir), "reference_ms": reference_ms, "modes": combined, "runs": rows,
+                      "worst": {column: worst(combined, column, ("mode",)) for column in ("cross", "own")}}))
+    return 0 if rows else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from asyncgrpo.contract import even_split
+from asyncgrpo.sim.envwaits import expected_rounds
 from asyncgrpo.sim.settings import Settings, SimulationError
 
 
@@ -29,6 +30,13 @@ class GeneratorTimes:
     weight_load_s: float  # per version loaded: gen/weight_load_s / gen/weight_loads
     other_s: float  # per call: gen/wall_s minus every timed phase, over calls (tokenizing, ...)
     first_call_extra_s: float = 0.0  # the engine's warm-up, added to its first call (_split_first_call)
+    # Environment step calls per episode: (gen/env_calls - episodes) / episodes (every episode's reset
+    # is a call too); 0 without an environment. With env.max_turns it sets a call's rounds of waits
+    # (asyncgrpo/sim/envwaits.py).
+    env_calls_per_episode: float = 0.0
+    # Per round of calls, what an environment wait took beyond env.latency_s (the calls' threads, the
+    # answers' trip back): gen_time/env_wait_s / calls / rounds - the run's env.latency_s, at least 0.
+    env_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,8 @@ class Calibration:
     # The dispatch the run was recorded under (recorded_dispatch): "tickets", or "shares", removed
     # since; such a run calibrates only what does not depend on it (docs/SIMULATOR.md).
     recorded_dispatch: str = "tickets"
+    # Environment step calls one episode may make (the run's env.max_turns); 0: no environment.
+    env_max_calls: int = 0
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> Calibration:
@@ -75,7 +85,9 @@ class Calibration:
         reports = _generator_reports(path, summary, settings)
         first_step_wait = float(steps[0].get("time/ack_wait_s", 0.0)) + float(steps[0].get("time/gen_wait_s", 0.0))
         parts = even_split(settings.num_generators, settings.groups_per_step)
-        generators = [_generator_times(i, report, call_groups, part, first_step_wait)
+        env = _env_max_calls(config)
+        generators = [_generator_times(i, report, call_groups, part, first_step_wait,
+                                       EnvShape(env, settings.samples_per_prompt, settings.env_latency_s))
                       for i, (report, call_groups, part) in enumerate(zip(reports, settings.call_groups(), parts))]
 
         def phase(key: str) -> list[float]:
@@ -91,7 +103,7 @@ class Calibration:
                    learner_other_s=max(0.0, (wall - timed) / len(steps)),
                    measured=_measured(summary, reports, steps[settings.warmup_steps:] or steps),
                    shared_cores=_shared_cores(actors), machine_cores=_machine_cores(actors),
-                   device=str(config.get("device", "")), recorded_dispatch=dispatch)
+                   device=str(config.get("device", "")), recorded_dispatch=dispatch, env_max_calls=env)
 
     def scaled(self, learner: float, generators: list[float]) -> Calibration:
         """Every processor phase's time x a factor per actor (the learner's, each generator's); the
@@ -186,6 +198,7 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
         stale_policy=str(get("train.stale_policy")), groups_per_call=int(get("rollout.groups_per_call")),
         world_size=int(get("learner.world_size")), capacity_groups=int(get("queue.capacity_groups")),
         push_every_steps=int(get("weights.push_every_steps")), steps=steps,
+        env_latency_s=float((config.get("env") or {}).get("latency_s", 0.0)),  # absent in older runs: none
         max_backlog_versions=int((config.get("weights") or {}).get(  # absent in older runs: the default
             "max_backlog_versions", Settings.max_backlog_versions)))
     settings.check()
@@ -240,8 +253,34 @@ def recorded_dispatch(config: dict[str, Any], path: Path) -> str:
     return str(dispatch)
 
 
+@dataclass(frozen=True)
+class EnvShape:
+    """What a run's config says of its environment calls, for calibrating a generator's waits."""
+
+    max_calls: int  # env.max_turns; 0 without an environment
+    samples_per_prompt: int  # episodes per group
+    latency_s: float  # env.latency_s
+
+
+def _env_max_calls(config: dict[str, Any]) -> int:
+    """Calibration.env_max_calls: env.max_turns where the run had an environment (env.name), else 0."""
+    env = config.get("env") if isinstance(config.get("env"), dict) else {}
+    return int(env.get("max_turns", 0)) if env.get("name") else 0
+
+
+def _env_times(report: dict[str, Any], sent: int, calls: int, call_groups: int, env: EnvShape) -> tuple[float, float]:
+    """(env_calls_per_episode, env_overhead_s) of a generator's totals; (0, 0) without environment calls."""
+    episodes = sent * env.samples_per_prompt
+    per_episode = max(0.0, float(report.get("gen/env_calls", 0)) - episodes) / episodes if env.max_calls else 0.0
+    rounds = expected_rounds(per_episode, env.max_calls, call_groups * env.samples_per_prompt)
+    if rounds <= 0:
+        return 0.0, 0.0
+    waited = float(report.get("gen_time/env_wait_s", 0.0)) / calls / rounds
+    return per_episode, max(0.0, waited - env.latency_s)
+
+
 def _generator_times(index: int, report: dict[str, Any], call_groups: int, first_step_groups: int,
-                     first_step_wait_s: float) -> GeneratorTimes:
+                     first_step_wait_s: float, env: EnvShape) -> GeneratorTimes:
     def total(key: str) -> float:
         return float(report.get(key, 0.0))
 
@@ -258,6 +297,9 @@ def _generator_times(index: int, report: dict[str, Any], call_groups: int, first
     timed = sum(total(f"gen_time/{phase}_s")
                 for phase in ("weights", "ask", "generate", "score", "score_wait", "throttle", "exhausted", "send"))
     loads = total("gen/weight_loads")
+    env_calls_per_episode, env_overhead_s = _env_times(report, sent, calls, call_groups, env)
+    if env_calls_per_episode:  # modelled as waits of their own (model.Model.env_wait_s), not as other time
+        timed += total("gen_time/env_wait_s")
     times = GeneratorTimes(
         generate_s=total("gen_time/generate_s") / calls,
         call_groups=call_groups,
@@ -266,19 +308,29 @@ def _generator_times(index: int, report: dict[str, Any], call_groups: int, first
         send_s_per_group=max(0.0, total("gen_time/send_s") - total("gen/send_blocked_s")) / sent,
         weight_load_s=total("gen/weight_load_s") / loads if loads else 0.0,
         other_s=max(0.0, total("gen/wall_s") - timed) / calls,
+        env_calls_per_episode=env_calls_per_episode, env_overhead_s=env_overhead_s,
     )
-    return _split_first_call(times, calls, math.ceil(first_step_groups / call_groups), first_step_wait_s)
+    env_wait_s = env_wait_per_call(times, call_groups * env.samples_per_prompt, env.max_calls, env.latency_s)
+    return _split_first_call(times, calls, math.ceil(first_step_groups / call_groups), first_step_wait_s, env_wait_s)
 
 
-def _split_first_call(times: GeneratorTimes, calls: int, first_calls: int, first_step_wait_s: float
-                      ) -> GeneratorTimes:
+def env_wait_per_call(times: GeneratorTimes, episodes: int, max_calls: int, latency_s: float) -> float:
+    """How long a call of `episodes` episodes waits on its environment: its expected rounds of calls
+    (asyncgrpo/sim/envwaits.py) x (env.latency_s + the measured overhead per round); 0 without calls."""
+    if not times.env_calls_per_episode:
+        return 0.0
+    return expected_rounds(times.env_calls_per_episode, max_calls, episodes) * (latency_s + times.env_overhead_s)
+
+
+def _split_first_call(times: GeneratorTimes, calls: int, first_calls: int, first_step_wait_s: float,
+                      env_wait_s: float) -> GeneratorTimes:
     """Take an engine's warm-up out of the mean call time.
 
     An engine's first call can take many times a later one (on CPU, vLLM compiles then), and a mean
     over a short run's calls spreads that over every call. The learner's first step waited
     (`first_step_wait_s`: its ack_wait + gen_wait) for the `first_calls` calls that make its part,
     generators and learner starting together; with G the total generation time over `calls` calls
-    and c a call's other costs, a later call's g and the first call's extra W solve
+    and c a call's other costs (its environment wait, `env_wait_s`, included), a later call's g and the first call's extra W solve
         W + calls x g = G    and    W + first_calls x (g + c) = first_step_wait_s.
     The slowest generator sets that wait, so a faster one's W comes out too large. No warm-up is
     taken out when the run is too short to tell (no later calls) or the solution is not positive.
@@ -287,7 +339,7 @@ def _split_first_call(times: GeneratorTimes, calls: int, first_calls: int, first
         return times
     total = times.generate_s * calls
     per_call_rest = (times.score_s_per_group + times.send_s_per_group) * times.call_groups \
-        + times.score_wait_s + times.other_s
+        + times.score_wait_s + times.other_s + env_wait_s
     later = (total - first_step_wait_s + first_calls * per_call_rest) / (calls - first_calls)
     extra = total - calls * later
     if later <= 0 or extra <= 0:

@@ -14,7 +14,7 @@ from typing import Any
 
 from asyncgrpo.contract import ack_floor, engine_lag_bound, staleness, trainable
 from asyncgrpo.queue.dispatch import Dispatcher
-from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, histogram_mean
+from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, env_wait_per_call, histogram_mean
 from asyncgrpo.sim.events import Clock, Delay, EventLoop, Process, Until, Work
 from asyncgrpo.sim.settings import Settings, SimulationError
 
@@ -27,6 +27,10 @@ class SimGenerator:
     loaded: int = 0  # the version in its engine, acknowledged as soon as it is loaded
     started: int = 0  # groups started: the first call pays the engine's warm-up
     clock: Clock = field(default_factory=Clock)
+    # Calls generated whose episodes wait on their environment (Model.env_answers), and those
+    # answered, (tickets, version) each, to be scored and sent at the loop's next turn.
+    waiting: int = 0
+    answered: deque[tuple[list[Any], int]] = field(default_factory=deque)
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,12 @@ def rounded(value: Any) -> Any:
 GENERATOR_IDLE_PHASES = ("throttle", "score_wait")
 
 # What the model tells its event loop has changed: the queue's contents, a version (the learner's,
-# the newest pushed, one a generator has loaded), or the slots the dispatcher may grant (a step
-# taken, a slot given back). A generator waiting for tickets reads only versions and slots: a group
-# arriving, which is most events, grants nobody anything. Every other wait reads all three
-# (Until.reads None).
-QUEUE, VERSIONS, SLOTS = "queue", "versions", "slots"
-GRANT_READS = frozenset({VERSIONS, SLOTS})
+# the newest pushed, one a generator has loaded), the slots the dispatcher may grant (a step
+# taken, a slot given back), or a call's environment answers (Model.env_answers). A generator
+# waiting for tickets reads only versions, slots and answers: a group arriving, which is most
+# events, grants nobody anything. Every other wait reads all of them (Until.reads None).
+QUEUE, VERSIONS, SLOTS, ENV = "queue", "versions", "slots", "env"
+GRANT_READS = frozenset({VERSIONS, SLOTS, ENV})
 
 
 class Model:
@@ -143,31 +147,67 @@ class Model:
     # ---- a generator (Generator.run)
 
     def generator(self, g: SimGenerator) -> Process:
-        """Ask for a call's worth of tickets, generate what was granted, send it."""
+        """Ask for a call's worth of tickets, generate what was granted, send it. A call whose
+        episodes wait on their environment leaves the engine to the next call meanwhile, as far as
+        the staleness bound grants one, and is scored and sent once answered."""
         while True:
             if self.newest > g.loaded:
                 yield from self.load(g)
+            while g.answered:
+                tickets, version = g.answered.popleft()
+                yield from self.after_generate(g, len(tickets))
+                yield from self.send(g, tickets, version)
             _, tickets = self.dispatcher.grant((g.index, 0), g.loaded, g.call_groups)
-            if not tickets:  # nothing within the bound: newer weights, or a slot given back, will do
-                yield from self.wait(g.clock, "throttle",
-                                     lambda: self.newest > g.loaded or self.dispatcher.can_grant(g.loaded),
+            if not tickets:  # nothing within the bound: newer weights, a slot given back or an answer will do
+                yield from self.wait(g.clock, "env_wait" if g.waiting else "throttle",
+                                     lambda: (self.newest > g.loaded or self.dispatcher.can_grant(g.loaded)
+                                              or bool(g.answered)),
                                      reads=GRANT_READS)
                 continue
             version = g.loaded
+            env_wait_s = self.env_wait_s(g, len(tickets))
+            if env_wait_s > 0:
+                yield from self.generate(g, len(tickets))
+                g.waiting += 1
+                self.loop.start(self.env_answers(g, tickets, version, env_wait_s))
+                continue
             yield from self.call(g, len(tickets))
-            for ticket in tickets:
-                yield from self.busy(g.clock, "send", g.times.send_s_per_group)
-                # Its slot may have moved while it generated (Dispatcher.fill_early): found by its prompt.
-                slot = self.dispatcher.slot_of((g.index, 0), ticket.position)
-                self.dispatcher.arrived((g.index, 0), slot)
-                self.queued(SimGroup(g.index, version, slot))
+            yield from self.send(g, tickets, version)
+
+    def send(self, g: SimGenerator, tickets: list[Any], version: int) -> Process:
+        for ticket in tickets:
+            yield from self.busy(g.clock, "send", g.times.send_s_per_group)
+            # Its slot may have moved while it generated (Dispatcher.fill_early): found by its prompt.
+            slot = self.dispatcher.slot_of((g.index, 0), ticket.position)
+            self.dispatcher.arrived((g.index, 0), slot)
+            self.queued(SimGroup(g.index, version, slot))
+
+    def env_answers(self, g: SimGenerator, tickets: list[Any], version: int, seconds: float) -> Process:
+        """A generated call's episodes waiting `seconds` on their environment (no processor), then
+        handed back to its generator."""
+        yield Delay(seconds)
+        g.waiting -= 1
+        g.answered.append((tickets, version))
+        self.loop.changed(ENV)
+
+    def env_wait_s(self, g: SimGenerator, n: int) -> float:
+        """A call of `n` groups' wait on its environment at env.latency_s; 0 without one."""
+        return env_wait_per_call(g.times, n * self.s.samples_per_prompt, self.cal.env_max_calls,
+                                 self.s.env_latency_s)
 
     def call(self, g: SimGenerator, n: int) -> Process:
         """One vLLM call of `n` groups, their scoring and the loop's other time (its first call
         pays the engine's warm-up)."""
+        yield from self.generate(g, n)
+        yield from self.after_generate(g, n)
+
+    def generate(self, g: SimGenerator, n: int) -> Process:
         warmup = g.times.first_call_extra_s if g.started == 0 else 0.0
         g.started += n
         yield from self.busy(g.clock, "generate", warmup + self.generate_s(g, n))
+
+    def after_generate(self, g: SimGenerator, n: int) -> Process:
+        """Scoring a call's `n` groups, the reward wait and the loop's other time."""
         yield from self.busy(g.clock, "score", n * g.times.score_s_per_group)
         yield from self.idle_for(g.clock, "score_wait", g.times.score_wait_s)
         yield from self.busy(g.clock, "other", g.times.other_s)

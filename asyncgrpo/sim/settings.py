@@ -64,6 +64,10 @@ class Settings:
     # actor has its own hardware, as a GPU cluster. A CPU machine's cores: the calibration is first
     # freed of the contention its own run had (model.uncontended).
     cores: int = 0
+    # env.latency_s: seconds added to each environment step call (the run's; 0 for a run without an
+    # environment or from before the key). Each call of episodes waits it once per round of calls
+    # (asyncgrpo/sim/envwaits.py); a run without environment calls waits nothing whatever it is.
+    env_latency_s: float = 0.0
 
     @property
     def throttles(self) -> bool:
@@ -121,6 +125,7 @@ class Settings:
         require(self.train_scale > 0, "sim.train_scale", "must be > 0", self.train_scale)
         require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
+        require(self.env_latency_s >= 0, "env.latency_s", "must be >= 0", self.env_latency_s)
         require(self.cores >= 0, "sim.cores", "must be >= 0 (0: every actor has processors of its own)", self.cores)
         self.speeds()
 
@@ -136,6 +141,7 @@ CONFIG_KEYS = {
     "learner.world_size": "world_size",
     "queue.capacity_groups": "capacity_groups",
     "weights.push_every_steps": "push_every_steps",
+    "env.latency_s": "env_latency_s",
 }
 SIM_KEYS = {f"sim.{name}": name for name in (
     "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",

@@ -105,3 +105,46 @@ def test_auto_cores_are_the_predicted_runs_machine_cores_and_a_number_is_taken_a
     assert vs.target_cores(cal, "auto") == 0  # its actors.json did not say
     assert vs.target_cores(replace(cal, machine_cores=2), "0") == 0
     assert vs.target_cores(cal, "3") == 3
+
+
+# ------------------------------------------------------------------ --bench-env
+
+
+def bench_run(kind: str, latency_ms: int, repeat: int) -> dict:
+    return {"mode": f"{kind} {latency_ms} ms", "kind": kind, "latency_ms": latency_ms, "repeat": repeat,
+            "run_dir": f"r{repeat}_{kind}_{latency_ms}_ms"}
+
+
+def test_each_bench_env_run_is_predicted_from_its_kinds_reference_latency_run_of_the_same_repeat():
+    runs = [bench_run(kind, ms, r) for r in (0, 1) for kind in ("sync", "async") for ms in (0, 200)]
+    runs.append(bench_run("async", 50, 2))  # repeat 2 never ran at 0 ms: the lowest repeat's
+    runs.append(bench_run("other", 50, 0))  # a kind never run at 0 ms: nothing to predict it from
+    pairs = {run["run_dir"]: reference and reference["run_dir"] for run, reference in vs.env_references(runs, 0)}
+    assert pairs["r1_sync_200_ms"] == "r1_sync_0_ms" and pairs["r0_async_200_ms"] == "r0_async_0_ms"
+    assert pairs["r1_async_0_ms"] == "r1_async_0_ms"  # the reference itself
+    assert pairs["r2_async_50_ms"] == "r0_async_0_ms"
+    assert pairs["r0_other_50_ms"] is None
+    assert {run["run_dir"]: ref and ref["run_dir"] for run, ref in vs.env_references(runs, 200)}["r0_sync_0_ms"] \
+        == "r0_sync_200_ms"
+
+
+def test_bench_env_rows_combine_per_mode_into_medians_and_the_worst_names_the_mode():
+    def env_row(kind: str, ms: int, measured: float, cross: float, own: float, source: bool = False) -> dict:
+        cell = {"samples_per_s": measured * cross, "ratio": cross, **({"is_source": True} if source else {})}
+        return {"mode": f"{kind} {ms} ms", "kind": kind, "latency_ms": ms, "measured": {"samples_per_s": measured},
+                "cross": cell, "own": {"samples_per_s": measured * own, "ratio": own}}
+
+    rows = [env_row("sync", 200, 100.0, 0.90, 1.0), env_row("sync", 200, 120.0, 0.80, 0.95),
+            env_row("sync", 200, 110.0, 1.00, 1.05), env_row("sync", 0, 300.0, 1.02, 1.02, source=True)]
+    combined = vs.combine_env(rows)
+    assert [c["mode"] for c in combined] == ["sync 0 ms", "sync 200 ms"]  # by kind, then latency
+    slow = combined[1]
+    assert slow["measured"] == {"samples_per_s": 110.0, "min": 100.0, "max": 120.0}
+    assert {k: slow["cross"][k] for k in ("ratio", "min", "max")} == {"ratio": 0.90, "min": 0.80, "max": 1.00}
+    assert combined[0]["cross"]["is_source"]
+    assert vs.worst(combined, "cross", ("mode",)) == {"ratio": 0.90, "mode": "sync 200 ms", "runs": 1,
+                                                      "within_15pct": True}
+    table = vs.format_env_table(combined).splitlines()
+    # predicted: the median of 90, 96 and 110 samples/s
+    assert table[3] == "| sync 200 ms | 3 | 110.0 [100.0-120.0] | 96.0 | 0.900 [0.800-1.000] | 1.000 [0.950-1.050] |"
+    assert table[2].endswith("1.020 [1.020-1.020]* | 1.020 [1.020-1.020] |")
