@@ -550,9 +550,13 @@ def evaluate(ctx: Context, row: Row, max_steps: int | None, checks: list[Check])
                    "untrained_tail": tail, "resumed_at": starts[1:],
                    "errors": [r.summary.get("error") for r in results if r.summary.get("error")]}
     steps = max_steps if max_steps is not None else max((int(r["step"]) for r in last.steps), default=0)
+    # A run that fails may have taken (and recorded) the groups of the step it failed in, which it never logged.
+    recorded_steps = {steps} if max_steps is not None else {steps, steps + 1}
     common = [*(finished(last, max_steps) if max_steps is not None else []),
-              (accounting.consumed == steps * GROUPS_PER_STEP,
-               f"the recording holds {steps} steps of {GROUPS_PER_STEP} groups (got {accounting.consumed} groups)"),
+              (accounting.consumed in {k * GROUPS_PER_STEP for k in recorded_steps},
+               f"the recording holds {steps} steps of {GROUPS_PER_STEP} groups"
+               f"{'' if max_steps is not None else ' (or one more: the step it failed in)'} "
+               f"(got {accounting.consumed} groups)"),
               (accounting.duplicates == 0, (f"no group trained twice (got {accounting.duplicate_seqs} sequence and "
                                             f"{accounting.duplicate_prompts} prompt duplicates)")),
               (accounting.skipped <= counted.lost,
