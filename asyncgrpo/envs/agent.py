@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from asyncgrpo.envs.base import EnvironmentSpec, EnvStep
+from asyncgrpo.envs.calls import EnvCallError
 from asyncgrpo.envs.http import json_extras
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rewards.user_fn import load_reward_fn
@@ -57,16 +58,9 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256
 
 
-class AgentError(RuntimeError):
+class AgentError(EnvCallError):
     """An agent episode failed; `cause` (invalid | exception | timeout) is what the generator counts
-    (env/errors_<cause>)."""
-
-    def __init__(self, cause: str, message: str) -> None:
-        super().__init__(one_line(message))
-        self.cause = cause
-
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
-        return AgentError, (self.cause, str(self))
+    (gen/env_errors_<cause>)."""
 
 
 class Refused(Exception):

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncgrpo.envs.base import EnvStep
+from asyncgrpo.rewards.errors import one_line
 
 # Threads abandoned to hung calls are replaced, but never beyond this many times the pool's size.
 STUCK_THREADS_FACTOR = 4
-# A failure's text travels in heartbeats: one line, this long at most.
-MAX_ERROR_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,18 @@ class EnvCallResult:
         return bool(self.cause)
 
 
-def _one_line(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= MAX_ERROR_CHARS else flat[: MAX_ERROR_CHARS - 3] + "..."
+class EnvCallError(RuntimeError):
+    """An environment call failed for a reason of the environment's own; `cause` is what the
+    generator counts it under (gen/env_errors_<cause>), the message one line. Environments raise it
+    (or a subclass) to name their cause; any other exception counts as "exception"."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(one_line(message))
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Rebuilt from both arguments, so it survives pickling (a process boundary) with its cause.
+        return type(self), (self.cause, str(self))
 
 
 def checked_step(value: Any) -> EnvStep:
@@ -165,11 +173,11 @@ class EnvCalls:
                 value = asyncio.run(_awaited(value))
         except Exception as err:  # noqa: BLE001 - an environment's failure is counted, never raised here
             cause = getattr(err, "cause", "") or "exception"
-            return EnvCallResult(cause=str(cause), error=_one_line(f"{type(err).__name__}: {err}"))
+            return EnvCallResult(cause=str(cause), error=one_line(f"{type(err).__name__}: {err}"))
         try:
             return EnvCallResult(value=check(value))
         except ValueError as err:
-            return EnvCallResult(cause="invalid", error=_one_line(str(err)))
+            return EnvCallResult(cause="invalid", error=one_line(str(err)))
 
     def _expire(self) -> list[tuple[Hashable, EnvCallResult]]:
         now, expired = time.monotonic(), []

@@ -32,6 +32,7 @@ from http.client import HTTPException
 from typing import Any
 
 from asyncgrpo.envs.base import EnvironmentSpec, EnvStep
+from asyncgrpo.envs.calls import EnvCallError  # an HTTP call's failure: its cause is one of CAUSES
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rewards.judge import (
     backoff_wait_s,
@@ -49,18 +50,6 @@ from asyncgrpo.tasks.problem import Problem
 CAUSES = ("timeout", "http", "invalid", "connection")
 # Of an error answer's body, this much goes into the error text.
 MAX_BODY_CHARS = 200
-
-
-class EnvCallError(RuntimeError):
-    """An HTTP environment call failed; `cause` is one of CAUSES, the message one line."""
-
-    def __init__(self, cause: str, message: str) -> None:
-        super().__init__(one_line(message))
-        self.cause = cause
-
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
-        # Rebuilt from both arguments, so it survives pickling (a process boundary) with its cause.
-        return EnvCallError, (self.cause, str(self))
 
 
 class _Retryable(Exception):
