@@ -12,7 +12,7 @@ from typing import Any
 
 from asyncgrpo.runtime import faults
 from asyncgrpo.driver import TrainingFailed
-from asyncgrpo.runtime.interrupts import interrupts_deferred
+from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred
 from asyncgrpo.runtime.ray_cluster import child_pids, local_cpus, private_token_env, stop_children_started_since
 from asyncgrpo.learner.resume import RESUME_AUTO, check_compatible
 from asyncgrpo.schema import Config
@@ -188,15 +188,18 @@ def start_ray(cfg: Config) -> bool:
         reload_ray_auth()
     before = child_pids() if local else set()
     try:
-        ray.init(
-            address=cfg.ray.address or None,
-            num_cpus=local_cpus(cfg) if local else None,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={"env_vars": ACTOR_ENV},
-            **({"_node_ip_address": "127.0.0.1"} if local else {}),
-        )
+        with interrupt_signals_noted() as noted:
+            ray.init(
+                address=cfg.ray.address or None,
+                num_cpus=local_cpus(cfg) if local else None,
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env={"env_vars": ACTOR_ENV},
+                **({"_node_ip_address": "127.0.0.1"} if local else {}),
+            )
         interrupt_on_sigterm()  # ray.init installs its own SIGTERM handler, which exits at once
+        if noted:  # its exception was raised where Python drops it (interrupt_signals_noted)
+            raise KeyboardInterrupt(signal.Signals(noted[0]).name)
     except BaseException as err:
         interrupt_on_sigterm()
         # Interrupted (or failed) half-way: the caller only shuts down a Ray this call started.

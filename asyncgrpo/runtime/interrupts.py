@@ -4,6 +4,7 @@ and writing its summary; writing a study's results)."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,3 +30,32 @@ def interrupts_deferred(notice: str = "[interrupt] {signal} ignored: already sto
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+
+
+@contextmanager
+def interrupt_signals_noted() -> Iterator[list[int]]:
+    """The SIGINT and SIGTERM that arrive inside the block, listed when it ends, whatever their
+    handlers did: an exception a handler raises where Python only prints it ("Exception ignored
+    in ...": an at-fork hook, a __del__) is lost, and the code goes on as if no signal had come.
+    Seen with Ray's SIGTERM handler inside ray.init (raised in logging's at-fork hook): the run went
+    on training. The signal module's wakeup fd sees every signal a Python handler is set for.
+    Main thread only, where signal handlers live; elsewhere the list stays empty."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    try:
+        yield noted
+    finally:
+        signal.set_wakeup_fd(previous)
+        try:
+            received = reader.recv(4096)
+        except BlockingIOError:
+            received = b""
+        noted.extend(signum for signum in received if signum in (signal.SIGINT, signal.SIGTERM))
+        reader.close()
+        writer.close()

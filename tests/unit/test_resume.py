@@ -21,7 +21,7 @@ from asyncgrpo.driver.prepare import (
     interrupt_on_sigterm,
     resume_point,
 )
-from asyncgrpo.runtime.interrupts import interrupts_deferred
+from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.resume import (
     ResumeRefused,
@@ -383,6 +383,52 @@ def test_sigterm_during_ray_init_is_an_interrupt_and_shuts_down_what_ray_started
         prepare.start_ray(config(tmp_path))
     assert calls == ["init", "shutdown"]
     assert signal.getsignal(signal.SIGTERM) is prepare._raise_interrupt  # ours again, not Ray's
+
+
+class RaisesInDel:
+    """Sends this process `signum` from its __del__: the handler then runs inside __del__, where Python
+    prints an exception instead of raising it ("Exception ignored in ..."), as in an at-fork hook."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), self.signum)
+        sum(range(10))  # a few bytecodes: the handler runs here, inside __del__
+
+
+def test_a_sigterm_whose_exception_python_drops_inside_ray_init_still_interrupts_the_start(sigterm_interrupts,
+                                                                                           monkeypatch, tmp_path):
+    # Seen in CI: Ray's handler raised SystemExit inside logging's at-fork hook, Python printed it,
+    # and ray.init returned as if no SIGTERM had come: the run trained on, SIGTERM ignored.
+    import ray
+
+    calls: list[str] = []
+
+    def init(**kwargs: Any) -> None:
+        calls.append("init")
+        signal.signal(signal.SIGTERM, lambda signum, frame: exit(signum))  # as ray.init's own handler does
+        RaisesInDel(signal.SIGTERM)  # dropped at once: its SystemExit is printed, not raised
+        calls.append("init returned")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        prepare.start_ray(config(tmp_path))
+    assert calls == ["init", "init returned", "shutdown"]
+    assert signal.getsignal(signal.SIGTERM) is prepare._raise_interrupt
+
+
+def test_interrupt_signals_noted_lists_signals_whose_handler_exception_was_dropped(sigterm_interrupts):
+    with interrupt_signals_noted() as noted:
+        RaisesInDel(signal.SIGINT)
+        RaisesInDel(signal.SIGTERM)
+        assert noted == []  # filled in when the block ends
+    assert noted == [signal.SIGINT, signal.SIGTERM]
+    with interrupt_signals_noted() as quiet:
+        pass
+    assert quiet == []
 
 
 # ------------------------------------------------------------- the interrupt checkpoint's steps
