@@ -22,7 +22,7 @@ API
     ``reinforce``: per-token loss -A * logp.
     ``gspo``: the sequence ratio s_i = exp(mean over row i's real tokens of (logp - old_logp)), taken
     per token as s_i,t = sg[s_i] * pi_t / sg[pi_t] (value s_i, gradient s_i * grad logp_t), log
-    clamped to ±20; per-token loss max(-A s_i,t, -A clamp(s_i,t, 1-clip_low, 1+clip_high)), no dual clip.
+    clamped at most 10 as verl does (no lower bound); per-token loss max(-A s_i,t, -A clamp(s_i,t, 1-clip_low, 1+clip_high)), no dual clip.
     ``cispo``: per-token loss -sg[clamp(r, 1-clip_low, 1+clip_high)] * A * logp (clip_low may be 1:
     no lower bound).
     Optional detached ``is_weights`` multiply the per-token loss (after clipping). Metrics:
@@ -71,6 +71,9 @@ from asyncgrpo.algo.settings import AGG_MODES, LossSettings
 _RATIO_LOSS_TYPES = ("ppo_clip", "gspo", "cispo")
 
 _LOG_RATIO_BOUND = 20.0
+# GSPO's token log-ratio ceiling, verl's (compute_policy_loss_gspo): a sequence whose log-ratio lies
+# between 10 and 20 would otherwise get another loss and a gradient where verl's is 0.
+_GSPO_LOG_RATIO_CEILING = 10.0
 
 
 def aggregate(
@@ -263,8 +266,8 @@ def _gspo(tokens: _Tokens, settings: LossSettings) -> _TokenLoss:
     # logp - sg[logp] is exactly 0 and is added first, so the value is the sequence log-ratio to the
     # last bit (verl#2775); filling padding keeps an infinite padded logp from turning into NaN.
     token_log_ratio = (logp - logp.detach()).masked_fill(~keep, 0) + seq_log_ratio[:, None]
-    # Clamped like every other log-ratio: beyond ±20 the value is bounded and the gradient is 0.
-    ratio = token_log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).exp()
+    # As verl clamps it: at most 10 (beyond, the value is e^10 and the gradient 0), no lower bound.
+    ratio = token_log_ratio.clamp(max=_GSPO_LOG_RATIO_CEILING).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - settings.clip_low, 1 + settings.clip_high)
     return _TokenLoss(torch.maximum(unclipped, clipped), clipped > unclipped, torch.zeros_like(keep))

@@ -476,13 +476,37 @@ def test_gspo_infinite_padding_log_probs_give_finite_loss_and_gradient():
     assert bool(torch.isfinite(logp.grad).all()) and logp.grad[GSPO_MASK == 0].abs().sum().item() == 0.0
 
 
-def test_gspo_sequence_log_ratio_beyond_twenty_is_clamped():
+def test_gspo_sequence_log_ratio_beyond_ten_is_clamped_as_verl_does():
     old_logp = f64([[0.0, 0.0]])
     logp = f64([[30.0, 50.0]]).requires_grad_()  # mean log-ratio 40
     loss, _ = ppo(logp, old_logp, f64([[-1.0, -1.0]]), torch.ones(1, 2), loss_type="gspo")
     loss.backward()
-    assert loss.item() == pytest.approx(math.exp(20), rel=1e-12)
+    assert loss.item() == pytest.approx(math.exp(10), rel=1e-12)
     assert logp.grad.tolist() == [[0.0, 0.0]]
+
+
+def test_gspo_at_a_log_ratio_between_ten_and_twenty_has_verls_value_and_zero_gradient():
+    # verl (compute_policy_loss_gspo): log s_it = min(sg[log s_i] + logp - sg[logp], 10); with A < 0
+    # the unclipped term wins, so the loss is -A * e^10 per token and the clamp stops the gradient.
+    old_logp = f64([[-2.0, -3.0]])
+    logp = (old_logp + 15.0).requires_grad_()  # sequence log-ratio 15
+    loss, metrics = ppo(logp, old_logp, f64([[-0.5, -0.5]]), torch.ones(1, 2), loss_type="gspo",
+                        agg="token-mean")
+    loss.backward()
+    assert loss.item() == pytest.approx(0.5 * math.exp(10), rel=1e-12)
+    assert logp.grad.tolist() == [[0.0, 0.0]]
+    assert metrics["clipfrac"] == 0.0  # max(-A s, -A clip(s)) took the unclipped term
+
+
+def test_gspo_has_no_lower_clamp_a_very_negative_log_ratio_keeps_its_tiny_gradient():
+    # verl bounds the log-ratio from above only: at -25 (below the -20 other ratios are clamped to),
+    # with A > 0 the unclipped -A * e^-25 wins and the gradient is -A * e^-25 / |y| per token.
+    old_logp = f64([[0.0, 0.0]])
+    logp = f64([[-25.0, -25.0]]).requires_grad_()
+    loss, _ = ppo(logp, old_logp, f64([[1.0, 1.0]]), torch.ones(1, 2), loss_type="gspo", agg="token-mean")
+    loss.backward()
+    assert loss.item() == pytest.approx(-math.exp(-25), rel=1e-12)
+    assert logp.grad.tolist() == [pytest.approx([-math.exp(-25) / 2] * 2, rel=1e-12)]
 
 
 # ---------------------------------------------------------------------------------------------
