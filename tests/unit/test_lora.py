@@ -178,3 +178,16 @@ def test_a_resume_onto_another_base_or_adapter_is_refused(tmp_path):
         lora.check_adapter_resume({}, mine, tmp_path / "base", "ckpt")
     with pytest.raises(lora.LoraError, match="holds LoRA adapters"):
         lora.check_adapter_resume(states, LoraConfig(), tmp_path / "base", "ckpt")
+
+
+def test_the_driver_refuses_a_lora_checkpoint_of_another_base_before_ray_starts(tmp_path):
+    from asyncgrpo.driver.prepare import check_adapter
+    from asyncgrpo.learner.resume import ResumeRefused
+
+    tokenizer = build_char_tokenizer()
+    save_model(tiny(), tokenizer, tmp_path / "base")
+    save_model(tiny(seed=1), tokenizer, tmp_path / "other")
+    resume = {"path": "ckpt", "states": {"lora": lora.adapter_record(LoraConfig(rank=8), tmp_path / "base")}}
+    check_adapter(load(["learner.lora.rank=8"]), resume, str(tmp_path / "base"))
+    with pytest.raises(ResumeRefused, match="another base model"):
+        check_adapter(load(["learner.lora.rank=8"]), resume, str(tmp_path / "other"))
