@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from learner_fixtures import full_params, make_model_dir, step_groups
+import socket
+
+import torch.multiprocessing as mp
+from learner_fixtures import full_grads, full_params, make_model_dir, max_abs_diff, rank_main, step_groups
 
 from asyncgrpo.config import load
 from asyncgrpo.learner import lora
@@ -95,3 +98,27 @@ def _with_rank(learner, rank):
     """The learner with another learner.lora.rank in its config (to check the resume refusal)."""
     learner.cfg = load([o for o in OVERRIDES if not o.startswith("learner.lora.rank")] + [f"learner.lora.rank={rank}"])
     return learner
+
+
+def test_two_lora_ranks_match_one(model_dir, tmp_path):
+    """FSDP2 shards each decoder layer's frozen base and its adapters in one unit: the adapters'
+    gradients, summed over two ranks, and so the step, equal one rank's."""
+    overrides = [o for o in OVERRIDES if "dropout" not in o] + ["learner.grad_clip_norm=100"]  # no RNG, no clip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(rank_main, args=(2, port, model_dir, [("lora2", overrides)], 2, str(tmp_path), 0), nprocs=2,
+                       join=True, start_method="spawn")
+    two = torch.load(tmp_path / "lora2.pt")
+    one = Learner.from_config(load(overrides), model_dir)
+    try:
+        metrics = [one.train_on(groups) for groups in step_groups(2)]
+        params, grads = full_params(one), full_grads(one)
+    finally:
+        one.close()
+    assert grads.keys() == two["grads"].keys() and all(lora.is_adapter_name(name) for name in grads)
+    for got, want in zip(two["metrics"], metrics):
+        for key in LOSS_KEYS:
+            assert got[key] == pytest.approx(want[key], abs=1e-5, rel=1e-5), key
+    assert max_abs_diff(two["grads"], grads) < 1e-5
+    assert max_abs_diff(two["params"], params) < 1e-4
