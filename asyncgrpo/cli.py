@@ -35,6 +35,7 @@ USAGE_EXAMPLES = """examples:
   asyncgrpo train resume=runs/a                      # continue from its newest complete checkpoint
   asyncgrpo train run_dir=runs/a resume=auto         # the same, or a fresh start if it has none (restarts)
   asyncgrpo export runs/a/checkpoints/step_100 hf    # a checkpoint in Hugging Face format
+  asyncgrpo export runs/l adapter --merged hf       # a LoRA run: PEFT adapter dir, and the merged model
   asyncgrpo make-model qwen2.5-0.5b models/q05b      # a random Qwen2.5-0.5B-shaped model (docs/MODELS.md)
   asyncgrpo train wire.record_dir=rec/a              # keep every group the learner consumes
   asyncgrpo replay rec/a algo.mode=decoupled         # train on that stream again, no generators
@@ -243,6 +244,8 @@ def _add_export_parser(commands: _Subcommands) -> None:
     )
     export_parser.add_argument("checkpoint", metavar="CHECKPOINT")
     export_parser.add_argument("outdir", metavar="OUTDIR")
+    export_parser.add_argument("--merged", metavar="DIR", default=None,
+                               help="a LoRA checkpoint: OUTDIR gets the PEFT adapter directory, DIR the merged model")
 
 
 def _add_make_model_parser(commands: _Subcommands) -> None:
@@ -422,12 +425,12 @@ def _plot(run_dirs: list[str], out: str | None) -> int:
     return 0
 
 
-def _export(checkpoint: str, outdir: str) -> int:
+def _export(checkpoint: str, outdir: str, merged: str | None = None) -> int:
     from asyncgrpo.learner.export import export_checkpoint
     from asyncgrpo.learner.checkpoint import CheckpointError
 
     try:
-        path = export_checkpoint(checkpoint, outdir)
+        path = export_checkpoint(checkpoint, outdir, merged)
     except (CheckpointError, FileNotFoundError, FileExistsError) as err:
         print(f"asyncgrpo: export: {err}", file=sys.stderr)
         return 2
@@ -494,7 +497,7 @@ def _make_model(shape: str, out_dir: str, seed: int, vocab_train_size: int | Non
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": _train,
     "plot": lambda args: _plot(args.run_dirs, args.out),
-    "export": lambda args: _export(args.checkpoint, args.outdir),
+    "export": lambda args: _export(args.checkpoint, args.outdir, args.merged),
     "make-model": lambda args: _make_model(args.shape, args.out_dir, args.seed, args.vocab_train_size),
     "simulate": lambda args: _simulate(args.run_dir, args.overrides),
     "replay": lambda args: _replay(args.recording, args.overrides),

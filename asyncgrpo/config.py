@@ -383,6 +383,16 @@ def _optimizer_rules(cfg: Config) -> None:
     require(learner.micro_batch_tokens >= 0, "learner.micro_batch_tokens", "must be >= 0", learner.micro_batch_tokens)
 
 
+def _lora_rules(cfg: Config) -> None:
+    """learner.lora.*: the adapter's own numbers (the model's layers are checked in preflight)."""
+    lora = cfg.learner.lora
+    require(lora.rank >= 0, "learner.lora.rank", "must be >= 0 (0 = full fine-tuning)", lora.rank)
+    require(lora.alpha > 0, "learner.lora.alpha", "must be > 0", lora.alpha)
+    require(0 <= lora.dropout < 1, "learner.lora.dropout", "must be in [0, 1)", lora.dropout)
+    require(len(lora.target_modules) > 0, "learner.lora.target_modules",
+            "must name at least one module suffix (or [all-linear])", lora.target_modules)
+
+
 def _weights_rules(cfg: Config) -> None:
     """weights.*: the push backend, the push cadence and the engines' backlog against the
     staleness bound (asyncgrpo/contract.py's check), chunks that fit a wire message."""
@@ -681,7 +691,7 @@ def _log_rules(cfg: Config) -> None:
 # first because it sets train.max_staleness, which later rules read.
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
     _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
-    _optimizer_rules, _weights_rules, _wire_rules, _end_of_run_rules, _wire_security_rules, _placement_rules,
+    _optimizer_rules, _lora_rules, _weights_rules, _wire_rules, _end_of_run_rules, _wire_security_rules, _placement_rules,
     _algo_rules, _task_rules, _longtail_rules, _episode_task_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,
     _log_rules,
 )

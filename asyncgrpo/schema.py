@@ -250,6 +250,22 @@ class RolloutConfig:
 
 
 @dataclass
+class LoraConfig:
+    """learner.lora: LoRA adapters on the policy (asyncgrpo/learner/lora.py, PEFT's layout)."""
+
+    # The adapters' rank; 0 = full fine-tuning (no adapters). At most min(in, out) of every targeted layer.
+    rank: int = 0
+    # The update is scaled by alpha / rank (PEFT's lora_alpha); > 0.
+    alpha: float = 16.0
+    # Dropout on the adapter path's input while training, in [0, 1) (the frozen base path has none).
+    dropout: float = 0.0
+    # Module-name suffixes to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj),
+    # matched in the decoder layers as PEFT matches them; [all-linear] = every nn.Linear of the decoder
+    # layers (never the LM head or the embeddings).
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+
+
+@dataclass
 class LearnerConfig:
     world_size: int = 1
     # Chosen for the embedded default (README, "The embedded default"): over 2,000 steps 2e-4 beat
@@ -280,6 +296,9 @@ class LearnerConfig:
     # A Ray custom resource that marks the nodes learner ranks may run on ("" = any node): each
     # rank's placement-group bundle asks for 0.001 of it (see rollout.node_resource).
     node_resource: str = ""
+    # LoRA: with lora.rank > 0 only adapters train (optimizer state for them alone), the KL reference
+    # is the policy with its adapters off, and pushes carry the merged weights.
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

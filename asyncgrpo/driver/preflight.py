@@ -79,10 +79,12 @@ def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_byte
     """Peak GiB per actor (an estimate: weights, optimizer state, the largest activations, buffers)."""
     learner, rollout = cfg.learner, cfg.rollout
     per_rank = num_parameters * (4 + 4 + 8) / learner.world_size  # fp32 weights, gradients, AdamW moments
+    if learner.lora.rank > 0:  # a frozen base: no gradients or moments but the adapters' (left out: small)
+        per_rank = num_parameters * 4 / learner.world_size
     # Each rank reads the whole fp32 model before FSDP2 shards it (tools/bench_real.py on the 0.5B
     # shape: 13.2 GiB peak, 11.5 estimated without this term).
     per_rank += num_parameters * 4
-    if cfg.algo.kl.enabled:
+    if cfg.algo.kl.enabled and learner.lora.rank == 0:  # under LoRA the reference is the policy, adapters off
         bytes_per = 2 if learner.mixed_precision == "bf16" else 4
         per_rank += num_parameters * bytes_per / (1 if cfg.algo.kl.reference_on == "cpu" else learner.world_size)
     # One forward: the logits of a micro-batch dominate at large vocabularies (logits, their
@@ -162,6 +164,7 @@ def check_environment(cfg: Config) -> dict[str, Any]:
 def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     """The report; raises ModelDirError or PreflightError (one line) when the settings cannot work."""
     from asyncgrpo.models.check import check_model_dir
+    from asyncgrpo.learner.lora import LoraError, check_model
     from asyncgrpo.weights.base import model_spec
 
     # A user's model is checked against vLLM's registry (importing it takes seconds); the embedded
@@ -169,12 +172,18 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     architectures = None if cfg.model.path else EMBEDDED_ARCHITECTURES
     info = check_model_dir(model_dir, cfg.model.max_positions, supported_architectures=architectures)
     spec = model_spec(model_dir)
+    try:  # learner.lora.target_modules against the model's layers, and the rank against their widths
+        lora_targets = check_model(cfg.learner.lora, model_dir)
+    except LoraError as err:
+        raise PreflightError(str(err)) from None
     push = push_plan(cfg, spec)
     config = _text_config(model_dir)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim)
     memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"], push["backend"])
     report = {"model": info.to_dict(), "push": push, "kv_cache": kv, "memory_gib": memory}
+    if lora_targets:
+        report["lora"] = {"rank": cfg.learner.lora.rank, "layers": len(lora_targets)}
     if push["backend"] == "shm":
         check_shared_memory(cfg, 2 * push["bytes_per_push"])
     if cfg.device == "cpu":

@@ -14,7 +14,7 @@ from asyncgrpo.runtime import faults
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred
 from asyncgrpo.runtime.ray_cluster import child_pids, local_cpus, private_token_env, stop_children_started_since
-from asyncgrpo.learner.resume import RESUME_AUTO, check_compatible
+from asyncgrpo.learner.resume import RESUME_AUTO, ResumeRefused, check_compatible
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
 
@@ -109,8 +109,20 @@ def starting_model(cfg: Config, resume: dict[str, Any] | None, summary: dict[str
         # The KL reference and the architecture are the run's starting weights, not the checkpoint's.
         if Path(resume["model_dir"]).is_dir():
             model_dir = resume["model_dir"]
+        check_adapter(cfg, resume, model_dir)
     summary["model_dir"] = model_dir
     return model_dir
+
+
+def check_adapter(cfg: Config, resume: dict[str, Any], model_dir: str) -> None:
+    """A LoRA checkpoint continues only with its own learner.lora.* settings on its own base model
+    (and full fine-tuning only from full fine-tuning): refused in one line, before Ray starts."""
+    from asyncgrpo.learner.lora import LoraError, check_adapter_resume
+
+    try:
+        check_adapter_resume(resume.get("states") or {}, cfg.learner.lora, model_dir, resume["path"])
+    except LoraError as err:
+        raise ResumeRefused(str(err)) from None
 
 
 def load_task(cfg: Config, tokenizer_dir: str | None = None, endless: bool = False) -> Any:

@@ -4,7 +4,13 @@ Two ways in: a running learner (`Learner.export_hf`, used at the end of a run an
 generators from a checkpoint) and a checkpoint on disk (`asyncgrpo export CHECKPOINT OUTDIR`,
 which needs no GPU, no process group and no model code: shapes come from the checkpoint). A checkpoint
 is checked against its SHA-256 manifest before anything in it is read; a tampered one is a
-CheckpointError (one line from the CLI)."""
+CheckpointError (one line from the CLI).
+
+A LoRA run (learner.lora.rank > 0, asyncgrpo/learner/lora.py): the running learner writes the
+merged model and, in its `adapter/` subdirectory, the PEFT adapter directory (adapter_config.json,
+adapter_model.safetensors); `asyncgrpo export` of its checkpoint writes the adapter directory, and
+with `--merged DIR` also the merged model (the base read from the checkpoint's model directory,
+whose weight files must still be the ones the adapters were trained on)."""
 
 from __future__ import annotations
 
@@ -13,10 +19,13 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from asyncgrpo.learner.checkpoint import copy_model_files, latest, read_meta, verify
+from asyncgrpo.learner import lora
+from asyncgrpo.learner.checkpoint import CheckpointError, copy_model_files, latest, read_meta, verify
+from asyncgrpo.schema import LoraConfig
 
 # Hugging Face's own default shard size: keeps every file small enough for any filesystem.
 MAX_SHARD_BYTES = 5 * 10**9
@@ -122,13 +131,87 @@ def _read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
-def export_checkpoint(checkpoint: str | Path, outdir: str | Path) -> Path:
-    """`asyncgrpo export`: a checkpoint (or the newest complete one in a run directory) -> Hugging Face format."""
-    check_export_target(Path(outdir).expanduser().resolve())  # before reading any weights
+def export_checkpoint(checkpoint: str | Path, outdir: str | Path, merged: str | Path | None = None) -> Path:
+    """`asyncgrpo export`: a checkpoint (or the newest complete one in a run directory) -> Hugging
+    Face format; a LoRA checkpoint -> a PEFT adapter directory, and with `merged` the merged model there."""
+    for target in (outdir, merged):  # before reading any weights
+        if target is not None:
+            check_export_target(Path(target).expanduser().resolve())
     path = latest(checkpoint)
     verify(path)  # before meta.json is trusted or DCP unpickles anything
     meta = read_meta(path)
     model_files = path / "model_files"
     if not model_files.is_dir():
         model_files = Path(meta["model_dir"])
-    return write_hf(_read_weights(path).items(), model_files, outdir)
+    record = (meta.get("states") or {}).get("lora")
+    if record is None:
+        if merged is not None:
+            raise CheckpointError(f"{path} is a full fine-tuning checkpoint: it is the whole model already "
+                                  "(--merged is for a LoRA checkpoint)")
+        return write_hf(_read_weights(path).items(), model_files, outdir)
+    adapters = _read_weights(path)
+    settings = LoraConfig(rank=int(record["learner.lora.rank"]), alpha=float(record["learner.lora.alpha"]),
+                          dropout=float(record["learner.lora.dropout"]),
+                          target_modules=record["learner.lora.target_modules"])
+    paths = sorted({name.removesuffix(".lora_A.weight") for name in adapters if name.endswith(".lora_A.weight")})
+    written = write_adapter(((lora.peft_name(n), t) for n, t in adapters.items()),
+                            lora.adapter_config(settings, paths, str(meta["model_dir"])), outdir)
+    if merged is not None:
+        write_hf(merged_checkpoint(adapters, settings, meta["model_dir"], record["base_sha256"]).items(),
+                 model_files, merged)
+    return written
+
+
+def export_adapter(policy: Any, settings: LoraConfig, model_dir: str, rank: int, outdir: str | Path) -> None:
+    """A LoRA learner's adapters (`policy`: its Policy) as a PEFT adapter directory; every rank
+    calls it (each adapter is gathered), rank 0 writes."""
+    named = list(policy.adapter_state_dict())
+    if rank == 0:
+        write_adapter(named, lora.adapter_config(settings, list(policy.loras), model_dir), outdir)
+
+
+def write_adapter(named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict, outdir: str | Path) -> Path:
+    """A PEFT adapter directory: adapter_config.json and adapter_model.safetensors (what PEFT's
+    from_pretrained and vLLM's LoRA loader read). Written beside `outdir` and renamed into place;
+    `outdir` must be missing, empty or an earlier export, as for `write_hf`."""
+    from safetensors.torch import save_file
+
+    outdir = Path(outdir).expanduser().resolve()
+    check_export_target(outdir)
+    tmp = outdir.with_name(outdir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in named_tensors}
+    save_file(tensors, str(tmp / lora.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    (tmp / lora.ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    (tmp / EXPORT_MARKER).write_text(json.dumps({"tensors": len(tensors), "bytes": nbytes, "adapter": True}) + "\n")
+    if outdir.exists():
+        check_export_target(outdir)
+        shutil.rmtree(outdir)
+    os.replace(tmp, outdir)
+    return outdir
+
+
+def merged_checkpoint(adapters: dict[str, torch.Tensor], settings: LoraConfig, model_dir: str | Path,
+                      base_sha256: str) -> dict[str, torch.Tensor]:
+    """The base model's weights from `model_dir` with each adapted weight merged (W + scale * B A),
+    under the base's names; the base must be the one the adapters were trained on."""
+    from safetensors.torch import load_file
+
+    if lora.base_digest(model_dir) != base_sha256:
+        raise CheckpointError(f"{model_dir} is not the base model the adapters were trained on (its weight files "
+                              "differ): the merged model cannot be made from it")
+    files = sorted(Path(model_dir).expanduser().glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir} holds no safetensors weights to merge the adapters into")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    scale = settings.alpha / settings.rank
+    for name in [n for n in adapters if n.endswith(".lora_A.weight")]:
+        path = name.removesuffix(".lora_A.weight")
+        base = weights[f"{path}.weight"]
+        update = adapters[f"{path}.lora_B.weight"].float() @ adapters[name].float()
+        weights[f"{path}.weight"] = (base.float() + scale * update).to(base.dtype)
+    return weights

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from asyncgrpo import contract
 from asyncgrpo.learner import resume
 from asyncgrpo.learner import checkpoint
+from asyncgrpo.learner import lora
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.intake import GroupIntake
 from asyncgrpo.learner.metrics import arrived_all_equal_fraction, batch_metrics, rate_metrics
@@ -62,6 +63,7 @@ class Learner:
         self._last_taken: tuple[int, list[ScoredGroup]] = (0, [])
         self._filtered_seen = 0  # the source's queue/filtered at the end of the last step
         self._run_record: dict[str, Any] | None = None
+        self._adapter_record: dict[str, Any] | None = None
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
@@ -241,6 +243,8 @@ class Learner:
     def save_checkpoint(self, directory: str | Path) -> str:
         """A sharded checkpoint in `directory`/step_<version> (every rank calls it); returns its path."""
         states = {"learner": self.state_dict(), "schedule": self.policy.schedule_state_dict()}
+        if self.cfg.learner.lora.rank > 0 and self.rank == 0:  # rank 0 writes meta.json
+            states["lora"] = self.adapter_record()
         source_state = self.source.state_dict() if self.source is not None else {}
         if source_state:  # an offline source keeps nothing: no key, as checkpoints always had for it
             states["queue"] = source_state
@@ -279,8 +283,17 @@ class Learner:
             self._run_record = resume.run_record(self.cfg)
         return self._run_record
 
+    def adapter_record(self) -> dict[str, Any]:
+        """What a LoRA checkpoint keeps to refuse a resume onto another base or adapter (its base's
+        weight files are hashed once, at the first save)."""
+        if self._adapter_record is None:
+            self._adapter_record = lora.adapter_record(self.cfg.learner.lora, self.model_dir)
+        return self._adapter_record
+
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Continue from a checkpoint (every rank calls it, any world size); returns its meta."""
+        lora.check_adapter_resume(checkpoint.read_meta(checkpoint.latest(path)).get("states") or {},
+                                  self.cfg.learner.lora, self.model_dir, str(path))
         meta = checkpoint.load(Path(path), self.policy, self.rank)
         if self.recorder is not None:  # a recording that starts here starts from this checkpoint
             self.recorder.checkpoint = meta["path"]
@@ -293,11 +306,13 @@ class Learner:
 
     def export_hf(self, outdir: str | Path) -> str:
         """The current policy in Hugging Face format (every rank calls it; rank 0 writes)."""
-        from asyncgrpo.learner.export import write_hf
+        from asyncgrpo.learner.export import export_adapter, write_hf
 
         named = list(self.policy.full_state_dict())
         if self.rank == 0:
             write_hf(named, self.model_dir, Path(outdir))
+        if self.policy.loras:  # LoRA: the adapter directory too, beside the merged weights
+            export_adapter(self.policy, self.cfg.learner.lora, self.model_dir, self.rank, Path(outdir) / "adapter")
         return str(outdir)
 
     # ------------------------------------------------------------------------------- probes

@@ -1,5 +1,9 @@
 """The policy being trained: the model under FSDP2, its optimizer and LR schedule, and the frozen
 KL reference. Every method that touches sharded weights is a collective: every rank calls it.
+
+Under LoRA (learner.lora.rank > 0, asyncgrpo/learner/lora.py) the adapters are added before
+sharding and only they train; the KL reference is the same model with its adapters off, and the
+weights that leave (`full_state_dict`) are merged.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from asyncgrpo import algo
 from asyncgrpo.learner.batch import Batch, completion_logprobs, completion_rows, target_logprobs
+from asyncgrpo.learner.lora import add_adapters, adapters_off, is_adapter_name, lora_modules, peft_name
 from asyncgrpo.learner.schedule import lr_multiplier
 from asyncgrpo.schema import Config
 from asyncgrpo.weights.base import distinct_state
@@ -61,6 +66,7 @@ class Policy:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.reference, self.reference_device = reference, reference_device
         self.device, self.rank, self.temperature = device, rank, temperature
+        self.loras = lora_modules(model)  # {} under full fine-tuning
 
     @classmethod
     def from_config(cls, cfg: Config, model_dir: str, device: torch.device, rank: int, world_size: int) -> Policy:
@@ -75,6 +81,8 @@ class Policy:
         torch.manual_seed(cfg.seed)
         mesh = init_device_mesh(device.type, (world_size,))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+        if learner.lora.rank > 0:  # before sharding: FSDP2 then shards base and adapters alike
+            add_adapters(model, learner.lora)
         if learner.activation_checkpointing:
             # Non-reentrant checkpointing composes with FSDP2's hooks (the reentrant one re-runs them).
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -85,7 +93,8 @@ class Policy:
             optimizer, lambda step: lr_multiplier(step, learner, cfg.train.max_steps))
         # Frozen starting weights for the KL penalty; forward only, no optimizer state.
         reference, reference_device = None, device
-        if cfg.algo.kl.enabled:
+        # Under LoRA the reference is the policy with its adapters off: no second copy.
+        if cfg.algo.kl.enabled and learner.lora.rank == 0:
             reference = AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=torch.bfloat16 if bf16 else torch.float32).eval()
             reference.requires_grad_(False)
@@ -113,10 +122,20 @@ class Policy:
             entropy = algo.token_entropy(rows.detach())
         return target_logprobs(rows, micro.targets), entropy
 
+    @property
+    def has_reference(self) -> bool:
+        """Whether `reference_logprobs` can run: a reference model, or adapters to turn off."""
+        return self.reference is not None or bool(self.loras)
+
     @torch.no_grad()
     def reference_logprobs(self, micro: Batch) -> torch.Tensor:
         """[B, T] log-probs under the frozen starting weights, on the policy's device."""
-        assert self.reference is not None, "algo.kl.enabled=false: no reference"
+        assert self.has_reference, "algo.kl.enabled=false: no reference"
+        if self.reference is None:  # LoRA: the frozen base is the starting weights
+            with adapters_off(self.model):
+                logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                                    use_cache=False).logits
+            return completion_logprobs(logits, micro.logit_index, micro.targets, self.temperature)
         on = self.reference_device
         logits = self.reference(input_ids=micro.input_ids.to(on), attention_mask=micro.attention_mask.to(on),
                                 use_cache=False).logits
@@ -141,27 +160,61 @@ class Policy:
     def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Unsharded parameters under their Hugging Face names, gathered one at a time as the
         caller asks for them (so sending one overlaps gathering the next); rank 0 gets them, the
-        other ranks get nothing but must still exhaust the iterator (each gather is a collective)."""
-        for name, tensor in distinct_state(self.model):
-            if hasattr(tensor, "full_tensor"):
-                if tensor.device != self.device:  # sharded weights offloaded to CPU memory
-                    tensor = tensor.to(self.device)
-                tensor = tensor.full_tensor()
+        other ranks get nothing but must still exhaust the iterator (each gather is a collective).
+        Under LoRA an adapted weight comes merged (W + scale * B A) and the adapters not at all, so
+        the names and shapes are the base model's (weights.base.model_spec)."""
+        state = dict(distinct_state(self.model))
+        for name, tensor in state.items():
+            if self.loras and is_adapter_name(name):
+                continue
+            tensor = self._gathered(tensor)
+            path = name.removesuffix(".weight")
+            if path in self.loras and name.endswith(".weight"):
+                tensor = self.loras[path].merge(tensor, self._gathered(state[f"{path}.lora_A.weight"]),
+                                                self._gathered(state[f"{path}.lora_B.weight"]))
             if self.rank == 0:
                 yield name, tensor.detach()
+
+    def adapter_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The adapters, unsharded, under PEFT's saved names (`base_model.model.<path>.lora_A.weight`);
+        rank 0 gets them, every rank must exhaust the iterator. Nothing under full fine-tuning."""
+        for name, tensor in distinct_state(self.model):
+            if self.loras and is_adapter_name(name):
+                tensor = self._gathered(tensor)
+                if self.rank == 0:
+                    yield peft_name(name), tensor.detach()
+
+    def _gathered(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of a sharded one (a collective), or the tensor itself."""
+        if hasattr(tensor, "full_tensor"):
+            if tensor.device != self.device:  # sharded weights offloaded to CPU memory
+                tensor = tensor.to(self.device)
+            tensor = tensor.full_tensor()
+        return tensor
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's shards of the weights and optimizer state, for torch.distributed.checkpoint
         (which reshards them for any world size). The LR schedule is in `schedule_state_dict`."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self._state_options())
         return {"model": model_state, "optim": optim_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=self._state_options())
+
+    def _state_options(self) -> Any:
+        """Under LoRA a checkpoint holds the adapters and their optimizer state only: the frozen
+        base is the run's model directory, loaded as the policy is built. Not strict on loading,
+        since the base's keys are absent by design (DCP's own load still fails on a missing adapter)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        if not self.loras:
+            return None
+        return StateDictOptions(ignore_frozen_params=True, strict=False)
 
     def schedule_state_dict(self) -> dict[str, Any]:
         """The LR schedule's position: plain numbers, kept as JSON beside the sharded state."""

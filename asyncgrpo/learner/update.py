@@ -28,7 +28,8 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     """Every rank calls it with the same batch; returns the step's loss and optimizer metrics."""
     policy.model.train()
     settings = loss_settings(cfg)
-    if (settings.kl is not None) != (policy.reference is not None):  # else KL is dropped, or fails deep in a step
+    # Else KL is dropped, or fails deep in a step. Under LoRA the reference (adapters off) is always there.
+    if (settings.kl is not None and not policy.has_reference) or (settings.kl is None and policy.reference is not None):
         raise ValueError(f"algo.kl.enabled={str(settings.kl is not None).lower()} but the policy has "
                          f"{'no' if policy.reference is None else 'a'} KL reference model")
     # algo.overlong: the rewards the advantages see and the mask the loss sees (denominators included).

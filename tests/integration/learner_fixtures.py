@@ -65,9 +65,10 @@ def full_params(learner) -> dict[str, torch.Tensor]:
 
 
 def full_grads(learner) -> dict[str, torch.Tensor]:
-    """The last step's gradients (the learner leaves them in place after the optimizer step), unsharded."""
+    """The last step's gradients (the learner leaves them in place after the optimizer step), unsharded;
+    frozen parameters (the base under LoRA) have none and are left out."""
     return {name: p.grad.full_tensor().clone() if hasattr(p.grad, "full_tensor") else p.grad.clone()
-            for name, p in learner.policy.model.named_parameters()}
+            for name, p in learner.policy.model.named_parameters() if p.requires_grad}
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -145,3 +145,23 @@ def test_too_little_shared_memory_for_the_weight_slots_fails_before_anything_sta
         check_shared_memory(cfg, 1024)
     with pytest.raises(PreflightError, match="is not a directory"):
         check_shared_memory(load([f"weights.shm_dir={tmp_path}/missing"]), 1024)
+
+
+def test_a_lora_target_the_model_lacks_or_a_rank_wider_than_its_layers_is_one_line(tmp_path, tokenizer, capsys):
+    model = shape_dir(tmp_path, "tiny-fullvocab", tokenizer)
+    common = [f"model.path={model}", "model.max_positions=1024", f"run_dir={tmp_path}/run"]
+    code, _, err = run_check(capsys, *common, "learner.lora.rank=8", "learner.lora.target_modules=[q_proj,qkv]")
+    assert code == 2 and err.count("\n") == 1 and "learner.lora.target_modules names 'qkv'" in err
+    code, _, err = run_check(capsys, *common, "learner.lora.rank=100000")
+    assert code == 2 and err.count("\n") == 1 and "learner.lora.rank=100000 is larger than" in err
+    code, out, err = run_check(capsys, *common, "learner.lora.rank=8")
+    assert code == 0 and '"lora": {"rank": 8' in out, err
+
+
+def test_lora_needs_no_optimizer_state_or_reference_copy_for_the_base():
+    full = memory_estimate(load(["learner.micro_batch_tokens=1024", "algo.kl.enabled=true"]), 10**8, 1000,
+                           4 * 10**8, "zmq")
+    adapters = memory_estimate(load(["learner.micro_batch_tokens=1024", "algo.kl.enabled=true",
+                                     "learner.lora.rank=8"]), 10**8, 1000, 4 * 10**8, "zmq")
+    # fp32 weights + gradients + two moments + the reference, against the frozen fp32 weights alone.
+    assert full["learner_rank_gib"] - adapters["learner_rank_gib"] == pytest.approx((12 + 4) * 10**8 / 2**30)
