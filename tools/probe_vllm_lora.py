@@ -212,6 +212,10 @@ class LoRAWorker:
     def __init__(self, model_dir: str, options: dict[str, Any]) -> None:
         from vllm import LLM
 
+        from asyncgrpo.rollout.engine import _keep_cpu_weights_unpacked
+
+        # As VLLMEngine does on CPU (before the engine is built): torch's GEMM on plain weights.
+        self.kept_unpacked = options["lora_gemm"] == "torch" and _keep_cpu_weights_unpacked()
         self.llm = LLM(model=model_dir, dtype="float32", seed=0, max_model_len=options["max_model_len"],
                        enforce_eager=True, kv_cache_memory_bytes=int(options["kv_cache_gib"] * (1 << 30)),
                        logprobs_mode="processed_logprobs", async_scheduling=False, enable_prefix_caching=False,
@@ -294,7 +298,8 @@ class MergedWorker:
 
         self.engine = VLLMEngine(model_dir, seed=0, max_model_len=options["max_model_len"], dtype="float32",
                                  kv_cache_gib=options["kv_cache_gib"], gpu_memory_utilization=0.3,
-                                 max_running_seqs=256, prefix_caching=False)
+                                 max_running_seqs=256, prefix_caching=False,
+                                 in_place_cpu_weights=options["merged_load"] == "in_place")
         # The base weights of the targeted layers: merging in place needs W, not the live W + s*B@A.
         suffixes = tuple(f".{module}.weight" for module in TARGETS)
         self.base = {name: tensor.clone() for tensors in _saved_tensors(model_dir)
@@ -591,7 +596,8 @@ def probe_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         config = build_model_dir(size, model_dir)
         max_model_len = min(int(config["max_position_embeddings"]), 256)
         options = {"max_model_len": max_model_len, "kv_cache_gib": args.kv_cache_gib, "max_lora_rank": 16,
-                   "max_loras": args.max_loras, "max_cpu_loras": args.max_cpu_loras}
+                   "max_loras": args.max_loras, "max_cpu_loras": args.max_cpu_loras, "merged_load": args.merged_load,
+                   "lora_gemm": args.lora_gemm}
         adapters: dict[int, dict[str, Any]] = {}
         for index, rank in enumerate((8, 16)):
             tensors = random_adapter(config, rank, seed=index, b_scale=args.b_scale)
@@ -607,7 +613,8 @@ def probe_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
             lora.ready()
             merged.ready()
             started_s = time.perf_counter() - start
-            result: dict[str, Any] = {"size": size, "params": _parameter_count(model_dir), "engines_start_s": started_s}
+            result: dict[str, Any] = {"size": size, "params": _parameter_count(model_dir), "engines_start_s": started_s,
+                                      "options": options}
             result["parity"] = probe_parity(lora, merged, model_dir, adapters, sequences)
             result["replace_in_place"] = probe_replace_in_place(lora, adapters, sequences)
             result["merge_in_place"] = probe_merge_in_place(merged, adapters[args.rank], args.rank, args.repeats + 2)
@@ -634,7 +641,8 @@ def _parameter_count(model_dir: Path) -> int:
 def print_report(results: list[dict[str, Any]], tolerance: float) -> None:
     """The human-readable table of each size's results."""
     for r in results:
-        print(f"\n== {r['size']}: {r['params']:,} parameters, both engines started in {r['engines_start_s']:.1f} s")
+        print(f"\n== {r['size']}: {r['params']:,} parameters, both engines started in {r['engines_start_s']:.1f} s; "
+              f"{r['options']}")
         print(f"{'rank':>4} {'lora vs hf':>11} {'merged vs hf':>12} {'lora vs merged':>14} {'adapter effect':>14}"
               f"   (max |log-prob diff|, tolerance {tolerance:g})")
         for p in r["parity"]:
@@ -678,6 +686,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=24, help="tokens decoded per prompt")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions of the throughput workload")
     parser.add_argument("--kv-cache-gib", type=float, default=0.25)
+    parser.add_argument("--merged-load", default="in_place", choices=("in_place", "reload"),
+                        help="the merged engine's load path: in_place (the CPU default: linear weights kept as "
+                             "tensors, torch's GEMM) or reload (vLLM's reload_weights, its packed CPU GEMM; GPU's path)")
+    parser.add_argument("--lora-gemm", default="vllm", choices=("vllm", "torch"),
+                        help="the LoRA engine's base GEMM: vllm (its packed CPU kernel) or torch (linear weights "
+                             "kept as tensors, as VLLMEngine's in-place path patches it)")
     args = parser.parse_args()
     from asyncgrpo.schema import TrainConfig
 
