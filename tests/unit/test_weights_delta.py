@@ -232,3 +232,29 @@ def test_delta_with_a_16_bit_wire_picks_zmq_over_auto():
     from asyncgrpo.wire.reach import weights_backend
 
     assert weights_backend(load(["weights.delta=true", "weights.wire_dtype=bfloat16"])) == "zmq"
+
+
+class CountingSender:
+    def __init__(self) -> None:
+        self.republished = 0
+
+    def republish(self) -> None:
+        self.republished += 1
+
+
+def test_the_learner_republishes_a_full_push_for_a_generator_that_missed_a_delta_until_it_loads_a_newer_version():
+    from asyncgrpo.learner.intake import Rejoins
+    from asyncgrpo.wire import VersionAck
+
+    registry, sender = GeneratorRegistry(), CountingSender()
+    rejoins = Rejoins(registry, sender)
+    registry.on_ack(VersionAck(generator_id=0, version=3))
+    rejoins.serve()
+    assert sender.republished == 0  # nobody asked
+    registry.on_heartbeat(Heartbeat(generator_id=0, next_seq=0, version=3, delta_mismatches=1))
+    rejoins.serve()
+    assert (sender.republished, rejoins.awaiting, rejoins.delta_repairs) == (1, {0: 4}, 1)
+    registry.on_ack(VersionAck(generator_id=0, version=5))  # it loaded the full push
+    rejoins.next_republish = 0.0
+    rejoins.serve()
+    assert (sender.republished, rejoins.awaiting) == (1, {})
