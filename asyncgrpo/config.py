@@ -413,6 +413,25 @@ def _weights_rules(cfg: Config) -> None:
             cfg.weights.chunk_bytes)
 
 
+def _delta_rules(cfg: Config) -> None:
+    """weights.delta: a 16-bit wire dtype over zmq (asyncgrpo/weights/delta.py says why)."""
+    from asyncgrpo.weights.zmq import wire_dtype_for
+    from asyncgrpo.wire.reach import weights_backend
+
+    require(cfg.weights.full_every >= 1, "weights.full_every", "must be >= 1", cfg.weights.full_every)
+    if not cfg.weights.delta:
+        return
+    wire = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+    require(wire.itemsize == 2, "weights.delta",
+            f"needs a 16-bit weights.wire_dtype (bfloat16 or float16), but the wire dtype is {str(wire).split('.')[-1]} "
+            f"(weights.wire_dtype={cfg.weights.wire_dtype}, rollout.dtype={cfg.rollout.dtype})", cfg.weights.delta)
+    backend = weights_backend(cfg)
+    require(backend == "zmq", "weights.delta",
+            f"works with weights.backend=zmq only, not {backend}: "
+            + ("a shm push is a local memory copy, fewer bytes save nothing" if backend == "shm" else
+               "nccl broadcasts whole tensors between GPUs and keeps no copy to diff against"), cfg.weights.delta)
+
+
 def _wire_rules(cfg: Config) -> None:
     """wire.timeout_s, and wire.record_*: the recording of the stream the learner consumes."""
     require(cfg.wire.timeout_s > 0, "wire.timeout_s", "must be > 0", cfg.wire.timeout_s)
@@ -691,7 +710,8 @@ def _log_rules(cfg: Config) -> None:
 # first because it sets train.max_staleness, which later rules read.
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
     _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
-    _optimizer_rules, _lora_rules, _weights_rules, _wire_rules, _end_of_run_rules, _wire_security_rules, _placement_rules,
+    _optimizer_rules, _lora_rules, _weights_rules, _delta_rules, _wire_rules, _end_of_run_rules, _wire_security_rules,
+    _placement_rules,
     _algo_rules, _task_rules, _longtail_rules, _episode_task_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,
     _log_rules,
 )

@@ -454,6 +454,20 @@ class WeightsConfig:
     # Each version pushed and not yet loaded waits in that generator's receive buffer (zmq: a whole
     # model each), so a stalled engine cannot pile them up; one merely slower never lags this far.
     max_backlog_versions: int = 4
+    # zmq only: a push carries only the elements whose wire value changed since the previous push
+    # (positions + values, or a bitmask + values, per piece, whichever is smaller; docs/WIRE.md, Delta
+    # pushes). Needs a 16-bit weights.wire_dtype (after auto resolves): after one optimizer step most
+    # bf16/fp16 values are unchanged, few fp32 ones are. Costs one copy of the model in the wire dtype
+    # on learner rank 0's CPU (the previous push) and one in each generator process (the version a
+    # delta applies onto). With weights.backend=auto it picks zmq; shm is refused (a push there is a
+    # local memory copy: fewer bytes save nothing), and so is nccl (a broadcast of whole tensors
+    # between GPUs; it keeps no copy to diff against).
+    delta: bool = False
+    # weights.delta: every this many versions a full push instead of a delta, so an engine whose
+    # base went wrong unnoticed is whole again within this many versions; 1 = every push full. A
+    # generator that misses a delta asks for a full push at once (its heartbeat), and one that
+    # restarts gets one, whatever this says.
+    full_every: int = 20
 
 
 @dataclass

@@ -4,9 +4,13 @@
     .venv/bin/python -m tools.bench_push --sizes tiny --pushes 20
     .venv/bin/python -m tools.bench_push --sizes qwen2.5-0.5b --pushes 5   # any `asyncgrpo make-model` shape
     .venv/bin/python -m tools.bench_push --backends zmq,shm              # side by side (the default)
+    .venv/bin/python -m tools.bench_push --backends zmq-bf16,zmq-delta --lr 1e-6   # delta pushes vs full bf16
+    .venv/bin/python -m tools.bench_push --sizes 100M --train-steps 20 --lr 1e-6   # real steps, delta bytes
 
 For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format) and
-each weight backend (`weights.backend`: zmq chunks over a ZeroMQ socket, shm shared-memory slots):
+each weight backend (`weights.backend`: zmq chunks over a ZeroMQ socket, shm shared-memory slots;
+zmq-bf16: zmq with `weights.wire_dtype=bfloat16`; zmq-delta: that with `weights.delta=true`, whose
+first push is full and the others carry only the elements whose bf16 value changed):
 - a generator process (core 0) runs a vLLM engine and the backend's receiver, built from config as
   in a run; it loads every push into the engine and acknowledges the version with a `VersionAck`;
 - this process (core 1) is the learner: an FSDP2-wrapped model (world size 1); `Learner.push_weights`
@@ -15,7 +19,18 @@ Latency = from the start of the push to the arrival of the generator's acknowled
 covers gather, copy, send, receive, assemble and the engine load. Blocked = how long the learner
 is inside the push (gather and copy; zmq's sending itself is ZeroMQ's I/O thread). MB/s = payload
 bytes / median latency. Correctness: after the last push the engine's log-probs of fixed sequences
-are compared with the learner's forward.
+are compared with the learner's forward (a bf16 wire rounds the weights: zmq-bf16 and zmq-delta
+get the same updates, so their differences must be equal).
+
+Between pushes every weight moves by +-lr (`--lr`, a random sign per element, seeded: every row
+gets the same updates), as an Adam step of that learning rate roughly does: what changes in bf16
+depends on it (1e-6 is the learning rate the "your model" profile gives a real model). A real
+run's changed fraction is its `perf/push_changed_frac` (docs/METRICS.md).
+
+`--train-steps N` measures instead what real optimizer steps change: the learner alone (no
+generator; nobody subscribes) trains N GRPO steps (AdamW at `--lr`, no warm-up) on synthetic groups
+(random tokens and 0/1 rewards, `--groups` x 4 samples of up to 8 tokens) with `weights.delta=true`
+over a bf16 wire, and reports each push's changed fraction and bytes against a full bf16 push.
 
 Prints a table, then one JSON line.
 """
@@ -87,7 +102,18 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     results.put({"load_s": load_s, "probe_logp": [x.tolist() for x in engine.sequence_logprobs(probes, temperature=1.0)]})
 
 
-def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
+def step_weights(model, lr: float, seed: int) -> None:
+    """Every weight moves by +-lr, the sign random per element (seeded: every row the same updates)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2's DTensor: world size 1 holds it all
+            local.add_(lr * (torch.randint(0, 2, local.shape, generator=generator, dtype=local.dtype) * 2 - 1))
+
+
+def bench_size(size: str, backend: str, pushes: int, lr: float) -> dict[str, float]:
     import numpy as np
     import torch
 
@@ -95,11 +121,15 @@ def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
     from asyncgrpo.learner.learner import Learner
     from asyncgrpo.wire import Receiver, VersionAck
 
+    base_backend, _, variant = backend.partition("-")
+
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / size
         params = build(size, model_dir)
         overrides = ["learner.warmup_steps=0", f"model.path={model_dir}", f"run_dir={tmp}/run",
-                     f"weights.backend={backend}"]
+                     f"weights.backend={base_backend}"]
+        overrides += {"": [], "bf16": ["weights.wire_dtype=bfloat16"],
+                      "delta": ["weights.wire_dtype=bfloat16", "weights.delta=true"]}[variant]
         cfg = load(overrides)
         learner = Learner.from_config(cfg, str(model_dir), cores=[1])
         acks = Receiver()
@@ -123,15 +153,13 @@ def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
 
         wait_ack(0, 600)  # engine start
         time.sleep(0.5)  # the subscription must be live before the first publish
-        latencies, blocked_s = [], []
-        payload = 0
+        latencies, blocked_s, payloads, changed = [], [], [], []
         for version in range(1, pushes + 1):
-            with torch.no_grad():  # a different model each push, so every load really changes weights
-                for p in learner.policy.model.parameters():
-                    p.add_(1e-4)
+            step_weights(learner.policy.model, lr, seed=version)  # a different model each push
             start = time.perf_counter()
             learner.version = version
-            payload = learner.push_weights()
+            payloads.append(learner.push_weights())
+            changed.append(getattr(learner.weights, "changed_fraction", 1.0))
             blocked_s.append(time.perf_counter() - start)
             wait_ack(version, 120)
             latencies.append(time.perf_counter() - start)
@@ -146,15 +174,85 @@ def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
         "size": size,
         "backend": backend,
         "params": params,
-        "bytes_per_push": payload,
+        "bytes_per_push": statistics.median(payloads),
+        "bytes_first_push": payloads[0],
+        "changed_fraction_median": statistics.median(changed[1:] or changed),
         "latency_ms_median": 1e3 * statistics.median(latencies),
         "latency_ms_max": 1e3 * max(latencies),
         "learner_blocked_ms_median": 1e3 * statistics.median(blocked_s),
         "engine_load_ms_median": 1e3 * statistics.median(generator["load_s"]),
-        "mb_per_s": payload / 1e6 / statistics.median(latencies),
+        "mb_per_s": statistics.median(payloads) / 1e6 / statistics.median(latencies),
+        "lr": lr,
         "probe_max_abs_diff": diff,
         "pushes": pushes,
     }
+
+
+def synthetic_groups(groups: int, vocab: int, seed: int) -> list:
+    """`groups` groups of 4 samples: 6-token prompts, 4 to 8 completion tokens, 0/1 rewards (never all equal)."""
+    import numpy as np
+
+    from asyncgrpo.wire import ScoredGroup
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in range(groups):
+        lengths = rng.integers(4, 9, size=4).astype(np.int32)
+        total = int(lengths.sum())
+        out.append(ScoredGroup(
+            generator_id=0, seq=g, prompt_id=g, prompt_tokens=rng.integers(3, vocab, size=6).astype(np.int32),
+            tokens=rng.integers(3, vocab, size=total).astype(np.int32),
+            logprobs=-rng.uniform(0.5, 5.0, size=total).astype(np.float32),
+            versions=np.zeros(total, dtype=np.int32), lengths=lengths,
+            rewards=np.array([1, 0, 1, 0], dtype=np.float32)[rng.permutation(4)]))
+    return out
+
+
+def train_steps(size: str, steps: int, lr: float, groups: int) -> dict:
+    """The learner alone: `steps` real GRPO steps with delta pushes; each push's bytes and changed fraction."""
+    from asyncgrpo.config import load
+    from asyncgrpo.learner.learner import Learner
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / size
+        params = build(size, model_dir)
+        cfg = load(["learner.warmup_steps=0", f"learner.lr={lr}", f"model.path={model_dir}", f"run_dir={tmp}/run",
+                    "weights.backend=zmq", "weights.wire_dtype=bfloat16", "weights.delta=true",
+                    "weights.full_every=1000000"])
+        learner = Learner.from_config(cfg, str(model_dir), cores=[1])
+        vocab = learner.policy.model.config.vocab_size
+        full = learner.weights.payload_bytes
+        pushed, changed, step_s = [], [], []
+        try:
+            learner.push_weights()  # version 0, full: the base of the first delta
+            for i in range(steps):
+                start = time.perf_counter()
+                metrics = learner.train_on(synthetic_groups(groups, min(vocab, 60), seed=i))
+                step_s.append(time.perf_counter() - start)
+                pushed.append(metrics["perf/push_bytes"])
+                changed.append(metrics["perf/push_changed_frac"])
+        finally:
+            learner.close()
+    return {"size": size, "params": params, "lr": lr, "steps": steps, "full_bf16_bytes": full,
+            "delta_bytes": pushed, "changed_fraction": changed, "step_s_median": statistics.median(step_s),
+            "bytes_ratio_deltas_only": full * steps / sum(pushed)}
+
+
+def print_train_rows(rows: list[dict]) -> None:
+    import statistics as st
+
+    print()
+    for r in rows:
+        print(f"{r['size']:<13} lr {r['lr']:g}: {r['steps']} steps; changed fraction median {st.median(r['changed_fraction']):.4f} "
+              f"(min {min(r['changed_fraction']):.4f}, max {max(r['changed_fraction']):.4f}); full bf16 push "
+              f"{r['full_bf16_bytes'] / 1e6:.2f} MB, delta median {st.median(r['delta_bytes']) / 1e6:.3f} MB: "
+              f"{r['bytes_ratio_deltas_only']:.1f}x fewer bytes (deltas only)")
+        for every in (20,):
+            mean = (r["full_bf16_bytes"] + (every - 1) * st.mean(r["delta_bytes"])) / every
+            print(f"{'':<13} with a full push every {every} (weights.full_every's default): "
+                  f"{r['full_bf16_bytes'] / mean:.1f}x fewer bytes")
+    print()
+    print(json.dumps({"train_steps": rows}))
 
 
 def main() -> int:
@@ -162,17 +260,24 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="tiny,100M")
     parser.add_argument("--pushes", type=int, default=10)
-    parser.add_argument("--backends", default="zmq,shm")
+    parser.add_argument("--backends", default="zmq,shm", help="of zmq, shm, zmq-bf16, zmq-delta")
+    parser.add_argument("--lr", type=float, default=1e-4, help="each weight moves by +-lr between pushes")
+    parser.add_argument("--train-steps", type=int, default=0, help="measure real steps' deltas instead (see above)")
+    parser.add_argument("--groups", type=int, default=4, help="--train-steps: groups of 4 samples per step")
     args = parser.parse_args()
-    rows = [bench_size(size, backend, args.pushes) for size in args.sizes.split(",")
+    if args.train_steps:
+        print_train_rows([train_steps(size, args.train_steps, args.lr, args.groups) for size in args.sizes.split(",")])
+        return 0
+    rows = [bench_size(size, backend, args.pushes, args.lr) for size in args.sizes.split(",")
             for backend in args.backends.split(",")]
     print()
-    header = (f"{'model':<13} {'backend':<7} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
+    header = (f"{'model':<13} {'backend':<9} {'params':>12} {'MB/push':>8} {'changed':>7} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
               f"{'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['size']:<13} {r['backend']:<7} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.1f} {r['latency_ms_median']:>10.1f} "
+        print(f"{r['size']:<13} {r['backend']:<9} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.2f} "
+              f"{r['changed_fraction_median']:>7.4f} {r['latency_ms_median']:>10.1f} "
               f"{r['latency_ms_max']:>7.1f} {r['learner_blocked_ms_median']:>10.1f} "
               f"{r['engine_load_ms_median']:>7.1f} {r['mb_per_s']:>6.0f} {r['probe_max_abs_diff']:>10.2e}")
     print()

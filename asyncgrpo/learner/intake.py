@@ -72,6 +72,7 @@ class Rejoins:
         self.registry, self.weights = registry, weights
         self.awaiting: dict[int, int] = {}  # generator -> the version it must load
         self.next_republish = 0.0  # time.monotonic() of the next publication again
+        self.delta_repairs = 0  # weights.delta: generators that missed a delta and were sent a full push
         self._lock = threading.Lock()
 
     def add(self, generator_id: int, version: int) -> None:
@@ -82,7 +83,14 @@ class Rejoins:
     def serve(self) -> None:
         """On the step's thread: publish the newest weights again while a rejoined generator has
         not acknowledged them (its subscription may have come up after any one publication)."""
-        if not self.awaiting or self.weights is None or self.registry is None:
+        if self.weights is None or self.registry is None:
+            return
+        # weights.delta: a generator that missed a delta waits, like a rejoined one, for a full push
+        # (republish sends one) of a version newer than the one it holds.
+        for generator_id, held in self.registry.take_full_push_requests().items():
+            self.delta_repairs += 1
+            self.add(generator_id, max(held + 1, self.awaiting.get(generator_id, -1)))
+        if not self.awaiting:
             return
         with self._lock:
             acked = self.registry.acked_versions(list(self.awaiting))
@@ -148,4 +156,5 @@ class GroupIntake:
                 # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait);
                 # under train.fixed_staleness=k the published version is k behind the learner's.
                 "weights/backlog": float(pushed_version - min(acked.values(), default=pushed_version)),
-                "weights/published_version": float(pushed_version)}
+                "weights/published_version": float(pushed_version),
+                **({"weights/delta_repairs": float(self.rejoins.delta_repairs)} if self.cfg.weights.delta else {})}

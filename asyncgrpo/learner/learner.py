@@ -142,6 +142,8 @@ class Learner:
         with timer("push"):
             if self.version % self.cfg.weights.push_every_steps == 0:
                 metrics["perf/push_bytes"] = self.push_weights()
+                if self.weights is not None and self.cfg.weights.delta:
+                    metrics["perf/push_changed_frac"] = self.weights.changed_fraction
         self.samples_consumed += batch.num_samples
         for value in staleness.tolist():
             self.staleness_histogram[value] = self.staleness_histogram.get(value, 0) + 1

@@ -71,6 +71,7 @@ class GeneratorState:
     weights_rejected: int = 0
     rejected_before: int = 0
     rejection: str = ""
+    delta_mismatches: int = 0  # this incarnation's deltas it could not apply (weights.delta), as last reported
     down: bool = False  # its process died; the driver is starting the next incarnation
 
 
@@ -88,6 +89,9 @@ class GeneratorRegistry:
         self.first_reward_errors: dict[str, str] = {}
         self.first_env_error = ""  # the same for environment calls
         self._last_rejoin = float("-inf")
+        # weights.delta: generator -> the version it holds, for each that reported a delta it could
+        # not apply (a lost one) since the learner last looked: it needs a full push.
+        self.full_push_wanted: dict[int, int] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------- receiving thread
@@ -132,6 +136,9 @@ class GeneratorRegistry:
             if state.rejected_before + beat.weights_rejected > state.weights_rejected:
                 state.weights_rejected = state.rejected_before + beat.weights_rejected
                 state.rejection = beat.rejection
+            if beat.delta_mismatches > state.delta_mismatches:
+                state.delta_mismatches = beat.delta_mismatches
+                self.full_push_wanted[beat.generator_id] = beat.version
             for term, text in beat.reward_first_errors.items():
                 self.first_reward_errors.setdefault(term, text)
             self.first_env_error = self.first_env_error or beat.env_first_error
@@ -155,6 +162,7 @@ class GeneratorRegistry:
         state.next_seq, state.acked_version, state.down = 0, -1, False
         state.reported_before = dict(state.reported)
         state.rejected_before = state.weights_rejected
+        state.delta_mismatches = 0
 
     def _skip_to(self, generator_id: int, state: GeneratorState, next_seq: int) -> None:
         missing = next_seq - state.next_seq
@@ -277,6 +285,13 @@ class GeneratorRegistry:
                                 for g, (count, reason) in sorted(rejected.items()))
             raise WeightsRejected(f"a generator could not accept weight pushes ({details}); check "
                                   "wire.max_message_bytes and weights.chunk_bytes")
+
+    def take_full_push_requests(self) -> dict[int, int]:
+        """weights.delta: the generators that reported a delta they could not apply since the last
+        call, each with the version it holds (it needs a full push of a newer one)."""
+        with self._lock:
+            wanted, self.full_push_wanted = self.full_push_wanted, {}
+        return wanted
 
     def last_seen(self) -> str:
         """For timeout messages: how long ago each generator was heard from."""

@@ -35,6 +35,7 @@ class GroupChannel:
         # The next group's number: the learner's registry counts a gap in the numbers as groups lost.
         self.next_seq = 0
         self.reported_rejections = 0  # rejected weight messages, as the last heartbeat counted them
+        self.reported_mismatches = 0  # weights.delta: deltas it could not apply, as the last heartbeat counted them
         self._last_heartbeat = 0.0
 
     def acknowledge(self, version: int) -> None:
@@ -68,6 +69,7 @@ class GroupChannel:
         rewards = self.scorer.stats_snapshot()
         rejected, reason = weights.rejections()
         self.reported_rejections = rejected
+        self.reported_mismatches = weights.delta_mismatches
         self.sink.try_send(Heartbeat(self.generator_id, self.next_seq, version, idle_s=self.stats.idle_s,
                                      reward_errors=rewards["reward/errors"],
                                      groups_dropped=rewards["reward/groups_dropped"] + self.stats.env_groups_dropped,
@@ -75,5 +77,6 @@ class GroupChannel:
                                      reward_calls=rewards["reward/calls"],
                                      reward_first_errors=self.scorer.first_errors(), incarnation=self.incarnation,
                                      env_calls=self.stats.env_calls, env_errors=sum(self.stats.env_errors.values()),
-                                     env_first_error=self.stats.env_first_error),
+                                     env_first_error=self.stats.env_first_error,
+                                     delta_mismatches=self.reported_mismatches),
                            timeout_s=0.0)

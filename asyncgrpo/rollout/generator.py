@@ -314,9 +314,10 @@ class Generator:
 
     def _poll_weights(self, wait_s: float) -> None:
         """Read what the weight stream brought; report rejected weight messages at once (the learner
-        fails the run with the reason)."""
+        fails the run with the reason), and a delta it could not apply (the learner sends a full push)."""
         self.weights.poll(wait_s)
-        if self.weights.rejections()[0] > self.channel.reported_rejections:
+        if (self.weights.rejections()[0] > self.channel.reported_rejections
+                or self.weights.delta_mismatches > self.channel.reported_mismatches):
             self._heartbeat(periodic=False)
 
     def _wait_for_version(self, version: int) -> None:

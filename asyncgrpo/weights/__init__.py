@@ -15,6 +15,7 @@ from asyncgrpo.weights.base import (
     WeightTarget,
     model_spec,
 )
+from asyncgrpo.weights.delta import DeltaBase, DeltaEncoder
 from asyncgrpo.weights.nccl import NcclWeightReceiver, NcclWeightSender
 from asyncgrpo.weights.shm import ShmWeightReceiver, ShmWeightSender, default_directory
 from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype_for
@@ -34,8 +35,10 @@ def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch
     if backend == "shm":
         return ShmWeightSender(publisher, model_spec(model_dir), wire_dtype, cfg.weights.shm_dir or default_directory())
     # A restarted generator gets the newest version again (`republish`): kept only if it can restart.
+    # weights.delta keeps the newest push's wire values anyway, which republish sends as a full push.
+    delta = DeltaEncoder(cfg.weights.full_every) if cfg.weights.delta else None
     return ZmqWeightSender(publisher, model_spec(model_dir), cfg.weights.chunk_bytes,
-                           wire_dtype, keep_newest=cfg.rollout.max_restarts > 0)
+                           wire_dtype, keep_newest=cfg.rollout.max_restarts > 0, delta=delta)
 
 
 def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: torch.device) -> WeightReceiver:
@@ -45,4 +48,4 @@ def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: t
     if backend == "shm":
         return ShmWeightReceiver(subscriber, model_spec(model_dir),
                                  wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype), cfg.wire.timeout_s)
-    return ZmqWeightReceiver(subscriber)
+    return ZmqWeightReceiver(subscriber, DeltaBase() if cfg.weights.delta else None)

@@ -107,6 +107,7 @@ class WeightReceiver(Protocol):
     shutdown_reason: str | None
     newest_version: int
     saves: SaveWatch  # the checkpoint saves announced on the weight stream
+    delta_mismatches: int  # weights.delta: deltas it could not apply (not its base); 0 for other pushes
 
     def rejections(self) -> tuple[int, str]:
         """Weight messages that could not be used, and the first reason (reported to the learner)."""
@@ -130,6 +131,8 @@ class StreamReceiver:
     whose `Shutdown` and `SaveNotice` mean the same whatever the backend, and the count of messages
     it could not use. Each backend says what a `WeightsChunk` means (`_on_chunk`: a piece of a
     version, or the announcement of one)."""
+
+    delta_mismatches = 0  # only zmq applies deltas (weights.delta)
 
     def __init__(self, subscriber: Any) -> None:
         """`subscriber`: an `asyncgrpo.wire.Subscriber` (or a test's stand-in with `recv` and `rejected`)."""

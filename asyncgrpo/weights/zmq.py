@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from asyncgrpo.weights.base import StreamReceiver, TensorSpec, WeightTarget
+from asyncgrpo.weights.delta import DeltaBase, DeltaEncoder
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
 
 _TORCH_TO_WIRE = {
@@ -103,11 +104,14 @@ class ZmqWeightSender:
     """Learner side (rank 0). `spec`: the names, shapes and dtypes of every push, in order."""
 
     def __init__(self, publisher: Publisher, spec: Sequence[TensorSpec], chunk_bytes: int,
-                 wire_dtype: torch.dtype, keep_newest: bool = False) -> None:
+                 wire_dtype: torch.dtype, keep_newest: bool = False, delta: DeltaEncoder | None = None) -> None:
         """`keep_newest`: hold the newest push's chunks for `republish` (a copy of the weights in the
-        wire dtype, in this process's memory), for generators that may restart."""
+        wire dtype, in this process's memory), for generators that may restart. `delta`: push only
+        what changed (weights.delta; a 16-bit wire dtype); it keeps the newest push's wire values,
+        so `republish` works with it whatever `keep_newest`."""
         self.publisher = publisher
         self.keep_newest = keep_newest
+        self.delta = delta
         self.newest: list[WeightsChunk] = []
         self.endpoint = publisher.endpoint
         self.spec = list(spec)
@@ -119,6 +123,16 @@ class ZmqWeightSender:
     def payload_bytes(self) -> int:
         return sum(math.prod(shape) for _, shape, _ in self.spec) * self.wire_dtype.itemsize
 
+    @property
+    def changed_fraction(self) -> float:
+        """weights.delta: the fraction of elements whose wire value changed in the last push."""
+        return self.delta.changed_fraction if self.delta is not None else 1.0
+
+    def request_full(self) -> None:
+        """weights.delta: make the next push a full one."""
+        if self.delta is not None:
+            self.delta.request_full()
+
     def join_address(self) -> dict[str, Any]:
         return {}  # subscribers connect to `endpoint`; nothing else to join
 
@@ -127,39 +141,67 @@ class ZmqWeightSender:
 
     def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Publish every tensor as version `version`, consuming `named_tensors` (which may be a
-        generator that gathers lazily) tensor by tensor; returns the payload bytes sent."""
+        generator that gathers lazily) tensor by tensor; returns the payload bytes sent. With
+        weights.delta, only what changed since the previous push, unless a full push is due."""
         tensors = iter(named_tensors)
+        full = self.delta is None or self.delta.next_is_full()
+        total = self._publish(version, lambda index: self._next_array(tensors, index), full,
+                              keep=self.keep_newest and self.delta is None, track=self.delta is not None)
+        if self.delta is not None:
+            self.delta.pushed(version, full)
+        self.bytes_pushed += total
+        return total
+
+    def _publish(self, version: int, array_of: Callable[[int], tuple[np.ndarray, str]], full: bool,
+                 keep: bool, track: bool = False) -> int:
+        """Publish `version` chunk by chunk, taking each tensor's wire array from `array_of(index)`
+        when its first piece is due; a delta (not `full`) against `self.delta`'s previous push.
+        `keep`: hold the chunks for `republish`; `track`: each tensor becomes the next delta's base.
+        Returns the payload bytes."""
         arrays: dict[int, tuple[np.ndarray, str]] = {}
         chunks: list[WeightsChunk] = []
         total = 0
         for chunk_index, pieces in enumerate(self.plan):
-            names, parts, dtypes, shapes, offsets = [], [], [], [], []
+            chunk = WeightsChunk(version=version, chunk_index=chunk_index, num_chunks=len(self.plan), names=[],
+                                 tensors=[], dtypes=[], shapes=[], offsets=[],
+                                 base_version=-1 if full else self.delta.base_version)
             for piece in pieces:
                 if piece.index not in arrays:
-                    arrays[piece.index] = self._next_array(tensors, piece.index)
+                    arrays[piece.index] = array_of(piece.index)
                 array, wire_dtype = arrays[piece.index]
                 name, shape, _ = self.spec[piece.index]
-                names.append(name)
-                parts.append(array[piece.start:piece.stop])
-                dtypes.append(wire_dtype)
-                shapes.append(list(shape))
-                offsets.append(piece.start)
+                part = array[piece.start:piece.stop]
+                if not full:
+                    encoding, positions, part = self.delta.encode(piece.index, piece.start, part)
+                    chunk.encodings.append(encoding)
+                    chunk.spans.append(piece.stop - piece.start)
+                    chunk.positions.append(positions)
+                    total += positions.nbytes
+                chunk.names.append(name)
+                chunk.tensors.append(part)
+                chunk.dtypes.append(wire_dtype)
+                chunk.shapes.append(list(shape))
+                chunk.offsets.append(piece.start)
+                total += part.nbytes
                 if piece.stop == array.size:
+                    if track:
+                        self.delta.keep(piece.index, array, wire_dtype, full)
                     del arrays[piece.index]  # the frames keep what is still being sent alive
-            chunk = WeightsChunk(version=version, chunk_index=chunk_index, num_chunks=len(self.plan), names=names,
-                                 tensors=parts, dtypes=dtypes, shapes=shapes, offsets=offsets)
             self.publisher.publish(chunk)
-            if self.keep_newest:  # the pieces are private copies (tensor_to_wire): safe to send again
+            if keep:  # the pieces are private copies (tensor_to_wire): safe to send again
                 chunks.append(chunk)
-            total += sum(part.nbytes for part in parts)
-        if self.keep_newest:
+        if keep:
             self.newest = chunks
-        self.bytes_pushed += total
         return total
 
     def republish(self) -> None:
         """Publish the newest push again (a subscriber that connected since received none of it);
-        the generators that already hold it skip it."""
+        the generators that already hold it skip it. With weights.delta, as a full push built from
+        the kept wire values (a delta would need a base the newcomer lacks)."""
+        if self.delta is not None:
+            if self.delta.base_version >= 0:
+                self._publish(self.delta.base_version, self.delta.previous.__getitem__, full=True, keep=False)
+            return
         if not self.keep_newest:
             raise RuntimeError("republish needs a ZmqWeightSender built with keep_newest=True")
         for chunk in self.newest:
@@ -190,11 +232,18 @@ class _Assembly:
 
     version: int
     num_chunks: int
+    base_version: int = -1  # a delta onto that version (weights.delta): its pieces wait in `deltas`
     chunks_seen: set[int] = field(default_factory=set)
     tensors: dict[str, tuple[np.ndarray, str, list[int]]] = field(default_factory=dict)  # name -> flat, dtype, shape
     filled: dict[str, int] = field(default_factory=dict)  # name -> elements received
+    # name, offset, span, encoding, positions, values: applied all at once when the delta is complete
+    deltas: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def add(self, chunk: WeightsChunk) -> None:
+        if chunk.is_delta:
+            self.deltas += zip(chunk.names, chunk.offsets, chunk.spans, chunk.encodings, chunk.positions, chunk.tensors)
+            self.chunks_seen.add(chunk.chunk_index)
+            return
         for name, part, dtype, shape, offset in zip(chunk.names, chunk.tensors, chunk.dtypes, chunk.shapes,
                                                     chunk.offsets):
             numel = math.prod(shape)
@@ -222,12 +271,21 @@ class _Assembly:
 
 class ZmqWeightReceiver(StreamReceiver):
     """Generator side: drains the subscription, assembles the newest version, keeps the newest
-    complete one. A chunk it cannot use is counted under `rejections` (reported to the learner)."""
+    complete one. A chunk it cannot use is counted under `rejections` (reported to the learner).
+    With `delta` (weights.delta) it keeps that version's wire values to apply the next delta onto;
+    a delta onto another version (one was lost) is skipped and counted (`delta_mismatches`, which
+    the heartbeat reports: learner rank 0 then publishes a full push) and the engine keeps its
+    weights meanwhile: it never loads a mix of two versions."""
 
-    def __init__(self, subscriber: Subscriber) -> None:
+    def __init__(self, subscriber: Subscriber, delta: DeltaBase | None = None) -> None:
         super().__init__(subscriber)
         self._assembly: _Assembly | None = None
         self.latest: tuple[int, list[tuple[str, torch.Tensor]]] | None = None
+        self.delta = delta
+
+    @property
+    def delta_mismatches(self) -> int:
+        return self.delta.mismatches if self.delta is not None else 0
 
     def join(self, address: dict[str, Any]) -> None:
         pass  # the subscription is the whole transport
@@ -244,8 +302,16 @@ class ZmqWeightReceiver(StreamReceiver):
         assembly = self._assembly
         if chunk.version <= self.newest_version or (assembly is not None and chunk.version < assembly.version):
             return False  # older than what we have: skipped
-        if assembly is None or chunk.version > assembly.version:
-            assembly = self._assembly = _Assembly(chunk.version, chunk.num_chunks)  # a newer push replaces a partial one
+        if chunk.is_delta and not self._delta_applies(chunk):
+            if assembly is not None and chunk.version > assembly.version:
+                self._assembly = None  # that older push lost chunks: it will never complete
+            return False
+        # A newer push replaces a partial one; so does a full push of the version whose delta is under way.
+        if (assembly is None or chunk.version > assembly.version
+                or (assembly.base_version >= 0 and not chunk.is_delta)):
+            assembly = self._assembly = _Assembly(chunk.version, chunk.num_chunks, chunk.base_version)
+        elif chunk.base_version != assembly.base_version:
+            return False  # a delta of the version whose full push is under way: the full one will do
         if chunk.num_chunks != assembly.num_chunks:
             raise ValueError(f"weights version {chunk.version}: chunk counts {chunk.num_chunks} and {assembly.num_chunks}")
         if chunk.chunk_index in assembly.chunks_seen:
@@ -253,10 +319,35 @@ class ZmqWeightReceiver(StreamReceiver):
         assembly.add(chunk)
         if not assembly.complete:
             return False
-        self.latest = (chunk.version, assembly.named_tensors())
-        self.newest_version = chunk.version
         self._assembly = None
+        self.latest = (chunk.version, self._complete(assembly))
+        self.newest_version = chunk.version
         return True
+
+    def _delta_applies(self, chunk: WeightsChunk) -> bool:
+        """A delta chunk: whether this receiver holds its base version (else counted as a mismatch)."""
+        if self.delta is None:
+            raise ValueError(f"weights version {chunk.version}: a delta push, but this generator keeps no base "
+                             "(weights.delta differs between learner and generator)")
+        if chunk.base_version == self.delta.version:
+            return True
+        self.delta.mismatch(chunk.version)
+        return False
+
+    def _complete(self, assembly: _Assembly) -> list[tuple[str, torch.Tensor]]:
+        """The tensors of a version just completed; with weights.delta it becomes the base."""
+        if self.delta is None:
+            return assembly.named_tensors()
+        if assembly.base_version < 0:
+            named = assembly.named_tensors()
+            self.delta.replace(assembly.version, assembly.tensors)
+            return named
+        try:
+            self.delta.apply(assembly.version, assembly.deltas)
+        except ValueError:
+            self.delta.drop()
+            raise
+        return [(name, wire_to_tensor(flat, dtype).view(*shape)) for name, (flat, dtype, shape) in self.delta.tensors.items()]
 
     def take_latest(self) -> tuple[int, list[tuple[str, torch.Tensor]]] | None:
         latest, self.latest = self.latest, None

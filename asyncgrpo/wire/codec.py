@@ -17,6 +17,9 @@ import msgpack
 import numpy as np
 
 from asyncgrpo.wire.messages import (
+    DELTA_INDEX,
+    DELTA_MASK,
+    DELTA_VALUES,
     SCHEMA_VERSION,
     Grant,
     Heartbeat,
@@ -95,8 +98,16 @@ def encode(message: Message) -> list[Frame]:
             "names": list(message.names),
             "shapes": [[int(d) for d in shape] for shape in message.shapes],
             "offsets": [int(o) for o in message.offsets],
+            "base": int(message.base_version),
         }
-        return _pack(header, list(zip(message.tensors, message.dtypes, strict=True)))
+        arrays = list(zip(message.tensors, message.dtypes, strict=True))
+        if message.is_delta:
+            # The values first (one per name, as in a full push), then the positions of the pieces that have some.
+            header["enc"] = [int(e) for e in message.encodings]
+            header["spans"] = [int(n) for n in message.spans]
+            arrays += [(positions, "int32" if enc == DELTA_INDEX else "uint8")
+                       for enc, positions in zip(message.encodings, message.positions, strict=True) if enc != DELTA_VALUES]
+        return _pack(header, arrays)
     if isinstance(message, VersionAck):
         return _pack({"t": int(MsgType.ACK), "gen": int(message.generator_id), "inc": int(message.incarnation),
                       "version": int(message.version)}, [])
@@ -118,6 +129,7 @@ def encode(message: Message) -> list[Frame]:
             "env_calls": int(message.env_calls),
             "env_errors": int(message.env_errors),
             "env_first_error": str(message.env_first_error)[:MAX_REJECTION_CHARS],
+            "delta_mismatches": int(message.delta_mismatches),
         }
         return _pack(header, [])
     if isinstance(message, Shutdown):
@@ -373,30 +385,70 @@ def _group_meta(header: dict[str, Any], versions: np.ndarray, policy_mask: np.nd
 
 def _decode_weights(header: dict[str, Any], arrays: list[np.ndarray]) -> WeightsChunk:
     names = _field(header, "names", list)
-    if len(names) != len(arrays) or not all(type(n) is str for n in names):
+    base = _int_field(header, "base", minimum=-1)
+    values = arrays[:len(names)]
+    if not all(type(n) is str for n in names) or (len(names) != len(arrays) if base < 0 else len(names) > len(arrays)):
         raise WireError("bad_field", "one string name per weight array")
     num_chunks = _int_field(header, "chunks", minimum=1)
     chunk_index = _int_field(header, "chunk")
     if chunk_index >= num_chunks:
         raise WireError("bad_field", f"chunk {chunk_index} of {num_chunks}")
     shapes, offsets = _field(header, "shapes", list), _field(header, "offsets", list)
-    if len(shapes) != len(arrays) or len(offsets) != len(arrays):
+    if len(shapes) != len(names) or len(offsets) != len(names):
         raise WireError("bad_field", "one shape and one offset per weight array")
-    for shape, offset, array in zip(shapes, offsets, arrays):
+    delta = _decode_delta(header, names, values, arrays[len(names):]) if base >= 0 else ([], [], [])
+    spans = delta[1] or [array.size for array in values]
+    for shape, offset, span, array in zip(shapes, offsets, spans, values):
         if type(shape) is not list or not all(type(d) is int and 0 <= d < _MAX_INT for d in shape):
             raise WireError("bad_field", "a weight shape is a list of sizes")
-        if type(offset) is not int or array.ndim != 1 or not 0 <= offset <= offset + array.size <= math.prod(shape):
-            raise WireError("bad_field", f"a weight piece of {array.size} elements at {offset} does not fit {shape}")
+        if type(offset) is not int or array.ndim != 1 or not 0 <= offset <= offset + span <= math.prod(shape):
+            raise WireError("bad_field", f"a weight piece of {span} elements at {offset} does not fit {shape}")
     return WeightsChunk(
         version=_int_field(header, "version"),
         chunk_index=chunk_index,
         num_chunks=num_chunks,
         names=names,
-        tensors=arrays,
-        dtypes=[d[0] for d in header["a"]],
+        tensors=values,
+        dtypes=[d[0] for d in header["a"][:len(names)]],
         shapes=shapes,
         offsets=offsets,
+        base_version=base,
+        encodings=delta[0],
+        spans=delta[1],
+        positions=delta[2],
     )
+
+
+def _decode_delta(header: dict[str, Any], names: list[str], values: list[np.ndarray],
+                  extra: list[np.ndarray]) -> tuple[list[int], list[int], list[np.ndarray]]:
+    """A delta chunk's encodings, spans and positions (one per piece; empty positions for
+    DELTA_VALUES), checked against each other: whether the positions stay inside their span and
+    the mask's popcount matches is the receiver's check (it needs the data)."""
+    encodings, spans = _field(header, "enc", list), _field(header, "spans", list)
+    if len(encodings) != len(names) or len(spans) != len(names):
+        raise WireError("bad_field", "one encoding and one span per delta piece")
+    if not all(e in (DELTA_VALUES, DELTA_INDEX, DELTA_MASK) and type(e) is int for e in encodings):
+        raise WireError("bad_field", f"delta encodings must be {DELTA_VALUES}, {DELTA_INDEX} or {DELTA_MASK}")
+    if not all(type(n) is int and 0 <= n < _MAX_INT for n in spans):
+        raise WireError("bad_field", "a delta span is a size")
+    if len(extra) != sum(e != DELTA_VALUES for e in encodings):
+        raise WireError("frame_count", "one positions array per delta piece that is not all values")
+    positions, extras = [], iter(extra)
+    for enc, span, array in zip(encodings, spans, values):
+        if array.ndim != 1:
+            raise WireError("bad_shape", "delta values must be 1-d")
+        if enc == DELTA_VALUES:
+            positions.append(np.empty(0, dtype=np.int32))
+            if array.size != span:
+                raise WireError("bad_field", f"a delta piece of all values has {array.size} values for a span of {span}")
+            continue
+        where = next(extras)
+        want = (np.dtype("<i4"), array.size) if enc == DELTA_INDEX else (np.dtype("u1"), -(-span // 8))
+        if where.ndim != 1 or where.dtype != want[0] or where.size != want[1] or array.size > span:
+            raise WireError("bad_field", f"delta positions ({where.dtype}, {where.size}) do not fit "
+                                         f"{array.size} values in a span of {span}")
+        positions.append(where)
+    return encodings, spans, positions
 
 
 def _decode_ack(header: dict[str, Any], arrays: list[np.ndarray]) -> VersionAck:
@@ -425,6 +477,7 @@ def _decode_heartbeat(header: dict[str, Any], arrays: list[np.ndarray]) -> Heart
         env_calls=_int_field(header, "env_calls"),
         env_errors=_int_field(header, "env_errors"),
         env_first_error=_field(header, "env_first_error", str)[:MAX_REJECTION_CHARS],
+        delta_mismatches=_int_field(header, "delta_mismatches"),
     )
 
 

@@ -27,9 +27,11 @@ import numpy as np
 # 8: groups carry a per-token policy mask: which completion tokens the policy sampled (trained) and
 #    which an environment inserted (multi-turn episodes; never trained); heartbeats carry environment
 #    calls, failed ones and the first failure (environment outages stop the run).
+# 9: delta weight pushes (weights.delta): a chunk names the version its pieces apply onto and how each
+#    names its changed elements; heartbeats count the deltas a generator could not apply (a lost one).
 # `SaveNotice` (type 6), `TicketRequest` (7) and `Grant` (8) came later without a bump: a new type changes no existing layout or meaning
 # (an older peer rejects it as unknown_type, never misreads it), and recorded groups stay readable.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 class MsgType(IntEnum):
@@ -139,6 +141,13 @@ class WeightsChunk:
 
     Piece i is elements [offsets[i], offsets[i] + tensors[i].size) of tensor `names[i]` flattened,
     whose full shape is `shapes[i]`: a tensor larger than a chunk is split over several chunks.
+
+    A delta push (`base_version` >= 0, weights.delta) carries only the elements whose wire value
+    changed since version `base_version`, which the receiver must hold: piece i then spans
+    `spans[i]` elements from `offsets[i]`, `tensors[i]` holds the changed values and
+    `encodings[i]` says how they are placed (DELTA_VALUES: all the span's values, `positions[i]`
+    empty; DELTA_INDEX: `positions[i]` int32 positions within the span, increasing; DELTA_MASK:
+    `positions[i]` a uint8 bitmask of the span, little-endian bit order).
     """
 
     version: int
@@ -149,6 +158,18 @@ class WeightsChunk:
     dtypes: list[str]
     shapes: list[list[int]]
     offsets: list[int]
+    base_version: int = -1  # -1: a full push; else a delta onto that version (weights.delta)
+    encodings: list[int] = field(default_factory=list)  # per piece, delta only: DELTA_*
+    spans: list[int] = field(default_factory=list)  # per piece, delta only: elements it covers
+    positions: list[np.ndarray] = field(default_factory=list)  # per piece, delta only: see above
+
+    @property
+    def is_delta(self) -> bool:
+        return self.base_version >= 0
+
+
+# How a delta piece places its changed values (WeightsChunk.encodings).
+DELTA_VALUES, DELTA_INDEX, DELTA_MASK = 0, 1, 2
 
 
 @dataclass
@@ -179,6 +200,9 @@ class Heartbeat:
     env_calls: int = 0  # environment calls made (resets and steps): the env error rate's denominator
     env_errors: int = 0  # of those, the ones that failed (any cause: raised, timed out, invalid)
     env_first_error: str = ""  # the first failure's text, so a run that fails on the env error rate says why
+    # delta weight pushes it could not apply because it did not hold their base version (one was
+    # lost on the way): not fatal; an increase asks learner rank 0 for a full push (weights.delta)
+    delta_mismatches: int = 0
 
 
 @dataclass

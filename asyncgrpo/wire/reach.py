@@ -30,9 +30,12 @@ def wire_transport(cfg: Config) -> str:
 
 def weights_backend(cfg: Config) -> str:
     """`weights.backend` with auto decided: shared memory when the wire stays on this node (ipc)
-    and the machine is x86-64 (the slots' seqlock needs its memory ordering), zmq otherwise."""
+    and the machine is x86-64 (the slots' seqlock needs its memory ordering), zmq otherwise; zmq
+    with weights.delta (bytes saved matter on a network, not in a local copy)."""
     if cfg.weights.backend != "auto":
         return cfg.weights.backend
+    if cfg.weights.delta:
+        return "zmq"
     return "shm" if wire_transport(cfg) == "ipc" and ordered_memory_platform() else "zmq"
 
 

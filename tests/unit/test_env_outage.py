@@ -126,6 +126,8 @@ class QuietScorer:
 
 
 class NoRejections:
+    delta_mismatches = 0
+
     def rejections(self) -> tuple[int, str]:
         return 0, ""
 

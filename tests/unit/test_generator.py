@@ -196,6 +196,8 @@ class PushesWhileWaiting:
     """A weight receiver whose learner pushes the next version whenever the generator waits for one
     (polls with a timeout), `versions` times; at the wait after that, it asks the generator to stop."""
 
+    delta_mismatches = 0
+
     def __init__(self, versions: int, first_version: int = 0) -> None:
         self.remaining = versions
         self.newest_version = first_version

@@ -33,6 +33,8 @@ class ScriptedLearner:
     `SaveNotice`, a version number (a push) or a string (a shutdown); a poll waits (moves the clock)
     up to its timeout for the next one."""
 
+    delta_mismatches = 0
+
     def __init__(self, clock: Clock, events: list[tuple[float, Any]]) -> None:
         self.clock, self.events = clock, sorted(events, key=lambda event: event[0])
         self.saves = SaveWatch(clock)

@@ -88,6 +88,8 @@ class ScriptedEngine:
 class PushBeforeEveryStep:
     """A weight receiver on which a new version is ready whenever the generator looks."""
 
+    delta_mismatches = 0
+
     def __init__(self) -> None:
         self.newest_version = 0
         self.shutdown_reason = None
