@@ -4,6 +4,7 @@
     .venv/bin/python -m tools.bench_push --sizes tiny --pushes 20
     .venv/bin/python -m tools.bench_push --sizes qwen2.5-0.5b --pushes 5   # any `asyncgrpo make-model` shape
     .venv/bin/python -m tools.bench_push --backends zmq,shm              # side by side (the default)
+    .venv/bin/python -m tools.bench_push --sizes qwen2.5-0.5b --backends zmq --lora-rank 16   # + adapter rows
 
 For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format) and
 each weight backend (`weights.backend`: zmq chunks over a ZeroMQ socket, shm shared-memory slots):
@@ -16,6 +17,12 @@ covers gather, copy, send, receive, assemble and the engine load. Blocked = how 
 is inside the push (gather and copy; zmq's sending itself is ZeroMQ's I/O thread). MB/s = payload
 bytes / median latency. Correctness: after the last push the engine's log-probs of fixed sequences
 are compared with the learner's forward.
+
+Adapter rows (`--lora-rank R`, R > 0): the same model trained as LoRA (rank R, every linear layer of
+the decoder layers, weights.lora_push=adapter): a push carries the adapters only and the generator
+merges them onto its copy of the base's targeted layers (asyncgrpo/weights/adapters.py), so its
+load time is the merge plus the engine's load. Each push perturbs what trains (all parameters, or
+the adapters), so every load changes the weights.
 
 Prints a table, then one JSON line.
 """
@@ -67,11 +74,15 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     from asyncgrpo.config import load
     from asyncgrpo.rollout.engine import VLLMEngine
     from asyncgrpo.weights import make_receiver
+    from asyncgrpo.weights.adapters import merging_receiver
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
     engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
                         max_running_seqs=256, prefix_caching=True)
-    receiver = make_receiver(load(overrides), Subscriber(weights_endpoint), model_dir, torch.device("cpu"))
+    cfg = load(overrides)
+    # A LoRA run's adapter pushes are merged on the way into the engine (else the receiver itself).
+    receiver = merging_receiver(cfg, make_receiver(cfg, Subscriber(weights_endpoint), model_dir, torch.device("cpu")),
+                                model_dir)
     receiver.join({**join_address, "rank": 1})
     acks = Sender(acks_endpoint)
     acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready
@@ -87,7 +98,8 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     results.put({"load_s": load_s, "probe_logp": [x.tolist() for x in engine.sequence_logprobs(probes, temperature=1.0)]})
 
 
-def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
+def bench_size(size: str, backend: str, pushes: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
+    """One row; `extra`: more overrides (an adapter row's learner.lora.*)."""
     import numpy as np
     import torch
 
@@ -99,7 +111,7 @@ def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
         model_dir = Path(tmp) / size
         params = build(size, model_dir)
         overrides = ["learner.warmup_steps=0", f"model.path={model_dir}", f"run_dir={tmp}/run",
-                     f"weights.backend={backend}"]
+                     f"weights.backend={backend}", *extra]
         cfg = load(overrides)
         learner = Learner.from_config(cfg, str(model_dir), cores=[1])
         acks = Receiver()
@@ -128,7 +140,8 @@ def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
         for version in range(1, pushes + 1):
             with torch.no_grad():  # a different model each push, so every load really changes weights
                 for p in learner.policy.model.parameters():
-                    p.add_(1e-4)
+                    if p.requires_grad:  # under LoRA the adapters only: the generator's base is the files'
+                        p.add_(1e-4)
             start = time.perf_counter()
             learner.version = version
             payload = learner.push_weights()
@@ -149,12 +162,40 @@ def bench_size(size: str, backend: str, pushes: int) -> dict[str, float]:
         "bytes_per_push": payload,
         "latency_ms_median": 1e3 * statistics.median(latencies),
         "latency_ms_max": 1e3 * max(latencies),
+        "latency_ms_min": 1e3 * min(latencies),
         "learner_blocked_ms_median": 1e3 * statistics.median(blocked_s),
         "engine_load_ms_median": 1e3 * statistics.median(generator["load_s"]),
+        "engine_load_ms_max": 1e3 * max(generator["load_s"]),
         "mb_per_s": payload / 1e6 / statistics.median(latencies),
         "probe_max_abs_diff": diff,
         "pushes": pushes,
     }
+
+
+def adapter_overrides(rank: int) -> tuple[str, ...]:
+    """An adapter row's settings: LoRA of rank `rank` on every linear layer, adapter-only pushes."""
+    return (f"learner.lora.rank={rank}", f"learner.lora.alpha={2 * rank}", "learner.lora.target_modules=[all-linear]",
+            "weights.lora_push=adapter")
+
+
+def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int) -> list[dict[str, float]]:
+    """The adapter rows (`--lora-rank`), labelled `<backend>+lora<rank>`, each with its bytes as a
+    fraction of the full push's (`full_over_adapter_bytes`, from the two tensor specs)."""
+    from asyncgrpo.schema import LoraConfig
+    from asyncgrpo.weights.adapters import adapter_fraction, adapter_spec
+    from asyncgrpo.weights.base import model_spec
+
+    rows = []
+    for size in sizes:
+        for backend in backends:
+            row = bench_size(size, backend, pushes, adapter_overrides(rank))
+            row["backend"] = f"{backend}+lora{rank}"
+            with tempfile.TemporaryDirectory() as tmp:  # the shapes only: rebuilt to read the specs
+                build(size, Path(tmp))
+                fraction = adapter_fraction(adapter_spec(tmp, LoraConfig(rank=rank)), model_spec(tmp))
+            row["full_over_adapter_bytes"] = 1 / fraction
+            rows.append(row)
+    return rows
 
 
 def main() -> int:
@@ -163,16 +204,20 @@ def main() -> int:
     parser.add_argument("--sizes", default="tiny,100M")
     parser.add_argument("--pushes", type=int, default=10)
     parser.add_argument("--backends", default="zmq,shm")
+    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: also the adapter rows, LoRA of this rank")
+    parser.add_argument("--adapter-only", action="store_true", help="with --lora-rank: the adapter rows alone")
     args = parser.parse_args()
-    rows = [bench_size(size, backend, args.pushes) for size in args.sizes.split(",")
-            for backend in args.backends.split(",")]
+    sizes, backends = args.sizes.split(","), args.backends.split(",")
+    rows = [] if args.adapter_only else [bench_size(size, backend, args.pushes) for size in sizes for backend in backends]
+    if args.lora_rank > 0:
+        rows += adapter_rows(sizes, backends, args.pushes, args.lora_rank)
     print()
-    header = (f"{'model':<13} {'backend':<7} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
+    header = (f"{'model':<13} {'backend':<12} {'params':>12} {'MB/push':>8} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
               f"{'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['size']:<13} {r['backend']:<7} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.1f} {r['latency_ms_median']:>10.1f} "
+        print(f"{r['size']:<13} {r['backend']:<12} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.1f} {r['latency_ms_median']:>10.1f} "
               f"{r['latency_ms_max']:>7.1f} {r['learner_blocked_ms_median']:>10.1f} "
               f"{r['engine_load_ms_median']:>7.1f} {r['mb_per_s']:>6.0f} {r['probe_max_abs_diff']:>10.2e}")
     print()
