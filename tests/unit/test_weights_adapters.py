@@ -160,3 +160,25 @@ def test_an_adapter_push_over_real_zmq_sockets_lands_merged_in_the_engine(base_d
     finally:
         subscriber.close()
         publisher.close()
+
+
+def test_only_an_adapter_pushing_run_wraps_the_generators_receiver_which_keeps_its_own_state(base_dir):
+    class Receiver:
+        newest_version, shutdown_reason = 3, None
+
+        def apply_newest(self, target):
+            target.load_weights(self.named)
+            return self.newest_version
+
+    inner = Receiver()
+    assert merging_receiver(cfg_of(0), inner, base_dir) is inner
+    assert merging_receiver(cfg_of(4, "[all-linear]", "weights.lora_push=merged"), inner, base_dir) is inner
+    cfg = cfg_of(4)
+    wrapped = merging_receiver(cfg, inner, base_dir)
+    learner = policy(base_dir, cfg.learner.lora)
+    inner.named = list(pushed_tensors(learner, cfg))
+    engine = Engine()
+    assert wrapped.newest_version == 3 and wrapped.shutdown_reason is None
+    assert wrapped.apply_newest(engine) == 3
+    want = dict(learner.full_state_dict())
+    assert engine.weights and all(torch.equal(engine.weights[name], want[name]) for name in engine.weights)
