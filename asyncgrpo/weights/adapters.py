@@ -27,7 +27,7 @@ A float32 copy would cost twice the memory of a bf16 checkpoint for no gain in e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,13 @@ def read_base(model_dir: str, names: Iterable[str]) -> dict[str, torch.Tensor]:
     return found
 
 
+def _layer_of(path: str) -> str:
+    """The decoder layer a module path is in (`model.layers.3`): up to its first number."""
+    parts = path.split(".")
+    number = next((i for i, part in enumerate(parts) if part.isdigit()), len(parts) - 1)
+    return ".".join(parts[:number + 1])
+
+
 class AdapterMerge:
     """Generator side: the base of the targeted layers and the merge of each push (module docstring)."""
 
@@ -100,30 +107,60 @@ class AdapterMerge:
         self.scaling = lora.alpha / lora.rank
         self.base = read_base(base_dir, [path + ".weight" for path in self.shapes])
         self.base_dir = base_dir
+        self._buffers: dict[tuple[int, int, int], torch.Tensor] = {}
 
     @property
     def base_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.base.values())
 
-    def merged(self, named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        """The weights of every targeted layer for one push of adapters `named` (each exactly once);
-        raises ValueError (one line) for a name or shape that is not this run's adapters'."""
+    def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The push `named` by name, checked whole before anything is loaded: exactly this run's
+        adapter names, A [rank, in] and B [out, rank]; raises ValueError (one line) otherwise."""
         adapters = dict(named)
         expected = {path + suffix for path in self.shapes for suffix in (_A, _B)}
         if set(adapters) != expected:
             odd = sorted(set(adapters) ^ expected)
             raise ValueError(f"an adapter push must carry the {len(expected)} adapter tensors of this run's "
                              f"learner.lora settings; {len(odd)} names differ (e.g. {odd[0]})")
-        result = []
         for path, (out, inp) in self.shapes.items():
             lora_a, lora_b = adapters[path + _A], adapters[path + _B]
             if lora_a.shape[1] != inp or lora_b.shape[0] != out or lora_a.shape[0] != lora_b.shape[1]:
                 raise ValueError(f"adapter push: {path} has A {list(lora_a.shape)} and B {list(lora_b.shape)}, "
                                  f"not [rank, {inp}] and [{out}, rank]")
-            weight = self.base[path + ".weight"].to(torch.float32)
-            # LoraLinear.merge's expression and dtype: the learner's merged weight bit for bit.
-            result.append((path + ".weight", weight + self.scaling * (lora_b.to(torch.float32) @ lora_a.to(torch.float32))))
-        return result
+        return adapters
+
+    def merged_groups(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The merged weights of one push, a decoder layer at a time: each group's tensors are
+        buffers reused by the next group, valid until the caller asks for it (load, or copy, first).
+        Reused buffers spare a fresh allocation (page faults) per tensor per push, and a layer at a
+        time bounds the extra memory to one layer's weights."""
+        adapters = self.check(named)
+        group: list[tuple[str, torch.Tensor]] = []
+        layer = None
+        for path, (out, inp) in self.shapes.items():
+            if group and _layer_of(path) != layer:
+                yield group
+                group = []
+            layer = _layer_of(path)
+            buffer = self._buffer(out, inp, sum(1 for _, t in group if t.shape == (out, inp)))
+            lora_a, lora_b = adapters[path + _A].to(torch.float32), adapters[path + _B].to(torch.float32)
+            # LoraLinear.merge's W + scale * (B @ A), the same roundings in the same order (the add
+            # is W's exact float32 value whatever its stored dtype): the learner's weight bit for bit.
+            torch.mm(lora_b, lora_a, out=buffer).mul_(self.scaling).add_(self.base[path + ".weight"])
+            group.append((path + ".weight", buffer))
+        if group:
+            yield group
+
+    def merged(self, named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """Every targeted layer's merged weight for one push, as copies (tests, tools)."""
+        return [(name, tensor.clone()) for group in self.merged_groups(named) for name, tensor in group]
+
+    def _buffer(self, out: int, inp: int, index: int) -> torch.Tensor:
+        """The `index`-th float32 [out, in] buffer (a layer may hold several layers of one shape)."""
+        key = (out, inp, index)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty(out, inp, dtype=torch.float32)
+        return self._buffers[key]
 
     def onto(self, target: WeightTarget) -> WeightTarget:
         """`target` as a receiver loads into it: adapter pushes arrive merged."""
@@ -135,7 +172,9 @@ class _MergingTarget:
         self.merge, self.target = merge, target
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.target.load_weights(self.merge.merged(named_tensors))
+        # A layer at a time: the engine copies each group before its buffers are reused.
+        for group in self.merge.merged_groups(named_tensors):
+            self.target.load_weights(group)
 
 
 class MergingReceiver:

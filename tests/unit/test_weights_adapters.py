@@ -69,7 +69,8 @@ def policy(base_dir: str, lora_cfg: LoraConfig, seed: int = 0) -> Policy:
 
 
 def cfg_of(rank: int = 4, targets: str = "[all-linear]", *more: str):
-    return load([f"learner.lora.rank={rank}", "learner.lora.alpha=8", f"learner.lora.target_modules={targets}",
+    # alpha / rank = 1.75: a scale whose products round (a power of two would hide an order of roundings).
+    return load([f"learner.lora.rank={rank}", "learner.lora.alpha=7", f"learner.lora.target_modules={targets}",
                  *more])
 
 
@@ -117,7 +118,7 @@ def test_loading_two_pushes_merges_each_onto_the_base_without_accumulating(base_
     once = dict(engine.weights)
     target.load_weights(pushed_tensors(second, cfg))
     target.load_weights(pushed_tensors(first, cfg))
-    assert engine.loads == 3 and engine.weights.keys() == once.keys()
+    assert engine.weights.keys() == once.keys()
     assert all(torch.equal(engine.weights[name], once[name]) for name in once)
     want = dict(second.full_state_dict())
     target.load_weights(pushed_tensors(second, cfg))
