@@ -106,12 +106,7 @@ class AdapterMerge:
         self.shapes = target_shapes(base_dir, lora)
         self.scaling = lora.alpha / lora.rank
         self.base = read_base(base_dir, [path + ".weight" for path in self.shapes])
-        self.base_dir = base_dir
         self._buffers: dict[tuple[int, int, int], torch.Tensor] = {}
-
-    @property
-    def base_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.base.values())
 
     def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The push `named` by name, checked whole before anything is loaded: exactly this run's
