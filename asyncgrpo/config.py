@@ -398,6 +398,7 @@ def _weights_rules(cfg: Config) -> None:
     staleness bound (asyncgrpo/contract.py's check), chunks that fit a wire message."""
     # Imported here, not at the top: these modules import torch, and `import asyncgrpo.config`
     # (the CLI's help, the schema's users) should not pay for it.
+    from asyncgrpo.weights.adapters import LORA_PUSHES
     from asyncgrpo.weights.base import BACKENDS
     from asyncgrpo.weights.zmq import WIRE_DTYPES
     from asyncgrpo.wire import MAX_HEADER_BYTES
@@ -405,6 +406,7 @@ def _weights_rules(cfg: Config) -> None:
     require(cfg.weights.backend in BACKENDS, "weights.backend", one_of(BACKENDS), cfg.weights.backend)
     check_push_settings(require, cfg.weights.push_every_steps, cfg.weights.max_backlog_versions, cfg.train.max_staleness)
     require(cfg.weights.wire_dtype in WIRE_DTYPES, "weights.wire_dtype", one_of(WIRE_DTYPES), cfg.weights.wire_dtype)
+    require(cfg.weights.lora_push in LORA_PUSHES, "weights.lora_push", one_of(LORA_PUSHES), cfg.weights.lora_push)
     require(cfg.weights.chunk_bytes >= 1024, "weights.chunk_bytes", "must be >= 1024", cfg.weights.chunk_bytes)
     # Any tensor is split into chunks, so a push of any size fits once one chunk and its header do.
     require(cfg.weights.chunk_bytes + MAX_HEADER_BYTES <= cfg.wire.max_message_bytes, "weights.chunk_bytes",

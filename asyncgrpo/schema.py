@@ -468,6 +468,13 @@ class WeightsConfig:
     # generator that misses a delta asks for a full push at once (its heartbeat), and one that
     # restarts gets one, whatever this says.
     full_every: int = 20
+    # LoRA runs only (learner.lora.rank > 0; inert under full fine-tuning). adapter: a push carries
+    # the adapters alone (A and B of every targeted layer, in weights.wire_dtype), and each generator
+    # merges them into its own copy of the base's targeted layers (asyncgrpo/weights/adapters.py):
+    # about rank * (in + out) / (in * out) of the bytes. merged: the learner pushes the full merged
+    # weights, as under full fine-tuning; choose it for a generator engine that cannot take
+    # adapter pushes (one that is not built by this project's generator, e.g. a peer inference server).
+    lora_push: str = "adapter"  # adapter | merged
 
 
 @dataclass

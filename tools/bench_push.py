@@ -6,6 +6,7 @@
     .venv/bin/python -m tools.bench_push --backends zmq,shm              # side by side (the default)
     .venv/bin/python -m tools.bench_push --backends zmq-bf16,zmq-delta --lr 1e-6   # delta pushes vs full bf16
     .venv/bin/python -m tools.bench_push --sizes 100M --train-steps 20 --lr 1e-6   # real steps, delta bytes
+    .venv/bin/python -m tools.bench_push --sizes qwen2.5-0.5b --backends zmq --lora-rank 16   # + adapter rows
 
 For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format) and
 each weight backend (`weights.backend`: zmq chunks over a ZeroMQ socket, shm shared-memory slots;
@@ -31,6 +32,12 @@ run's changed fraction is its `perf/push_changed_frac` (docs/METRICS.md).
 generator; nobody subscribes) trains N GRPO steps (AdamW at `--lr`, no warm-up) on synthetic groups
 (random tokens and 0/1 rewards, `--groups` x 4 samples of up to 8 tokens) with `weights.delta=true`
 over a bf16 wire, and reports each push's changed fraction and bytes against a full bf16 push.
+
+Adapter rows (`--lora-rank R`, R > 0): the same model trained as LoRA (rank R, every linear layer of
+the decoder layers, weights.lora_push=adapter): a push carries the adapters only and the generator
+merges them onto its copy of the base's targeted layers (asyncgrpo/weights/adapters.py), so its
+load time is the merge plus the engine's load. Each push perturbs what trains (all parameters, or
+the adapters), so every load changes the weights.
 
 Prints a table, then one JSON line.
 """
@@ -82,11 +89,15 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     from asyncgrpo.config import load
     from asyncgrpo.rollout.engine import VLLMEngine
     from asyncgrpo.weights import make_receiver
+    from asyncgrpo.weights.adapters import merging_receiver
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
     engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
                         max_running_seqs=256, prefix_caching=True)
-    receiver = make_receiver(load(overrides), Subscriber(weights_endpoint), model_dir, torch.device("cpu"))
+    cfg = load(overrides)
+    # A LoRA run's adapter pushes are merged on the way into the engine (else the receiver itself).
+    receiver = merging_receiver(cfg, make_receiver(cfg, Subscriber(weights_endpoint), model_dir, torch.device("cpu")),
+                                model_dir)
     receiver.join({**join_address, "rank": 1})
     acks = Sender(acks_endpoint)
     acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready
@@ -109,11 +120,14 @@ def step_weights(model, lr: float, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
+            if not p.requires_grad:  # under LoRA the adapters only: the generator's base is the files'
+                continue
             local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2's DTensor: world size 1 holds it all
             local.add_(lr * (torch.randint(0, 2, local.shape, generator=generator, dtype=local.dtype) * 2 - 1))
 
 
-def bench_size(size: str, backend: str, pushes: int, lr: float) -> dict[str, float]:
+def bench_size(size: str, backend: str, pushes: int, lr: float, extra: tuple[str, ...] = ()) -> dict[str, float]:
+    """One row; `extra`: more overrides (an adapter row's learner.lora.*)."""
     import numpy as np
     import torch
 
@@ -127,7 +141,7 @@ def bench_size(size: str, backend: str, pushes: int, lr: float) -> dict[str, flo
         model_dir = Path(tmp) / size
         params = build(size, model_dir)
         overrides = ["learner.warmup_steps=0", f"model.path={model_dir}", f"run_dir={tmp}/run",
-                     f"weights.backend={base_backend}"]
+                     f"weights.backend={base_backend}", *extra]
         overrides += {"": [], "bf16": ["weights.wire_dtype=bfloat16"],
                       "delta": ["weights.wire_dtype=bfloat16", "weights.delta=true"]}[variant]
         cfg = load(overrides)
@@ -179,8 +193,10 @@ def bench_size(size: str, backend: str, pushes: int, lr: float) -> dict[str, flo
         "changed_fraction_median": statistics.median(changed[1:] or changed),
         "latency_ms_median": 1e3 * statistics.median(latencies),
         "latency_ms_max": 1e3 * max(latencies),
+        "latency_ms_min": 1e3 * min(latencies),
         "learner_blocked_ms_median": 1e3 * statistics.median(blocked_s),
         "engine_load_ms_median": 1e3 * statistics.median(generator["load_s"]),
+        "engine_load_ms_max": 1e3 * max(generator["load_s"]),
         "mb_per_s": statistics.median(payloads) / 1e6 / statistics.median(latencies),
         "lr": lr,
         "probe_max_abs_diff": diff,
@@ -255,6 +271,32 @@ def print_train_rows(rows: list[dict]) -> None:
     print(json.dumps({"train_steps": rows}))
 
 
+def adapter_overrides(rank: int) -> tuple[str, ...]:
+    """An adapter row's settings: LoRA of rank `rank` on every linear layer, adapter-only pushes."""
+    return (f"learner.lora.rank={rank}", f"learner.lora.alpha={2 * rank}", "learner.lora.target_modules=[all-linear]",
+            "weights.lora_push=adapter")
+
+
+def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int, lr: float) -> list[dict[str, float]]:
+    """The adapter rows (`--lora-rank`), labelled `<backend>+lora<rank>`, each with its bytes as a
+    fraction of the full push's (`full_over_adapter_bytes`, from the two tensor specs)."""
+    from asyncgrpo.schema import LoraConfig
+    from asyncgrpo.weights.adapters import adapter_fraction, adapter_spec
+    from asyncgrpo.weights.base import model_spec
+
+    rows = []
+    for size in sizes:
+        for backend in backends:
+            row = bench_size(size, backend, pushes, lr, adapter_overrides(rank))
+            row["backend"] = f"{backend}+lora{rank}"
+            with tempfile.TemporaryDirectory() as tmp:  # the shapes only: rebuilt to read the specs
+                build(size, Path(tmp))
+                fraction = adapter_fraction(adapter_spec(tmp, LoraConfig(rank=rank)), model_spec(tmp))
+            row["full_over_adapter_bytes"] = 1 / fraction
+            rows.append(row)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_push", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -264,19 +306,24 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-4, help="each weight moves by +-lr between pushes")
     parser.add_argument("--train-steps", type=int, default=0, help="measure real steps' deltas instead (see above)")
     parser.add_argument("--groups", type=int, default=4, help="--train-steps: groups of 4 samples per step")
+    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: also the adapter rows, LoRA of this rank")
+    parser.add_argument("--adapter-only", action="store_true", help="with --lora-rank: the adapter rows alone")
     args = parser.parse_args()
     if args.train_steps:
         print_train_rows([train_steps(size, args.train_steps, args.lr, args.groups) for size in args.sizes.split(",")])
         return 0
-    rows = [bench_size(size, backend, args.pushes, args.lr) for size in args.sizes.split(",")
-            for backend in args.backends.split(",")]
+    sizes, backends = args.sizes.split(","), args.backends.split(",")
+    rows = [] if args.adapter_only else [bench_size(size, backend, args.pushes, args.lr) for size in sizes
+                                         for backend in backends]
+    if args.lora_rank > 0:
+        rows += adapter_rows(sizes, backends, args.pushes, args.lora_rank, args.lr)
     print()
-    header = (f"{'model':<13} {'backend':<9} {'params':>12} {'MB/push':>8} {'changed':>7} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
+    header = (f"{'model':<13} {'backend':<12} {'params':>12} {'MB/push':>8} {'changed':>7} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
               f"{'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['size']:<13} {r['backend']:<9} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.2f} "
+        print(f"{r['size']:<13} {r['backend']:<12} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.2f} "
               f"{r['changed_fraction_median']:>7.4f} {r['latency_ms_median']:>10.1f} "
               f"{r['latency_ms_max']:>7.1f} {r['learner_blocked_ms_median']:>10.1f} "
               f"{r['engine_load_ms_median']:>7.1f} {r['mb_per_s']:>6.0f} {r['probe_max_abs_diff']:>10.2e}")

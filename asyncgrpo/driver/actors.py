@@ -130,7 +130,8 @@ class Actors:
         generator_dir, initial_version = self._resume_learners(resume)
         self._generator_gpus = gpus
         self.specs = [GeneratorSpec.for_run(cfg, i, generator_dir, endpoints, generator_cores[i],
-                                            keys.client(i) if keys else None, initial_version)
+                                            keys.client(i) if keys else None, initial_version,
+                                            base_model_dir=self.model_dir)
                       for i in range(cfg.rollout.num_generators)]
         self.generators = [self._start_generator(spec) for spec in self.specs]
         ready = get([g.ready.remote() for g in self.generators], cfg.wire.startup_timeout_s,

@@ -165,18 +165,17 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     """The report; raises ModelDirError or PreflightError (one line) when the settings cannot work."""
     from asyncgrpo.models.check import check_model_dir
     from asyncgrpo.learner.lora import LoraError, check_model
-    from asyncgrpo.weights.base import model_spec
+    from asyncgrpo.weights.adapters import pushed_spec
 
     # A user's model is checked against vLLM's registry (importing it takes seconds); the embedded
     # model is our own Qwen2.
     architectures = None if cfg.model.path else EMBEDDED_ARCHITECTURES
     info = check_model_dir(model_dir, cfg.model.max_positions, supported_architectures=architectures)
-    spec = model_spec(model_dir)
     try:  # learner.lora.target_modules against the model's layers, and the rank against their widths
         lora_targets = check_model(cfg.learner.lora, model_dir)
     except LoraError as err:
         raise PreflightError(str(err)) from None
-    push = push_plan(cfg, spec)
+    push = push_plan(cfg, pushed_spec(cfg, model_dir))  # a LoRA run's adapters (weights.lora_push)
     config = _text_config(model_dir)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim)

@@ -29,7 +29,7 @@ from asyncgrpo.learner.intake import GroupIntake
 from asyncgrpo.learner.metrics import arrived_all_equal_fraction, batch_metrics, rate_metrics
 from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
-from asyncgrpo.learner.publication import VersionRing
+from asyncgrpo.learner.publication import VersionRing, pushed_tensors
 from asyncgrpo.learner.update import update
 from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.metrics.samples import sample_records
@@ -165,7 +165,7 @@ class Learner:
         """Every rank calls it (the gather is a collective); rank 0 sends. Returns the bytes sent.
         Under train.fixed_staleness=k >= 1 it publishes version v - k's weights (none in the first k
         steps) and keeps v's; `newest` sends v's now (the end of the run)."""
-        named = self.policy.full_state_dict()  # gathered lazily, as the sender takes each tensor
+        named = pushed_tensors(self.policy, self.cfg)  # gathered lazily, as the sender takes each tensor
         if self.weights is None:
             for _ in named:  # every rank takes part in every gather
                 pass

@@ -15,13 +15,28 @@ Rank 0 keeps CPU copies of the last k versions' state dicts in the dtype the wei
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from asyncgrpo.schema import Config
 
+if TYPE_CHECKING:
+    from asyncgrpo.learner.policy import Policy
+
 NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+def pushed_tensors(policy: Policy, cfg: Config) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a push carries (every rank must exhaust it: each gather is a collective): the merged
+    weights, or under LoRA with weights.lora_push=adapter the adapters alone, under their module
+    paths in `weights.adapters.adapter_spec`'s order (the generators merge them)."""
+    from asyncgrpo.weights.adapters import push_names, pushes_adapters
+
+    if pushes_adapters(cfg):
+        return iter(push_names(policy.adapter_state_dict()))
+    return policy.full_state_dict()
 
 
 def held_dtype(cfg: Config) -> torch.dtype:

@@ -21,6 +21,7 @@ from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Task, make_task, run_stream
 from asyncgrpo.weights import WeightReceiver, make_receiver
+from asyncgrpo.weights.adapters import merging_receiver
 from asyncgrpo.wire import GrantDealer, Sender, Subscriber, holder_identity
 
 
@@ -104,6 +105,8 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     weights = make_receiver(cfg, subscriber, spec.model_dir, device)
+    # A LoRA run's adapter pushes arrive merged onto the run's model (weights/adapters.py).
+    weights = merging_receiver(cfg, weights, spec.base_model_dir or spec.model_dir)
     grants = GrantDealer(spec.tickets_endpoint, holder_identity(spec.generator_id, spec.incarnation), curve=spec.curve)
     # Its prompts come from the run's one stream, at the positions it is granted.
     return GeneratorParts(engine=engine, tokenizer=tokenizer, task=task, scorer=scorer, sink=sink, weights=weights,

@@ -41,11 +41,14 @@ class GeneratorSpec:
     curve: CurveClientKeys | None = None  # its wire keys, with wire.curve
     initial_version: int = 0  # the version of the weights in model_dir
     incarnation: int = 0  # 0 for the generator's first process, +1 per restart
+    # The run's model directory, which LoRA adapter pushes merge onto (weights.lora_push=adapter):
+    # model_dir is a resumed run's export, merged weights. "" = model_dir.
+    base_model_dir: str = ""
 
     @classmethod
     def for_run(cls, cfg: Config, generator_id: int, model_dir: str, endpoints: Mapping[str, str],
                 cores: Sequence[int] = (), curve: CurveClientKeys | None = None,
-                initial_version: int = 0) -> GeneratorSpec:
+                initial_version: int = 0, base_model_dir: str = "") -> GeneratorSpec:
         """Generator `generator_id`'s first incarnation in a run whose learner rank 0 bound
         `endpoints` (groups, weights, tickets) and whose generators start from `model_dir`, holding
         `initial_version`."""
@@ -54,7 +57,7 @@ class GeneratorSpec:
                    groups_per_call=call_sizes(cfg.rollout.groups_per_call, cfg.rollout.num_generators,
                                               cfg.train.groups_per_step)[generator_id],
                    seed=generator_seed(cfg, generator_id), cores=tuple(cores), curve=curve,
-                   initial_version=initial_version)
+                   initial_version=initial_version, base_model_dir=base_model_dir)
 
     def restarted(self, incarnation: int) -> GeneratorSpec:
         """The same generator's next process, from the same starting weights (it then rejoins)."""

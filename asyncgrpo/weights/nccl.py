@@ -103,12 +103,13 @@ class NcclWeightSender:
     """Learner rank 0. `wait_for_joins()` must run while every generator runs `NcclWeightReceiver.join()`."""
 
     def __init__(self, publisher: Publisher, model_dir: str, num_generators: int, device: torch.device,
-                 host: str, timeout_s: float, bucket_bytes: int = 256 << 20) -> None:
+                 host: str, timeout_s: float, bucket_bytes: int = 256 << 20,
+                 spec: list[TensorSpec] | None = None) -> None:
         self.publisher, self.device, self.timeout_s = publisher, device, timeout_s
         self.endpoint = publisher.endpoint
         self.world_size = num_generators + 1
         self.host, self.port = host, free_port()
-        self.spec = model_spec(model_dir)
+        self.spec = model_spec(model_dir) if spec is None else spec  # spec: a LoRA run's adapters
         self.buckets = buckets(self.spec, bucket_bytes)
         self.group: Broadcaster | None = None
         self.bytes_pushed = 0
@@ -160,11 +161,11 @@ class NcclWeightReceiver(StreamReceiver):
     """Generator side: announcements over the subscription, tensors through the weight group."""
 
     def __init__(self, subscriber: Subscriber, model_dir: str, device: torch.device, timeout_s: float,
-                 bucket_bytes: int = 256 << 20) -> None:
+                 bucket_bytes: int = 256 << 20, spec: list[TensorSpec] | None = None) -> None:
         super().__init__(subscriber)
         self.device, self.timeout_s = device, timeout_s
         self.bucket_bytes = bucket_bytes
-        self.spec = model_spec(model_dir)
+        self.spec = model_spec(model_dir) if spec is None else spec  # spec: a LoRA run's adapters
         self.expected_fingerprint = fingerprint(self.spec)
         self.buckets: list[list[int]] | None = None
         self.group: Broadcaster | None = None

@@ -1,6 +1,7 @@
 """The real CLI end to end: vLLM, Ray, ZeroMQ and torch.distributed, tiny budgets."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -189,11 +190,14 @@ def test_max_staleness_zero_is_on_policy_over_curve_authenticated_sockets_and_bf
     assert bf16 > 10 * f32, (bf16, f32)
 
 
-def test_fixed_staleness_trains_every_step_after_the_warm_up_exactly_k_versions_stale(tmp_path):
+def test_fixed_staleness_trains_every_step_after_the_warm_up_exactly_k_versions_stale_and_lora_pushes_adapters_only(
+        tmp_path):
     k, steps = 2, 6
+    # A LoRA run (rank 8, every linear layer; weights.lora_push=adapter, the default): the delayed
+    # publication holds and sends adapters, and the generator merges them onto the base in place.
     result = subprocess.run(
         cli(tmp_path, f"train.fixed_staleness={k}", f"train.max_steps={steps}", "eval.at_start=false",
-            "eval.at_end=false"),
+            "eval.at_end=false", "learner.lora.rank=8"),
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -210,6 +214,17 @@ def test_fixed_staleness_trains_every_step_after_the_warm_up_exactly_k_versions_
     probe = summary["probe"]
     assert probe["generator_version"] == probe["learner_version"] == steps
     assert probe["max_abs_diff_vs_learner"] < 1e-3
+    # ... and the merged adapters moved vLLM's log-probs well beyond that difference.
+    assert probe["max_abs_change_since_start"] > 10 * max(probe["max_abs_diff_vs_learner"], 1e-4)
+    # Each push carried the adapters (float32 on the wire), not the model.
+    from asyncgrpo.schema import LoraConfig
+    from asyncgrpo.weights.adapters import adapter_spec
+    from asyncgrpo.weights.base import model_spec
+
+    adapter_bytes = sum(math.prod(shape) * 4 for _, shape, _ in adapter_spec(summary["model_dir"], LoraConfig(rank=8)))
+    model_bytes = sum(math.prod(shape) * 4 for _, shape, _ in model_spec(summary["model_dir"]))
+    assert [r["perf/push_bytes"] for r in records] == [0] * k + [adapter_bytes] * (steps - k)
+    assert adapter_bytes < model_bytes
 
 
 def mean_k3(run_dir: Path) -> float:

@@ -158,6 +158,22 @@ def test_a_lora_target_the_model_lacks_or_a_rank_wider_than_its_layers_is_one_li
     assert code == 0 and '"lora": {"rank": 8' in out, err
 
 
+def test_a_lora_runs_push_plan_is_its_adapters_unless_it_pushes_merged_weights(tmp_path, tokenizer, capsys):
+    model = shape_dir(tmp_path, "tiny-fullvocab", tokenizer)
+    common = [f"model.path={model}", "model.max_positions=1024", f"run_dir={tmp_path}/run"]
+    reports = {}
+    for name, extra in (("full", []), ("adapter", ["learner.lora.rank=8"]),
+                        ("merged", ["learner.lora.rank=8", "weights.lora_push=merged"])):
+        code, out, err = run_check(capsys, *common, *extra)
+        assert code == 0, err
+        reports[name] = json.loads(out[out.index("{"):])
+    adapter = reports["adapter"]["push"]
+    assert adapter["tensors"] == 2 * reports["adapter"]["lora"]["layers"]
+    assert adapter["largest_tensor"].endswith((".lora_A.weight", ".lora_B.weight"))
+    assert reports["merged"]["push"] == reports["full"]["push"]
+    assert adapter["bytes_per_push"] * 10 < reports["full"]["push"]["bytes_per_push"]
+
+
 def test_lora_needs_no_optimizer_state_or_reference_copy_for_the_base():
     full = memory_estimate(load(["learner.micro_batch_tokens=1024", "algo.kl.enabled=true"]), 10**8, 1000,
                            4 * 10**8, "zmq")

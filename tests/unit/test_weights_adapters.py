@@ -1,0 +1,185 @@
+"""Adapter-only weight pushes for LoRA runs (asyncgrpo/weights/adapters.py), in-process on the tiny
+model (no FSDP, no vLLM): the adapter spec and its order, the generator-side merge against the
+learner's merged weights, no accumulation over pushes, refusals, and one push through real zmq
+sockets from the learner's policy into a fake engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from asyncgrpo.config import load
+from asyncgrpo.learner import lora
+from asyncgrpo.learner.policy import Policy, _param_groups
+from asyncgrpo.learner.publication import pushed_tensors
+from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
+from asyncgrpo.models.tokenizer import build_char_tokenizer
+from asyncgrpo.schema import ConfigError, LoraConfig
+from asyncgrpo.weights import make_receiver, make_sender
+from asyncgrpo.weights.adapters import (
+    AdapterMerge,
+    adapter_spec,
+    merging_receiver,
+    push_names,
+    pushed_spec,
+    pushes_adapters,
+)
+from asyncgrpo.weights.base import model_spec
+from asyncgrpo.wire import Publisher, Subscriber
+
+LORA = ["learner.lora.rank=4", "learner.lora.alpha=8"]
+
+
+class Engine:
+    """A fake engine: the weights it holds, by name, after every load (it accumulates nothing itself)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+        self.loads = 0
+
+    def load_weights(self, named_tensors) -> None:
+        self.loads += 1
+        for name, tensor in named_tensors:
+            self.weights[name] = tensor.clone()
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("base")
+    model = build_model(TinyModelSpec.from_config(load([]).model), build_char_tokenizer(), seed=0)
+    save_model(model, build_char_tokenizer(), directory)
+    return str(directory)
+
+
+def policy(base_dir: str, lora_cfg: LoraConfig, seed: int = 0) -> Policy:
+    """The learner's policy on the saved base, adapters added, B drawn at random (as after training)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    lora.add_adapters(model, lora_cfg)
+    with torch.no_grad():
+        for module in lora.lora_modules(model).values():
+            module.lora_B.weight.normal_(0, 0.1)
+    optimizer = torch.optim.AdamW(_param_groups(model, 0.0), lr=1e-2)
+    return Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), None,
+                  torch.device("cpu"), torch.device("cpu"), rank=0, temperature=1.0)
+
+
+def cfg_of(rank: int = 4, targets: str = "[all-linear]", *more: str):
+    # alpha / rank = 1.75: a scale whose products round (a power of two would hide an order of roundings).
+    return load([f"learner.lora.rank={rank}", "learner.lora.alpha=7", f"learner.lora.target_modules={targets}",
+                 *more])
+
+
+def test_the_adapter_spec_is_the_policys_adapters_in_the_order_the_learner_pushes_them(base_dir):
+    cfg = cfg_of(4, "[q_proj,down_proj]")
+    spec = adapter_spec(base_dir, cfg.learner.lora)
+    pushed = list(pushed_tensors(policy(base_dir, cfg.learner.lora), cfg))
+    assert [(n, tuple(t.shape), t.dtype) for n, t in pushed] == spec
+    assert spec[0][0] == "model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert spec[1][0] == "model.layers.0.self_attn.q_proj.lora_B.weight"
+    layers = load([]).model.num_layers
+    assert len(spec) == 2 * 2 * layers  # A and B of two targets per decoder layer
+
+
+def test_a_rank_zero_run_pushes_the_model_whatever_lora_push_says(base_dir):
+    full = cfg_of(0)
+    assert not pushes_adapters(full) and pushed_spec(full, base_dir) == model_spec(base_dir)
+    merged = cfg_of(4, "[all-linear]", "weights.lora_push=merged")
+    assert not pushes_adapters(merged) and pushed_spec(merged, base_dir) == model_spec(base_dir)
+    assert pushes_adapters(cfg_of(4))
+
+
+def test_an_unknown_lora_push_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="weights.lora_push"):
+        load(["weights.lora_push=delta"])
+
+
+def test_the_merge_gives_the_learners_merged_weights_bit_for_bit(base_dir):
+    cfg = cfg_of(4)
+    learner = policy(base_dir, cfg.learner.lora)
+    want = dict(learner.full_state_dict())
+    merged = dict(AdapterMerge(base_dir, cfg.learner.lora).merged(pushed_tensors(learner, cfg)))
+    assert merged and set(merged) == {path + ".weight" for path in learner.loras}
+    for name, tensor in merged.items():
+        assert torch.equal(tensor, want[name]), name
+
+
+def test_loading_two_pushes_merges_each_onto_the_base_without_accumulating(base_dir):
+    cfg = cfg_of(4)
+    merge = AdapterMerge(base_dir, cfg.learner.lora)
+    first, second = policy(base_dir, cfg.learner.lora, seed=1), policy(base_dir, cfg.learner.lora, seed=2)
+    engine = Engine()
+    target = merge.onto(engine)
+    target.load_weights(pushed_tensors(first, cfg))
+    once = dict(engine.weights)
+    target.load_weights(pushed_tensors(second, cfg))
+    target.load_weights(pushed_tensors(first, cfg))
+    assert engine.weights.keys() == once.keys()
+    assert all(torch.equal(engine.weights[name], once[name]) for name in once)
+    want = dict(second.full_state_dict())
+    target.load_weights(pushed_tensors(second, cfg))
+    assert all(torch.equal(engine.weights[name], want[name]) for name in once)
+
+
+def test_a_push_of_other_adapters_is_refused_in_one_line(base_dir):
+    cfg = cfg_of(4)
+    merge = AdapterMerge(base_dir, cfg.learner.lora)
+    named = list(pushed_tensors(policy(base_dir, cfg.learner.lora), cfg))
+    with pytest.raises(ValueError, match="names differ"):
+        merge.merged(named[:-1])
+    other = list(push_names(policy(base_dir, cfg_of(2).learner.lora).adapter_state_dict()))
+    with pytest.raises(ValueError, match="not \\[rank"):
+        merge.merged([(n, t if "lora_A" in n else t[:, :1]) for n, t in other])
+
+
+def test_an_adapter_push_over_real_zmq_sockets_lands_merged_in_the_engine(base_dir):
+    cfg = cfg_of(4, "[all-linear]", "weights.backend=zmq")
+    learner = policy(base_dir, cfg.learner.lora)
+    publisher = Publisher()
+    subscriber = Subscriber(publisher.endpoint, max_message_bytes=cfg.wire.max_message_bytes)
+    try:
+        sender = make_sender(cfg, publisher, base_dir, torch.device("cpu"))
+        receiver = merging_receiver(cfg, make_receiver(cfg, subscriber, base_dir, torch.device("cpu")), base_dir)
+        deadline, version, sent = time.monotonic() + 30, 0, 0
+        while receiver.newest_version < 0:  # a PUB/SUB subscription takes a moment to start
+            assert time.monotonic() < deadline, "no push arrived"
+            version += 1
+            sent = sender.push(version, pushed_tensors(learner, cfg))
+            receiver.poll(0.5)
+        engine = Engine()
+        assert receiver.apply_newest(engine) >= 1 and receiver.rejections() == (0, "")
+        adapter_bytes = sum(t.numel() * 4 for _, t in learner.adapter_state_dict())
+        assert sent == adapter_bytes
+        assert sent * 3 < sum(t.numel() * 4 for _, t in learner.full_state_dict())
+        want = dict(learner.full_state_dict())
+        assert set(engine.weights) == {path + ".weight" for path in learner.loras}
+        assert all(torch.equal(engine.weights[name], want[name]) for name in engine.weights)
+    finally:
+        subscriber.close()
+        publisher.close()
+
+
+def test_only_an_adapter_pushing_run_wraps_the_generators_receiver_which_keeps_its_own_state(base_dir):
+    class Receiver:
+        newest_version, shutdown_reason = 3, None
+
+        def apply_newest(self, target):
+            target.load_weights(self.named)
+            return self.newest_version
+
+    inner = Receiver()
+    assert merging_receiver(cfg_of(0), inner, base_dir) is inner
+    assert merging_receiver(cfg_of(4, "[all-linear]", "weights.lora_push=merged"), inner, base_dir) is inner
+    cfg = cfg_of(4)
+    wrapped = merging_receiver(cfg, inner, base_dir)
+    learner = policy(base_dir, cfg.learner.lora)
+    inner.named = list(pushed_tensors(learner, cfg))
+    engine = Engine()
+    assert wrapped.newest_version == 3 and wrapped.shutdown_reason is None
+    assert wrapped.apply_newest(engine) == 3
+    want = dict(learner.full_state_dict())
+    assert engine.weights and all(torch.equal(engine.weights[name], want[name]) for name in engine.weights)
