@@ -31,12 +31,12 @@ SHAPES = {"default": (6, 5), "long": (8, 24)}  # prompt tokens, max completion t
 GROUPS_PER_STEP, SAMPLES = 16, 8
 
 
-def make_groups(prompt_len: int, max_completion: int, seed: int) -> list:
+def make_groups(prompt_len: int, max_completion: int, seed: int, groups_per_step: int = GROUPS_PER_STEP) -> list:
     from asyncgrpo.wire import ScoredGroup
 
     rng = np.random.default_rng(seed)
     groups = []
-    for g in range(GROUPS_PER_STEP):
+    for g in range(groups_per_step):
         lengths = rng.integers(max(1, max_completion // 2), max_completion + 1, size=SAMPLES).astype(np.int32)
         total = int(lengths.sum())
         groups.append(ScoredGroup(
@@ -50,7 +50,7 @@ def make_groups(prompt_len: int, max_completion: int, seed: int) -> list:
 
 
 def rank_main(rank: int, world_size: int, port: int, model_dir: str, steps: int, warmup: int, out: str,
-              overrides: list[str]) -> None:
+              overrides: list[str], shapes: list[str], groups_per_step: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     from asyncgrpo.config import load
     from asyncgrpo.learner.learner import Learner
@@ -60,8 +60,9 @@ def rank_main(rank: int, world_size: int, port: int, model_dir: str, steps: int,
     learner = Learner.from_config(cfg, model_dir, rank=rank, world_size=world_size, master_port=port)
     results = {}
     try:
-        for shape, (prompt_len, max_completion) in SHAPES.items():
-            batches = [make_groups(prompt_len, max_completion, seed=s) for s in range(4)]
+        for shape in shapes:
+            prompt_len, max_completion = SHAPES[shape]
+            batches = [make_groups(prompt_len, max_completion, seed=s, groups_per_step=groups_per_step) for s in range(4)]
             times, train_times, tokens = [], [], 0
             for i in range(warmup + steps):
                 timer = PhaseTimer()
@@ -86,15 +87,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(world_size: int, model_dir: str, steps: int, warmup: int, overrides: list[str]) -> dict:
+def run(world_size: int, model_dir: str, steps: int, warmup: int, overrides: list[str], shapes: list[str],
+        groups_per_step: int) -> dict:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(rank_main, args=(world_size, free_port(), model_dir, steps, warmup, out, overrides),
+        mp.start_processes(rank_main, args=(world_size, free_port(), model_dir, steps, warmup, out, overrides, shapes, groups_per_step),
                            nprocs=world_size, join=True, start_method="spawn")
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
-    return {"world_size": world_size, **{shape: ranks[0][shape] for shape in SHAPES},
+    return {"world_size": world_size, **{shape: ranks[0][shape] for shape in shapes},
             "peak_rss_mib_per_rank": [round(r["peak_rss_mib"], 1) for r in ranks]}
+
+
+def build_model_dir(size: str, model_dir: Path) -> None:
+    """The model the ranks load: the embedded tiny one, or a random-weight shape of tools.bench_push."""
+    if size != "tiny":
+        import subprocess
+
+        subprocess.run([sys.executable, "-c", f"from pathlib import Path; from tools.bench_push import build; "
+                        f"build({size!r}, Path({str(model_dir)!r}))"], check=True)
+        return
+    from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
+    from asyncgrpo.models.tokenizer import build_char_tokenizer
+    from asyncgrpo.schema import ModelConfig
+
+    tokenizer = build_char_tokenizer()
+    save_model(build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0), tokenizer, model_dir)
 
 
 def main() -> None:
@@ -102,22 +120,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per shape")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--world-sizes", default="1,2")
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. learner.micro_batch_tokens=256")
+    parser.add_argument("--size", default="tiny",
+                        help="tiny (the embedded default's model) or a random-weight shape of tools.bench_push "
+                             "(100M, qwen2.5-0.5b), built in a child process so its memory is not counted")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
+    parser.add_argument("--groups", type=int, default=GROUPS_PER_STEP, help=f"groups of {SAMPLES} samples per step")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. learner.micro_batch_tokens=256 "
+                                                     "or learner.lora.rank=16")
     args = parser.parse_args()
 
-    from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
-    from asyncgrpo.models.tokenizer import build_char_tokenizer
-    from asyncgrpo.schema import ModelConfig
-
     with tempfile.TemporaryDirectory() as model_dir:
-        tokenizer = build_char_tokenizer()
-        save_model(build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0), tokenizer, Path(model_dir))
-        results = [run(int(w), model_dir, args.steps, args.warmup, args.overrides) for w in args.world_sizes.split(",")]
+        build_model_dir(args.size, Path(model_dir))
+        shapes = args.shapes.split(",")
+        results = [run(int(w), model_dir, args.steps, args.warmup, args.overrides, shapes, args.groups)
+                   for w in args.world_sizes.split(",")]
 
     print(f"{'world size':>10} {'shape':>8} {'tokens/step':>12} {'step ms (median)':>17} {'of which train ms':>18} "
           f"{'tokens/s':>9} {'peak RSS per rank (MiB)':>24}")
     for result in results:
-        for shape in SHAPES:
+        for shape in shapes:
             r = result[shape]
             print(f"{result['world_size']:>10} {shape:>8} {r['tokens_per_step']:>12.0f} {r['step_s'] * 1000:>17.1f} "
                   f"{r['train_s'] * 1000:>18.1f} {r['tokens_per_s']:>9.0f} {', '.join(f'{m:.0f}' for m in result['peak_rss_mib_per_rank']):>24}")
