@@ -98,7 +98,7 @@ def resolve_targets(model: nn.Module, lora: LoraConfig) -> dict[str, nn.Linear]:
         targets = linears
     else:
         names = [wanted] if isinstance(wanted, str) else list(wanted)
-        suffixes = sorted({path.rsplit(".", 1)[-1] for path in linears})
+        suffixes = target_suffixes(list(linears))
         for name in names:
             if not any(path == name or path.endswith("." + name) for path in linears):
                 raise LoraError(f"learner.lora.target_modules names {name!r}, which no linear layer of the model's "
@@ -225,9 +225,6 @@ def check_model(lora: LoraConfig, model_dir: str) -> list[str]:
     weights); raises LoraError for a target it lacks or a rank too large. [] when LoRA is off."""
     if lora.rank == 0:
         return []
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from asyncgrpo.models.shapes import meta_model_of
 
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return list(resolve_targets(model, lora))
+    return list(resolve_targets(meta_model_of(model_dir), lora))

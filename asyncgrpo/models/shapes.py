@@ -111,6 +111,13 @@ def meta_model(config):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
+def meta_model_of(model_dir: str | Path):
+    """The model in `model_dir` (its config.json alone: no weights read) on the meta device."""
+    from transformers import AutoConfig
+
+    return meta_model(AutoConfig.from_pretrained(model_dir))
+
+
 def count_parameters(model) -> int:
     """Distinct parameters (tied embeddings counted once), on any device, meta included."""
     return sum(p.numel() for p in model.parameters())

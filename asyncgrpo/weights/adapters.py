@@ -49,12 +49,10 @@ def pushes_adapters(cfg: Config) -> bool:
 def target_shapes(model_dir: str, lora: LoraConfig) -> dict[str, tuple[int, int]]:
     """The targeted layers' paths (model order) and their weights' [out, in], from the model's config
     on the meta device (no weights read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from asyncgrpo.models.shapes import meta_model_of
 
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return {path: (m.out_features, m.in_features) for path, m in resolve_targets(model, lora).items()}
+    targets = resolve_targets(meta_model_of(model_dir), lora)
+    return {path: (m.out_features, m.in_features) for path, m in targets.items()}
 
 
 def adapter_spec(model_dir: str, lora: LoraConfig) -> list[TensorSpec]:

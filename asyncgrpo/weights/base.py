@@ -47,12 +47,9 @@ def distinct_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 def model_spec(model_dir: str) -> list[TensorSpec]:
     """Names, shapes and dtypes of what a push carries (`distinct_state`), in order, without
     allocating weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from asyncgrpo.models.shapes import meta_model_of
 
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return [(name, tuple(t.shape), t.dtype) for name, t in distinct_state(model)]
+    return [(name, tuple(t.shape), t.dtype) for name, t in distinct_state(meta_model_of(model_dir))]
 
 
 def fingerprint(spec: Iterable[TensorSpec]) -> np.ndarray:
