@@ -52,6 +52,15 @@ def fixed_groups(num_groups: int = 5, samples: int = 4, seed: int = 0, version: 
     return groups
 
 
+# The step metrics an exact resume must reproduce (its checkpoint tests compare them step by step).
+RESUME_LOSS_KEYS = ("loss/total", "loss/pg", "loss/kl", "optim/lr", "optim/grad_norm")
+
+
+def train_each(learner, batches: list[list[ScoredGroup]]) -> list[dict[str, float]]:
+    """One learner step per batch; their metrics."""
+    return [learner.train_on(groups) for groups in batches]
+
+
 def step_groups(num_steps: int, num_groups: int = 5) -> list[list[ScoredGroup]]:
     # Multi-turn: the ranks must split, broadcast and trim batches whose policy masks have holes.
     return [fixed_groups(num_groups=num_groups, seed=100 + step, version=step, env_tokens=True)

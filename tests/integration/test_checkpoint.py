@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from learner_fixtures import full_params, make_model_dir, max_abs_diff, step_groups
+from learner_fixtures import RESUME_LOSS_KEYS, full_params, make_model_dir, max_abs_diff, step_groups, train_each
 
 from asyncgrpo.config import load
 from asyncgrpo.learner import checkpoint
@@ -26,7 +26,6 @@ pytestmark = pytest.mark.slow
 # Adam's moments and the reference (the starting weights, not the checkpoint's) must all survive.
 OVERRIDES = ["learner.warmup_steps=2", "learner.lr_schedule=cosine", "train.max_steps=6", "learner.lr=1e-3",
              "learner.weight_decay=0.1", "algo.kl.enabled=true", "algo.kl.coef=0.1", "learner.micro_batch_tokens=24"]
-LOSS_KEYS = ("loss/total", "loss/pg", "loss/kl", "optim/lr", "optim/grad_norm")
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +33,18 @@ def model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
-def train(learner, batches):
-    return [learner.train_on(groups) for groups in batches]
-
-
 def test_resume_matches_an_uninterrupted_run(model_dir, tmp_path):
     batches = step_groups(6)
     straight = Learner.from_config(load(OVERRIDES), model_dir)
     try:
-        straight_metrics = train(straight, batches)
+        straight_metrics = train_each(straight, batches)
         straight_params = full_params(straight)
     finally:
         straight.close()
 
     first = Learner.from_config(load(OVERRIDES), model_dir)
     try:
-        first_metrics = train(first, batches[:3])
+        first_metrics = train_each(first, batches[:3])
         saved = Path(first.save_checkpoint(tmp_path / "checkpoints"))
     finally:
         first.close()
@@ -62,7 +57,7 @@ def test_resume_matches_an_uninterrupted_run(model_dir, tmp_path):
     try:
         meta = resumed.load_checkpoint(tmp_path)  # a run directory: its newest complete checkpoint
         assert meta["version"] == 3 and resumed.version == 3 and resumed.samples_consumed == 3 * 5 * 4
-        resumed_metrics = train(resumed, batches[3:])
+        resumed_metrics = train_each(resumed, batches[3:])
         resumed_params = full_params(resumed)
     finally:
         resumed.close()
@@ -70,7 +65,7 @@ def test_resume_matches_an_uninterrupted_run(model_dir, tmp_path):
     worst_loss = 0.0
     for got, want in zip(first_metrics + resumed_metrics, straight_metrics):
         assert got["step"] == want["step"]
-        for key in LOSS_KEYS:
+        for key in RESUME_LOSS_KEYS:
             worst_loss = max(worst_loss, abs(got[key] - want[key]))
             assert got[key] == pytest.approx(want[key], abs=1e-6), key
     assert straight_metrics[-1]["loss/kl"] > 0

@@ -9,7 +9,8 @@ import torch
 import socket
 
 import torch.multiprocessing as mp
-from learner_fixtures import full_grads, full_params, make_model_dir, max_abs_diff, rank_main, step_groups
+from learner_fixtures import (RESUME_LOSS_KEYS, full_grads, full_params, make_model_dir, max_abs_diff, rank_main,
+                              step_groups, train_each)
 
 from asyncgrpo.config import load
 from asyncgrpo.learner import lora
@@ -23,16 +24,11 @@ pytestmark = pytest.mark.slow
 OVERRIDES = ["learner.lora.rank=8", "learner.lora.alpha=16", "learner.lora.dropout=0.1", "learner.warmup_steps=2",
              "learner.lr_schedule=cosine", "train.max_steps=6", "learner.lr=1e-2", "learner.weight_decay=0.1",
              "algo.kl.enabled=true", "algo.kl.coef=0.1", "learner.micro_batch_tokens=24"]
-LOSS_KEYS = ("loss/total", "loss/pg", "loss/kl", "optim/lr", "optim/grad_norm")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
-def train(learner, batches):
-    return [learner.train_on(groups) for groups in batches]
 
 
 def test_lora_steps_move_the_adapters_only_and_resume_bit_exactly(model_dir, tmp_path):
@@ -42,7 +38,7 @@ def test_lora_steps_move_the_adapters_only_and_resume_bit_exactly(model_dir, tmp
         start = full_params(straight)
         optimized = {id(p) for group in straight.policy.optimizer.param_groups for p in group["params"]}
         assert optimized == {id(p) for name, p in straight.policy.model.named_parameters() if lora.is_adapter_name(name)}
-        straight_metrics = train(straight, batches)
+        straight_metrics = train_each(straight, batches)
         straight_params = full_params(straight)
         pushed = dict(straight.policy.full_state_dict())
         straight.export_hf(tmp_path / "export")  # the end of a run: the merged model, and export/adapter
@@ -62,7 +58,7 @@ def test_lora_steps_move_the_adapters_only_and_resume_bit_exactly(model_dir, tmp
 
     first = Learner.from_config(load(OVERRIDES), model_dir)
     try:
-        first_metrics = train(first, batches[:3])
+        first_metrics = train_each(first, batches[:3])
         saved = Path(first.save_checkpoint(tmp_path / "run" / "checkpoints"))
         first_pushed = dict(first.policy.full_state_dict())
     finally:
@@ -72,14 +68,14 @@ def test_lora_steps_move_the_adapters_only_and_resume_bit_exactly(model_dir, tmp
     resumed = Learner.from_config(load(OVERRIDES), model_dir)
     try:
         resumed.load_checkpoint(saved)
-        resumed_metrics = train(resumed, batches[3:])
+        resumed_metrics = train_each(resumed, batches[3:])
         resumed_params = full_params(resumed)
         with pytest.raises(lora.LoraError, match="other settings"):
             Learner.load_checkpoint(_with_rank(resumed, 4), saved)
     finally:
         resumed.close()
     for got, want in zip(first_metrics + resumed_metrics, straight_metrics):
-        for key in LOSS_KEYS:
+        for key in RESUME_LOSS_KEYS:
             assert got[key] == want[key], key
     for name, value in resumed_params.items():
         assert torch.equal(value, straight_params[name]), name
@@ -118,7 +114,7 @@ def test_two_lora_ranks_match_one(model_dir, tmp_path):
         one.close()
     assert grads.keys() == two["grads"].keys() and all(lora.is_adapter_name(name) for name in grads)
     for got, want in zip(two["metrics"], metrics):
-        for key in LOSS_KEYS:
+        for key in RESUME_LOSS_KEYS:
             assert got[key] == pytest.approx(want[key], abs=1e-5, rel=1e-5), key
     assert max_abs_diff(two["grads"], grads) < 1e-5
     assert max_abs_diff(two["params"], params) < 1e-4
