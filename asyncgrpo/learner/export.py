@@ -212,6 +212,6 @@ def merged_checkpoint(adapters: dict[str, torch.Tensor], settings: LoraConfig, m
     for name in [n for n in adapters if n.endswith(".lora_A.weight")]:
         path = name.removesuffix(".lora_A.weight")
         base = weights[f"{path}.weight"]
-        update = adapters[f"{path}.lora_B.weight"].float() @ adapters[name].float()
-        weights[f"{path}.weight"] = (base.float() + scale * update).to(base.dtype)
+        merged = lora.merge_weight(base.float(), adapters[name], adapters[f"{path}.lora_B.weight"], scale)
+        weights[f"{path}.weight"] = merged.to(base.dtype)
     return weights

@@ -78,7 +78,14 @@ class LoraLinear(nn.Module):
 
     def merge(self, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
         """W [out, in] + scale * B [out, rank] @ A [rank, in], from full (unsharded) tensors."""
-        return weight + self.scaling * (lora_b.to(weight.dtype) @ lora_a.to(weight.dtype))
+        return merge_weight(weight, lora_a, lora_b, self.scaling)
+
+
+def merge_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """W [out, in] + scaling * B [out, rank] @ A [rank, in], in W's dtype: the one expression (and
+    rounding order) every merged weight comes from (pushes, exports; the generators' in-place merge
+    in weights/adapters.py repeats its order on reused buffers)."""
+    return weight + scaling * (lora_b.to(weight.dtype) @ lora_a.to(weight.dtype))
 
 
 def decoder_linears(model: nn.Module) -> dict[str, nn.Linear]:
