@@ -446,10 +446,25 @@ def _wire_rules(cfg: Config) -> None:
             cfg.wire.record_dir)
 
 
+# train.probe_tolerance=0 (auto): all 32-bit, or some 16-bit step between the learner and the engine.
+PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_16BIT = 1e-3, 0.2
+
+
+def probe_tolerance(cfg: Config) -> float:
+    """The end-of-run probe's tolerance per token: train.probe_tolerance, or when that is 0 (auto)
+    one by precision: 16-bit anywhere (engine, wire, learner compute) rounds log-probs by more than
+    a sync check's 1e-3, so it gets PROBE_TOLERANCE_16BIT."""
+    if cfg.train.probe_tolerance > 0:
+        return cfg.train.probe_tolerance
+    wire = cfg.rollout.dtype if cfg.weights.wire_dtype == "auto" else cfg.weights.wire_dtype
+    all_32_bit = cfg.rollout.dtype == "float32" and wire == "float32" and cfg.learner.mixed_precision == "fp32"
+    return PROBE_TOLERANCE_FP32 if all_32_bit else PROBE_TOLERANCE_16BIT
+
+
 def _end_of_run_rules(cfg: Config) -> None:
     """train.probe_tolerance and train.max_lost_fraction: what the end of a run checks and warns about."""
     t = cfg.train
-    require(t.probe_tolerance > 0, "train.probe_tolerance", "must be > 0", t.probe_tolerance)
+    require(t.probe_tolerance >= 0, "train.probe_tolerance", "must be >= 0 (0 = auto)", t.probe_tolerance)
     require(0 <= t.max_lost_fraction <= 1, "train.max_lost_fraction", "must be in [0, 1] (1 = never warn)",
             t.max_lost_fraction)
 

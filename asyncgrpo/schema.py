@@ -385,8 +385,12 @@ class TrainConfig:
     checkpoint_on_interrupt: bool = True
     # The end-of-run probe: vLLM's and the learner's log-probs of fixed sequences at the final
     # version may differ by at most this much per token, else the run fails (the generators would
-    # not be sampling with the learner's weights).
-    probe_tolerance: float = 1e-3
+    # not be sampling with the learner's weights). 0 = auto (`config.probe_tolerance`): 1e-3 when the
+    # engine (rollout.dtype), the wire (weights.wire_dtype) and the learner (learner.mixed_precision)
+    # all compute in 32 bits; 0.2 when any is 16-bit, where rounding alone moves log-probs by more
+    # than 1e-3 (a bfloat16 wire into a float32 engine: 0.0154 on the embedded model) and a
+    # fixed 1e-3 would fail every such run at its end.
+    probe_tolerance: float = 0.0
     # A run that finishes having lost more than this share of the groups its generators made
     # (rejected at the learner, lost on the wire, dropped for reward errors) still ends `finished`,
     # but summary.json gets a one-line `warning` (and `groups_lost`): it trained on a selection of

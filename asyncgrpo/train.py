@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import learner_wait_timeout_s, set_resolved_device
+from asyncgrpo.config import learner_wait_timeout_s, probe_tolerance, set_resolved_device
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
@@ -184,7 +184,8 @@ def _run_actors(cfg: Config, model_dir: str, metrics: MetricsSink, summary: dict
             export_dir = Path(cfg.run_dir).resolve() / "export"
             actors.on_all_ranks("export_hf", str(export_dir), timeout_s=cfg.wire.startup_timeout_s)
             summary["export"] = str(export_dir)
-        check_probe(summary["probe"], cfg.train.probe_tolerance)
+        summary["probe"]["tolerance"] = probe_tolerance(cfg)
+        check_probe(summary["probe"], summary["probe"]["tolerance"])
         actors.keep_engines()
         if actors.pool is not None:
             summary["engines_reused"] = sorted(actors.pool.reused)

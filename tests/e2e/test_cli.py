@@ -182,11 +182,14 @@ def test_max_staleness_zero_is_on_policy_over_curve_authenticated_sockets_and_bf
     assert len(records) == 4
     assert all(r["staleness/max"] == 0 and r["queue/dropped_stale"] == 0 for r in records)
     result = subprocess.run(cli(tmp_path / "bf16", "train.fixed_staleness=0", "train.max_steps=3", "eval.at_start=false",
-                                "eval.at_end=false", "rollout.dtype=bfloat16", "train.probe_tolerance=0.2"),
+                                "eval.at_end=false", "rollout.dtype=bfloat16"),
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     f32, bf16 = mean_k3(tmp_path / "f32" / "run"), mean_k3(tmp_path / "bf16" / "run")
     assert all(r["mismatch/k3_kl"] > 0 for r in step_records(tmp_path / "bf16" / "run"))
+    # The probe's auto tolerance is the 16-bit one: 1e-3 would have failed this run at its end.
+    probe = json.loads((tmp_path / "bf16" / "run" / "summary.json").read_text())["probe"]
+    assert probe["tolerance"] == 0.2 and 1e-3 < probe["max_abs_diff_vs_learner"] <= 0.2, probe
     assert bf16 > 10 * f32, (bf16, f32)
 
 

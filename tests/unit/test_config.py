@@ -1,7 +1,10 @@
 import pytest
 
 from asyncgrpo.config import (
+    PROBE_TOLERANCE_16BIT,
+    PROBE_TOLERANCE_FP32,
     load,
+    probe_tolerance,
     use_curve,
 )
 from asyncgrpo.contract import call_sizes
@@ -15,6 +18,20 @@ def test_defaults_compose_and_resolve():
     assert cfg.algo.loss_type == "ppo_clip"
     assert (cfg.algo.clip_low, cfg.algo.clip_high) == (0.2, 0.28)
     assert "${" not in cfg.run_dir
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], PROBE_TOLERANCE_FP32),
+    (["rollout.dtype=bfloat16"], PROBE_TOLERANCE_16BIT),
+    (["weights.wire_dtype=bfloat16"], PROBE_TOLERANCE_16BIT),  # a float32 engine fed bf16-rounded weights
+    (["weights.wire_dtype=float16"], PROBE_TOLERANCE_16BIT),
+    (["device=cuda", "learner.mixed_precision=bf16"], PROBE_TOLERANCE_16BIT),
+    (["rollout.dtype=bfloat16", "train.probe_tolerance=0.05"], 0.05),  # set: taken as it is
+    (["train.probe_tolerance=1e-4"], 1e-4),
+])
+def test_the_probe_tolerance_is_the_setting_or_when_auto_loose_only_where_something_computes_in_16_bits(
+        overrides, expected):
+    assert probe_tolerance(load(overrides)) == expected
 
 
 def test_overrides_apply():
@@ -51,6 +68,7 @@ def test_overrides_apply():
         ("algo.overlong_buffer_tokens=6", "algo.overlong_buffer_tokens"),  # > rollout.max_new_tokens = 5
         ("algo.overlong_penalty=-0.5", "algo.overlong_penalty"),
         ("algo.overlong_penalty=nan", "algo.overlong_penalty"),
+        ("train.probe_tolerance=-0.1", "train.probe_tolerance"),
     ],
 )
 def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
