@@ -15,10 +15,22 @@ from asyncgrpo.study.spec import Cell, Factor, Spec, safe_name
 from asyncgrpo.study.stats import CONFIDENCE, mean_ci
 
 
+# More curves per cell, drawn as accuracy_vs_samples.png is, when some run has them: (RunResult.curves
+# name, what it is, file, markers at the points: the eval curves have a point per evaluation).
+CURVE_FIGURES = (
+    ("greedy_accuracy", "held-out greedy accuracy", "greedy_accuracy_vs_samples.png", True),
+    ("greedy_gap", "held-out greedy - sampled accuracy", "greedy_gap_vs_samples.png", True),
+    ("policy/entropy", "policy entropy (policy/entropy per step, nats/token)", "entropy_vs_samples.png", False),
+    ("response/length_mean", "completion length (response/length_mean per step, tokens)",
+     "length_vs_samples.png", False),
+)
+
+
 def write_plots(spec: Spec, results: list[RunResult], out: Path) -> list[Path]:
     """accuracy_vs_samples.png and reward_vs_samples.png (a panel per combination of all factors
-    but the last, a line per level of the last, bands over seeds), and final_accuracy_vs_<key>.png
-    for each factor. Nothing when no run has finished."""
+    but the last, a line per level of the last, bands over seeds), the same for each of
+    CURVE_FIGURES some run logged, and final_accuracy_vs_<key>.png for each factor. Nothing when no
+    run has finished."""
     if not any(r.finished for r in results):
         return []
     import matplotlib
@@ -32,10 +44,17 @@ def write_plots(spec: Spec, results: list[RunResult], out: Path) -> list[Path]:
         _plot_curves(spec, by_cell, lambda r: r.reward_curve, "training reward (reward/mean per step)",
                      out / "reward_vs_samples.png", markers=False),
     ]
+    for name, what, file, markers in CURVE_FIGURES:
+        if any(r.curves.get(name) for _, runs in by_cell for r in runs):  # a run that logs none draws none
+            written.append(_plot_curves(spec, by_cell, _curve(name), what, out / file, markers=markers))
     for factor in spec.factors:
         path = out / f"final_accuracy_vs_{safe_name(factor.key)}.png"
         written.append(_plot_factor(spec, by_cell, factor, path))
     return written
+
+
+def _curve(name: str) -> Callable[[RunResult], list[tuple[float, float]]]:
+    return lambda result: result.curves.get(name, [])
 
 
 def _panels(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]]) -> dict[str, list[tuple[Cell, list[RunResult]]]]:

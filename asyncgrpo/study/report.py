@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable
 from pathlib import Path
 
 from asyncgrpo.runtime.files import write_atomic
 from asyncgrpo.study.plots import write_plots
-from asyncgrpo.study.results import RunResult, load_study, read_summary, runs_by_cell
-from asyncgrpo.study.spec import RUN_DEFAULTS, Spec
+from asyncgrpo.study.results import RunResult, load_study, read_summary, runs_by_cell, value_at
+from asyncgrpo.study.spec import RUN_DEFAULTS, Cell, Spec
 from asyncgrpo.study.stats import CONFIDENCE, Estimate, is_number, mean_ci, paired_difference
 
 # results.csv, after the grid keys and `seed`; `status` and `run_dir` last.
 RESULT_COLUMNS = (
     "eval_accuracy_start", "eval_accuracy_end", "eval_greedy_accuracy_start", "eval_greedy_accuracy_end",
-    "accuracy_auc", "steps", "samples", "samples_per_s", "staleness_mean", "staleness_max", "clipfrac", "ess",
-    "wall_s", "train_s",
+    "accuracy_auc", "greedy_accuracy_auc", "greedy_gap_end", "greedy_gap_auc", "steps", "samples", "samples_per_s",
+    "staleness_mean", "staleness_max", "clipfrac", "ess", "entropy_end", "length_end", "wall_s", "train_s",
 )
 # The report's per-cell tables and the paired differences: (column, heading).
 ACCURACY_METRICS = (
@@ -31,6 +32,15 @@ RUN_METRICS = (
 )
 DIFFERENCE_METRICS = (("eval_accuracy_end", "held-out acc. end"), ("eval_greedy_accuracy_end", "greedy end"),
                       ("accuracy_auc", "acc. AUC"))
+# What the policy became beside its accuracy: per cell, and paired against the baseline.
+POLICY_METRICS = (
+    ("greedy_accuracy_auc", "greedy AUC"), ("greedy_gap_end", "greedy - sampled end"),
+    ("greedy_gap_auc", "greedy - sampled AUC"), ("entropy_end", "entropy end"), ("length_end", "length end"),
+)
+ROUNDING = 1e-9  # a difference this small is 0 (float rounding), never bold
+# The eval curves whose paired differences the report gives at every evaluated step: (curve, heading).
+OVER_TRAINING = (("accuracy", "held-out sampled accuracy"), ("greedy_accuracy", "held-out greedy accuracy"),
+                 ("greedy_gap", "greedy - sampled accuracy"))
 
 
 def aggregate(study_dir: str | Path) -> list[Path]:
@@ -66,13 +76,17 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3f}"
 
 
-def _fmt_estimate(estimate: Estimate, signed: bool = False) -> str:
+def _fmt_estimate(estimate: Estimate, signed: bool = False, bold: bool = False) -> str:
+    """mean [low, high]; with `bold`, in bold when the interval excludes 0."""
     if estimate.mean is None:
         return "-"
     sign = "+" if signed and estimate.mean >= 0 else ""
     text = sign + _fmt(estimate.mean)
     if estimate.half_width is not None:
         text += f" [{_fmt(estimate.low)}, {_fmt(estimate.high)}]"
+        # A margin for float rounding: two equal accuracies differenced as sums are not exactly 0.
+        if bold and (estimate.low > ROUNDING or estimate.high < -ROUNDING):
+            text = f"**{text}**"
     return text
 
 
@@ -103,41 +117,20 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
         "samples consumed (trapezoids over the evaluations) divided by the samples spanned; with evaluations at the "
         "start and the end only it is (start + end) / 2. staleness, clip fraction (`loss/clipfrac`) and ESS "
         "(`is/ess`, logged only with `algo.correction.is_level` set) are means over a run's steps; staleness max is "
-        "the run's maximum; samples/s is the training loop's (`summary.json`).",
+        "the run's maximum; samples/s is the training loop's (`summary.json`). greedy - sampled is the held-out "
+        "greedy accuracy minus the sampled one of the same weights; entropy (`policy/entropy`) and length "
+        "(`response/length_mean`) at the end are means over a run's last tenth of steps.",
         "",
     ]
     keys = spec.grid_keys()
-    for title, metrics in (("Accuracy per cell", ACCURACY_METRICS), ("Training per cell", RUN_METRICS)):
+    for title, metrics in (("Accuracy per cell", ACCURACY_METRICS), ("Training per cell", RUN_METRICS),
+                           ("Greedy accuracy and the policy per cell", POLICY_METRICS)):
         rows = []
         for cell, runs in runs_by_cell(spec, results):
             estimates = [mean_ci([r.row[column] for r in runs]) for column, _ in metrics]
             rows.append([*cell.values.values(), str(len(runs)), *(_fmt_estimate(e) for e in estimates)])
         lines += [f"## {title}", "", *_table([*keys, "n", *(heading for _, heading in metrics)], rows), ""]
-    lines += ["## Paired differences against the baseline", ""]
-    baseline = spec.baseline_cell()
-    if baseline is None:
-        lines.append("No `baseline` in the spec: give one (a value for each grid key) to compare cells with it.")
-    else:
-        base_runs = next(runs for cell, runs in runs_by_cell(spec, results) if cell == baseline)
-        lines += [
-            f"Baseline: {baseline.label}. For each seed both finished, the cell's value minus the baseline's on "
-            f"that seed; the mean of those differences with its {percent}% t-interval over the n pairs. An "
-            "interval that excludes 0 is a difference the seeds support.",
-            "",
-        ]
-        rows = []
-        for cell, runs in runs_by_cell(spec, results):
-            if cell == baseline:
-                continue
-            diffs = []
-            n_pairs = 0
-            for column, _ in DIFFERENCE_METRICS:
-                estimate = paired_difference({r.plan.seed: r.row[column] for r in runs},
-                                             {r.plan.seed: r.row[column] for r in base_runs})
-                n_pairs = max(n_pairs, estimate.n)
-                diffs.append(_fmt_estimate(estimate, signed=True))
-            rows.append([*cell.values.values(), str(n_pairs), *diffs])
-        lines += _table([*keys, "n pairs", *(f"diff. {heading}" for _, heading in DIFFERENCE_METRICS)], rows)
+    lines += _differences_section(spec, results)
     if unfinished:
         lines += ["", "## Runs not finished (left out of the statistics)", ""]
         for result in unfinished:
@@ -147,6 +140,81 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
     lines += ["", "Per run: `results.csv`; figures: `plots/`.", ""]
     write_atomic(path, "\n".join(lines))
     return path
+
+
+def _differences_section(spec: Spec, results: list[RunResult]) -> list[str]:
+    """Paired differences against the baseline cell: at the end and as AUC (accuracy, then greedy
+    accuracy and the policy), then at every evaluated step of training."""
+    lines = ["## Paired differences against the baseline", ""]
+    baseline = spec.baseline_cell()
+    if baseline is None:
+        return lines + ["No `baseline` in the spec: give one (a value for each grid key) to compare cells with it."]
+    by_cell = runs_by_cell(spec, results)
+    base_runs = next(runs for cell, runs in by_cell if cell == baseline)
+    lines += [
+        f"Baseline: {baseline.label}. For each seed both finished, the cell's value minus the baseline's on "
+        f"that seed; the mean of those differences with its {round(100 * CONFIDENCE)}% t-interval over the n "
+        "pairs. An interval that excludes 0 is a difference the seeds support.",
+        "",
+    ]
+    keys = spec.grid_keys()
+    for metrics in (DIFFERENCE_METRICS, POLICY_METRICS):
+        getters = [_row_value(column) for column, _ in metrics]
+        rows = _difference_rows(by_cell, baseline, base_runs, getters)
+        lines += [*_table([*keys, "n pairs", *(f"diff. {heading}" for _, heading in metrics)], rows), ""]
+    return lines + _over_training(by_cell, baseline, base_runs, keys)
+
+
+def _row_value(column: str) -> Callable[[RunResult], float | None]:
+    return lambda result: result.row.get(column)
+
+
+def _curve_value(name: str, step: float) -> Callable[[RunResult], float | None]:
+    return lambda result: value_at(result.eval_by_step.get(name, []), step)
+
+
+def _difference_rows(by_cell: list[tuple[Cell, list[RunResult]]], baseline: Cell, base_runs: list[RunResult],
+                     getters: list[Callable[[RunResult], float | None]], bold: bool = False) -> list[list[str]]:
+    """A row per cell but the baseline: its levels, the most pairs any value had, and per getter the
+    paired difference against the baseline with its interval."""
+    rows = []
+    for cell, runs in by_cell:
+        if cell == baseline:
+            continue
+        diffs, n_pairs = [], 0
+        for get in getters:
+            estimate = paired_difference({r.plan.seed: get(r) for r in runs}, {r.plan.seed: get(r) for r in base_runs})
+            n_pairs = max(n_pairs, estimate.n)
+            diffs.append(_fmt_estimate(estimate, signed=True, bold=bold))
+        rows.append([*cell.values.values(), str(n_pairs), *diffs])
+    return rows
+
+
+def _over_training(by_cell: list[tuple[Cell, list[RunResult]]], baseline: Cell, base_runs: list[RunResult],
+                   keys: list[str]) -> list[str]:
+    """The paired differences of each OVER_TRAINING curve at every step most runs evaluated (a run
+    whose evaluation came a version late is read between its neighbours); nothing without periodic
+    evaluation, where the end differences above say it all."""
+    steps = common_eval_steps([r for _, runs in by_cell for r in runs])
+    if len(steps) <= 2:
+        return []
+    lines = ["## Paired differences over training", "",
+             "The same paired differences at each learner step the runs evaluated at (`eval.every_steps`); "
+             "**bold**: the interval excludes 0, so the first bold step of a row is where the seeds first "
+             "support a difference.", ""]
+    for name, heading in OVER_TRAINING:
+        rows = _difference_rows(by_cell, baseline, base_runs, [_curve_value(name, step) for step in steps], bold=True)
+        lines += [f"### {heading}", "", *_table([*keys, "n pairs", *(f"step {step:g}" for step in steps)], rows), ""]
+    return lines
+
+
+def common_eval_steps(results: list[RunResult]) -> list[float]:
+    """The learner steps at which at least half of the runs have an evaluation, in order."""
+    counts: dict[float, int] = {}
+    for result in results:
+        for step, _ in result.eval_by_step.get("accuracy", []):
+            counts[step] = counts.get(step, 0) + 1
+    return sorted(step for step, count in counts.items() if 2 * count >= len(results))
 
 
 def _engines_note(finished: list[RunResult]) -> str:

@@ -4,7 +4,7 @@ and metrics.jsonl as one row of results.csv (`RunResult`) with its curves for th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,16 @@ from asyncgrpo.study.spec import Cell, RunPlan, Spec, read_spec_file
 from asyncgrpo.study.stats import is_number
 
 FINISHED = "finished"  # summary.json's status of a run that reached its end
+# Curves kept per run, for the figures and the report's differences over training. Eval curves are
+# over the eval records (start, periodic with eval.every_steps, end), x = samples consumed; the key is
+# the eval record's, without its "eval/" prefix. `greedy_gap` is derived per record: greedy minus
+# sampled accuracy of the same weights on the same problems.
+EVAL_CURVES = ("accuracy", "greedy_accuracy", "greedy_gap")
+# Step curves: these step-record metrics over the run's steps, x = samples consumed.
+STEP_CURVES = ("reward/mean", "policy/entropy", "response/length_mean")
+# A training metric "at the end" is its mean over the run's last tenth of steps (at least one):
+# one step's value of the entropy or the length is a batch of 128 samples, noisy on its own.
+END_FRACTION = 0.1
 
 
 @dataclass
@@ -25,6 +35,12 @@ class RunResult:
     # summary.json's engines_reused: generator indices that ran on an engine kept from an earlier run;
     # None when the run kept none in a pool (its own Ray cluster and engines: --fresh-engines).
     engines_reused: list[int] | None = None
+
+    # EVAL_CURVES and STEP_CURVES by name: (samples, value) in order of samples; empty when the run
+    # logged none of it.
+    curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # EVAL_CURVES again with the learner step as x, for pairing runs at the same step of training.
+    eval_by_step: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -59,7 +75,9 @@ def load_run_result(plan: RunPlan) -> RunResult | None:
 
     staleness_max = max((r["staleness/max"] for r in steps if is_number(r.get("staleness/max"))),
                         default=summary.get("staleness_max"))
-    eval_curve = eval_points(run.evals, steps, summary)
+    curves = {name: eval_points(run.evals, steps, summary, name) for name in EVAL_CURVES}
+    curves.update({key: step_points(steps, key) for key in STEP_CURVES})
+    eval_curve = curves["accuracy"]
     row: dict[str, Any] = {**plan.cell.values, "seed": plan.seed}
     row.update({
         "eval_accuracy_start": summary.get("eval_accuracy_start"),
@@ -74,21 +92,49 @@ def load_run_result(plan: RunPlan) -> RunResult | None:
         "staleness_max": staleness_max,
         "clipfrac": step_mean("loss/clipfrac"),
         "ess": step_mean("is/ess"),  # logged only with algo.correction.is_level set
+        **policy_columns(summary, curves),
         "wall_s": summary.get("wall_s"),
         "train_s": summary.get("train_s"),
         "status": summary.get("status", "unknown"),
         "run_dir": str(plan.run_dir),
     })
-    reward_curve = [(float(r["samples"]), float(r["reward/mean"])) for r in steps
-                    if is_number(r.get("samples")) and is_number(r.get("reward/mean"))]
-    return RunResult(plan, row, eval_curve, reward_curve, summary.get("engines_reused"))
+    by_step = {name: eval_points(run.evals, [], {}, name, x="step") for name in EVAL_CURVES}
+    return RunResult(plan, row, eval_curve, curves["reward/mean"], summary.get("engines_reused"), curves, by_step)
+
+
+def policy_columns(summary: dict[str, Any], curves: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """results.csv's columns on what the policy became, beside its accuracy: the greedy - sampled gap at
+    the end, the area under the greedy accuracy and under the gap (as `accuracy_auc`), and the policy's
+    entropy and completion length at the end (mean over the last END_FRACTION of steps)."""
+    sampled, greedy = summary.get("eval_accuracy_end"), summary.get("eval_greedy_accuracy_end")
+    return {
+        "greedy_gap_end": greedy - sampled if is_number(sampled) and is_number(greedy) else None,
+        "greedy_accuracy_auc": accuracy_auc(curves["greedy_accuracy"]),
+        "greedy_gap_auc": accuracy_auc(curves["greedy_gap"]),
+        "entropy_end": tail_mean(curves["policy/entropy"]),
+        "length_end": tail_mean(curves["response/length_mean"]),
+    }
+
+
+def step_points(steps: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
+    """(samples consumed, value of `key`) of each step record that has both."""
+    return [(float(r["samples"]), float(r[key])) for r in steps if is_number(r.get("samples")) and is_number(r.get(key))]
+
+
+def tail_mean(points: list[tuple[float, float]], fraction: float = END_FRACTION) -> float | None:
+    """The mean of the last `fraction` of the points (at least one); None without points."""
+    if not points:
+        return None
+    tail = points[-max(1, round(fraction * len(points))):]
+    return sum(y for _, y in tail) / len(tail)
 
 
 def eval_points(evals: list[dict[str, Any]], steps: list[dict[str, Any]],
-                summary: dict[str, Any]) -> list[tuple[float, float]]:
-    """(samples consumed, held-out sampled accuracy) of each eval record, in order of samples. An eval
+                summary: dict[str, Any], name: str = "accuracy", x: str = "samples") -> list[tuple[float, float]]:
+    """(samples consumed, `name`) of each eval record, in order of samples: `accuracy` (held-out
+    sampled), `greedy_accuracy`, or `greedy_gap` (greedy minus sampled of the same record). An eval
     record carries its learner step; the samples at that step come from the step record, 0 at step 0,
-    or the summary's total at the summary's last step."""
+    or the summary's total at the summary's last step. With x="step", (learner step, `name`)."""
     samples_at = {int(r["step"]): float(r["samples"]) for r in steps
                   if is_number(r.get("step")) and is_number(r.get("samples"))}
     samples_at.setdefault(0, 0.0)
@@ -96,10 +142,32 @@ def eval_points(evals: list[dict[str, Any]], steps: list[dict[str, Any]],
         samples_at.setdefault(int(summary["steps"]), float(summary["samples"]))
     points = {}
     for record in evals:
-        step, accuracy = record.get("step"), record.get("eval/accuracy")
-        if is_number(step) and is_number(accuracy) and int(step) in samples_at:
-            points[samples_at[int(step)]] = float(accuracy)  # a repeated step: the later record
+        step, value = record.get("step"), eval_value(record, name)
+        if x == "step" and is_number(step) and value is not None:
+            points[float(step)] = value
+        elif is_number(step) and value is not None and int(step) in samples_at:
+            points[samples_at[int(step)]] = value  # a repeated step: the later record
     return sorted(points.items())
+
+
+def value_at(points: list[tuple[float, float]], x: float) -> float | None:
+    """A curve's value at x, linear between its two nearest points; None outside the points' span
+    (a run whose evaluations at a version lag a multiple of eval.every_steps is still paired there)."""
+    if not points or not points[0][0] <= x <= points[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]  # a single point, at x
+
+
+def eval_value(record: dict[str, Any], name: str) -> float | None:
+    """One of EVAL_CURVES from an eval record; None when the record lacks what it needs."""
+    if name == "greedy_gap":
+        sampled, greedy = record.get("eval/accuracy"), record.get("eval/greedy_accuracy")
+        return float(greedy) - float(sampled) if is_number(sampled) and is_number(greedy) else None
+    value = record.get(f"eval/{name}")
+    return float(value) if is_number(value) else None
 
 
 def accuracy_auc(points: list[tuple[float, float]]) -> float | None:

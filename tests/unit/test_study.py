@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from asyncgrpo.study.report import RESULT_COLUMNS, aggregate
-from asyncgrpo.study.results import accuracy_auc
+from asyncgrpo.study.results import accuracy_auc, tail_mean, value_at
 from asyncgrpo.study.runner import EXIT_INTERRUPTED, RUN_LOG, RUN_RECORD, StudyError, SubprocessRunner, run_study
 from asyncgrpo.study.spec import (
     RUN_DEFAULTS,
@@ -199,21 +199,38 @@ def fake_accuracy(plan: RunPlan) -> float:
     return 0.30 - 0.02 * staleness + (0.05 if plan.cell.values["mode"] == "tis" else 0.0) + 0.01 * plan.seed
 
 
+GAP_ONSET = 6  # fabricated periodic evaluations: from this step on, greedy - sampled grows with staleness
+
+
+def fake_gap(plan: RunPlan, step: int) -> float:
+    """Greedy minus sampled accuracy of a fabricated periodic evaluation: 0.2, plus 0.05 per step of
+    staleness from GAP_ONSET on; the same on every seed, so a paired difference has no width."""
+    return 0.2 + (0.05 * int(plan.cell.values["train.fixed_staleness"]) if step >= GAP_ONSET else 0.0)
+
+
 def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3,
-                  engines_reused: list[int] | None = None) -> None:
-    """What `asyncgrpo train` leaves in a run_dir: metrics.jsonl (step and eval records) and summary.json."""
+                  engines_reused: list[int] | None = None, eval_every: int = 0) -> None:
+    """What `asyncgrpo train` leaves in a run_dir: metrics.jsonl (step and eval records) and summary.json.
+    With `eval_every`, periodic evaluations at its multiples (sampled 0.1 + 0.01 seed, greedy that plus
+    `fake_gap`)."""
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     staleness = int(plan.cell.values["train.fixed_staleness"])
     tis = plan.cell.values["mode"] == "tis"
     end = fake_accuracy(plan)
     records = [{"step": 0, "eval/accuracy": 0.1, "eval/greedy_accuracy": 0.3, "eval/when": "start"}]
     for step in range(1, steps + 1):
+        # Entropy falls with the step and with staleness; completions lengthen with staleness.
         record = {"step": step, "samples": 128 * step, "reward/mean": 0.1 + 0.01 * step,
                   "staleness/mean": min(step - 1, staleness), "staleness/max": min(step - 1, staleness),
-                  "loss/clipfrac": 0.01 * step}
+                  "loss/clipfrac": 0.01 * step, "policy/entropy": 1.0 - 0.01 * step - 0.1 * staleness,
+                  "response/length_mean": 5.0 + staleness + 0.01 * plan.seed}
         if tis:
             record["is/ess"] = 0.9 + 0.01 * step
         records.append(record)
+        if eval_every and step % eval_every == 0 and step < steps:
+            sampled = 0.1 + 0.01 * plan.seed
+            records.append({"step": step, "eval/accuracy": sampled, "eval/greedy_accuracy": sampled + fake_gap(plan, step),
+                            "eval/when": "periodic"})
     if status == "finished":
         records.append({"step": steps, "eval/accuracy": end, "eval/greedy_accuracy": end + 0.2, "eval/when": "end"})
     (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -233,9 +250,11 @@ class FakeRunner:
     """Records the runs it is asked for; writes a finished run, or a failed one for `fail`, or
     raises KeyboardInterrupt (after writing an interrupted summary, as the real run does) at `interrupt_at`."""
 
-    def __init__(self, fail: set[str] = frozenset(), interrupt_at: int | None = None, pooled: bool = False) -> None:
+    def __init__(self, fail: set[str] = frozenset(), interrupt_at: int | None = None, pooled: bool = False,
+                 steps: int = 3, eval_every: int = 0) -> None:
         self.calls: list[str] = []
         self.fail, self.interrupt_at, self.pooled = fail, interrupt_at, pooled
+        self.steps, self.eval_every = steps, eval_every
 
     def __call__(self, plan: RunPlan) -> int:
         self.calls.append(plan.label)
@@ -246,7 +265,8 @@ class FakeRunner:
         failed = plan.label in self.fail
         # A pool's first run starts the engine; every later one takes it.
         reused = ([0] if len(self.calls) > 1 else []) if self.pooled else None
-        fabricate_run(plan, status="failed" if failed else "finished", engines_reused=reused)
+        fabricate_run(plan, status="failed" if failed else "finished", engines_reused=reused, steps=self.steps,
+                      eval_every=self.eval_every)
         return 1 if failed else 0
 
 
@@ -277,8 +297,9 @@ def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
     bypass = next(r for r in rows if r["mode"] == "bypass")
     assert bypass["ess"] == ""  # no is/ess logged without algo.correction.is_level
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["accuracy_vs_samples.png", "final_accuracy_vs_mode.png",
-                     "final_accuracy_vs_train.fixed_staleness.png", "reward_vs_samples.png"]
+    assert names == ["accuracy_vs_samples.png", "entropy_vs_samples.png", "final_accuracy_vs_mode.png",
+                     "final_accuracy_vs_train.fixed_staleness.png", "greedy_accuracy_vs_samples.png",
+                     "greedy_gap_vs_samples.png", "length_vs_samples.png", "reward_vs_samples.png"]
 
 
 def test_report_gives_per_cell_means_with_intervals_and_paired_differences_against_the_baseline(tmp_path):
@@ -298,6 +319,59 @@ def test_report_gives_per_cell_means_with_intervals_and_paired_differences_again
     line = next(x for x in differences.splitlines() if x.startswith("| 2 | tis | 3 |"))
     assert "+0.010 [0.010, 0.010]" in line
     assert "Baseline: train.fixed_staleness=0 mode=bypass" in report
+
+
+def test_results_give_the_greedy_gap_the_greedy_auc_and_the_end_entropy_and_length_of_each_run(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(steps=10, eval_every=2), log=lambda _: None)
+    row = next(r for r in read_csv(tmp_path / "results.csv")
+               if r["train.fixed_staleness"] == "2" and r["mode"] == "bypass" and r["seed"] == "1")
+    assert float(row["greedy_gap_end"]) == pytest.approx(0.2)  # the end evaluation: greedy = sampled + 0.2
+    # Gap at steps 0, 2, 4 (0.2), 6, 8 (0.3), 10 (the end: 0.2), trapezoids over 10 steps of 128 samples.
+    assert float(row["greedy_gap_auc"]) == pytest.approx((0.2 * 4 + 0.25 * 2 + 0.3 * 2 + 0.25 * 2) / 10)
+    # Greedy: 0.3 at the start, sampled (0.11) + gap at steps 2 to 8, the end's 0.30 - 0.04 + 0.01 + 0.2.
+    greedy = [0.3, 0.31, 0.31, 0.41, 0.41, 0.47]
+    expected = sum((greedy[i] + greedy[i + 1]) / 2 for i in range(5)) * 2 / 10
+    assert float(row["greedy_accuracy_auc"]) == pytest.approx(expected)
+    # The last tenth of 10 steps is step 10 alone: entropy 1.0 - 0.1 - 0.2, length 5 + 2 + 0.01.
+    assert float(row["entropy_end"]) == pytest.approx(0.7)
+    assert float(row["length_end"]) == pytest.approx(7.01)
+
+
+def test_tail_mean_averages_the_last_tenth_of_a_curve_and_value_at_reads_between_evaluations():
+    points = [(float(x), float(x)) for x in range(1, 21)]
+    assert tail_mean(points) == pytest.approx(19.5)  # the last 2 of 20
+    assert tail_mean(points[:3]) == 3.0 and tail_mean([]) is None  # at least one point
+    curve = [(0.0, 0.1), (20.0, 0.3), (40.0, 0.2)]
+    assert value_at(curve, 20.0) == pytest.approx(0.3)
+    assert value_at(curve, 21.0) == pytest.approx(0.295)  # an evaluation a version late is read between
+    assert value_at(curve, 41.0) is None and value_at([], 0.0) is None
+
+
+def test_report_over_training_bolds_a_difference_from_the_first_step_its_interval_excludes_zero(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(steps=10, eval_every=2), log=lambda _: None)
+    report = (tmp_path / "report.md").read_text()
+    over = report.split("## Paired differences over training")[1]
+    gap = over.split("### greedy - sampled accuracy")[1]
+    header = next(x for x in gap.splitlines() if x.startswith("| train.fixed_staleness"))
+    assert header.endswith("| step 0 | step 2 | step 4 | step 6 | step 8 | step 10 |")
+    cells = next(x for x in gap.splitlines() if x.startswith("| 2 | bypass | 3 |")).strip("| ").split(" | ")[3:]
+    assert [c.startswith("**") for c in cells] == [False, False, False, True, True, False]
+    assert cells[3] == "**+0.100 [0.100, 0.100]**"  # from GAP_ONSET: 0.05 per step of staleness, k = 2
+    # The same cell's sampled accuracy is the baseline's at every periodic step: no difference.
+    sampled = over.split("### held-out sampled accuracy")[1].split("###")[0]
+    cells = next(x for x in sampled.splitlines() if x.startswith("| 2 | bypass | 3 |")).strip("| ").split(" | ")[3:]
+    assert cells[1:5] == ["+0.000 [0.000, 0.000]"] * 4
+    # Entropy and length at the end, paired: staleness 2 has 0.2 nats less and 2 tokens more.
+    policy = report.split("diff. entropy end")[1].split("##")[0]
+    line = next(x for x in policy.splitlines() if x.startswith("| 2 | bypass | 3 |"))
+    assert "-0.200 [-0.200, -0.200] | +2.000 [2.000, 2.000] |" in line
+
+
+def test_report_has_no_over_training_section_without_periodic_evaluation(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(), log=lambda _: None)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Paired differences over training" not in report
+    assert "diff. greedy - sampled end" in report  # the end differences are there all the same
 
 
 def test_a_failed_run_is_reported_and_left_out_of_the_statistics(tmp_path):
