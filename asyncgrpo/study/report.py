@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 
 from asyncgrpo.runtime.files import write_atomic
+from asyncgrpo.study.pairing import pairing_section
 from asyncgrpo.study.plots import write_plots
 from asyncgrpo.study.results import RunResult, load_study, read_summary, runs_by_cell
 from asyncgrpo.study.spec import RUN_DEFAULTS, Spec
@@ -138,6 +139,7 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
                 diffs.append(_fmt_estimate(estimate, signed=True))
             rows.append([*cell.values.values(), str(n_pairs), *diffs])
         lines += _table([*keys, "n pairs", *(f"diff. {heading}" for _, heading in DIFFERENCE_METRICS)], rows)
+        lines += ["", *pairing_section(spec, results, _fmt_estimate)]  # replay studies only
     if unfinished:
         lines += ["", "## Runs not finished (left out of the statistics)", ""]
         for result in unfinished:
