@@ -13,8 +13,13 @@ eval/greedy_accuracy, eval/when; eval_accuracy_start/end, eval_greedy_accuracy_s
 
 The engine is reseeded with the run's seed before each evaluation: replays of one recording under
 different corrections draw their sampled evaluations from the same random streams, which pairs them
-more tightly still. torch's thread count (the learner's reduction order) is put back after vLLM
-starts and after each evaluation, so the replay's losses do not depend on whether it evaluates.
+more tightly still.
+
+Threads: vLLM's CPU worker binds torch's OpenMP threads to the process's cores when it starts and
+replaces `torch.set_num_threads` with a no-op for the rest of the process. The learner's thread count
+(learner.torch_threads) fixes its reduction order, so the evaluator keeps torch's own
+`set_num_threads` and switches: vLLM's count while it evaluates, the learner's otherwise. The
+replay's losses are then the same whether and when it evaluates (tests/e2e/test_record_replay.py).
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ class ReplayEvaluator:
     """vLLM in this process on `model_dir`, evaluating the weights of the learner it is given."""
 
     def __init__(self, cfg: Config, model_dir: str, start_version: int) -> None:
+        import torch
         from transformers import AutoTokenizer
+
+        # torch's own, before vLLM replaces it (see the module's docstring).
+        self._set_threads = torch.set_num_threads
+        self._learner_threads = torch.get_num_threads()
+        self._engine_threads = self._learner_threads  # vLLM's, once it has started
 
         from asyncgrpo.envs import make_environment
         from asyncgrpo.tasks import make_task
@@ -75,27 +86,25 @@ class ReplayEvaluator:
                   f"greedy {record['eval/greedy_accuracy']:.3f}", flush=True)
 
     def _accuracy(self, temperature: float) -> float:
-        import torch
-
-        threads = torch.get_num_threads()
+        self._set_threads(self._engine_threads)
         try:
             self._engine.reseed(self.cfg.seed)
             return held_out_accuracy(self._engine, self.tokenizer, self.task, self.env, self.cfg, self.problems,
                                      temperature)
         finally:
-            torch.set_num_threads(threads)
+            self._set_threads(self._learner_threads)
 
     def _load(self, learner: Any) -> None:
         """The learner's current weights into the engine (started here the first time)."""
         import torch
 
-        threads = torch.get_num_threads()
-        try:
-            if self._engine is None:
+        if self._engine is None:
+            try:
                 self._engine = self._start_engine()
-            self._engine.load_weights(list(learner.policy.full_state_dict()))
-        finally:
-            torch.set_num_threads(threads)
+                self._engine_threads = torch.get_num_threads()
+            finally:
+                self._set_threads(self._learner_threads)
+        self._engine.load_weights(list(learner.policy.full_state_dict()))
 
     def _start_engine(self) -> Any:
         from asyncgrpo.rollout.engine import VLLMEngine
