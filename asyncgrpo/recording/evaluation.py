@@ -117,4 +117,8 @@ class ReplayEvaluator:
                           max_running_seqs=r.max_running_seqs, prefix_caching=True)
 
     def close(self) -> None:
-        self._engine = None
+        """Shut vLLM down now, before the learner leaves its process group: vLLM's shutdown destroys
+        the groups it made, which fails (at exit) once the learner has destroyed the default group."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.llm.llm_engine.engine_core.shutdown()

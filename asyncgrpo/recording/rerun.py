@@ -136,7 +136,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
     wall_start = time.monotonic()
     metrics = open_sinks(cfg, run_dir)
     source = RecordedSource(recording, steps)
-    learner = None
+    learner = evaluator = None
     stack = ExitStack()
     try:
         stack.enter_context(_deterministic())
@@ -158,6 +158,8 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
         summary.update(status="failed", error=f"{type(err).__name__}: {err}")
         raise
     finally:
+        if evaluator is not None:
+            evaluator.close()  # before the learner's process group goes
         if learner is not None:
             learner.close()  # closes the source too
         else:
@@ -179,11 +181,12 @@ def _train(cfg: Config, learner: Any, num_steps: int, evaluator: ReplayEvaluator
     if evaluator is not None and cfg.eval.at_start:
         entries.update(evaluator.evaluate(learner, "start", learner.version, metrics))
     loop_start = time.monotonic()
-    for _ in tqdm(range(num_steps), desc="replay", unit="step", disable=not cfg.progress):
+    for step in tqdm(range(1, num_steps + 1), desc="replay", unit="step", disable=not cfg.progress):
         for record in learner.train_steps(1):
             record["time/wall_s"] = time.monotonic() - wall_start
             metrics.write(record)
-        if evaluator is not None:
+        # The last step's weights: once, as the end's evaluation, when eval.at_end asks for one.
+        if evaluator is not None and not (step == num_steps and cfg.eval.at_end):
             evaluator.after_step(learner, metrics)
     entries["train_s"] = time.monotonic() - loop_start  # the training loop's, without evaluations at its ends
     if evaluator is not None and cfg.eval.at_end:

@@ -153,16 +153,19 @@ class ListSink:
         self.records.append(record)
 
 
-@pytest.mark.parametrize("at_start, at_end, every, expected", [
-    (True, True, 2, [("start", 0), ("periodic", 2), ("periodic", 4), ("end", 5)]),
-    (False, True, 0, [("end", 5)]),
-    (False, False, 0, []),
+@pytest.mark.parametrize("at_start, at_end, every, steps, expected", [
+    (True, True, 2, 5, [("start", 0), ("periodic", 2), ("periodic", 4), ("end", 5)]),
+    # The last step's weights are evaluated once: as the end's evaluation.
+    (False, True, 2, 4, [("periodic", 2), ("end", 4)]),
+    (False, False, 2, 4, [("periodic", 2), ("periodic", 4)]),
+    (False, True, 0, 5, [("end", 5)]),
+    (False, False, 0, 5, []),
 ])
-def test_a_replay_evaluates_when_the_eval_keys_say(at_start, at_end, every, expected):
+def test_a_replay_evaluates_when_the_eval_keys_say(at_start, at_end, every, steps, expected):
     cfg = load([f"eval.at_start={str(at_start).lower()}", f"eval.at_end={str(at_end).lower()}",
                 f"eval.every_steps={every}", "progress=false"])
     evaluator = FakeEvaluator(every)
-    entries = _train(cfg, FakeLearner(), 5, evaluator, ListSink(), 0.0)
+    entries = _train(cfg, FakeLearner(), steps, evaluator, ListSink(), 0.0)
     assert evaluator.calls == expected
     assert ("eval_accuracy_end" in entries) == at_end and ("eval_accuracy_start" in entries) == at_start
 
