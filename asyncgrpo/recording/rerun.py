@@ -39,6 +39,7 @@ from typing import Any
 
 from asyncgrpo.config import load
 from asyncgrpo.runtime.files import private_dir, write_atomic
+from asyncgrpo.recording.evaluation import ReplayEvaluator, evaluates
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
 from asyncgrpo.recording.stream import RecordingError
@@ -135,7 +136,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
     wall_start = time.monotonic()
     metrics = open_sinks(cfg, run_dir)
     source = RecordedSource(recording, steps)
-    learner = None
+    learner = evaluator = None
     stack = ExitStack()
     try:
         stack.enter_context(_deterministic())
@@ -146,12 +147,8 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
         if learner.version != recording.start_version:
             raise RecordingError(f"{recording.directory}: the recording starts at version {recording.start_version}, "
                                  f"its starting point is at version {learner.version}")
-        from tqdm import tqdm
-
-        for _ in tqdm(steps, desc="replay", unit="step", disable=not cfg.progress):
-            for record in learner.train_steps(1):
-                record["time/wall_s"] = time.monotonic() - wall_start
-                metrics.write(record)
+        evaluator = ReplayEvaluator(cfg, model_dir, learner.version) if evaluates(cfg) else None
+        summary.update(_train(cfg, learner, len(steps), evaluator, metrics, wall_start))
         summary.update(learner.summary())
         summary.update(status="finished", steps=len(steps))
     except KeyboardInterrupt:
@@ -161,6 +158,8 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
         summary.update(status="failed", error=f"{type(err).__name__}: {err}")
         raise
     finally:
+        if evaluator is not None:
+            evaluator.close()  # before the learner's process group goes
         if learner is not None:
             learner.close()  # closes the source too
         else:
@@ -170,6 +169,29 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
         summary["wall_s"] = time.monotonic() - wall_start
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=float) + "\n")
     return summary
+
+
+def _train(cfg: Config, learner: Any, num_steps: int, evaluator: ReplayEvaluator | None, metrics: Any,
+           wall_start: float) -> dict[str, Any]:
+    """`num_steps` learner steps, each step's record to `metrics`, with the held-out evaluations
+    eval.at_start, eval.every_steps and eval.at_end ask for; returns their summary entries."""
+    from tqdm import tqdm
+
+    entries: dict[str, Any] = {}
+    if evaluator is not None and cfg.eval.at_start:
+        entries.update(evaluator.evaluate(learner, "start", learner.version, metrics))
+    loop_start = time.monotonic()
+    for step in tqdm(range(1, num_steps + 1), desc="replay", unit="step", disable=not cfg.progress):
+        for record in learner.train_steps(1):
+            record["time/wall_s"] = time.monotonic() - wall_start
+            metrics.write(record)
+        # The last step's weights: once, as the end's evaluation, when eval.at_end asks for one.
+        if evaluator is not None and not (step == num_steps and cfg.eval.at_end):
+            evaluator.after_step(learner, metrics)
+    entries["train_s"] = time.monotonic() - loop_start  # the training loop's, without evaluations at its ends
+    if evaluator is not None and cfg.eval.at_end:
+        entries.update(evaluator.evaluate(learner, "end", learner.version, metrics))
+    return entries
 
 
 @contextmanager

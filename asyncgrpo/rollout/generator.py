@@ -33,8 +33,8 @@ import numpy as np
 from asyncgrpo.contract import Ticket
 from asyncgrpo.envs.calls import EnvCalls
 from asyncgrpo.rollout.channel import GroupChannel
-from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings, play_episodes
-from asyncgrpo.rollout.evaluations import PeriodicEvaluations
+from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings
+from asyncgrpo.rollout.evaluations import PeriodicEvaluations, held_out_accuracy
 from asyncgrpo.rollout.groups import scored_group
 from asyncgrpo.rollout.pacing import FailpointPace
 from asyncgrpo.rollout.parts import GeneratorParts
@@ -335,11 +335,8 @@ class Generator:
     def evaluate(self, problems: list[Problem], temperature: float) -> float:
         """Held-out accuracy with one episode per problem (temperature 0 = greedy), a turn of every
         episode per engine call, on the engine while it runs nothing else."""
-        episodes = play_episodes(self.engine, self.tokenizer, self.episodes.env, self.cfg.env,
-                                 EpisodeSettings.from_config(self.cfg), self._tokenize(problems), problems, temperature)
-        # An episode its environment failed scores 0, as in training.
-        return float(np.mean([0.0 if e.failed else self.task.score(e.answer_text(self.tokenizer), p)
-                              for p, e in zip(problems, episodes)]))
+        return held_out_accuracy(self.engine, self.tokenizer, self.task, self.episodes.env, self.cfg, problems,
+                                 temperature)
 
     def take_evaluations(self) -> list[dict[str, float]]:
         """The periodic evaluations since the last call (the driver's, in the control group)."""

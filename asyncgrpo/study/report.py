@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asyncgrpo.runtime.files import write_atomic
+from asyncgrpo.study.pairing import pairing_section
 from asyncgrpo.study.plots import write_plots
 from asyncgrpo.study.results import RunResult, load_study, read_summary, runs_by_cell, value_at
 from asyncgrpo.study.spec import RUN_DEFAULTS, Cell, Spec
@@ -131,6 +132,8 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
             rows.append([*cell.values.values(), str(len(runs)), *(_fmt_estimate(e) for e in estimates)])
         lines += [f"## {title}", "", *_table([*keys, "n", *(heading for _, heading in metrics)], rows), ""]
     lines += _differences_section(spec, results)
+    if pairing := pairing_section(spec, results, _fmt_estimate):  # replay studies only
+        lines += ["", *pairing]
     if unfinished:
         lines += ["", "## Runs not finished (left out of the statistics)", ""]
         for result in unfinished:

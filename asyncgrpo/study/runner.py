@@ -89,8 +89,7 @@ class SubprocessRunner:
         self._lock = threading.Lock()
 
     def command(self, plan: RunPlan) -> list[str]:
-        return [sys.executable, "-m", "asyncgrpo.cli", "train", "--config-name", plan.config_name,
-                *self.before, *plan.train_overrides()]
+        return run_command(plan, self.before)
 
     def __call__(self, plan: RunPlan) -> int:
         plan.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -140,6 +139,15 @@ class SubprocessRunner:
             except ProcessLookupError:
                 process.wait()
                 return
+
+
+def run_command(plan: RunPlan, before: Sequence[str] = ()) -> list[str]:
+    """The run's command line: `asyncgrpo train --config-name ...`, or for a replay study's run
+    `asyncgrpo replay RECORDING` (no engine cluster: a replay starts no generator, so no `before`)."""
+    if plan.recording is not None:
+        return [sys.executable, "-m", "asyncgrpo.cli", "replay", str(plan.recording), *plan.train_overrides()]
+    return [sys.executable, "-m", "asyncgrpo.cli", "train", "--config-name", plan.config_name, *before,
+            *plan.train_overrides()]
 
 
 def _interrupt_when_parent_dies() -> None:
@@ -196,7 +204,8 @@ def run_study(spec: Spec, study_dir: str | Path | None = None, runner: Runner | 
         raise StudyError(str(err)) from None
     with ExitStack() as stack:
         if runner is None:
-            cpus = engine_cluster_cpus(spec) if keep_engines else None
+            # Replays start no generators: no engines to keep.
+            cpus = engine_cluster_cpus(spec) if keep_engines and spec.recordings is None else None
             if cpus is None:
                 runner = SubprocessRunner(log)
             else:
@@ -382,8 +391,9 @@ def check_earlier_runs(plans: list[RunPlan]) -> None:
         except (OSError, json.JSONDecodeError):
             raise StudyError(f"{plan.run_dir}: a finished run without a readable {RUN_RECORD}: not a run of this "
                              "study; use another study_dir") from None
-        recorded = [f"--config-name {record.get('config_name')}", *(record.get("overrides") or [])]
-        planned = [f"--config-name {plan.config_name}", *plan.overrides]
+        recorded = [f"--config-name {record.get('config_name')}", f"recording {record.get('recording')}",
+                    *(record.get("overrides") or [])]
+        planned = [f"--config-name {plan.config_name}", f"recording {_recording(plan)}", *plan.overrides]
         if recorded != planned:
             differing = sorted(set(recorded) ^ set(planned)) or ["their order"]
             raise StudyError(f"{plan.run_dir}: finished with other settings than the spec asks for now "
@@ -392,7 +402,11 @@ def check_earlier_runs(plans: list[RunPlan]) -> None:
 
 def _run_record(plan: RunPlan) -> dict[str, Any]:
     return {"cell": plan.cell.values, "seed": plan.seed, "config_name": plan.config_name,
-            "overrides": list(plan.overrides)}
+            "recording": _recording(plan), "overrides": list(plan.overrides)}
+
+
+def _recording(plan: RunPlan) -> str | None:
+    return None if plan.recording is None else str(plan.recording)
 
 
 def _set_aside(run_dir: Path, log: Callable[[str], None]) -> None:
@@ -459,7 +473,8 @@ def command(spec_path: str, arguments: Sequence[str], dry_run: bool = False, rep
             check_earlier_runs(spec.runs(directory))
             for plan in spec.runs(directory):
                 state = FINISHED if is_finished(plan.run_dir) else "to run"
-                log(f"{state:>8}  {plan.label}  ({plan.run_dir})")
+                replays = f", replays {plan.recording}" if plan.recording is not None else ""
+                log(f"{state:>8}  {plan.label}  ({plan.run_dir}{replays})")
             return 0
         outcome = run_study(spec, directory, log=log, keep_engines=keep_engines, concurrent=concurrent)
     except (SpecError, StudyError) as err:

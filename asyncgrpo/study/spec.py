@@ -22,8 +22,12 @@ from asyncgrpo.schema import CONFIG_DIR, ConfigError
 # ------------------------------------------------------------------------------------------ defaults
 # The spec's keys, and what the study itself sets for every run.
 
-SPEC_KEYS = ("name", "base", "grid", "seeds", "baseline", "config_name")
-REQUIRED_SPEC_KEYS = ("name", "grid", "seeds")
+SPEC_KEYS = ("name", "base", "grid", "seeds", "baseline", "config_name", "command", "recordings")
+REQUIRED_SPEC_KEYS = ("name", "grid")  # and seeds for `command: train`, recordings for `command: replay`
+# What each run is: `asyncgrpo train` (a live run per cell x seed), or `asyncgrpo replay RECORDING`
+# (a replay per cell x recording: every cell trains on the same recorded samples, so cells are
+# compared paired by recording; the run's `seed` is the recording's index, which seeds its evaluations).
+COMMANDS = ("train", "replay")
 STUDY_DIR_ROOT = "studies"  # default study_dir: studies/<name>
 STUDY_SPECS_DIR = CONFIG_DIR / "studies"  # `asyncgrpo study NAME` finds configs/studies/NAME.yaml
 # Prepended to every run's overrides, so a spec's base (or the command line) can still change them:
@@ -100,6 +104,7 @@ class RunPlan:
     run_dir: Path
     overrides: tuple[str, ...]  # everything but run_dir, in order (later ones win)
     config_name: str
+    recording: Path | None = None  # a replay's recording directory (`command: replay`); None: a train run
 
     def train_overrides(self) -> list[str]:
         return [*self.overrides, f"run_dir={override_value(str(self.run_dir))}"]
@@ -118,6 +123,8 @@ class Spec:
     baseline: dict[str, str] | None = None  # factor key -> level label
     config_name: str = "default"
     source: str = "spec"  # the file it came from, for messages
+    command: str = "train"  # COMMANDS
+    recordings: list[str] | None = None  # `command: replay`: the recording directories, one per "seed"
 
     # -------------------------------------------------------------------------- loading
 
@@ -142,7 +149,11 @@ class Spec:
         unknown = [str(key) for key in data if key not in SPEC_KEYS]
         if unknown:
             raise fail(f"unknown key {', '.join(repr(k) for k in unknown)} (known: {', '.join(SPEC_KEYS)})")
-        missing = [key for key in REQUIRED_SPEC_KEYS if data.get(key) is None]
+        command = data.get("command") or "train"
+        if command not in COMMANDS:
+            raise fail(f"command must be one of {', '.join(COMMANDS)} (got {command!r})")
+        required = (*REQUIRED_SPEC_KEYS, "recordings" if command == "replay" else "seeds")
+        missing = [key for key in required if data.get(key) is None]
         if missing:
             raise fail(f"missing key {', '.join(repr(k) for k in missing)}")
         name = data["name"]
@@ -154,7 +165,8 @@ class Spec:
                 raise fail(f"base: each entry must be a key=value override (got {override!r})")
             _refuse_reserved(_override_key(override), "base", fail)
         factors = _parse_grid(data["grid"], fail)
-        seeds = data["seeds"]
+        recordings = _parse_recordings(data, command, fail)
+        seeds = data.get("seeds") if recordings is None else list(range(len(recordings)))
         if (not isinstance(seeds, list) or not seeds
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
             raise fail(f"seeds must be a non-empty list of integers >= 0 (got {seeds!r})")
@@ -163,7 +175,10 @@ class Spec:
         config_name = data.get("config_name") or "default"
         if not isinstance(config_name, str):
             raise fail(f"config_name must be the name of a preset in configs/ (got {config_name!r})")
-        spec = cls(name=name, base=base, factors=factors, seeds=list(seeds), config_name=config_name, source=source)
+        if recordings is not None and data.get("config_name") is not None:
+            raise fail("config_name: a replay's config is its recording's config.yaml; drop config_name")
+        spec = cls(name=name, base=base, factors=factors, seeds=list(seeds), config_name=config_name, source=source,
+                   command=command, recordings=recordings)
         if data.get("baseline") is not None:
             spec.baseline = _parse_baseline(data["baseline"], factors, fail)
         return spec
@@ -174,12 +189,32 @@ class Spec:
         raises SpecError naming the cell. Returns the configs."""
         from asyncgrpo.config import load
 
+        if self.recordings is not None:
+            return self._check_replays()
         configs = []
         for plan in self.runs(Path(STUDY_DIR_ROOT) / self.name, seeds=self.seeds[:1]):
             try:
                 configs.append(load([*before, *plan.train_overrides()], config_name=self.config_name))
             except ConfigError as err:
                 raise SpecError(f"{self.source}: cell {plan.cell.label}: {err}") from None
+        return configs
+
+    def _check_replays(self) -> list[Any]:
+        """Every recording opens, and every cell's overrides compose with every recording's config
+        as `asyncgrpo replay` would compose them (a recording can refuse what another takes: its
+        groups per step)."""
+        from asyncgrpo.recording.rerun import replay_config
+        from asyncgrpo.recording.source import open_recording
+        from asyncgrpo.recording.stream import RecordingError
+
+        configs = []
+        for plan in self.runs(Path(STUDY_DIR_ROOT) / self.name):
+            try:
+                configs.append(replay_config(open_recording(plan.recording), plan.train_overrides()))
+            except RecordingError as err:
+                raise SpecError(f"{self.source}: recordings: {err}") from None
+            except ConfigError as err:
+                raise SpecError(f"{self.source}: cell {plan.cell.label}, recording {plan.recording}: {err}") from None
         return configs
 
     # -------------------------------------------------------------------------- the plan
@@ -194,8 +229,12 @@ class Spec:
         root = Path(study_dir) / "runs"
         return [RunPlan(cell=cell, seed=seed, run_dir=root / cell.slug / f"seed_{seed}",
                         overrides=(*RUN_DEFAULTS, *self.base, *cell.overrides, f"seed={seed}"),
-                        config_name=self.config_name)
+                        config_name=self.config_name, recording=self.recording(seed))
                 for cell in self.cells() for seed in (self.seeds if seeds is None else seeds)]
+
+    def recording(self, seed: int) -> Path | None:
+        """The recording a replay study's run with this "seed" (the recording's index) replays."""
+        return None if self.recordings is None else Path(self.recordings[seed]).expanduser()
 
     def baseline_cell(self) -> Cell | None:
         if self.baseline is None:
@@ -215,6 +254,9 @@ class Spec:
                 grid[factor.key] = [level.value for level in factor.levels]
         data: dict[str, Any] = {"name": self.name, "config_name": self.config_name, "base": list(self.base),
                                 "grid": grid, "seeds": list(self.seeds)}
+        if self.recordings is not None:  # a replay study: its seeds are the recordings' indices
+            data = {"name": self.name, "command": self.command, "recordings": list(self.recordings),
+                    "base": list(self.base), "grid": grid}
         if self.baseline is not None:
             data["baseline"] = dict(self.baseline)
         return data
@@ -279,6 +321,26 @@ def _parse_grid(grid: Any, fail: Callable[[str], SpecError]) -> list[Factor]:
     if len({safe_name(f.key) for f in factors}) != len(factors):
         raise fail(f"grid: two keys have the same directory name: {[f.key for f in factors]}")
     return factors
+
+
+def _parse_recordings(data: dict, command: str, fail: Callable[[str], SpecError]) -> list[str] | None:
+    """`command: replay`'s recording directories (paired runs: each cell replays each of them); None
+    for `command: train`, which takes none."""
+    recordings = data.get("recordings")
+    if command == "train":
+        if recordings is not None:
+            raise fail("recordings: only with command: replay")
+        return None
+    if data.get("seeds") is not None:
+        raise fail("seeds: a replay study runs each cell once per recording (the recording's index is its seed); "
+                   "drop seeds")
+    if (not isinstance(recordings, list) or not recordings
+            or not all(isinstance(r, str) and r.strip() for r in recordings)):
+        raise fail(f"recordings must be a non-empty list of recording directories with command: replay "
+                   f"(got {recordings!r})")
+    if len({str(Path(r).expanduser()) for r in recordings}) != len(recordings):
+        raise fail(f"recordings must be distinct (got {recordings!r})")
+    return list(recordings)
 
 
 def _parse_baseline(baseline: Any, factors: list[Factor], fail: Callable[[str], SpecError]) -> dict[str, str]:

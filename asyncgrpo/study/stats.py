@@ -105,6 +105,49 @@ def paired_difference(cell: dict[int, float | None], baseline: dict[int, float |
     return mean_ci([float(cell[s]) - float(baseline[s]) for s in seeds], confidence)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class PairingGain:
+    """A cell against the baseline over n pairs (recordings or seeds both have), estimated two ways:
+    `paired`, the mean of the per-pair differences with its t-interval (var(A - B) / n), and `unpaired`,
+    the same mean with the interval it would have if each cell had had its own independent runs
+    ((var(A) + var(B)) / n, Welch's degrees of freedom); `variance_ratio` = (var(A) + var(B)) / var(A - B),
+    how many times fewer pairs than independent runs per cell give the same precision (above 1:
+    pairing helps; infinite when every pair differs by the same amount; None below 2 pairs)."""
+
+    n: int
+    paired: Estimate
+    unpaired: Estimate
+    variance_ratio: float | None
+
+
+def pairing_gain(cell: dict[int, float | None], baseline: dict[int, float | None],
+                 confidence: float = CONFIDENCE) -> PairingGain:
+    """The paired and the unpaired estimate of cell - baseline over the keys both have a value for
+    (`PairingGain`): what comparing on identical samples buys over independent runs."""
+    keys = [k for k in cell if is_number(cell[k]) and is_number(baseline.get(k))]
+    a, b = [float(cell[k]) for k in keys], [float(baseline[k]) for k in keys]  # type: ignore[arg-type]
+    paired = paired_difference(cell, baseline, confidence)
+    n = len(keys)
+    if n < 2:
+        return PairingGain(n, paired, Estimate(n, paired.mean, None), None)
+    var_a, var_b, var_d = _variance(a), _variance(b), _variance([x - y for x, y in zip(a, b)])
+    unpaired_var = var_a + var_b
+    if unpaired_var == 0:
+        unpaired = Estimate(n, paired.mean, 0.0)
+    else:
+        # Welch-Satterthwaite with equal n: df = (n - 1) (va + vb)^2 / (va^2 + vb^2).
+        df = (n - 1) * unpaired_var ** 2 / (var_a ** 2 + var_b ** 2)
+        unpaired = Estimate(n, paired.mean, t_quantile((1 + confidence) / 2, df) * math.sqrt(unpaired_var / n))
+    ratio = (unpaired_var / var_d if var_d > 0 else (math.inf if unpaired_var > 0 else None))
+    return PairingGain(n, paired, unpaired, ratio)
+
+
+def _variance(xs: Sequence[float]) -> float:
+    """The sample variance (n - 1 in the denominator)."""
+    mean = sum(xs) / len(xs)
+    return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+
+
 def is_number(value: Any) -> bool:
     """A value that counts: a finite int or float (not a bool, NaN or a missing one)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

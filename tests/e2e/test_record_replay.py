@@ -1,5 +1,6 @@
 """A real training run records its stream (`wire.record_dir`), and `asyncgrpo replay` trains on it
-again without generators: with the recording's config it repeats every step's losses exactly."""
+again without generators: with the recording's config it repeats every step's losses exactly, also
+while it evaluates its weights on the held-out problems between steps."""
 
 import json
 import subprocess
@@ -31,12 +32,22 @@ def test_a_recorded_training_run_replays_with_its_own_losses_and_runs_under_anot
     original = step_records(tmp_path / "run")
     assert json.loads((recording / "recording.json").read_text())["start_version"] == 0
 
-    replayed = asyncgrpo("replay", str(recording), f"run_dir={tmp_path / 'replay'}", "progress=false")
+    # With held-out evaluation of the replay's weights (vLLM in the replay's process) after step 2 and
+    # at the end: the live run's eval records and summary entries, and the same losses as without.
+    replayed = asyncgrpo("replay", str(recording), f"run_dir={tmp_path / 'replay'}", "progress=false",
+                         "eval.at_end=true", "eval.every_steps=2")
     assert replayed.returncode == 0, replayed.stderr[-4000:]
     records = step_records(tmp_path / "replay")
     assert [r["step"] for r in records] == [r["step"] for r in original] == [1, 2, 3, 4]
     for key in ("loss/pg", "loss/total", "optim/grad_norm", "staleness/max", "reward/mean"):
         assert [r[key] for r in records] == [r[key] for r in original], key
+    lines = (tmp_path / "replay" / "metrics.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, lines) if "eval/when" in r]
+    assert [(r["step"], r["eval/when"]) for r in evals] == [(2, "periodic"), (4, "end")]
+    assert "Invalid process group" not in replayed.stderr  # vLLM shut down before the learner's group went
+    summary = json.loads((tmp_path / "replay" / "summary.json").read_text())
+    assert 0 <= summary["eval_accuracy_end"] <= 1 and 0 <= summary["eval_greedy_accuracy_end"] <= 1
+    assert "eval_accuracy_start" not in summary  # eval.at_start=false, as recorded
 
     decoupled = asyncgrpo("replay", str(recording), "progress=false", "algo.mode=decoupled",
                           "algo.correction.is_level=token")
