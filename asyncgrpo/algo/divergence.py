@@ -14,9 +14,9 @@ API
 ``bucket_divergences(sums) -> (buckets, metrics)``
     From the (added-up) sums: per non-empty bucket (mean age, tokens, mean k3, normalised ESS
     (sum w)^2 / (n sum w^2), in (0, 1]), as plain floats for the bound's control law
-    (asyncgrpo/queue/bound_control.py), and the metrics ``divergence/k3_age_<a>`` and
-    ``divergence/ess_age_<a>`` (``<a>`` = 0, 1, ... and ``<last>plus`` for the last bucket), empty
-    buckets left out.
+    (asyncgrpo/queue/bound_control.py), and the metrics ``divergence/k3_age_<a>``,
+    ``divergence/ess_age_<a>``, ``divergence/tokens_age_<a>`` (a count) and ``divergence/mean_age_<a>``
+    (``<a>`` = 0, 1, ... and ``<last>plus`` for the last bucket), empty buckets left out.
 
 ``group_cap(logp, rollout_logp, mask, group_index, *, cap, action) -> (row_scale, capped_groups)``
     The per-group mean k3 over the group's real tokens among these rows; a group beyond ``cap``
@@ -85,6 +85,8 @@ def bucket_divergences(sums: torch.Tensor) -> tuple[list[tuple[float, float, flo
         name = f"{index}plus" if index == len(rows) - 1 else str(index)
         metrics[f"divergence/k3_age_{name}"] = k3
         metrics[f"divergence/ess_age_{name}"] = ess
+        metrics[f"divergence/tokens_age_{name}"] = tokens
+        metrics[f"divergence/mean_age_{name}"] = row[AGE] / tokens
     return buckets, metrics
 
 
