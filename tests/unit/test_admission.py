@@ -80,10 +80,10 @@ class BoundSource(ListSource):
 
 
 def step_metrics(rate: float, bound: int, capped: int = 0) -> dict[str, float]:
-    """update()'s divergence/* for a step whose tokens are at ages 0 .. bound, drifting `rate` per version."""
+    """update()'s divergence/* for a step whose tokens are at ages 0 .. bound, divergence rate * age^2."""
     metrics: dict[str, float] = {"divergence/capped_groups": float(capped)}
     for age in range(bound + 1):
-        metrics |= {f"divergence/k3_age_{age}": rate * age, f"divergence/ess_age_{age}": 1.0,
+        metrics |= {f"divergence/k3_age_{age}": rate * age ** 2, f"divergence/ess_age_{age}": 1.0,
                     f"divergence/tokens_age_{age}": 100.0, f"divergence/mean_age_{age}": float(age)}
     return metrics
 
@@ -94,9 +94,9 @@ def test_under_divergence_control_the_source_gets_the_starting_bound_and_every_s
     source = BoundSource()
     control = AdmissionControl(cfg, source)
     assert source.bounds == [1]  # min_staleness, before any grant
-    records = [control.after_step(step_metrics(0.02, control.bound, capped=1)) for _ in range(4 * HOLD_STEPS)]
+    records = [control.after_step(step_metrics(0.005, control.bound, capped=1)) for _ in range(4 * HOLD_STEPS)]
     assert source.bounds[1:] == [r["divergence/bound"] for r in records]
-    assert records[-1]["divergence/bound"] == 4  # 0.02 per version holds 0.1 up to max_staleness
+    assert records[-1]["divergence/bound"] == 4  # 0.005 a^2 holds 0.1 up to max_staleness
     assert control.summary() == {"admission_bound": 4, "capped_groups": 4 * HOLD_STEPS}
     resumed = AdmissionControl(cfg, BoundSource())
     resumed.load_state_dict(control.state_dict())
