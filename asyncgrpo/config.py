@@ -21,12 +21,14 @@ from asyncgrpo.learner.schedule import LR_SCHEDULES
 from asyncgrpo.metrics.sinks import WANDB_MODES
 from asyncgrpo.runtime.placement import is_custom_resource, spans_nodes
 from asyncgrpo.contract import (
+    THROTTLING_STALE_POLICIES,
     check_fixed_staleness,
     check_max_staleness,
     check_push_settings,
     check_stale_policy,
     one_of,
 )
+from asyncgrpo.queue.bound_control import DIVERGENCE_METRICS, STALENESS_CONTROLS
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.envs import ENV_NAMES, ENV_ON_ERROR
 from asyncgrpo.learner.resume import RESUME_AUTO
@@ -331,6 +333,44 @@ def _train_rules(cfg: Config) -> None:
     require(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0", t.max_train_minutes)
     check_stale_policy(require, t.stale_policy)
     require(q.capacity_groups >= t.groups_per_step, "queue.capacity_groups", f"must hold at least one step (train.groups_per_step={t.groups_per_step})", q.capacity_groups)
+
+
+def _divergence_control_rules(cfg: Config) -> None:
+    """train.staleness_control and the divergence keys (docs/ALGORITHMS.md, Divergence-gated staleness):
+    the bound moves within [min_staleness, max_staleness] through the throttle, so it needs the
+    throttle, room to move, and weights pushed often enough for its lowest value."""
+    from asyncgrpo.algo.divergence import CAP_ACTIONS  # here, not at the top: asyncgrpo.algo imports torch
+
+    t = cfg.train
+    require(t.staleness_control in STALENESS_CONTROLS, "train.staleness_control", one_of(STALENESS_CONTROLS),
+            t.staleness_control)
+    require(t.divergence_metric in DIVERGENCE_METRICS, "train.divergence_metric", one_of(DIVERGENCE_METRICS),
+            t.divergence_metric)
+    require(t.divergence_cap >= 0 and math.isfinite(t.divergence_cap), "train.divergence_cap", "must be >= 0 (0 = no cap)",
+            t.divergence_cap)
+    require(t.divergence_cap_action in CAP_ACTIONS, "train.divergence_cap_action", one_of(CAP_ACTIONS),
+            t.divergence_cap_action)
+    require(0 <= t.min_staleness <= t.max_staleness, "train.min_staleness",
+            f"must be between 0 and train.max_staleness={t.max_staleness}", t.min_staleness)
+    if t.divergence_metric == "kl":
+        require(t.divergence_target > 0 and math.isfinite(t.divergence_target), "train.divergence_target",
+                "must be > 0 (a per-token k3 KL) with train.divergence_metric=kl", t.divergence_target)
+    else:
+        require(0 < t.divergence_target <= 1, "train.divergence_target",
+                "must be in (0, 1] (a normalised ESS) with train.divergence_metric=ess", t.divergence_target)
+    if t.staleness_control != "divergence":
+        return
+    why = "with train.staleness_control=divergence"
+    require(t.fixed_staleness < 0, "train.fixed_staleness", f"must be -1 (off) {why}: the bound is fixed there",
+            t.fixed_staleness)
+    require(t.stale_policy in THROTTLING_STALE_POLICIES, "train.stale_policy",
+            f"must throttle ({', '.join(THROTTLING_STALE_POLICIES)}) {why}: the bound is the throttle's", t.stale_policy)
+    require(t.max_staleness >= 1, "train.max_staleness", f"must be >= 1 {why}: at 0 there is nothing to control",
+            t.max_staleness)
+    # Generators hold pushed versions only: a bound below push_every_steps - 1 could grant the next
+    # step's slots to no engine at all (contract.check_push_settings's argument at min_staleness).
+    require(cfg.weights.push_every_steps <= t.min_staleness + 1, "weights.push_every_steps",
+            f"must be <= train.min_staleness + 1 = {t.min_staleness + 1} {why}", cfg.weights.push_every_steps)
 
 
 def _generator_cpu_rules(cfg: Config) -> None:
@@ -728,7 +768,7 @@ def _log_rules(cfg: Config) -> None:
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
     _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
     _optimizer_rules, _lora_rules, _weights_rules, _delta_rules, _wire_rules, _end_of_run_rules, _wire_security_rules,
-    _placement_rules,
+    _placement_rules, _divergence_control_rules,
     _algo_rules, _task_rules, _longtail_rules, _episode_task_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,
     _log_rules,
 )

@@ -13,6 +13,11 @@ Versions and slots (eta = train.max_staleness, G = train.groups_per_step):
 - Admission (a throttling stale policy): an engine holding version w is granted slot s only if
   s < (w + eta + 1) * G (`admission_limit`), so s // G <= w + eta: every granted slot is trainable
   with the weights that sample it, for any number of generators at any relative speeds.
+- Divergence control (train.staleness_control=divergence) grants under a lower bound b
+  (min_staleness <= b <= eta, moved by the learner): s < (w + b + 1) * G. The contract itself stays
+  eta: `trainable`, the drop and fill_early judge by eta, so a slot granted under a higher bound
+  stays trainable when b falls, and no granted group is ever made untrainable by the control.
+  The push period is at most min_staleness + 1 for the reason below.
 - Fixed staleness (train.fixed_staleness = k, max_staleness = k): also only slots with
   s // G >= w + k (`admission_floor`), so weights w fill step w + k and nothing else; the starting
   weights (version first_step: the run's, or a resumed checkpoint's) fill steps
@@ -83,6 +88,15 @@ def admission_limit(loaded_version: int, max_staleness: int, groups_per_step: in
     """Under a throttling stale policy, only slots below this are granted to an engine holding
     `loaded_version`: the first slot of the first step it could not train within max_staleness."""
     return first_slot(loaded_version + max_staleness + 1, groups_per_step)
+
+
+def check_admission_bound(bound: int, max_staleness: int, fixed_staleness: bool) -> int:
+    """`bound`, for divergence control's admission (0 .. max_staleness; max_staleness itself under
+    fixed staleness, whose bound does not move); else ValueError."""
+    if not 0 <= bound <= max_staleness or (fixed_staleness and bound != max_staleness):
+        raise ValueError(f"admission bound {bound} outside 0 .. max_staleness={max_staleness}"
+                         + (" (fixed staleness: only max_staleness)" if fixed_staleness else ""))
+    return bound
 
 
 def admission_floor(loaded_version: int, max_staleness: int, groups_per_step: int, first_step: int) -> float:

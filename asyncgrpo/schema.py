@@ -368,6 +368,26 @@ class TrainConfig:
     # warm-up of k steps): the learner publishes at version v the weights of version v - k, and
     # max_staleness is set to k. Generation and training then alternate (no overlap). -1 = off.
     fixed_staleness: int = -1
+    # How the admission bound is set (docs/ALGORITHMS.md, Divergence-gated staleness): versions = it is
+    # max_staleness; divergence = the learner moves it within [min_staleness, max_staleness], one version
+    # at a time, to the largest staleness whose measured divergence holds divergence_target. Either
+    # way a group is trainable up to max_staleness (the staleness contract). Needs a throttling
+    # stale_policy, max_staleness >= 1 and no fixed_staleness.
+    staleness_control: str = "versions"  # versions | divergence
+    # The lowest admission bound divergence control may set (and the one it starts from); <= max_staleness.
+    min_staleness: int = 0
+    # What divergence control holds: kl = the mean per-token k3 KL of the current policy against the
+    # sampling one; ess = the normalised importance-sampling effective sample size, in (0, 1].
+    divergence_metric: str = "kl"  # kl | ess
+    # The divergence_metric's value to hold at the bound: a k3 KL per token (> 0) under kl, the lowest
+    # normalised ESS to keep (in (0, 1]) under ess.
+    divergence_target: float = 0.01
+    # A group whose mean per-token k3 KL (current policy against the sampling one) exceeds this is
+    # handled by divergence_cap_action, under either staleness_control; 0 = no cap.
+    divergence_cap: float = 0.0
+    # drop = the capped group's tokens add nothing to the loss (as rejected tokens, they still count in
+    # its denominators); downweight = its loss is scaled by divergence_cap / its mean k3.
+    divergence_cap_action: str = "drop"  # drop | downweight
     steps_per_call: int = 10  # learner steps per driver round trip (progress granularity)
     # Write a sharded checkpoint to run_dir/checkpoints/step_<N> every this many learner steps; 0 = never.
     save_every_steps: int = 0

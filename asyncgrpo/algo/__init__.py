@@ -23,10 +23,13 @@ formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.m
   rewards differ (DAPO's dynamic sampling).
 * ``decoupled_policy_loss``, ``naive_policy_loss``, ``mode_policy_loss``: the recomputed proximal
   policy as the old policy, with (decoupled) or without (naive) IS weights pi_prox / mu; ``MODES``.
+* ``age_bucket_sums``, ``bucket_divergences``, ``group_cap``, ``CAP_ACTIONS``: the k3 KL and IS ESS of
+  the current policy against the sampling one per token age, and the per-group divergence cap.
 """
 
 from asyncgrpo.algo.advantages import ADVANTAGE_MODES, group_advantages
 from asyncgrpo.algo.correction import IS_LEVELS, RS_OPTIONS, rollout_correction
+from asyncgrpo.algo.divergence import CAP_ACTIONS, age_bucket_sums, bucket_divergences, group_cap
 from asyncgrpo.algo.entropy import token_entropy
 from asyncgrpo.algo.kl import KL_KINDS, kl_penalty
 from asyncgrpo.algo.losses import (
@@ -59,6 +62,7 @@ from asyncgrpo.algo.settings import (
 __all__ = [
     "ADVANTAGE_MODES",
     "AGG_MODES",
+    "CAP_ACTIONS",
     "IS_LEVELS",
     "KL_KINDS",
     "LOSS_TYPES",
@@ -70,12 +74,15 @@ __all__ = [
     "LossSettings",
     "OverlongSettings",
     "advantage_rewards",
+    "age_bucket_sums",
     "aggregate",
     "apply_overlong",
+    "bucket_divergences",
     "bypass_policy_loss",
     "carries_signal",
     "decoupled_policy_loss",
     "group_advantages",
+    "group_cap",
     "kl_penalty",
     "mode_policy_loss",
     "naive_policy_loss",

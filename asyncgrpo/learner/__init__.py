@@ -9,6 +9,7 @@
     batch.py        scored groups -> padded training tensors
     schedule.py     the learning-rate schedule
     publication.py  delayed weight publication for train.fixed_staleness
+    admission.py    train.staleness_control=divergence: the step's divergence to the bound, the bound to rank 0's queue
     precision.py    where and in what precision the weights compute (no torch)
     metrics.py      the step's metrics, defined once
     checkpoint.py   sharded, atomic checkpoints and finding the newest one

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from asyncgrpo import contract
 from asyncgrpo.learner import resume
+from asyncgrpo.learner.admission import AdmissionControl
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner import lora
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
@@ -70,6 +71,7 @@ class Learner:
         # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
         self._ring = VersionRing.from_config(cfg)
         self.intake = GroupIntake(cfg, source, registry, weights) if source is not None else None
+        self.admission = AdmissionControl(cfg, source)  # train.staleness_control=divergence's bound, the cap's count
 
     @classmethod
     def from_config(cls, cfg: Config, model_dir: str, rank: int = 0, world_size: int = 1, **where: Any) -> Learner:
@@ -136,7 +138,8 @@ class Learner:
         with timer("prepare"):
             batch = self._prepare(groups)
         with timer("train"):
-            metrics = update(self.policy, batch, self.cfg, self.rank, self.world_size)
+            metrics = update(self.policy, batch, self.cfg, self.rank, self.world_size, version=self.version)
+        metrics.update(self.admission.after_step(metrics))  # the bound for the grants from now on
         staleness = contract.staleness(batch.group_version_min, self.version)
         self.version += 1
         with timer("push"):
@@ -218,6 +221,7 @@ class Learner:
             "ack_waits": self.ack_waits,
             "bytes_pushed": self.weights.bytes_pushed if self.weights else 0,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
+            **self.admission.summary(),
             **peak_memory(),
             **(self.source.stats() if self.source else {}),
             **(self.recorder.stats() if self.recorder else {}),
@@ -233,6 +237,7 @@ class Learner:
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
             "ack_waits": self.ack_waits,
             "idle_s": self.idle_s,
+            "admission": self.admission.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -241,6 +246,7 @@ class Learner:
         self.staleness_histogram = {int(k): int(v) for k, v in state["staleness_histogram"].items()}
         self.ack_waits = int(state["ack_waits"])
         self.idle_s = float(state["idle_s"])
+        self.admission.load_state_dict(state.get("admission", {}))
 
     def save_checkpoint(self, directory: str | Path) -> str:
         """A sharded checkpoint in `directory`/step_<version> (every rank calls it); returns its path."""

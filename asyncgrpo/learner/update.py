@@ -14,18 +14,61 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 
 from asyncgrpo import algo
 from asyncgrpo.learner.batch import Batch, micro_batch_plan, rank_shares
-from asyncgrpo.learner.metrics import reduce_metrics
+from asyncgrpo.learner.metrics import TOKEN_AGE_BUCKETS, reduce_metrics
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.schema import Config
 
 
-def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int) -> dict[str, float]:
-    """Every rank calls it with the same batch; returns the step's loss and optimizer metrics."""
+@dataclass
+class Divergence:
+    """A step's divergence of the current policy from the sampling one, by token age, and its cap
+    (train.divergence_cap), gathered micro-batch by micro-batch from the log-probs the loss already
+    has (asyncgrpo/algo/divergence.py): nothing here runs a forward pass."""
+
+    version: int | None  # the learner's (a token's age is version - its version); None: ages not measured
+    cap: float  # train.divergence_cap (0: none)
+    cap_action: str  # train.divergence_cap_action
+    sums: torch.Tensor  # [TOKEN_AGE_BUCKETS + 1, 5] age_bucket_sums, this rank's so far
+    capped_groups: int = 0
+
+    def apply(self, current_logp: torch.Tensor, micro: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
+        """Measure a micro-batch; returns it and its advantages [B] with the cap applied (a dropped
+        group's tokens masked, a down-weighted group's advantages scaled: its loss scales with them)."""
+        if self.version is not None:
+            ages = self.version - micro.token_versions.long()
+            self.sums += algo.age_bucket_sums(current_logp, micro.rollout_logp, micro.mask, ages, len(self.sums))
+        scale, capped = algo.group_cap(current_logp, micro.rollout_logp, micro.mask, micro.group_index,
+                                       cap=self.cap, action=self.cap_action)
+        self.capped_groups += capped
+        if not capped:
+            return micro, advantages
+        if self.cap_action == "drop":
+            return dataclasses.replace(micro, mask=micro.mask * (scale > 0).to(micro.mask.dtype)[:, None]), advantages
+        return micro, advantages * scale.to(advantages.dtype)
+
+    def metrics(self, world_size: int) -> dict[str, float]:
+        """divergence/* of the whole step: the sums and the capped count added over ranks (every rank
+        calls it: the same values everywhere, so every rank's bound controller sees the same)."""
+        flat = torch.cat([self.sums.reshape(-1), self.sums.new_tensor([float(self.capped_groups)])])
+        if world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(flat)
+        sums = flat[:-1].reshape(self.sums.shape)
+        _, metrics = algo.bucket_divergences(sums) if self.version is not None else ([], {})
+        return {**metrics, "divergence/capped_groups": float(flat[-1])}
+
+
+def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int,
+           version: int | None = None) -> dict[str, float]:
+    """Every rank calls it with the same batch; returns the step's loss and optimizer metrics.
+    `version`: the learner's, for the divergence by token age (None: not measured; the cap still applies)."""
     policy.model.train()
     settings = loss_settings(cfg)
     # Else KL is dropped, or fails deep in a step. Under LoRA the reference (adapters off) is always there.
@@ -58,6 +101,8 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
         recompute_start = time.perf_counter()
         prox_logps = proximal_logprobs(policy, batch, indices)
         recompute_s = time.perf_counter() - recompute_start
+    divergence = Divergence(version, cfg.train.divergence_cap, cfg.train.divergence_cap_action,
+                            torch.zeros(TOKEN_AGE_BUCKETS + 1, 5, dtype=torch.float64, device=batch.rewards.device))
     policy.optimizer.zero_grad(set_to_none=True)
     parts: list[tuple[float, dict[str, float]]] = []
     loss_total = pg_total = 0.0
@@ -65,7 +110,8 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
         padding = i >= len(mine)
         micro = batch.select(index)
         loss, metrics = micro_batch_loss(policy, micro, None if prox_logps is None else prox_logps[i],
-                                         advantages.index_select(0, index), settings, global_tokens, global_seqs)
+                                         advantages.index_select(0, index), settings, global_tokens, global_seqs,
+                                         None if padding else divergence)
         (loss * 0.0 if padding else loss).backward()
         if padding:
             parts.append((0.0, metrics))
@@ -75,6 +121,7 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
         parts.append((float(micro.mask.sum()), metrics))
     metrics = reduce_metrics(parts, {"loss/total": loss_total, "loss/pg": pg_total}, world_size, policy.device)
     metrics.update(overlong_metrics)  # every rank holds the whole batch: the same values everywhere
+    metrics.update(divergence.metrics(world_size))
     metrics["optim/lr"] = policy.optimizer.param_groups[0]["lr"]
     optimizer_start = time.perf_counter()
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), learner.grad_clip_norm)
@@ -133,14 +180,18 @@ def overlong_settings(cfg: Config) -> algo.OverlongSettings:
 
 
 def micro_batch_loss(policy: Policy, micro: Batch, prox_logp: torch.Tensor | None, advantages: torch.Tensor,
-                     settings: algo.LossSettings, global_tokens: float,
-                     global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+                     settings: algo.LossSettings, global_tokens: float, global_seqs: float,
+                     divergence: Divergence | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the global loss (policy loss plus the KL penalty, if on).
 
     prox_logp [B, T]: the proximal log-probs (None under algo.mode=bypass); advantages [B];
-    global_tokens / global_seqs: the whole batch's counts (the denominators).
+    global_tokens / global_seqs: the whole batch's counts (the denominators); `divergence`: measures
+    the micro-batch and applies the cap first (None: a padding micro-batch, whose loss counts 0).
     """
     logp, entropy = policy.logprobs_and_entropy(micro)
+    if divergence is not None:
+        # The current policy: the pass under way in bypass, the recomputed one (same weights) otherwise.
+        micro, advantages = divergence.apply(logp.detach() if prox_logp is None else prox_logp, micro, advantages)
     loss, metrics = algo.mode_policy_loss(
         logp,
         prox_logp,

@@ -11,6 +11,14 @@ admission bound of asyncgrpo/contract.py (slot s only if s < (w + max_staleness 
 group is trained within max_staleness of the weights that sampled it, for any number of
 generators at any relative speeds. A faster generator simply asks more often and gets more slots.
 
+Under `train.staleness_control=divergence` the learner moves the bound new slots are granted under,
+`admission_bound` (<= max_staleness, through contract.check_admission_bound and the queue's
+`set_admission_bound`, after every step); `slot_limit` alone reads it. What judges a slot already
+granted (`fill_early`, the queue's drop at take time, the contract's `trainable`) keeps
+max_staleness, so a slot granted under a higher bound stays trainable after the bound falls:
+lowering it never strands a group, and the learner's next step is still filled (a generator with
+the newest pushed weights is granted it: the push period is at most min_staleness + 1).
+
 Under `train.fixed_staleness=k` (max_staleness = k) the contract's lower bound is granted too
 (s // G >= w + k): a generator holding w fills step w + k exactly, and every step u past the warm-up is sampled by
 version u - k (the learner publishes v - k at version v, so at version v the engines hold <= v - k
@@ -72,6 +80,7 @@ class Dispatcher:
                              f"positions_end={positions_end}, fixed_staleness={fixed_staleness} "
                              f"with throttle={throttle}")
         self.groups_per_step, self.max_staleness, self.throttle = groups_per_step, max_staleness, throttle
+        self.admission_bound = max_staleness  # new grants' (divergence control: contract.check_admission_bound)
         self.fixed_staleness = fixed_staleness
         # The version of the weights the run (or its resume) starts from: they sample steps
         # first_step .. first_step + max_staleness under fixed staleness (`slot_floor`).
@@ -126,9 +135,9 @@ class Dispatcher:
         return sorted(slot for holder in holders for slot in self.holder_down(holder))
 
     def slot_limit(self, loaded_version: int) -> float:
-        """Slots below this may go to a generator holding `loaded_version`: the bound (under the
-        throttle), and what the queue can hold from the next step on (with a capacity)."""
-        bound = admission_limit(loaded_version, self.max_staleness, self.groups_per_step) if self.throttle else math.inf
+        """Slots below this may go to a generator holding `loaded_version`: the admission bound (under
+        the throttle), and what the queue can hold from the next step on (with a capacity)."""
+        bound = admission_limit(loaded_version, self.admission_bound, self.groups_per_step) if self.throttle else math.inf
         room = first_slot(self.step, self.groups_per_step) + self.capacity_groups \
             if self.capacity_groups is not None else math.inf
         end = first_slot(self.end_step, self.groups_per_step) if self.end_step is not None else math.inf

@@ -370,6 +370,12 @@ class ReplayQueue:
             if self.tickets is not None:
                 self.tickets.generator_down(generator_id, incarnation)
 
+    def set_admission_bound(self, bound: int) -> None:
+        """The dispatcher's bound for new grants (divergence control); without one, nothing is granted."""
+        with self._lock:
+            if self.tickets is not None:
+                self.tickets.set_admission_bound(bound)
+
     def rejoin(self, generator_id: int, incarnation: int) -> None:
         """Incarnation `incarnation` of the generator is up: the registry follows it. Its
         predecessor's queued groups keep their slots, and it asks for more like any generator."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from asyncgrpo.contract import check_admission_bound
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.runtime import faults
 from asyncgrpo.wire import Grant, GrantRouter, ScoredGroup, TicketRequest, holder_identity
@@ -96,6 +97,11 @@ class TicketSlots:
                 + ("the run's prompts ran out (data.epochs): groups dropped on the way took prompts the last steps "
                    "needed; " if not self.dispatcher.prompts_left() else ""))
 
+    def set_admission_bound(self, bound: int) -> None:
+        """Divergence control's bound for new grants (asyncgrpo/contract.py, check_admission_bound)."""
+        d = self.dispatcher
+        d.admission_bound = check_admission_bound(bound, d.max_staleness, d.fixed_staleness)
+
     def stats(self) -> dict[str, float]:
         return {f"dispatch/{key}": value for key, value in self.dispatcher.counts.items()}
 
@@ -103,7 +109,8 @@ class TicketSlots:
         return self.dispatcher.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dispatcher = self.dispatcher.restored(state)
+        bound, self.dispatcher = self.dispatcher.admission_bound, self.dispatcher.restored(state)
+        self.dispatcher.admission_bound = bound  # divergence control's, kept as the learner set it
 
     def close(self) -> None:
         if self.grants is not None:

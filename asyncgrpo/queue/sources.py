@@ -37,6 +37,10 @@ class GroupSource(Protocol):
     def generator_down(self, generator_id: int) -> None:
         """Generator `generator_id`'s process died and a restart is under way."""
 
+    def set_admission_bound(self, bound: int) -> None:
+        """Grant new slots only within `bound` (<= train.max_staleness) versions of a generator's
+        weights (train.staleness_control=divergence); what is granted stays trainable."""
+
     def rejoin(self, generator_id: int, incarnation: int) -> None:
         """Incarnation `incarnation` of generator `generator_id` is up."""
 
@@ -56,6 +60,9 @@ class OfflineSource:
 
     def generator_down(self, generator_id: int) -> None:
         pass
+
+    def set_admission_bound(self, bound: int) -> None:
+        pass  # nothing is granted: the stream is given
 
     def rejoin(self, generator_id: int, incarnation: int) -> None:
         pass

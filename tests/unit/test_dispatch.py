@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.contract import Ticket
+from asyncgrpo.contract import Ticket, admission_limit, check_admission_bound
 from asyncgrpo.queue.dispatch import Dispatcher
 
 
@@ -175,7 +175,7 @@ def drive(world: World, script: list[tuple[str, int, int]]) -> None:
     generators = len(world.gens)
     for event, who, wanted in script:
         g = world.gens[who % generators]
-        if event in ("ask", "die", "ahead"):
+        if event in ("ask", "die", "ahead", "bound"):
             getattr(world, event)(g, wanted)
         elif event == "lose":
             world.send(g, lose=True)
@@ -221,6 +221,59 @@ def assert_each_prompt_trained_once(world: World) -> None:
     handed_out = set(range(world.d.state_dict()["next_position"]))
     assert handed_out == set(world.trained) | world.dropped_for_good | pending
     assert not set(world.trained) & pending
+
+
+class BoundWorld(World):
+    """Divergence control: the learner moves the admission bound between grants (event "bound")."""
+
+    def bound(self, g: Gen, value: int) -> None:
+        self.d.admission_bound = check_admission_bound(value % (self.max_staleness + 1), self.max_staleness, False)
+
+    def ask(self, g: Gen, wanted: int) -> None:
+        limit = admission_limit(g.loaded, self.d.admission_bound, self.d.groups_per_step)
+        before = set(self.granted_version)
+        super().ask(g, wanted)
+        new = [position for holder, position in set(self.granted_version) - before]
+        slots = [self.d.slot_of(g.holder, position) for position in new]
+        assert all(slot is not None and slot < limit for slot in slots), (slots, limit)
+
+
+@settings(max_examples=150, deadline=None)
+@given(generators=st.integers(1, 8), groups_per_step=st.integers(1, 8), max_staleness=st.integers(1, 4),
+       script=st.lists(st.tuples(st.sampled_from((*EVENTS, "bound")), st.integers(0, 7), st.integers(0, 4)),
+                       max_size=400),
+       final_wanted=st.lists(st.integers(1, 4), min_size=1, max_size=8), final_bound=st.integers(0, 4))
+def test_a_bound_moved_between_grants_grants_within_it_keeps_max_staleness_trains_each_prompt_once_and_never_deadlocks(
+        generators, groups_per_step, max_staleness, script, final_wanted, final_bound):
+    world = BoundWorld(generators, groups_per_step, max_staleness)
+    drive(world, [(event, who, max(1, n) if event != "bound" else n) for event, who, n in script])
+    world.bound(world.gens[0], final_bound)  # the learner keeps whatever bound it ended at
+    finish(world, final_wanted)
+    # Slots granted under a higher bound stay trainable: every group within max_staleness, none dropped.
+    assert all(0 <= s <= max_staleness for s in world.staleness), world.staleness
+    assert_each_prompt_trained_once(world)
+
+
+def test_a_lowered_bound_grants_only_within_it_and_keeps_slots_granted_under_the_higher_one():
+    d = Dispatcher(groups_per_step=1, max_staleness=3)
+    _, early = d.grant((0, 0), 0, 10)
+    assert [t.slot for t in early] == [0, 1, 2, 3]  # steps 0 .. 3 for version 0
+    d.admission_bound = 1
+    assert d.grant((1, 0), 0, 10)[1] == []  # nothing beyond step 0 + 1 for version 0 now
+    assert [t.slot for t in d.grant((1, 0), 4, 10)[1]] == [4, 5]  # version 4: steps 4 and 5
+    for slot in (0, 1, 2, 3):
+        assert d.arrived((0, 0), slot)
+    for step in range(4):  # the early grants train, the last at staleness 3 > the bound 1
+        d.fill_early()
+        assert [slot for slot, _, _ in d.take()] == [step]
+
+
+def test_an_admission_bound_outside_0_to_max_staleness_or_moved_under_fixed_staleness_is_refused():
+    assert check_admission_bound(2, max_staleness=2, fixed_staleness=False) == 2
+    with pytest.raises(ValueError, match="admission bound 3"):
+        check_admission_bound(3, max_staleness=2, fixed_staleness=False)
+    with pytest.raises(ValueError, match="fixed staleness"):
+        check_admission_bound(1, max_staleness=2, fixed_staleness=True)
 
 
 @settings(max_examples=150, deadline=None)

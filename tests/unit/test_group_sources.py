@@ -28,7 +28,7 @@ def protocol_members() -> set[str]:
 
 def test_the_protocol_names_the_members_the_learner_needs():
     assert protocol_members() == {"depth", "take", "stats", "generator_down", "rejoin", "state_dict",
-                                  "load_state_dict", "close"}
+                                  "load_state_dict", "close", "set_admission_bound"}
 
 
 @pytest.mark.parametrize("source", [ReplayQueue, ListSource, RecordedSource], ids=lambda cls: cls.__name__)
