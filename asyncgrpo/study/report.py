@@ -107,10 +107,9 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
         f"{len(spec.cells())} cells x {len(spec.seeds)} seed{'s' if len(spec.seeds) > 1 else ''} "
         f"({', '.join(map(str, spec.seeds))}) = {len(plans)} runs: "
         f"{len(finished)} finished, {len(unfinished)} failed or interrupted, {len(plans) - len(results)} not started. "
-        f"Every run: preset `{spec.config_name}`, the study's defaults `{' '.join(RUN_DEFAULTS)}`, the spec's "
-        f"base `{' '.join(spec.base) or '(none)'}`, its cell's values, then `seed`.",
+        + _how_runs_ran(spec),
         "",
-        _engines_note(finished) + _overhead_note(finished) + ".",
+        (_replay_note() if spec.recordings is not None else _engines_note(finished)) + _overhead_note(finished) + ".",
         "",
         f"**Statistics**: per cell, the mean over seeds with a {percent}% confidence interval [low, high] = "
         f"mean +- t({(1 + CONFIDENCE) / 2:g}, n-1) s / sqrt(n) (Student's t, s the sample standard deviation); no "
@@ -218,6 +217,21 @@ def common_eval_steps(results: list[RunResult]) -> list[float]:
         for step, _ in result.eval_by_step.get("accuracy", []):
             counts[step] = counts.get(step, 0) + 1
     return sorted(step for step, count in counts.items() if 2 * count >= len(results))
+
+
+def _how_runs_ran(spec: Spec) -> str:
+    """What every run was given: a train run's preset and overrides, or a replay's recording and overrides."""
+    if spec.recordings is not None:
+        return (f"Every run: `asyncgrpo replay` of one recording with the study's defaults `{' '.join(RUN_DEFAULTS)}`, "
+                f"the spec's base `{' '.join(spec.base) or '(none)'}`, its cell's values, then `seed` (the "
+                "recording's index in `recordings`, which pairs the runs).")
+    return (f"Every run: preset `{spec.config_name}`, the study's defaults `{' '.join(RUN_DEFAULTS)}`, the spec's "
+            f"base `{' '.join(spec.base) or '(none)'}`, its cell's values, then `seed`.")
+
+
+def _replay_note() -> str:
+    return ("**Replays**: each run is its own `asyncgrpo replay` process: one learner on a recorded stream, no "
+            "generators, Ray or sockets; a vLLM engine in the same process only for its evaluations")
 
 
 def _engines_note(finished: list[RunResult]) -> str:

@@ -186,6 +186,8 @@ def test_a_replay_studys_report_gives_paired_and_unpaired_intervals_and_the_vari
             {"status": "finished", "steps": 5, "eval_accuracy_end": end, "eval_greedy_accuracy_end": end}))
     aggregate(tmp_path)
     report = (tmp_path / "report.md").read_text()
+    assert "`asyncgrpo replay` of one recording" in report and "preset `" not in report
+    assert "**Replays**" in report and "**Engines" not in report
     section = report.split("## Paired on identical samples against independent runs")[1]
     row = next(line for line in section.splitlines() if line.startswith("| naive | held-out acc. end |"))
     assert row.split(" | ")[2:4] == ["3", "+0.000 [-0.248, 0.248]"] and row.endswith("| 5.00 |")
