@@ -65,24 +65,42 @@ def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[int] = QUANTI
 
 
 class Reservoir:
-    """A uniform sample of at most `size` items of a stream (Vitter's algorithm R), seeded so a run's
-    audit is reproducible; every item is kept while fewer than `size` came."""
+    """A uniform sample of at most `size` rows of a stream (Vitter's algorithm R), seeded so a run's
+    audit is reproducible; every row is kept while fewer than `size` came. Each row has a key, so
+    rows can be left out by key (`rows`); the numbers sit in one array, so reading them all is cheap."""
 
-    def __init__(self, size: int, seed: int) -> None:
+    def __init__(self, size: int, seed: int, columns: int = 2) -> None:
         if size < 1:
-            raise ValueError(f"a reservoir holds at least one item, got size={size}")
+            raise ValueError(f"a reservoir holds at least one row, got size={size}")
         self.size, self.seen = size, 0
-        self.items: list[Any] = []
+        self.values = np.empty((size, columns), dtype=np.float64)
+        self.keys: list[Any] = []
+        self._where: dict[Any, int] = {}  # key -> its row
         self._rng = random.Random(seed)
 
-    def add(self, item: Any) -> None:
+    def add(self, key: Any, values: Sequence[float]) -> None:
         self.seen += 1
-        if len(self.items) < self.size:
-            self.items.append(item)
-            return
-        index = self._rng.randrange(self.seen)
-        if index < self.size:
-            self.items[index] = item
+        if len(self.keys) < self.size:
+            index = len(self.keys)
+            self.keys.append(key)
+        else:
+            index = self._rng.randrange(self.seen)
+            if index >= self.size:
+                return
+            if self._where.get(self.keys[index]) == index:
+                del self._where[self.keys[index]]
+            self.keys[index] = key
+        self._where[key] = index
+        self.values[index] = values
+
+    def rows(self, leave_out: Iterable[Any] = ()) -> np.ndarray:
+        """[n, columns]: the rows kept, but those whose key is in `leave_out`."""
+        kept = np.ones(len(self.keys), dtype=bool)
+        for key in leave_out:
+            index = self._where.get(key)
+            if index is not None:
+                kept[index] = False
+        return self.values[:len(self.keys)][kept]
 
 
 class RunningStat:
@@ -104,9 +122,9 @@ def group_key(group: ScoredGroup) -> GroupKey:
     return group.generator_id, group.incarnation, group.seq
 
 
-def group_point(group: ScoredGroup) -> tuple[GroupKey, float, float]:
-    """(key, the group's mean completion length in tokens, its mean reward): what the reservoirs keep."""
-    return group_key(group), float(np.mean(group.lengths)), float(np.mean(group.rewards))
+def group_point(group: ScoredGroup) -> tuple[float, float]:
+    """(the group's mean completion length in tokens, its mean reward): what the reservoirs keep."""
+    return float(np.mean(group.lengths)), float(np.mean(group.rewards))
 
 
 class TrainAudit:
@@ -125,7 +143,7 @@ class TrainAudit:
         """A group reached the queue (admitted by the registry, before any filter or rejection);
         `not_trained`: the reason it will not be trained, known on arrival (`settle`)."""
         self.arrived += 1
-        self.sampled_points.add(group_point(group))
+        self.sampled_points.add(group_key(group), group_point(group))
         self.sampled_staleness.add(max(0, self.version - group.version_min))
         if not_trained is not None:
             self.settle(not_trained)
@@ -143,16 +161,15 @@ class TrainAudit:
         self.taking(learner_version)
         for group in groups:
             self.trained += 1
-            self.trained_points.add(group_point(group))
+            self.trained_points.add(group_key(group), group_point(group))
             self.trained_staleness.add(learner_version - group.version_min)
 
     def stats(self, queued: Iterable[ScoredGroup], lost: int, given_back: int) -> dict[str, float]:
         """audit/* of the run so far: `queued` the groups in the queue now, `lost` and `given_back`
         the groups that never arrived (the module's docstring says whose counts)."""
         queued = list(queued)
-        waiting = {group_key(g) for g in queued}
-        sampled = [(length, reward) for key, length, reward in self.sampled_points.items if key not in waiting]
-        trained = [(length, reward) for _, length, reward in self.trained_points.items]
+        sampled = self.sampled_points.rows(leave_out=[group_key(g) for g in queued])
+        trained = self.trained_points.rows()
         stats: dict[str, float] = {
             "audit/sampled": self.arrived + lost + given_back,
             "audit/trained": self.trained,
@@ -166,14 +183,12 @@ class TrainAudit:
             "audit/trained_staleness_max": self.trained_staleness.max,
         }
         for side, points in (("sampled", sampled), ("trained", trained)):
-            if points:
-                lengths, rewards = np.asarray(points).T
-                stats.update({f"audit/{side}_length_p{q}": v for q, v in zip(QUANTILES, percentiles(lengths))})
-                stats[f"audit/{side}_reward_mean"] = float(rewards.mean())
-        if sampled and trained:
-            s, t = np.asarray(sampled).T, np.asarray(trained).T
-            stats["audit/ks_length"] = ks_distance(s[0], t[0])
-            stats["audit/ks_reward"] = ks_distance(s[1], t[1])
+            if len(points):
+                stats.update({f"audit/{side}_length_p{q}": v for q, v in zip(QUANTILES, percentiles(points[:, 0]))})
+                stats[f"audit/{side}_reward_mean"] = float(points[:, 1].mean())
+        if len(sampled) and len(trained):
+            stats["audit/ks_length"] = ks_distance(sampled[:, 0], trained[:, 0])
+            stats["audit/ks_reward"] = ks_distance(sampled[:, 1], trained[:, 1])
         return stats
 
 

@@ -40,15 +40,18 @@ def test_ks_distance_is_zero_for_equal_distributions_one_for_disjoint_and_zero_w
 
 
 def test_a_reservoir_keeps_everything_below_its_size_and_a_uniform_sample_of_that_size_beyond():
-    small = Reservoir(10, seed=0)
+    small = Reservoir(10, seed=0, columns=1)
     for i in range(7):
-        small.add(i)
-    assert small.items == list(range(7))
-    big = Reservoir(500, seed=0)
+        small.add(i, [i])
+    assert small.rows()[:, 0].tolist() == list(range(7))
+    assert small.rows(leave_out=[3, 99])[:, 0].tolist() == [0, 1, 2, 4, 5, 6]
+    big = Reservoir(500, seed=0, columns=1)
     for i in range(20_000):
-        big.add(i)
-    assert len(big.items) == 500 and big.seen == 20_000
-    assert ks_distance(big.items, np.arange(20_000)) < 0.1  # uniform over the stream, not its start
+        big.add(i, [i])
+    rows = big.rows()[:, 0]
+    assert len(rows) == 500 and big.seen == 20_000
+    assert ks_distance(rows, np.arange(20_000)) < 0.1  # uniform over the stream, not its start
+    assert big.rows(leave_out=[int(rows[0])])[:, 0].tolist() == rows[1:].tolist()  # keys follow replaced rows
 
 
 def scored(seq: int, length: int, reward: float, version: int = 0, generator_id: int = 0) -> ScoredGroup:
