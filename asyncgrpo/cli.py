@@ -229,7 +229,8 @@ def _add_plot_parser(commands: _Subcommands) -> None:
     plot_parser = commands.add_parser(
         "plot", help="write PNG figures of one run, or overlay several",
         description="Figures from RUN_DIR/metrics.jsonl and summary.json: reward and held-out accuracy over samples "
-                    "and wall-clock, staleness, IS weights and mismatch, throughput and idle fractions.",
+                    "and wall-clock, staleness, IS weights and mismatch, throughput and idle fractions, and the "
+                    "trained-vs-sampled audit.",
     )
     plot_parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are overlaid")
     plot_parser.add_argument("--out", default=None,

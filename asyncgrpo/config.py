@@ -757,10 +757,15 @@ def _run_rules(cfg: Config) -> None:
 
 
 def _log_rules(cfg: Config) -> None:
-    """log.*: the W&B mode and the sample table."""
+    """log.*: the W&B mode, the sample table and the audit."""
     require(cfg.log.wandb_mode in WANDB_MODES, "log.wandb_mode", one_of(WANDB_MODES), cfg.log.wandb_mode)
     require(cfg.log.samples_every_steps >= 0, "log.samples_every_steps", "must be >= 0 (0 = off)", cfg.log.samples_every_steps)
     require(cfg.log.samples_per_log >= 1, "log.samples_per_log", "must be >= 1", cfg.log.samples_per_log)
+    require(0 <= cfg.log.audit_max_ks <= 1, "log.audit_max_ks", "must be in [0, 1] (a KS distance)",
+            cfg.log.audit_max_ks)
+    require(cfg.log.audit_min_groups >= 0, "log.audit_min_groups", "must be >= 0", cfg.log.audit_min_groups)
+    require(cfg.log.audit_reservoir_groups >= 1, "log.audit_reservoir_groups", "must be >= 1",
+            cfg.log.audit_reservoir_groups)
 
 
 # The order of the checks: the first broken rule is the one reported. _fixed_staleness_rules runs

@@ -234,6 +234,71 @@ def plot_throughput(runs: list[Run], colors: list[str], out: Path) -> Path:
     return _save(fig, out / "throughput.png")
 
 
+AUDIT_REASONS = ("dropped_stale", "unheld", "filtered", "rejected", "lost", "given_back")  # asyncgrpo/queue/audit.py
+
+
+def _audit_max_ks(run: Run) -> float | None:
+    """log.audit_max_ks of the run's config.yaml (None without one, or from before the audit)."""
+    try:
+        from omegaconf import OmegaConf
+
+        return float(OmegaConf.load(run.path / "config.yaml").log.audit_max_ks)
+    except Exception:  # noqa: BLE001 - no threshold line is all it costs
+        return None
+
+
+def _sampled_against_trained(ax: Any, runs: list[Run], colors: list[str], keys: list[str], title: str,
+                             ylabel: str) -> None:
+    """Each of `keys` (an audit/sampled_* key) over steps, dashed, beside its audit/trained_* twin, solid."""
+    drawn = False
+    for run, color in zip(runs, colors):
+        for key in keys:
+            for side, style in (("sampled", "--"), ("trained", "-")):
+                xs, ys = run.series(key.replace("sampled", side), "step")
+                if len(xs):
+                    label = f"{run.name} {side}" if key == keys[0] else None
+                    ax.plot(xs, ys, style, color=color, label=label)
+                    drawn = True
+    _finish(ax, drawn, title, "learner step", ylabel, keys[0])
+
+
+def plot_audit(runs: list[Run], colors: list[str], out: Path) -> Path:
+    """The trained-vs-sampled audit (audit/*, over the run so far at each step): completion-length
+    quantiles and mean reward, sampled (dashed) against trained (solid); the KS distances against
+    log.audit_max_ks; the groups not trained, by reason."""
+    fig, axes = _figure(1, 4, "trained against sampled groups (audit/*: over the run so far)")
+    _sampled_against_trained(axes[0, 0], runs, colors, [f"audit/sampled_length_p{q}" for q in (50, 10, 90)],
+                             "group mean completion length p10/p50/p90", "tokens")
+    _sampled_against_trained(axes[0, 1], runs, colors, ["audit/sampled_reward_mean"],
+                             "group mean reward (prompt difficulty)", "mean of group mean rewards")
+    ax, drawn = axes[0, 2], False
+    for run, color in zip(runs, colors):
+        for key, style in (("audit/ks_length", "-"), ("audit/ks_reward", ":")):
+            xs, ys = run.series(key, "step")
+            if len(xs):
+                ax.plot(xs, ys, style, color=color, label=f"{run.name} {key.split('_')[-1]}")
+                drawn = True
+        threshold = _audit_max_ks(run) if drawn else None
+        if threshold is not None:
+            ax.axhline(threshold, color=color, alpha=0.4, linestyle="--")
+    _finish(ax, drawn, "KS distance, sampled vs trained (dashed: log.audit_max_ks)", "learner step", "KS distance",
+            "audit/ks_length")
+    ax, drawn = axes[0, 3], False
+    import matplotlib.pyplot as plt
+
+    palette = plt.get_cmap("tab10")
+    styles = ["-", "--", ":", "-."]
+    for i, run in enumerate(runs):
+        for j, reason in enumerate(AUDIT_REASONS):
+            xs, ys = run.series(f"audit/not_trained/{reason}", "step")
+            if len(xs) and ys.max() > 0:
+                ax.plot(xs, ys, styles[i % len(styles)], color=palette(j), label=f"{run.name} {reason}")
+                drawn = True
+    _finish(ax, drawn, "groups not trained, by reason (cumulative)", "learner step", "groups",
+            "audit/not_trained/<reason> (all 0, or absent)")
+    return _save(fig, out / "audit.png")
+
+
 def plot_runs(run_dirs: list[str | Path], out_dir: str | Path | None = None) -> list[Path]:
     """Write the figures for one run (or an overlay of several); returns the PNG paths."""
     import matplotlib
@@ -251,4 +316,4 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path | None = None) -> 
     colors = [cycle[i % len(cycle)] for i in range(len(runs))]
     with plt.rc_context({"font.size": 9}):
         return [plot(runs, colors, out) for plot in
-                (plot_reward, plot_eval, plot_staleness, plot_correction, plot_throughput)]
+                (plot_reward, plot_eval, plot_staleness, plot_correction, plot_throughput, plot_audit)]

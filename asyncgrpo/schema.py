@@ -533,6 +533,15 @@ class LogConfig:
     # them to run_dir/samples.jsonl; 0 = never.
     samples_every_steps: int = 100
     samples_per_log: int = 4  # prompts (groups) per log, each with all its completions
+    # The trained-vs-sampled audit (audit/*; asyncgrpo/queue/audit.py): summary.json's audit says the
+    # trained groups depart from the sampled ones when the two-sample Kolmogorov-Smirnov distance of
+    # their mean completion lengths, or of their mean rewards, exceeds this (0..1)...
+    audit_max_ks: float = 0.1
+    # ...once at least this many groups were trained (below it the distance is mostly noise).
+    audit_min_groups: int = 100
+    # Groups kept per side (sampled, trained) for the audit's quantiles and distances: a uniform
+    # reservoir sample, so memory stays bounded over any run (exact while fewer groups came).
+    audit_reservoir_groups: int = 4096
 
 
 @dataclass

@@ -23,7 +23,8 @@ from asyncgrpo.config import learner_wait_timeout_s, probe_tolerance, set_resolv
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
-from asyncgrpo.driver.loop import RemoteLearner, StepsNotLogged, note_lost_groups, periodic_eval_line, run_loop
+from asyncgrpo.driver.loop import (RemoteLearner, StepsNotLogged, note_audit_departure, note_lost_groups,
+                                   periodic_eval_line, run_loop)
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
     load_data,
@@ -79,6 +80,7 @@ def train(cfg: Config) -> dict[str, Any]:
         _run_actors(cfg, model_dir, metrics, summary, resume)
         summary["status"] = "finished"
         note_lost_groups(summary, cfg.train.max_lost_fraction)  # finished, but maybe on a selection of its groups
+        note_audit_departure(summary, cfg.log.audit_max_ks, cfg.log.audit_min_groups)  # trained against sampled
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
         raise

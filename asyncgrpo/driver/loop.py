@@ -25,6 +25,7 @@ from asyncgrpo.config import learner_wait_timeout_s, steps_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.remote import get
 from asyncgrpo.metrics import MetricsSink, SampleLogger
+from asyncgrpo.queue.audit import departure
 from asyncgrpo.queue.registry import RunStopped
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.schema import Config
@@ -114,6 +115,7 @@ class Progress:
         if self.last is not None:
             summary["groups_dropped_stale"] = int(self.last["queue/dropped_stale"])
             summary["queue"] = {k: v for k, v in self.last.items() if k.startswith(("queue/", "wire/"))}
+            summary["audit"] = {k: v for k, v in self.last.items() if k.startswith("audit/")}
         return summary
 
 
@@ -246,6 +248,18 @@ def note_lost_groups(summary: dict[str, Any], max_fraction: float) -> str | None
     summary["warning"] = warning
     print(f"[warning] {warning}", flush=True)
     return warning
+
+
+def note_audit_departure(summary: dict[str, Any], max_ks: float, min_groups: int) -> str | None:
+    """Put into `summary`'s audit (the last step's audit/* counters) whether the trained groups
+    depart from the sampled ones (`departure`: one line, also printed, or None); returns it."""
+    audit = summary.get("audit")
+    if not audit:
+        return None
+    audit["departure"] = departure(audit, max_ks, min_groups)
+    if audit["departure"]:
+        print(f"[audit] {audit['departure']}", flush=True)
+    return audit["departure"]
 
 
 def periodic_eval_line(record: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@
     time/*, learner/ack_waits     the step's phases (PhaseTimer)
     time/gen_idle_s, reward/errors, reward/calls, reward/groups_dropped   the generators' reports (registry)
     reward/error_rate             failed / all reward calls over reward.error_window_steps (registry)
-    queue/*, wire/*               the group source's counters
+    queue/*, wire/*, audit/*      the group source's counters (audit/*: asyncgrpo/queue/audit.py)
     reward/all_equal_frac_arrived arrived_all_equal_fraction(): all-equal groups before algo.filter_groups
 """
 

@@ -16,6 +16,7 @@ from asyncgrpo.config import collective_timeout_s
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.update import overlong_settings
+from asyncgrpo.queue.audit import TrainAudit
 from asyncgrpo.queue.filtering import SignalFilter
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.queue.registry import GeneratorRegistry
@@ -129,7 +130,8 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     signal_filter = SignalFilter(overlong_settings(cfg)) if cfg.algo.filter_groups else None  # DAPO's dynamic sampling
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
-                        registry=registry, dispatcher=dispatcher, grants=grants, signal_filter=signal_filter).start()
+                        registry=registry, dispatcher=dispatcher, grants=grants, signal_filter=signal_filter,
+                        audit=TrainAudit(cfg.log.audit_reservoir_groups, seed=cfg.seed)).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     weights = make_sender(cfg, publisher, model_dir, device)
     recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None

@@ -229,6 +229,12 @@ class GeneratorRegistry:
                     increments[f"{prefix}/error_rate"] = window.current().rate
         return increments
 
+    def reported_total(self, name: str) -> float:
+        """A reported counter (a `REPORTED_COUNTERS` field) summed over generators and their
+        incarnations, as last reported: for the audit's groups given back (asyncgrpo/queue/audit.py)."""
+        with self._lock:
+            return sum(state.reported[name] for state in self.generators.values())
+
     def _unlogged(self) -> dict[str, float]:
         increments = dict.fromkeys(REPORTED_COUNTERS.values(), 0.0)
         for state in self.generators.values():

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from asyncgrpo.contract import trainable
+from asyncgrpo.queue.audit import NoAudit, TrainAudit
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.filtering import SignalFilter
 from asyncgrpo.queue.registry import GeneratorRegistry
@@ -162,7 +163,7 @@ class ReplayQueue:
     dropped, as for a generator not connected; in-process tests); None: groups in arrival order,
     and no `grants`. `signal_filter` (algo.filter_groups; asyncgrpo/queue/filtering.py): a group it
     does not keep is dropped on arrival, counted, and its slot granted again with a new prompt;
-    None: every group is kept.
+    None: every group is kept. `audit`: audit/* (asyncgrpo/queue/audit.py); None: none (a learner's has one).
     """
 
     def __init__(
@@ -177,6 +178,7 @@ class ReplayQueue:
         dispatcher: Dispatcher | None = None,
         grants: GrantRouter | None = None,
         signal_filter: SignalFilter | None = None,
+        audit: TrainAudit | None = None,
     ) -> None:
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
@@ -187,6 +189,7 @@ class ReplayQueue:
         self.policy = policy
         self.limits = limits
         self.signal_filter = signal_filter
+        self.audit = audit if audit is not None else NoAudit()
         # One count of rejected messages, whether the codec or the limits rejected them, and
         # whether they came from the socket or through put().
         self.rejected = receiver.rejected if receiver is not None else Rejections("put()")
@@ -251,6 +254,7 @@ class ReplayQueue:
                 # Its sequence number was used, so it is not lost; a replay of it is still a duplicate.
                 # It takes no room: it never waits for any.
                 if self.registry.admit(message.generator_id, message.seq, message.incarnation):
+                    self.audit.arrive(message, not_trained="rejected" if problem is not None else "filtered")
                     if problem is not None:
                         self.rejected.record_error(*problem)
                     else:
@@ -292,10 +296,12 @@ class ReplayQueue:
         if not self.registry.admit(group.generator_id, group.seq, group.incarnation):
             return  # the stream is ordered: an old sequence number is a replay; or a replaced process's
         self.counters.received += 1
+        self.audit.arrive(group)
         if self.tickets is None:
             self._buffer.append(group)
         elif not self.tickets.fill(group):
             self.counters.dropped_unheld += 1
+            self.audit.settle("unheld", 1)
             return
         self.counters.peak_depth = max(self.counters.peak_depth, self._depth())
         # With tickets any arrival may complete the step; without, a take waits for its count.
@@ -315,12 +321,14 @@ class ReplayQueue:
                              f"got {num_groups}")
         deadline = time.monotonic() + timeout_s
         with self._lock:
+            self.audit.taking(learner_version)
             while True:
                 if self._error is not None:
                     raise RuntimeError("replay queue receiver thread failed") from self._error
                 batch = self._take_ready(num_groups, learner_version)
                 if batch is not None:
                     self.counters.consumed += num_groups
+                    self.audit.train(batch, learner_version)
                     return batch
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -337,6 +345,7 @@ class ReplayQueue:
         if self.tickets is not None:
             batch, dropped = self.tickets.take_step(num_groups, learner_version, self.policy.too_stale)
             self.counters.dropped_stale += dropped
+            self.audit.settle("dropped_stale", dropped)
             return batch
         return self._pop_fresh(num_groups, learner_version) if len(self._buffer) >= num_groups else None
 
@@ -349,6 +358,7 @@ class ReplayQueue:
         for group in self._buffer:
             if self.policy.too_stale(group, learner_version):
                 self.counters.dropped_stale += 1
+                self.audit.settle("dropped_stale", 1)
             elif len(batch) < num_groups:
                 batch.append(group)
             else:
@@ -407,6 +417,10 @@ class ReplayQueue:
             stats = {**self.counters.stats(self._depth(), self.capacity_groups), **self.registry.stats()}
             if self.tickets is not None:
                 stats.update(self.tickets.stats())
+            # Never arrived: lost (slots granted again for it; without tickets, sequence gaps), given back.
+            stats.update(self.audit.stats(self.tickets.filled.values() if self.tickets else self._buffer,
+                                          self.tickets.dispatcher.counts["lost"] if self.tickets else self.registry.lost,
+                                          int(self.registry.reported_total("groups_dropped"))))
         rejected = self.rejected.counts()
         stats["wire/rejected"] = sum(rejected.values())
         stats.update({f"wire/rejected/{reason}": count for reason, count in sorted(rejected.items())})

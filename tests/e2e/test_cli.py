@@ -136,6 +136,8 @@ def test_train_runs_end_to_end(tmp_path):
     assert summary["staleness_max"] <= 2
     histogram = summary["learner"]["staleness_histogram"]
     assert sum(histogram.values()) == steps * 16 and max(int(k) for k in histogram) <= 2
+    # The trained-vs-sampled audit: every group trained is accounted for, and judged (too few to say: null).
+    assert summary["audit"]["audit/trained"] == steps * 16 and summary["audit"]["departure"] is None
     assert 0.0 <= summary["learner"]["idle_frac"] <= 1.0
     (generator,) = summary["generators"]
     assert 0.0 <= generator["gen/idle_frac"] <= 1.0
@@ -164,7 +166,7 @@ def test_train_runs_end_to_end(tmp_path):
     plot = subprocess.run([sys.executable, "-m", "asyncgrpo.cli", "plot", str(run_dir)], capture_output=True,
                           text=True, timeout=300)
     assert plot.returncode == 0, plot.stderr[-2000:]
-    assert len(list((run_dir / "plots").glob("*.png"))) == 5
+    assert len(list((run_dir / "plots").glob("*.png"))) == 6  # audit.png among them
 
 
 def test_max_staleness_zero_is_on_policy_over_curve_authenticated_sockets_and_bf16_generation_shows_as_mismatch(
@@ -252,6 +254,10 @@ def test_drop_policy_without_throttle_bounds_staleness_by_dropping(tmp_path):
     assert last["queue/received"] == (last["queue/consumed"] + last["queue/dropped_stale"]
                                       + last["queue/dropped_unheld"] + last["queue/depth"])
     assert last["queue/consumed"] == steps * 16
+    # The audit's identity on a real stream with drops: sampled = trained + not trained by reason + queued.
+    not_trained = sum(v for k, v in last.items() if k.startswith("audit/not_trained/"))
+    assert last["audit/sampled"] == last["audit/trained"] + not_trained + last["audit/queued"]
+    assert last["audit/not_trained/dropped_stale"] == last["queue/dropped_stale"]
 
 
 def test_inflight_updates_over_the_collective_weight_backend(tmp_path):

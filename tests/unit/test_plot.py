@@ -10,7 +10,7 @@ from asyncgrpo import cli
 from asyncgrpo.metrics.runs import load_run
 from asyncgrpo.plot import plot_runs, run_labels
 
-FIGURES = {"reward.png", "eval_accuracy.png", "staleness.png", "is_mismatch.png", "throughput.png"}
+FIGURES = {"reward.png", "eval_accuracy.png", "staleness.png", "is_mismatch.png", "throughput.png", "audit.png"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -107,3 +107,27 @@ def test_steps_logged_again_after_a_resume_in_the_same_run_dir_replace_the_earli
     steps = load_run(run).steps
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     assert [r["reward/mean"] for r in steps] == [0.1, 0.1, 0.1, 0.9, 0.9, 0.9]
+
+
+def test_the_audit_figure_draws_every_panel_from_audit_keys_and_says_no_data_without_them(tmp_path, monkeypatch):
+    from asyncgrpo import plot
+
+    missing: list[str] = []
+    monkeypatch.setattr(plot, "_no_data", lambda ax, what="": missing.append(what))
+    bare = make_run(tmp_path / "bare")
+    plot.plot_runs([bare])
+    assert len(missing) == 4  # the other figures have data: only the audit's four panels miss theirs
+    audited = make_run(tmp_path / "audited")
+    (audited / "config.yaml").write_text("rollout:\n  num_generators: 1\nlog:\n  audit_max_ks: 0.1\n")
+    records = [json.loads(line) for line in (audited / "metrics.jsonl").read_text().splitlines()[:-1]]
+    for record in records:
+        if "eval/accuracy" not in record:
+            s = record["step"]
+            record.update({f"audit/{side}_length_p{q}": q / 10 + (side == "sampled") for side in ("sampled", "trained")
+                           for q in (10, 50, 90)})
+            record.update({"audit/sampled_reward_mean": 0.3, "audit/trained_reward_mean": 0.35,
+                           "audit/ks_length": 0.05, "audit/ks_reward": 0.12, "audit/not_trained/filtered": s})
+    (audited / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    missing.clear()
+    paths = plot.plot_runs([audited])
+    assert missing == [] and audited / "plots" / "audit.png" in paths
