@@ -417,10 +417,9 @@ class ReplayQueue:
             stats = {**self.counters.stats(self._depth(), self.capacity_groups), **self.registry.stats()}
             if self.tickets is not None:
                 stats.update(self.tickets.stats())
-            # Never arrived: lost (slots granted again for it; without tickets, sequence gaps), given back.
-            stats.update(self.audit.stats(self.tickets.filled.values() if self.tickets else self._buffer,
-                                          self.tickets.dispatcher.counts["lost"] if self.tickets else self.registry.lost,
-                                          int(self.registry.reported_total("groups_dropped"))))
+            queued, lost = (self.tickets.filled.values(), self.tickets.dispatcher.counts["lost"]) if self.tickets \
+                else (self._buffer, self.registry.lost)  # lost without tickets: sequence gaps
+            stats.update(self.audit.stats(queued, lost, int(self.registry.reported_total("groups_dropped"))))
         rejected = self.rejected.counts()
         stats["wire/rejected"] = sum(rejected.values())
         stats.update({f"wire/rejected/{reason}": count for reason, count in sorted(rejected.items())})
