@@ -52,7 +52,10 @@ def recorded(tmp_path_factory):
 
 
 def replay(directory: Path, run_dir: Path, *overrides: str) -> list[dict]:
-    assert cli.main(["replay", str(directory), f"run_dir={run_dir}", "progress=false", *overrides]) == 0
+    """The replay's step records (its held-out evaluation is off: these tests are about losses, and
+    tests/e2e/test_record_replay.py evaluates)."""
+    assert cli.main(["replay", str(directory), f"run_dir={run_dir}", "progress=false", "eval.at_start=false",
+                     "eval.at_end=false", *overrides]) == 0
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
