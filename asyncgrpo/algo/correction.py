@@ -90,7 +90,7 @@ RS_OPTIONS = (
     "seq_max_k3",
 )
 
-_LOG_RATIO_BOUND = 20.0
+LOG_RATIO_BOUND = 20.0
 _MIN_NORMALIZER = 1e-8
 
 
@@ -226,9 +226,9 @@ def _importance_weights(
     log_ratio: torch.Tensor, keep: torch.Tensor, level: str, bounds: _Bounds, batch_normalize: bool
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     non_empty = keep.any(-1)
-    seq_raw = log_ratio.sum(-1).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).exp()
+    seq_raw = log_ratio.sum(-1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
     if level == "token":
-        raw = log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).exp()
+        raw = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
     else:
         raw = seq_raw[:, None].expand_as(log_ratio)
     raw = raw.masked_fill(~keep, 0)
@@ -268,7 +268,7 @@ def _importance_weights(
 def _rejection(
     log_ratio: torch.Tensor, keep: torch.Tensor, bounds_of_option: dict[str, _Bounds]
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    bounded = log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    bounded = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     per_token = {"k1": -bounded, "k2": 0.5 * bounded.square(), "k3": torch.expm1(bounded) - bounded}
     non_empty = keep.any(-1)
     dtype = log_ratio.dtype
@@ -309,10 +309,10 @@ def _mismatch_stats(
     logp_train: torch.Tensor, logp_rollout: torch.Tensor, log_ratio: torch.Tensor, keep: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     non_empty = keep.any(-1)
-    bounded = log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    bounded = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     mean_logp_train = masked_row_mean(logp_train, keep)
     mean_logp_rollout = masked_row_mean(logp_rollout, keep)
-    seq_log_ratio = log_ratio.sum(-1).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    seq_log_ratio = log_ratio.sum(-1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return {
         "mismatch/kl": masked_mean(-log_ratio, keep),
         "mismatch/k3_kl": masked_mean(torch.expm1(bounded) - bounded, keep),

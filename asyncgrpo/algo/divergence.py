@@ -35,9 +35,9 @@ import math
 import torch
 
 from asyncgrpo.algo._checks import check_choice, check_mask, check_same_shape, check_token_tensor
+from asyncgrpo.algo.correction import LOG_RATIO_BOUND
 
 CAP_ACTIONS = ("drop", "downweight")
-_LOG_RATIO_BOUND = 20.0  # as rollout_correction's: exp stays finite in float32
 # Columns of age_bucket_sums.
 TOKENS, AGE, K3, W, W2 = range(5)
 
@@ -48,7 +48,7 @@ def _log_ratio(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tenso
     rollout_logp = check_token_tensor("rollout_logp", rollout_logp).detach()
     check_same_shape("rollout_logp", rollout_logp, "logp", logp)
     keep = check_mask(mask, "logp", logp)
-    lt = (logp - rollout_logp).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).masked_fill(~keep, 0)
+    lt = (logp - rollout_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).masked_fill(~keep, 0)
     return lt, keep
 
 

@@ -43,6 +43,8 @@ class Divergence:
         if self.version is not None:
             ages = self.version - micro.token_versions.long()
             self.sums += algo.age_bucket_sums(current_logp, micro.rollout_logp, micro.mask, ages, len(self.sums))
+        if self.cap == 0:  # no cap (the default): nothing to judge on every micro-batch
+            return micro, advantages
         scale, capped = algo.group_cap(current_logp, micro.rollout_logp, micro.mask, micro.group_index,
                                        cap=self.cap, action=self.cap_action)
         self.capped_groups += capped
