@@ -23,8 +23,7 @@ from asyncgrpo.config import learner_wait_timeout_s, probe_tolerance, set_resolv
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences
-from asyncgrpo.driver.loop import (RemoteLearner, StepsNotLogged, note_audit_departure, note_lost_groups,
-                                   periodic_eval_line, run_loop)
+from asyncgrpo.driver.loop import RemoteLearner, StepsNotLogged, note_audit_departure, note_lost_groups, run_loop
 from asyncgrpo.driver.prepare import (
     ACTOR_ENV,
     load_data,
@@ -44,6 +43,7 @@ from asyncgrpo.metrics import (
     set_aside_steps_after,
 )
 from asyncgrpo.driver.preflight import check_rewards, preflight
+from asyncgrpo.rollout.evaluations import periodic_eval_line
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 

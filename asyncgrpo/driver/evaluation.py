@@ -11,6 +11,7 @@ from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors
 from asyncgrpo.driver.remote import get
 from asyncgrpo.metrics import MetricsSink
+from asyncgrpo.rollout.evaluations import write_evaluation
 from asyncgrpo.tasks import Problem
 
 
@@ -20,9 +21,7 @@ def evaluate(actors: Actors, problems: list[Problem], when: str, step: int, metr
     printed, and returned as summary entries."""
     sampled = on_generator(actors, when, "evaluate", problems, 1.0, what=f"evaluate, {when}")
     greedy = on_generator(actors, when, "evaluate", problems, 0.0, what=f"greedy evaluate, {when}")
-    metrics.write({"step": step, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy, "eval/when": when})
-    print(f"[eval {when}] sampled accuracy {sampled:.3f}, greedy {greedy:.3f}", flush=True)
-    return {f"eval_accuracy_{when}": sampled, f"eval_greedy_accuracy_{when}": greedy}
+    return write_evaluation(metrics, when, step, sampled, greedy)
 
 
 def on_generator(actors: Actors, when: str, method: str, *args: Any, what: str) -> Any:

@@ -28,6 +28,7 @@ from asyncgrpo.metrics import MetricsSink, SampleLogger
 from asyncgrpo.queue.audit import departure
 from asyncgrpo.queue.registry import RunStopped
 from asyncgrpo.rewards.errors import one_line
+from asyncgrpo.rollout.evaluations import periodic_eval_line
 from asyncgrpo.schema import Config
 
 
@@ -260,11 +261,6 @@ def note_audit_departure(summary: dict[str, Any], max_ks: float, min_groups: int
     if audit["departure"]:
         print(f"[audit] {audit['departure']}", flush=True)
     return audit["departure"]
-
-
-def periodic_eval_line(record: dict[str, Any]) -> str:
-    return (f"[eval step {record['step']}] sampled accuracy {record['eval/accuracy']:.3f}, "
-            f"greedy {record['eval/greedy_accuracy']:.3f}")
 
 
 # Generator index, why its process died -> the `run()` reference of its next incarnation.

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from asyncgrpo.metrics import MetricsSink
-from asyncgrpo.rollout.evaluations import PeriodicEvaluations, held_out_accuracy
+from asyncgrpo.rollout.evaluations import (PeriodicEvaluations, held_out_accuracy, periodic_eval_line,
+                                           write_evaluation)
 from asyncgrpo.schema import Config
 
 
@@ -69,10 +70,7 @@ class ReplayEvaluator:
         """Sampled and greedy accuracy of the learner's current weights, written to `metrics` as the
         driver writes a start or end evaluation; returns the summary entries."""
         self._load(learner)
-        sampled, greedy = self._accuracy(1.0), self._accuracy(0.0)
-        metrics.write({"step": step, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy, "eval/when": when})
-        print(f"[eval {when}] sampled accuracy {sampled:.3f}, greedy {greedy:.3f}", flush=True)
-        return {f"eval_accuracy_{when}": sampled, f"eval_greedy_accuracy_{when}": greedy}
+        return write_evaluation(metrics, when, step, self._accuracy(1.0), self._accuracy(0.0))
 
     def after_step(self, learner: Any, metrics: MetricsSink) -> None:
         """A periodic evaluation (eval.every_steps) when the learner's version is due for one."""
@@ -82,8 +80,7 @@ class ReplayEvaluator:
         self.periodic.evaluate(learner.version, lambda problems, temperature: self._accuracy(temperature))
         for record in self.periodic.take():
             metrics.write(record)
-            print(f"[eval step {record['step']}] sampled accuracy {record['eval/accuracy']:.3f}, "
-                  f"greedy {record['eval/greedy_accuracy']:.3f}", flush=True)
+            print(periodic_eval_line(record), flush=True)
 
     def _accuracy(self, temperature: float) -> float:
         self._set_threads(self._engine_threads)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from asyncgrpo.metrics import MetricsSink
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem, Task
 
@@ -28,6 +29,20 @@ def held_out_accuracy(engine: Any, tokenizer: Any, task: Task, env: Any, cfg: Co
     # An episode its environment failed scores 0, as in training.
     return float(np.mean([0.0 if e.failed else task.score(e.answer_text(tokenizer), p)
                           for p, e in zip(problems, episodes)]))
+
+
+def write_evaluation(metrics: MetricsSink, when: str, step: int, sampled: float, greedy: float) -> dict[str, float]:
+    """An evaluation at the start or the end (`when`), by a live run's driver or a replay: its
+    metrics.jsonl record written to `metrics`, its line printed; returns its summary entries."""
+    metrics.write({"step": step, "eval/accuracy": sampled, "eval/greedy_accuracy": greedy, "eval/when": when})
+    print(f"[eval {when}] sampled accuracy {sampled:.3f}, greedy {greedy:.3f}", flush=True)
+    return {f"eval_accuracy_{when}": sampled, f"eval_greedy_accuracy_{when}": greedy}
+
+
+def periodic_eval_line(record: dict[str, Any]) -> str:
+    """The printed line of a periodic evaluation's record (`PeriodicEvaluations`)."""
+    return (f"[eval step {record['step']}] sampled accuracy {record['eval/accuracy']:.3f}, "
+            f"greedy {record['eval/greedy_accuracy']:.3f}")
 
 
 def next_multiple(version: int, every: int) -> int:

@@ -93,8 +93,7 @@ def mean_ci(values: Sequence[float | None], confidence: float = CONFIDENCE) -> E
     mean = sum(xs) / n
     if n < 2:
         return Estimate(1, mean, None)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    return Estimate(n, mean, t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n))
+    return Estimate(n, mean, t_quantile((1 + confidence) / 2, n - 1) * math.sqrt(_variance(xs) / n))
 
 
 def paired_difference(cell: dict[int, float | None], baseline: dict[int, float | None],
