@@ -29,6 +29,7 @@ from asyncgrpo.contract import (
     one_of,
 )
 from asyncgrpo.queue.bound_control import DIVERGENCE_METRICS, STALENESS_CONTROLS
+from asyncgrpo.runtime.ray_cluster import local_cpus
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.envs import ENV_NAMES, ENV_ON_ERROR
 from asyncgrpo.learner.resume import RESUME_AUTO
@@ -791,6 +792,19 @@ def use_curve(cfg: Config) -> bool:
     ipc (a socket file in a 0700 directory: only this user can).
     `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""
     return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and wire_transport(cfg) == "tcp")
+
+
+def local_cluster_cpus(cfg: Config, address: str) -> int | None:
+    """The logical CPUs of the Ray cluster a run of `cfg` gets on this machine when it runs on one
+    started at `address` ("": the run's own local cluster, driver/prepare.py; a study's engine
+    cluster, study/runner.py): `ray.num_cpus` or all cores, at least what the generators and the
+    learner ranks ask for (`runtime.ray_cluster.local_cpus`). None when it joins another cluster
+    (another `ray.address`)."""
+    if cfg.ray.address != address:
+        return None
+    actor_cpus = (cfg.rollout.num_generators * cfg.rollout.num_cpus_per_generator
+                  + cfg.learner.world_size * cfg.learner.num_cpus_per_rank)
+    return local_cpus(cfg.ray.num_cpus, actor_cpus)
 
 
 def learner_wait_timeout_s(cfg: Config) -> float:

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.runtime import faults
+from asyncgrpo.config import local_cluster_cpus
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred
-from asyncgrpo.runtime.ray_cluster import child_pids, local_cpus, private_token_env, stop_children_started_since
+from asyncgrpo.runtime.ray_cluster import child_pids, private_token_env, stop_children_started_since
 from asyncgrpo.learner.resume import RESUME_AUTO, ResumeRefused, check_compatible
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
@@ -203,7 +204,7 @@ def start_ray(cfg: Config) -> bool:
         with interrupt_signals_noted() as noted:
             ray.init(
                 address=cfg.ray.address or None,
-                num_cpus=local_cpus(cfg) if local else None,
+                num_cpus=local_cluster_cpus(cfg, ""),  # None when joining ray.address
                 include_dashboard=False,
                 log_to_driver=True,
                 runtime_env={"env_vars": ACTOR_ENV},

@@ -9,8 +9,6 @@ import math
 import os
 import secrets
 
-from asyncgrpo.schema import Config
-
 
 def private_token_env() -> dict[str, str]:
     """Ray's token authentication with a fresh random token, for a cluster this process starts: set
@@ -20,12 +18,11 @@ def private_token_env() -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
-def local_cpus(cfg: Config) -> int:
-    """Logical CPUs of a local Ray cluster: all cores, but at least what the actors ask for (Ray's
-    CPU counts only admit actors; pinning to physical cores is runtime.resources.plan_cores' job)."""
-    wanted = math.ceil(cfg.rollout.num_generators * cfg.rollout.num_cpus_per_generator
-                       + cfg.learner.world_size * cfg.learner.num_cpus_per_rank)
-    return max(cfg.ray.num_cpus or os.cpu_count() or 1, wanted)
+def local_cpus(num_cpus: int, actor_cpus: float) -> int:
+    """Logical CPUs of a local Ray cluster: `num_cpus` (ray.num_cpus; 0: all cores), but at least
+    `actor_cpus`, what the actors ask for (Ray's CPU counts only admit actors; pinning to physical
+    cores is runtime.resources.plan_cores' job)."""
+    return max(num_cpus or os.cpu_count() or 1, math.ceil(actor_cpus))
 
 
 # How long the processes of an interrupted Ray start get to exit after SIGTERM before SIGKILL.

@@ -45,7 +45,6 @@ import yaml
 
 from asyncgrpo.runtime.files import UnsafeDirectory, private_dir, write_atomic
 from asyncgrpo.runtime.interrupts import interrupts_deferred
-from asyncgrpo.runtime.ray_cluster import local_cpus
 from asyncgrpo.study.cluster import (
     EngineCluster,
     cluster_overrides,
@@ -177,11 +176,12 @@ def engine_cluster_cpus(spec: Spec) -> int | None:
     the most any cell's run would give a local cluster. Checks every cell's config with the
     cluster's overrides. None when the runs join a cluster the spec names (ray.address in base):
     they start and stop their own engines."""
+    from asyncgrpo.config import local_cluster_cpus
+
     placeholder = "127.0.0.1:1"
     configs = spec.check_configs(before=cluster_overrides(placeholder, engine_pool_name(spec)))
-    if any(cfg.ray.address != placeholder for cfg in configs):
-        return None
-    return max(local_cpus(cfg) for cfg in configs)
+    cpus = [local_cluster_cpus(cfg, placeholder) for cfg in configs]  # None: a cell names its own ray.address
+    return None if None in cpus else max(n for n in cpus if n is not None)
 
 
 def engine_pool_name(spec: Spec) -> str:

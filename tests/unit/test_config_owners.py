@@ -55,12 +55,8 @@ KNOWN: set[tuple[str, str]] = {
 
     ('runtime/placement.py', 'learner'),
     ('runtime/placement.py', 'rollout'),
-    ('runtime/ray_cluster.py', 'learner'),
-    ('runtime/ray_cluster.py', 'rollout'),
 
     ('sim/settings.py', 'weights'),
-
-    ('study/runner.py', 'ray'),
 
     ('tasks/__init__.py', 'env'),
     ('tasks/__init__.py', 'model'),

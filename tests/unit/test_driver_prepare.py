@@ -7,7 +7,7 @@ from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import check_gpu_share, gpus_per_actor
 from asyncgrpo.driver.evaluation import probe_report
 from asyncgrpo.driver.prepare import fit_steps_to_data, steps_in_data
-from asyncgrpo.runtime.ray_cluster import local_cpus
+from asyncgrpo.config import local_cluster_cpus
 
 
 def config(*overrides, device="cpu"):
@@ -57,7 +57,8 @@ def test_endless_data_leaves_max_steps_alone():
 def test_a_local_ray_cluster_has_at_least_the_cpus_the_actors_ask_for():
     cfg = config("rollout.num_generators=3", "rollout.num_cpus_per_generator=2", "learner.num_cpus_per_rank=1.5",
                  "ray.num_cpus=1")
-    assert local_cpus(cfg) == 8  # ceil(3 * 2 + 1 * 1.5)
+    assert local_cluster_cpus(cfg, "") == 8  # ceil(3 * 2 + 1 * 1.5)
+    assert local_cluster_cpus(cfg, "127.0.0.1:1") is None  # its own cluster, not one at that address
 
 
 def test_probe_report_is_the_largest_per_token_gap():
