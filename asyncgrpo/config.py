@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
@@ -45,7 +45,10 @@ from asyncgrpo.tasks.longtail import MAX_DIGITS as LONGTAIL_MAX_DIGITS, MIN_DIGI
 from asyncgrpo.tasks.multiply import MAX_DIGITS as MULTIPLY_MAX_DIGITS, MAX_EVAL_SHARE, MIN_DIGITS as MULTIPLY_MIN_DIGITS, \
     MultiplyTask, operands
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
-from asyncgrpo.wire.reach import wire_transport
+from asyncgrpo.wire.reach import resolve_wire_transport
+
+if TYPE_CHECKING:
+    from asyncgrpo.learner.lora import AdapterLayout
 
 
 def _one_line(err: BaseException) -> str:
@@ -459,7 +462,6 @@ def _weights_rules(cfg: Config) -> None:
 def _delta_rules(cfg: Config) -> None:
     """weights.delta: a 16-bit wire dtype over zmq (asyncgrpo/weights/delta.py says why)."""
     from asyncgrpo.weights.zmq import wire_dtype_for
-    from asyncgrpo.wire.reach import weights_backend
 
     require(cfg.weights.full_every >= 1, "weights.full_every", "must be >= 1", cfg.weights.full_every)
     if not cfg.weights.delta:
@@ -518,7 +520,7 @@ def _wire_security_rules(cfg: Config) -> None:
     require(cfg.wire.transport != "ipc" or is_loopback(cfg.wire.host), "wire.transport",
             f"ipc reaches only this node, but wire.host={cfg.wire.host!r} is for other nodes: use tcp or auto",
             cfg.wire.transport)
-    spanning = " (actors may span nodes: ray.address or a node_resource is set)" if spans_nodes(cfg) else ""
+    spanning = " (actors may span nodes: ray.address or a node_resource is set)" if actors_span_nodes(cfg) else ""
     require(use_curve(cfg) or cfg.wire.insecure or wire_transport(cfg) == "ipc", "wire.curve",
             f"is off but wire.transport={cfg.wire.transport}{spanning} binds tcp on wire.host={cfg.wire.host!r}, open to "
             "any process that reaches it: set wire.curve=auto, or wire.insecure=true to allow unauthenticated TCP sockets",
@@ -574,7 +576,7 @@ def _fixed_staleness_rules(cfg: Config) -> None:
 def _placement_rules(cfg: Config) -> None:
     """*.node_resource, ray.address, rollout.engine_pool: the static half of placement, the names and the
     address. Whether the cluster has the named resources is known only once Ray is up
-    (`placement.check_node_resources`)."""
+    (`placement.check_node_resources`, over `node_resource_roles`)."""
     for key, name in (("learner.node_resource", cfg.learner.node_resource),
                       ("rollout.node_resource", cfg.rollout.node_resource)):
         require(not name or is_custom_resource(name), key,
@@ -786,8 +788,45 @@ def recording_exists(record_dir: str) -> bool:
     return (Path(record_dir).expanduser() / HEADER_FILE).is_file()
 
 
+def actors_span_nodes(cfg: Config) -> bool:
+    """Whether a generator may run on another node than learner rank 0 (`runtime.placement.spans_nodes`)."""
+    return spans_nodes(cfg.ray.address, cfg.learner.node_resource, cfg.rollout.node_resource)
+
+
+def wire_transport(cfg: Config) -> str:
+    """The transport learner rank 0 binds, ipc or tcp (`wire.reach.resolve_wire_transport`): tcp
+    whenever the actors may span nodes. rollout/parts.py resolves it alike (a generator imports
+    nothing of this module)."""
+    return resolve_wire_transport(cfg.wire, actors_span_nodes(cfg))
+
+
+def weights_backend(cfg: Config) -> str:
+    """`weights.backend` with auto decided (`weights.resolve_backend`, from `wire_transport`)."""
+    from asyncgrpo.weights import resolve_backend  # here, not at the top: asyncgrpo.weights imports torch
+
+    return resolve_backend(cfg.weights, wire_transport(cfg))
+
+
+def pushed_adapters(cfg: Config, model_dir: str) -> AdapterLayout | None:
+    """What a LoRA run's pushes carry under weights.lora_push=adapter: the adapters learner.lora puts
+    on the model in `model_dir`; None when pushes carry the model."""
+    from asyncgrpo.learner.lora import adapter_layout
+    from asyncgrpo.weights.adapters import pushes_adapters
+
+    return adapter_layout(model_dir, cfg.learner.lora) if pushes_adapters(cfg.weights, cfg.learner.lora.rank) else None
+
+
+def node_resource_roles(cfg: Config) -> list[tuple[str, str, str, float]]:
+    """Per kind of actor (learner rank, generator), the key of its node resource, the resource, and
+    the key and number of its CPUs (`runtime.placement.check_node_resources`)."""
+    return [("learner.node_resource", cfg.learner.node_resource, "learner.num_cpus_per_rank",
+             cfg.learner.num_cpus_per_rank),
+            ("rollout.node_resource", cfg.rollout.node_resource, "rollout.num_cpus_per_generator",
+             cfg.rollout.num_cpus_per_generator)]
+
+
 def use_curve(cfg: Config) -> bool:
-    """Whether the learner's sockets use CURVE. auto: on over tcp (`wire.reach.wire_transport`: also
+    """Whether the learner's sockets use CURVE. auto: on over tcp (`wire_transport`: also
     whenever actors may span nodes), loopback included (any local user can connect there), off over
     ipc (a socket file in a 0700 directory: only this user can).
     `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""

@@ -86,7 +86,7 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import torch
 
-    from asyncgrpo.config import load
+    from asyncgrpo.config import load, pushed_adapters, weights_backend
     from asyncgrpo.rollout.engine import VLLMEngine
     from asyncgrpo.weights import make_receiver
     from asyncgrpo.weights.adapters import merging_receiver
@@ -95,9 +95,13 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
                         max_running_seqs=256, prefix_caching=True)
     cfg = load(overrides)
-    # A LoRA run's adapter pushes are merged on the way into the engine (else the receiver itself).
-    receiver = merging_receiver(cfg, make_receiver(cfg, Subscriber(weights_endpoint), model_dir, torch.device("cpu")),
-                                model_dir)
+    # As rollout/parts.py builds it: a LoRA run's adapter pushes are merged on the way into the engine
+    # (else the receiver itself).
+    adapters = pushed_adapters(cfg, model_dir)
+    receiver = make_receiver(cfg.weights, weights_backend(cfg), Subscriber(weights_endpoint), model_dir,
+                             torch.device("cpu"), adapters=adapters, engine_dtype=cfg.rollout.dtype,
+                             startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)
+    receiver = merging_receiver(receiver, model_dir, adapters)
     receiver.join({**join_address, "rank": 1})
     acks = Sender(acks_endpoint)
     acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready
@@ -280,6 +284,7 @@ def adapter_overrides(rank: int) -> tuple[str, ...]:
 def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int, lr: float) -> list[dict[str, float]]:
     """The adapter rows (`--lora-rank`), labelled `<backend>+lora<rank>`, each with its bytes as a
     fraction of the full push's (`full_over_adapter_bytes`, from the two tensor specs)."""
+    from asyncgrpo.learner.lora import adapter_layout
     from asyncgrpo.schema import LoraConfig
     from asyncgrpo.weights.adapters import adapter_fraction, adapter_spec
     from asyncgrpo.weights.base import model_spec
@@ -291,7 +296,7 @@ def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int, 
             row["backend"] = f"{backend}+lora{rank}"
             with tempfile.TemporaryDirectory() as tmp:  # the shapes only: rebuilt to read the specs
                 build(size, Path(tmp))
-                fraction = adapter_fraction(adapter_spec(tmp, LoraConfig(rank=rank)), model_spec(tmp))
+                fraction = adapter_fraction(adapter_spec(adapter_layout(tmp, LoraConfig(rank=rank))), model_spec(tmp))
             row["full_over_adapter_bytes"] = 1 / fraction
             rows.append(row)
     return rows

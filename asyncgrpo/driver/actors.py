@@ -26,8 +26,11 @@ from typing import Any
 
 from asyncgrpo.config import (
     learner_wait_timeout_s,
+    node_resource_roles,
     save_wait_timeout_s,
     use_curve,
+    weights_backend,
+    wire_transport,
 )
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
@@ -42,7 +45,7 @@ from asyncgrpo.schema import Config
 from asyncgrpo.weights.shm import default_directory as default_shm_directory
 from asyncgrpo.weights.shm import remove_directory as remove_shm_directory
 from asyncgrpo.weights.shm import remove_stale_slots
-from asyncgrpo.wire.reach import check_reach, weights_backend, wire_transport
+from asyncgrpo.wire.reach import check_reach
 from asyncgrpo.wire.security import WireKeys
 from asyncgrpo.wire.sockets import remove_ipc_endpoint, remove_stale_ipc_dirs
 
@@ -108,7 +111,7 @@ class Actors:
         import ray
 
         cfg = self.cfg
-        check_node_resources(cfg, ray.nodes())  # before an actor waits for a node that never comes
+        check_node_resources(node_resource_roles(cfg), ray.nodes())  # before an actor waits for a node that never comes
         generator_cores, learner_cores = plan_cores(
             cfg.rollout.num_generators, cfg.learner.world_size, cfg.rollout.cpu_cores, cfg.learner.cpu_cores
         )
@@ -148,7 +151,8 @@ class Actors:
                       "wire": {"transport": wire_transport(cfg), "curve": keys is not None,
                                "weights_backend": weights_backend(cfg), "endpoints": endpoints}}
         self._write_pids()  # first: where each actor landed is worth seeing when the check below fails
-        check_reach(cfg, learner_nodes[0], dict(enumerate(generator_nodes)))
+        check_reach(cfg.wire, wire_transport(cfg), weights_backend(cfg), learner_nodes[0],
+                    dict(enumerate(generator_nodes)))
         self._join_weights()
 
     def _write_pids(self) -> None:
@@ -206,7 +210,8 @@ class Actors:
         ready = get(generator.ready.remote(), startup_s, f"generator {index} restarting (ready)")
         node = get(generator.node.remote(), timeout_s, f"generator {index} restarting (node)")
         self._pids["generator_nodes"][index] = node
-        check_reach(self.cfg, self._pids["learner_nodes"][0], {index: node})
+        check_reach(cfg.wire, wire_transport(cfg), weights_backend(cfg), self._pids["learner_nodes"][0],
+                    {index: node})
         if self.weight_address:
             get(generator.join_weight_group.remote(self.weight_address), startup_s,
                 f"generator {index} joining the weight transport after its restart")

@@ -57,8 +57,8 @@ def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int
 
 def push_plan(cfg: Config, spec: list[tuple[str, tuple[int, ...], Any]]) -> dict[str, Any]:
     """What one weight push carries (zmq: in chunks; shm: one announcement, the tensors in a slot)."""
+    from asyncgrpo.config import weights_backend
     from asyncgrpo.weights.zmq import chunk_plan, wire_dtype_for
-    from asyncgrpo.wire.reach import weights_backend
 
     dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
     numels = [math.prod(shape) for _, shape, _ in spec]
@@ -165,6 +165,7 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     """The report; raises ModelDirError or PreflightError (one line) when the settings cannot work."""
     from asyncgrpo.models.check import check_model_dir
     from asyncgrpo.learner.lora import LoraError, check_model
+    from asyncgrpo.config import pushed_adapters
     from asyncgrpo.weights.adapters import pushed_spec
 
     # A user's model is checked against vLLM's registry (importing it takes seconds); the embedded
@@ -175,7 +176,8 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
         lora_targets = check_model(cfg.learner.lora, model_dir)
     except LoraError as err:
         raise PreflightError(str(err)) from None
-    push = push_plan(cfg, pushed_spec(cfg, model_dir))  # a LoRA run's adapters (weights.lora_push)
+    # A LoRA run's pushes carry its adapters (weights.lora_push).
+    push = push_plan(cfg, pushed_spec(model_dir, pushed_adapters(cfg, model_dir)))
     config = _text_config(model_dir)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim)

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,27 @@ def check_adapter_resume(states: dict[str, Any], lora: LoraConfig, model_dir: st
     if saved.get("base_sha256") != base_digest(model_dir):
         raise LoraError(f"{checkpoint} holds adapters trained on another base model than {model_dir} (its weight "
                         "files differ): resume onto the base model it was trained on")
+
+
+@dataclass(frozen=True)
+class AdapterLayout:
+    """A LoRA run's adapters as its weight pushes carry and merge them (asyncgrpo/weights/adapters.py):
+    each targeted layer's module path and its weight's [out, in], in model order; the rank (A is
+    [rank, in], B [out, rank]); and the merge's scale, alpha / rank as `LoraLinear` computes it."""
+
+    shapes: dict[str, tuple[int, int]]
+    rank: int
+    scaling: float
+
+
+def adapter_layout(model_dir: str, lora: LoraConfig) -> AdapterLayout:
+    """The adapters `lora` puts on the model in `model_dir`, from its config on the meta device (no
+    weights read); raises LoraError as `resolve_targets` does."""
+    from asyncgrpo.models.shapes import meta_model_of
+
+    targets = resolve_targets(meta_model_of(model_dir), lora)
+    return AdapterLayout({path: (m.out_features, m.in_features) for path, m in targets.items()}, lora.rank,
+                         lora.alpha / lora.rank)
 
 
 def check_model(lora: LoraConfig, model_dir: str) -> list[str]:

@@ -33,7 +33,7 @@ from asyncgrpo.tasks import make_task, run_stream_length
 from asyncgrpo.weights import make_sender
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
-from asyncgrpo.wire.reach import wire_transport
+from asyncgrpo.config import pushed_adapters, weights_backend, wire_transport
 from asyncgrpo.wire.security import CurveServerKeys
 
 
@@ -133,7 +133,10 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
                         registry=registry, dispatcher=dispatcher, grants=grants, signal_filter=signal_filter,
                         audit=TrainAudit(cfg.log.audit_reservoir_groups, seed=cfg.seed)).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
-    weights = make_sender(cfg, publisher, model_dir, device)
+    weights = make_sender(cfg.weights, weights_backend(cfg), publisher, model_dir, device,
+                          adapters=pushed_adapters(cfg, model_dir), engine_dtype=cfg.rollout.dtype,
+                          num_generators=cfg.rollout.num_generators, host=wire.host,
+                          startup_timeout_s=wire.startup_timeout_s, max_restarts=cfg.rollout.max_restarts)
     recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
     arguments.update(source=queue, registry=registry, weights=weights, recorder=recorder)
     # A wildcard bind is advertised under this node's address as the cluster knows it (network.py).

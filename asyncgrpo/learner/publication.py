@@ -34,7 +34,7 @@ def pushed_tensors(policy: Policy, cfg: Config) -> Iterator[tuple[str, torch.Ten
     paths in `weights.adapters.adapter_spec`'s order (the generators merge them)."""
     from asyncgrpo.weights.adapters import push_names, pushes_adapters
 
-    if pushes_adapters(cfg):
+    if pushes_adapters(cfg.weights, cfg.learner.lora.rank):
         return iter(push_names(policy.adapter_state_dict()))
     return policy.full_state_dict()
 

@@ -17,12 +17,15 @@ from asyncgrpo.rollout.engine import Completion, FinishedGroup, VLLMEngine
 from asyncgrpo.rollout.sink import GroupSink, with_faults
 from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
+from asyncgrpo.learner.lora import adapter_layout
+from asyncgrpo.runtime.placement import spans_nodes
 from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Task, make_task, run_stream
-from asyncgrpo.weights import WeightReceiver, make_receiver
-from asyncgrpo.weights.adapters import merging_receiver
+from asyncgrpo.weights import WeightReceiver, make_receiver, resolve_backend
+from asyncgrpo.weights.adapters import merging_receiver, pushes_adapters
 from asyncgrpo.wire import GrantDealer, Sender, Subscriber, holder_identity
+from asyncgrpo.wire.reach import resolve_wire_transport
 
 
 class SamplingEngine(Protocol):
@@ -104,9 +107,17 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     subscriber = Subscriber(spec.weights_endpoint, cfg.wire.max_message_bytes, curve=spec.curve)
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-    weights = make_receiver(cfg, subscriber, spec.model_dir, device)
+    # The backend and what a push carries, resolved as learner rank 0 resolves them
+    # (config.weights_backend, config.pushed_adapters: a generator imports nothing of asyncgrpo.config).
+    spanning = spans_nodes(cfg.ray.address, cfg.learner.node_resource, cfg.rollout.node_resource)
+    backend = resolve_backend(cfg.weights, resolve_wire_transport(cfg.wire, spanning))
+    base_dir = spec.base_model_dir or spec.model_dir
+    adapters = adapter_layout(base_dir, cfg.learner.lora) if pushes_adapters(cfg.weights, cfg.learner.lora.rank) else None
+    weights = make_receiver(cfg.weights, backend, subscriber, spec.model_dir, device, adapters=adapters,
+                            engine_dtype=cfg.rollout.dtype, startup_timeout_s=cfg.wire.startup_timeout_s,
+                            timeout_s=cfg.wire.timeout_s)
     # A LoRA run's adapter pushes arrive merged onto the run's model (weights/adapters.py).
-    weights = merging_receiver(cfg, weights, spec.base_model_dir or spec.model_dir)
+    weights = merging_receiver(weights, base_dir, adapters)
     grants = GrantDealer(spec.tickets_endpoint, holder_identity(spec.generator_id, spec.incarnation), curve=spec.curve)
     # Its prompts come from the run's one stream, at the positions it is granted.
     return GeneratorParts(engine=engine, tokenizer=tokenizer, task=task, scorer=scorer, sink=sink, weights=weights,

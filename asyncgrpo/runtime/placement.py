@@ -6,17 +6,18 @@ rank's placement-group bundle and each generator actor asks for `NODE_RESOURCE_S
 resource marks nodes, it does not count actors (their CPUs and GPUs do), so a node started with 1
 takes up to 1,000 of them.
 
-`spans_nodes` says, from the config alone, whether generators may run on another node than learner
-rank 0; what that decides for the wire and the weight backend, and the check of where the actors
-landed, are asyncgrpo.wire.reach's.
+`spans_nodes` says, from the config alone (`config.actors_span_nodes` hands it the keys), whether
+generators may run on another node than learner rank 0; what that decides for the wire and the
+weight backend, and the check of where the actors landed, are asyncgrpo.wire.reach's.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterable
 from typing import Any
 
-from asyncgrpo.schema import Config, ConfigError
+from asyncgrpo.schema import ConfigError
 
 # The share of a node resource each actor (generator, learner rank's bundle) asks for: small
 # enough that one unit holds any realistic number of actors, and above Ray's resource precision
@@ -30,10 +31,10 @@ RAY_RESOURCE_PREFIXES = ("node:", "accelerator_type:")
 ORDERED_MACHINES = ("x86_64", "AMD64", "amd64")
 
 
-def spans_nodes(cfg: Config) -> bool:
+def spans_nodes(ray_address: str, learner_node_resource: str, rollout_node_resource: str) -> bool:
     """Whether generators may run on another node than learner rank 0: a local cluster is this one
     machine; a joined cluster (ray.address) or placement by node resource may put them anywhere."""
-    return bool(cfg.ray.address or cfg.rollout.node_resource or cfg.learner.node_resource)
+    return bool(ray_address or rollout_node_resource or learner_node_resource)
 
 
 def ordered_memory_platform(machine: str | None = None) -> bool:
@@ -56,13 +57,11 @@ def custom_resources(nodes: list[dict[str, Any]]) -> list[str]:
                    if is_custom_resource(name)})
 
 
-def check_node_resources(cfg: Config, nodes: list[dict[str, Any]]) -> None:
+def check_node_resources(roles: Iterable[tuple[str, str, str, float]], nodes: list[dict[str, Any]]) -> None:
     """After Ray is up, before any actor starts: each named node resource is on an alive node with
-    room for one such actor. Otherwise the actor would wait for a node that never comes."""
-    roles = (("learner.node_resource", cfg.learner.node_resource, "learner.num_cpus_per_rank",
-              cfg.learner.num_cpus_per_rank),
-             ("rollout.node_resource", cfg.rollout.node_resource, "rollout.num_cpus_per_generator",
-              cfg.rollout.num_cpus_per_generator))
+    room for one such actor. Otherwise the actor would wait for a node that never comes. `roles`:
+    per kind of actor, the key of its node resource, that resource ("": any node), the key of its
+    CPUs and the CPUs (`config.node_resource_roles`)."""
     alive = [node for node in nodes if node.get("Alive")]
     available = custom_resources(alive)
     for key, name, cpus_key, cpus in roles:

@@ -1,13 +1,17 @@
 """Weight sync between learner rank 0 and the generators (interface: `asyncgrpo.weights.base`).
 
-`weights.backend` picks the implementation; `make_sender` / `make_receiver` build it from config.
+`weights.backend` picks the implementation (`resolve_backend`: auto decided from the resolved wire
+transport); `make_sender` / `make_receiver` build it from the weights section and what the
+composition roots hand them of the others (learner/parts.py, rollout/parts.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from asyncgrpo.schema import Config
+from asyncgrpo.learner.lora import AdapterLayout
+from asyncgrpo.runtime.placement import ordered_memory_platform
+from asyncgrpo.schema import WeightsConfig
 from asyncgrpo.weights.adapters import pushed_spec
 from asyncgrpo.weights.base import (
     BACKENDS,
@@ -21,33 +25,53 @@ from asyncgrpo.weights.shm import ShmWeightReceiver, ShmWeightSender, default_di
 from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype_for
 from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
-from asyncgrpo.wire.reach import weights_backend
 
-__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender"]
+__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
+           "resolve_backend"]
 
 
-def make_sender(cfg: Config, publisher: Publisher, model_dir: str, device: torch.device) -> WeightSender:
-    backend = weights_backend(cfg)
-    wire_dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+def resolve_backend(weights: WeightsConfig, transport: str) -> str:
+    """`weights.backend` with auto decided: shared memory when the wire stays on this node
+    (`transport`, the resolved wire transport, is ipc) and the machine is x86-64 (the slots' seqlock
+    needs its memory ordering), zmq otherwise; zmq with weights.delta (bytes saved matter on a
+    network, not in a local copy)."""
+    if weights.backend != "auto":
+        return weights.backend
+    if weights.delta:
+        return "zmq"
+    return "shm" if transport == "ipc" and ordered_memory_platform() else "zmq"
+
+
+def make_sender(weights: WeightsConfig, backend: str, publisher: Publisher, model_dir: str, device: torch.device, *,
+                adapters: AdapterLayout | None, engine_dtype: str, num_generators: int, host: str,
+                startup_timeout_s: float, max_restarts: int) -> WeightSender:
+    """Learner rank 0's sender of `backend` (`resolve_backend`): pushes of the model in `model_dir`,
+    or of a LoRA run's `adapters`. `engine_dtype` (rollout.dtype) is what wire_dtype=auto follows;
+    nccl forms its group with the `num_generators` on the wire `host` within `startup_timeout_s`."""
+    wire_dtype = wire_dtype_for(weights.wire_dtype, engine_dtype)
     if backend == "nccl":
-        return NcclWeightSender(publisher, model_dir, cfg.rollout.num_generators, device,
-                                host=advertised_host(cfg.wire.host), timeout_s=cfg.wire.startup_timeout_s,
-                                spec=pushed_spec(cfg, model_dir))
+        return NcclWeightSender(publisher, model_dir, num_generators, device,
+                                host=advertised_host(host), timeout_s=startup_timeout_s,
+                                spec=pushed_spec(model_dir, adapters))
     if backend == "shm":
-        return ShmWeightSender(publisher, pushed_spec(cfg, model_dir), wire_dtype, cfg.weights.shm_dir or default_directory())
+        return ShmWeightSender(publisher, pushed_spec(model_dir, adapters), wire_dtype, weights.shm_dir or default_directory())
     # A restarted generator gets the newest version again (`republish`): kept only if it can restart.
     # weights.delta keeps the newest push's wire values anyway, which republish sends as a full push.
-    delta = DeltaEncoder(cfg.weights.full_every) if cfg.weights.delta else None
-    return ZmqWeightSender(publisher, pushed_spec(cfg, model_dir), cfg.weights.chunk_bytes,
-                           wire_dtype, keep_newest=cfg.rollout.max_restarts > 0, delta=delta)
+    delta = DeltaEncoder(weights.full_every) if weights.delta else None
+    return ZmqWeightSender(publisher, pushed_spec(model_dir, adapters), weights.chunk_bytes,
+                           wire_dtype, keep_newest=max_restarts > 0, delta=delta)
 
 
-def make_receiver(cfg: Config, subscriber: Subscriber, model_dir: str, device: torch.device) -> WeightReceiver:
-    backend = weights_backend(cfg)
+def make_receiver(weights: WeightsConfig, backend: str, subscriber: Subscriber, model_dir: str, device: torch.device, *,
+                  adapters: AdapterLayout | None, engine_dtype: str, startup_timeout_s: float,
+                  timeout_s: float) -> WeightReceiver:
+    """A generator's receiver of `backend`, for pushes of the model in `model_dir` or of `adapters`
+    (as `make_sender`); shm waits up to `timeout_s` (wire.timeout_s) on a slot, nccl joins its group
+    within `startup_timeout_s`."""
     if backend == "nccl":
-        return NcclWeightReceiver(subscriber, model_dir, device, timeout_s=cfg.wire.startup_timeout_s,
-                                  spec=pushed_spec(cfg, model_dir))
+        return NcclWeightReceiver(subscriber, model_dir, device, timeout_s=startup_timeout_s,
+                                  spec=pushed_spec(model_dir, adapters))
     if backend == "shm":
-        return ShmWeightReceiver(subscriber, pushed_spec(cfg, model_dir),
-                                 wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype), cfg.wire.timeout_s)
-    return ZmqWeightReceiver(subscriber, DeltaBase() if cfg.weights.delta else None)
+        return ShmWeightReceiver(subscriber, pushed_spec(model_dir, adapters),
+                                 wire_dtype_for(weights.wire_dtype, engine_dtype), timeout_s)
+    return ZmqWeightReceiver(subscriber, DeltaBase() if weights.delta else None)

@@ -3,7 +3,9 @@
 A LoRA run trains only the adapters (asyncgrpo/learner/lora.py), so a push needs only them: A [rank,
 in] and B [out, rank] of every targeted layer, under their Hugging Face module paths
 (`model.layers.0.self_attn.q_proj.lora_A.weight`), in `adapter_spec`'s fixed order (decoder
-layers in module order, A before B). Every backend is built from that spec instead of the model's
+layers in module order, A before B). Which layers, their shapes and the scale are the learner's
+`learner.lora.AdapterLayout`, which the composition roots build from learner.lora and hand in
+(`config.pushed_adapters`). Every backend is built from that spec instead of the model's
 (`weights.make_sender` / `make_receiver`), so its fingerprint, chunk plan or slot layout is the
 adapters'.
 
@@ -33,40 +35,33 @@ from typing import Any
 
 import torch
 
-from asyncgrpo.learner.lora import PEFT_PREFIX, resolve_targets
-from asyncgrpo.schema import Config, LoraConfig
+from asyncgrpo.learner.lora import PEFT_PREFIX, AdapterLayout
+from asyncgrpo.schema import WeightsConfig
 from asyncgrpo.weights.base import TensorSpec, WeightReceiver, WeightTarget, model_spec
 
 LORA_PUSHES = ("adapter", "merged")
 _A, _B = ".lora_A.weight", ".lora_B.weight"
 
 
-def pushes_adapters(cfg: Config) -> bool:
-    """Whether this run's pushes carry adapters only (a LoRA run with weights.lora_push=adapter)."""
-    return cfg.learner.lora.rank > 0 and cfg.weights.lora_push == "adapter"
+def pushes_adapters(weights: WeightsConfig, lora_rank: int) -> bool:
+    """Whether this run's pushes carry adapters only (a LoRA run, learner.lora.rank > 0, with
+    weights.lora_push=adapter)."""
+    return lora_rank > 0 and weights.lora_push == "adapter"
 
 
-def target_shapes(model_dir: str, lora: LoraConfig) -> dict[str, tuple[int, int]]:
-    """The targeted layers' paths (model order) and their weights' [out, in], from the model's config
-    on the meta device (no weights read)."""
-    from asyncgrpo.models.shapes import meta_model_of
-
-    targets = resolve_targets(meta_model_of(model_dir), lora)
-    return {path: (m.out_features, m.in_features) for path, m in targets.items()}
-
-
-def adapter_spec(model_dir: str, lora: LoraConfig) -> list[TensorSpec]:
+def adapter_spec(layout: AdapterLayout) -> list[TensorSpec]:
     """What an adapter push carries, in order: per targeted layer, lora_A [rank, in] then lora_B
     [out, rank] (float32, as the learner holds them; the sender casts to the wire dtype)."""
     spec: list[TensorSpec] = []
-    for path, (out, inp) in target_shapes(model_dir, lora).items():
-        spec += [(path + _A, (lora.rank, inp), torch.float32), (path + _B, (out, lora.rank), torch.float32)]
+    for path, (out, inp) in layout.shapes.items():
+        spec += [(path + _A, (layout.rank, inp), torch.float32), (path + _B, (out, layout.rank), torch.float32)]
     return spec
 
 
-def pushed_spec(cfg: Config, model_dir: str) -> list[TensorSpec]:
-    """What every push of this run carries, in order: the model's tensors, or a LoRA run's adapters."""
-    return adapter_spec(model_dir, cfg.learner.lora) if pushes_adapters(cfg) else model_spec(model_dir)
+def pushed_spec(model_dir: str, adapters: AdapterLayout | None) -> list[TensorSpec]:
+    """What every push of this run carries, in order: the tensors of the model in `model_dir`, or
+    a LoRA run's `adapters` (None: pushes carry the model)."""
+    return adapter_spec(adapters) if adapters is not None else model_spec(model_dir)
 
 
 def push_names(named: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
@@ -100,9 +95,9 @@ def _layer_of(path: str) -> str:
 class AdapterMerge:
     """Generator side: the base of the targeted layers and the merge of each push (module docstring)."""
 
-    def __init__(self, base_dir: str, lora: LoraConfig) -> None:
-        self.shapes = target_shapes(base_dir, lora)
-        self.scaling = lora.alpha / lora.rank
+    def __init__(self, base_dir: str, layout: AdapterLayout) -> None:
+        self.shapes = dict(layout.shapes)
+        self.scaling = layout.scaling
         self.base = read_base(base_dir, [path + ".weight" for path in self.shapes])
         self._buffers: dict[tuple[int, int, int], torch.Tensor] = {}
 
@@ -184,12 +179,13 @@ class MergingReceiver:
         return getattr(self.receiver, name)
 
 
-def merging_receiver(cfg: Config, receiver: WeightReceiver, base_dir: str) -> WeightReceiver:
-    """`receiver` itself, or under adapter pushes one that merges onto `base_dir`'s weights (the
-    run's model directory: not a resumed run's starting directory, which holds merged weights)."""
-    if not pushes_adapters(cfg):
+def merging_receiver(receiver: WeightReceiver, base_dir: str, adapters: AdapterLayout | None) -> WeightReceiver:
+    """`receiver` itself, or under adapter pushes (`adapters`, None: pushes carry the model) one that
+    merges onto `base_dir`'s weights (the run's model directory: not a resumed run's starting
+    directory, which holds merged weights)."""
+    if adapters is None:
         return receiver
-    return MergingReceiver(receiver, AdapterMerge(base_dir, cfg.learner.lora))
+    return MergingReceiver(receiver, AdapterMerge(base_dir, adapters))
 
 
 def adapter_fraction(spec: list[TensorSpec], full: list[TensorSpec]) -> float:

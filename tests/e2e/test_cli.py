@@ -222,11 +222,13 @@ def test_fixed_staleness_trains_every_step_after_the_warm_up_exactly_k_versions_
     # ... and the merged adapters moved vLLM's log-probs well beyond that difference.
     assert probe["max_abs_change_since_start"] > 10 * max(probe["max_abs_diff_vs_learner"], 1e-4)
     # Each push carried the adapters (float32 on the wire), not the model.
+    from asyncgrpo.learner.lora import adapter_layout
     from asyncgrpo.schema import LoraConfig
     from asyncgrpo.weights.adapters import adapter_spec
     from asyncgrpo.weights.base import model_spec
 
-    adapter_bytes = sum(math.prod(shape) * 4 for _, shape, _ in adapter_spec(summary["model_dir"], LoraConfig(rank=8)))
+    layout = adapter_layout(summary["model_dir"], LoraConfig(rank=8))
+    adapter_bytes = sum(math.prod(shape) * 4 for _, shape, _ in adapter_spec(layout))
     model_bytes = sum(math.prod(shape) * 4 for _, shape, _ in model_spec(summary["model_dir"]))
     assert [r["perf/push_bytes"] for r in records] == [0] * k + [adapter_bytes] * (steps - k)
     assert adapter_bytes < model_bytes

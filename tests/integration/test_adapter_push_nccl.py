@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, pushed_adapters, weights_backend
+from asyncgrpo.learner.lora import adapter_layout
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.weights import make_receiver, make_sender
@@ -33,8 +34,11 @@ class Recorder:
 
 def generator_main(endpoint: str, model_dir: str, address: dict, results: mp.Queue) -> None:
     cfg = load(OVERRIDES)
-    receiver = merging_receiver(cfg, make_receiver(cfg, Subscriber(endpoint), model_dir, torch.device("cpu")),
-                                model_dir)
+    layout = pushed_adapters(cfg, model_dir)  # as rollout/parts.py builds the receiver
+    receiver = make_receiver(cfg.weights, weights_backend(cfg), Subscriber(endpoint), model_dir, torch.device("cpu"),
+                             adapters=layout, engine_dtype=cfg.rollout.dtype,
+                             startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)
+    receiver = merging_receiver(receiver, model_dir, layout)
     receiver.join({**address, "rank": 1})
     target, deadline = Recorder(), time.monotonic() + 60
     while receiver.newest_version < 1 and time.monotonic() < deadline:
@@ -46,7 +50,8 @@ def generator_main(endpoint: str, model_dir: str, address: dict, results: mp.Que
 
 def adapters(model_dir: str) -> list[tuple[str, torch.Tensor]]:
     torch.manual_seed(0)
-    return [(name, torch.randn(shape) * 0.1) for name, shape, _ in adapter_spec(model_dir, load(OVERRIDES).learner.lora)]
+    layout = adapter_layout(model_dir, load(OVERRIDES).learner.lora)
+    return [(name, torch.randn(shape) * 0.1) for name, shape, _ in adapter_spec(layout)]
 
 
 def test_an_adapter_push_over_the_collective_backend_lands_merged(tmp_path):
@@ -54,7 +59,11 @@ def test_an_adapter_push_over_the_collective_backend_lands_merged(tmp_path):
     save_model(build_model(TinyModelSpec.from_config(load([]).model), tokenizer, seed=0), tokenizer, tmp_path)
     model_dir, cfg = str(tmp_path), load(OVERRIDES)
     publisher = Publisher()
-    sender = make_sender(cfg, publisher, model_dir, torch.device("cpu"))
+    # As learner/parts.py builds it.
+    sender = make_sender(cfg.weights, weights_backend(cfg), publisher, model_dir, torch.device("cpu"),
+                         adapters=pushed_adapters(cfg, model_dir), engine_dtype=cfg.rollout.dtype,
+                         num_generators=cfg.rollout.num_generators, host=cfg.wire.host,
+                         startup_timeout_s=cfg.wire.startup_timeout_s, max_restarts=cfg.rollout.max_restarts)
     context = mp.get_context("spawn")
     results = context.Queue()
     process = context.Process(target=generator_main, args=(publisher.endpoint, model_dir, sender.join_address(), results))
@@ -68,7 +77,7 @@ def test_an_adapter_push_over_the_collective_backend_lands_merged(tmp_path):
     finally:
         process.join(timeout=30)
         publisher.close()
-    expected = AdapterMerge(model_dir, cfg.learner.lora).merged(named)
+    expected = AdapterMerge(model_dir, adapter_layout(model_dir, cfg.learner.lora)).merged(named)
     assert loaded.keys() == dict(expected).keys() and expected
     for name, tensor in expected:
         assert torch.equal(torch.from_numpy(loaded[name]), tensor), name

@@ -53,20 +53,12 @@ KNOWN: set[tuple[str, str]] = {
     ('rollout/spec.py', 'train'),
     ('rollout/waits.py', 'wire'),
 
-    ('runtime/placement.py', 'learner'),
-    ('runtime/placement.py', 'rollout'),
-
     ('sim/settings.py', 'weights'),
 
     ('tasks/__init__.py', 'env'),
     ('tasks/__init__.py', 'model'),
     ('tasks/__init__.py', 'rollout'),
 
-    ('weights/__init__.py', 'rollout'),
-    ('weights/__init__.py', 'wire'),
-    ('weights/adapters.py', 'learner'),
-
-    ('wire/reach.py', 'weights'),
 }
 
 

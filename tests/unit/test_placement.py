@@ -10,17 +10,16 @@ import types
 
 import pytest
 
-from asyncgrpo.config import load, use_curve
+from asyncgrpo.config import actors_span_nodes, load, node_resource_roles, use_curve, weights_backend, wire_transport
 from asyncgrpo.schema import ConfigError
 from asyncgrpo.runtime.placement import (
     NODE_RESOURCE_SHARE,
     check_node_resources,
     custom_resources,
     node_resources,
-    spans_nodes,
 )
 from asyncgrpo.wire.network import advertised, advertised_host
-from asyncgrpo.wire.reach import check_reach, weights_backend, wire_transport
+from asyncgrpo.wire.reach import check_reach
 
 
 @pytest.mark.parametrize(("overrides", "transport", "curve", "backend"), [
@@ -39,7 +38,7 @@ from asyncgrpo.wire.reach import check_reach, weights_backend, wire_transport
 def test_actors_that_may_span_nodes_get_tcp_with_curve_and_zmq_weights_unless_forced(overrides, transport, curve,
                                                                                     backend):
     cfg = load(overrides)
-    assert spans_nodes(cfg) == any(o.startswith(("ray.", "rollout.node", "learner.node")) for o in overrides)
+    assert actors_span_nodes(cfg) == any(o.startswith(("ray.", "rollout.node", "learner.node")) for o in overrides)
     assert (wire_transport(cfg), use_curve(cfg), weights_backend(cfg)) == (transport, curve, backend)
 
 
@@ -92,14 +91,14 @@ def test_a_clusters_custom_resources_are_those_of_its_alive_nodes_less_rays_own(
 
 
 def test_named_node_resources_the_cluster_has_pass():
-    check_node_resources(load(["learner.node_resource=learn", "rollout.node_resource=gen"]), CLUSTER)
-    check_node_resources(load([]), [])  # nothing named: nothing to check
+    check_node_resources(node_resource_roles(load(["learner.node_resource=learn", "rollout.node_resource=gen"])), CLUSTER)
+    check_node_resources(node_resource_roles(load([])), [])  # nothing named: nothing to check
 
 
 @pytest.mark.parametrize(("key", "name"), [("learner.node_resource", "lern"), ("rollout.node_resource", "gone")])
 def test_a_node_resource_no_alive_node_has_is_one_line_naming_the_key_and_what_the_cluster_has(key, name):
     with pytest.raises(ConfigError) as err:
-        check_node_resources(load([f"{key}={name}"]), CLUSTER)
+        check_node_resources(node_resource_roles(load([f"{key}={name}"])), CLUSTER)
     message = str(err.value)
     assert "\n" not in message
     assert key in message and repr(name) in message and "gen, learn" in message
@@ -107,8 +106,14 @@ def test_a_node_resource_no_alive_node_has_is_one_line_naming_the_key_and_what_t
 
 def test_a_node_resource_whose_nodes_cannot_hold_one_actor_is_refused_naming_the_cpu_key():
     with pytest.raises(ConfigError) as err:
-        check_node_resources(load(["rollout.node_resource=gen", "rollout.num_cpus_per_generator=6"]), CLUSTER)
+        check_node_resources(node_resource_roles(load(["rollout.node_resource=gen", "rollout.num_cpus_per_generator=6"])),
+                             CLUSTER)
     assert "rollout.num_cpus_per_generator=6" in str(err.value) and "\n" not in str(err.value)
+
+
+def reach(cfg, learner, generators):
+    """`check_reach` as the driver calls it, with the run's resolved transport and backend."""
+    check_reach(cfg.wire, wire_transport(cfg), weights_backend(cfg), learner, generators)
 
 
 A, B = {"node_id": "aa", "node_ip": "10.0.0.1"}, {"node_id": "bb", "node_ip": "10.0.0.2"}
@@ -117,11 +122,11 @@ A2 = {"node_id": "cc", "node_ip": "10.0.0.1"}  # another Ray node on A's machine
 
 @pytest.mark.parametrize("overrides", [[], ["wire.transport=ipc"], ["weights.backend=shm"]])
 def test_generators_on_the_learners_machine_pass_whatever_the_transport(overrides):
-    check_reach(load(overrides), A, {0: A, 1: A2})
+    reach(load(overrides), A, {0: A, 1: A2})
 
 
 def test_a_generator_on_another_machine_over_tcp_to_a_reachable_host_passes():
-    check_reach(load(["ray.address=auto", "wire.host=0.0.0.0"]), A, {0: A, 1: B})
+    reach(load(["ray.address=auto", "wire.host=0.0.0.0"]), A, {0: A, 1: B})
 
 
 @pytest.mark.parametrize(("overrides", "named"), [
@@ -131,7 +136,7 @@ def test_a_generator_on_another_machine_over_tcp_to_a_reachable_host_passes():
 ])
 def test_a_generator_on_another_machine_that_cannot_reach_the_learner_is_one_line_naming_the_key(overrides, named):
     with pytest.raises(ConfigError) as err:
-        check_reach(load(overrides), A, {0: A, 3: B})
+        reach(load(overrides), A, {0: A, 3: B})
     message = str(err.value)
     assert "\n" not in message
     assert named in message and "generator 3" in message and "10.0.0.2" in message

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, pushed_adapters, weights_backend
 from asyncgrpo.learner import lora
 from asyncgrpo.learner.policy import Policy, _param_groups
 from asyncgrpo.learner.publication import pushed_tensors
@@ -68,6 +68,23 @@ def policy(base_dir: str, lora_cfg: LoraConfig, seed: int = 0) -> Policy:
                   torch.device("cpu"), torch.device("cpu"), rank=0, temperature=1.0)
 
 
+def sender_of(cfg, publisher: Publisher, base_dir: str):
+    """Learner rank 0's weight sender, as learner/parts.py builds it."""
+    return make_sender(cfg.weights, weights_backend(cfg), publisher, base_dir, torch.device("cpu"),
+                       adapters=pushed_adapters(cfg, base_dir), engine_dtype=cfg.rollout.dtype,
+                       num_generators=cfg.rollout.num_generators, host=cfg.wire.host,
+                       startup_timeout_s=cfg.wire.startup_timeout_s, max_restarts=cfg.rollout.max_restarts)
+
+
+def receiver_of(cfg, subscriber: Subscriber, base_dir: str):
+    """A generator's weight receiver, merging adapter pushes, as rollout/parts.py builds it."""
+    adapters = pushed_adapters(cfg, base_dir)
+    receiver = make_receiver(cfg.weights, weights_backend(cfg), subscriber, base_dir, torch.device("cpu"),
+                             adapters=adapters, engine_dtype=cfg.rollout.dtype,
+                             startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)
+    return merging_receiver(receiver, base_dir, adapters)
+
+
 def cfg_of(rank: int = 4, targets: str = "[all-linear]", *more: str):
     # alpha / rank = 1.75: a scale whose products round (a power of two would hide an order of roundings).
     return load([f"learner.lora.rank={rank}", "learner.lora.alpha=7", f"learner.lora.target_modules={targets}",
@@ -76,7 +93,7 @@ def cfg_of(rank: int = 4, targets: str = "[all-linear]", *more: str):
 
 def test_the_adapter_spec_is_the_policys_adapters_in_the_order_the_learner_pushes_them(base_dir):
     cfg = cfg_of(4, "[q_proj,down_proj]")
-    spec = adapter_spec(base_dir, cfg.learner.lora)
+    spec = adapter_spec(lora.adapter_layout(base_dir, cfg.learner.lora))
     pushed = list(pushed_tensors(policy(base_dir, cfg.learner.lora), cfg))
     assert [(n, tuple(t.shape), t.dtype) for n, t in pushed] == spec
     assert spec[0][0] == "model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -87,10 +104,11 @@ def test_the_adapter_spec_is_the_policys_adapters_in_the_order_the_learner_pushe
 
 def test_a_rank_zero_run_pushes_the_model_whatever_lora_push_says(base_dir):
     full = cfg_of(0)
-    assert not pushes_adapters(full) and pushed_spec(full, base_dir) == model_spec(base_dir)
+    assert not pushes_adapters(full.weights, 0) and pushed_adapters(full, base_dir) is None
+    assert pushed_spec(base_dir, None) == model_spec(base_dir)
     merged = cfg_of(4, "[all-linear]", "weights.lora_push=merged")
-    assert not pushes_adapters(merged) and pushed_spec(merged, base_dir) == model_spec(base_dir)
-    assert pushes_adapters(cfg_of(4))
+    assert not pushes_adapters(merged.weights, 4) and pushed_adapters(merged, base_dir) is None
+    assert pushes_adapters(cfg_of(4).weights, 4) and pushed_adapters(cfg_of(4), base_dir) is not None
 
 
 def test_an_unknown_lora_push_is_refused_in_one_line():
@@ -102,7 +120,8 @@ def test_the_merge_gives_the_learners_merged_weights_bit_for_bit(base_dir):
     cfg = cfg_of(4)
     learner = policy(base_dir, cfg.learner.lora)
     want = dict(learner.full_state_dict())
-    merged = dict(AdapterMerge(base_dir, cfg.learner.lora).merged(pushed_tensors(learner, cfg)))
+    merge = AdapterMerge(base_dir, lora.adapter_layout(base_dir, cfg.learner.lora))
+    merged = dict(merge.merged(pushed_tensors(learner, cfg)))
     assert merged and set(merged) == {path + ".weight" for path in learner.loras}
     for name, tensor in merged.items():
         assert torch.equal(tensor, want[name]), name
@@ -110,7 +129,7 @@ def test_the_merge_gives_the_learners_merged_weights_bit_for_bit(base_dir):
 
 def test_loading_two_pushes_merges_each_onto_the_base_without_accumulating(base_dir):
     cfg = cfg_of(4)
-    merge = AdapterMerge(base_dir, cfg.learner.lora)
+    merge = AdapterMerge(base_dir, lora.adapter_layout(base_dir, cfg.learner.lora))
     first, second = policy(base_dir, cfg.learner.lora, seed=1), policy(base_dir, cfg.learner.lora, seed=2)
     engine = Engine()
     target = merge.onto(engine)
@@ -127,7 +146,7 @@ def test_loading_two_pushes_merges_each_onto_the_base_without_accumulating(base_
 
 def test_a_push_of_other_adapters_is_refused_in_one_line(base_dir):
     cfg = cfg_of(4)
-    merge = AdapterMerge(base_dir, cfg.learner.lora)
+    merge = AdapterMerge(base_dir, lora.adapter_layout(base_dir, cfg.learner.lora))
     named = list(pushed_tensors(policy(base_dir, cfg.learner.lora), cfg))
     with pytest.raises(ValueError, match="names differ"):
         merge.merged(named[:-1])
@@ -142,8 +161,8 @@ def test_an_adapter_push_over_real_zmq_sockets_lands_merged_in_the_engine(base_d
     publisher = Publisher()
     subscriber = Subscriber(publisher.endpoint, max_message_bytes=cfg.wire.max_message_bytes)
     try:
-        sender = make_sender(cfg, publisher, base_dir, torch.device("cpu"))
-        receiver = merging_receiver(cfg, make_receiver(cfg, subscriber, base_dir, torch.device("cpu")), base_dir)
+        sender = sender_of(cfg, publisher, base_dir)
+        receiver = receiver_of(cfg, subscriber, base_dir)
         deadline, version, sent = time.monotonic() + 30, 0, 0
         while receiver.newest_version < 0:  # a PUB/SUB subscription takes a moment to start
             assert time.monotonic() < deadline, "no push arrived"
@@ -172,10 +191,11 @@ def test_only_an_adapter_pushing_run_wraps_the_generators_receiver_which_keeps_i
             return self.newest_version
 
     inner = Receiver()
-    assert merging_receiver(cfg_of(0), inner, base_dir) is inner
-    assert merging_receiver(cfg_of(4, "[all-linear]", "weights.lora_push=merged"), inner, base_dir) is inner
+    assert merging_receiver(inner, base_dir, pushed_adapters(cfg_of(0), base_dir)) is inner
+    merged = cfg_of(4, "[all-linear]", "weights.lora_push=merged")
+    assert merging_receiver(inner, base_dir, pushed_adapters(merged, base_dir)) is inner
     cfg = cfg_of(4)
-    wrapped = merging_receiver(cfg, inner, base_dir)
+    wrapped = merging_receiver(inner, base_dir, pushed_adapters(cfg, base_dir))
     learner = policy(base_dir, cfg.learner.lora)
     inner.named = list(pushed_tensors(learner, cfg))
     engine = Engine()
