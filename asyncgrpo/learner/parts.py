@@ -121,7 +121,8 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     wire = cfg.wire
     # auto decided from the whole config (tcp when actors may span nodes), not from wire.host alone.
     transport = wire_transport(cfg)
-    registry = GeneratorRegistry(ErrorWindow.from_config(cfg.reward), ErrorWindow.from_config(cfg.env))
+    registry = GeneratorRegistry(ErrorWindow.from_config(cfg.reward),
+                                 ErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps))
     receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
                         transport=transport)
     eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES)

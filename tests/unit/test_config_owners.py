@@ -40,8 +40,6 @@ KNOWN: set[tuple[str, str]] = {
     ('recording/rerun.py', 'train'),
     ('recording/rerun.py', 'wire'),
 
-    ('rewards/errors.py', 'env'),
-    ('rewards/judge.py', 'env'),
 
     ('rollout/episodes.py', 'env'),
     ('rollout/episodes.py', 'model'),
