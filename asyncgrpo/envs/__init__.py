@@ -7,14 +7,11 @@ generator's episode runner (asyncgrpo/rollout/episodes.py) drives it. docs/ENVIR
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from asyncgrpo.envs.base import Environment, EnvironmentSpec, EnvStep
+from asyncgrpo.schema import EnvConfig
 
-if TYPE_CHECKING:
-    from asyncgrpo.schema import EnvConfig
-
-__all__ = ["ENV_NAMES", "ENV_ON_ERROR", "EnvStep", "Environment", "EnvironmentSpec", "make_environment"]
+__all__ = ["ENV_NAMES", "ENV_ON_ERROR", "EnvStep", "Environment", "EnvironmentSpec", "make_environment",
+           "named_environment"]
 
 # env.name: "" is no environment (one policy turn per rollout).
 ENV_NAMES = ("", "calculator", "guess", "http", "agent")
@@ -43,3 +40,9 @@ def make_environment(cfg: EnvConfig) -> EnvironmentSpec | None:
 
         return agent_spec(cfg)
     raise ValueError(f"env.name must be one of {', '.join(repr(n) for n in ENV_NAMES)}, got {cfg.name!r}")
+
+
+def named_environment(name: str) -> EnvironmentSpec | None:
+    """The environment `name` (an env.name) with every other env.* key at its default: the one a
+    task's references were played against (models/warmstart.py), whatever the run's env.* says."""
+    return make_environment(EnvConfig(name=name))

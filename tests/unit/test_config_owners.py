@@ -30,7 +30,6 @@ KNOWN: set[tuple[str, str]] = {
     ('learner/resume.py', 'task'),
     ('learner/update.py', 'rollout'),
 
-    ('models/warmstart.py', 'env'),
 
     ('recording/evaluation.py', 'env'),
     ('recording/evaluation.py', 'eval'),
