@@ -47,7 +47,6 @@ KNOWN: set[tuple[str, str]] = {
     ('rollout/generator.py', 'wire'),
     ('rollout/scoring.py', 'reward'),
     ('rollout/scoring.py', 'wire'),
-    ('rollout/spec.py', 'train'),
     ('rollout/waits.py', 'wire'),
 
     ('runtime/placement.py', 'learner'),
