@@ -83,11 +83,13 @@ class ReplayEvaluator:
             print(periodic_eval_line(record), flush=True)
 
     def _accuracy(self, temperature: float) -> float:
+        from asyncgrpo.rollout.parts import episode_settings  # with torch: only where an engine evaluates
+
         self._set_threads(self._engine_threads)
         try:
             self._engine.reseed(self.cfg.seed)
-            return held_out_accuracy(self._engine, self.tokenizer, self.task, self.env, self.cfg, self.problems,
-                                     temperature)
+            return held_out_accuracy(self._engine, self.tokenizer, self.task, self.env, episode_settings(self.cfg),
+                                     self.problems, temperature)
         finally:
             self._set_threads(self._learner_threads)
 

@@ -40,14 +40,6 @@ KNOWN: set[tuple[str, str]] = {
     ('recording/rerun.py', 'wire'),
 
 
-    ('rollout/episodes.py', 'env'),
-    ('rollout/episodes.py', 'model'),
-    ('rollout/evaluations.py', 'env'),
-    ('rollout/generator.py', 'env'),
-    ('rollout/generator.py', 'wire'),
-    ('rollout/scoring.py', 'reward'),
-    ('rollout/scoring.py', 'wire'),
-    ('rollout/waits.py', 'wire'),
 
     ('runtime/placement.py', 'learner'),
     ('runtime/placement.py', 'rollout'),
