@@ -10,13 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.config import run_task
 from asyncgrpo.runtime import faults
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred
 from asyncgrpo.runtime.ray_cluster import child_pids, local_cpus, private_token_env, stop_children_started_since
 from asyncgrpo.learner.resume import RESUME_AUTO, ResumeRefused, check_compatible
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
+from asyncgrpo.tasks import FILE_TASKS, Problem
 
 # Quiet, in-process vLLM inside the actors; the driver never imports vLLM.
 ACTOR_ENV = {
@@ -129,7 +130,7 @@ def load_task(cfg: Config, tokenizer_dir: str | None = None, endless: bool = Fal
     """The configured task. File tasks count prompt tokens with the model's tokenizer (before the
     embedded model exists, with its character tokenizer); `endless` ignores data.epochs (warm start)."""
     if cfg.task.name not in FILE_TASKS:
-        return make_task(cfg)
+        return run_task(cfg)
     if tokenizer_dir:
         from transformers import AutoTokenizer
 
@@ -141,7 +142,7 @@ def load_task(cfg: Config, tokenizer_dir: str | None = None, endless: bool = Fal
     if endless:
         cfg = copy.deepcopy(cfg)
         cfg.data.epochs = 0
-    return make_task(cfg, tokenizer)
+    return run_task(cfg, tokenizer)
 
 
 def load_data(cfg: Config, model_dir: str, summary: dict[str, Any]) -> list[Problem]:

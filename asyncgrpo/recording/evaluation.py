@@ -50,11 +50,11 @@ class ReplayEvaluator:
         self._engine_threads = self._learner_threads  # vLLM's, once it has started
 
         from asyncgrpo.envs import make_environment
-        from asyncgrpo.tasks import make_task
+        from asyncgrpo.config import run_task
 
         self.cfg, self.model_dir = cfg, model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.task = make_task(cfg, self.tokenizer)
+        self.task = run_task(cfg, self.tokenizer)
         self.env = make_environment(cfg.env)
         self.periodic = PeriodicEvaluations(cfg.eval.every_steps, start_version, self.task)
         self._problems: list[Any] | None = None

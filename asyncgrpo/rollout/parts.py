@@ -93,7 +93,9 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     )
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-    task = make_task(cfg, tokenizer)
+    # As config.run_task, which this package may not import.
+    task = make_task(cfg, tokenizer, tool=cfg.env.name == "calculator",
+                     context_tokens=max(cfg.model.max_positions - cfg.rollout.max_new_tokens, 0))
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
     if engine is None:

@@ -50,9 +50,6 @@ KNOWN: set[tuple[str, str]] = {
 
     ('study/runner.py', 'ray'),
 
-    ('tasks/__init__.py', 'env'),
-    ('tasks/__init__.py', 'model'),
-    ('tasks/__init__.py', 'rollout'),
 
     ('weights/__init__.py', 'rollout'),
     ('weights/__init__.py', 'wire'),

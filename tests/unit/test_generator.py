@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.contract import THROTTLING_STALE_POLICIES, call_sizes
@@ -30,13 +30,13 @@ from asyncgrpo.rollout.scoring import score_timeout_s
 from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
+from asyncgrpo.tasks import ArithmeticTask, Problem
 from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import Grant, Heartbeat, ScoredGroup, VersionAck, WireTimeout
 
 BASE_CONFIG = load([])
 TOKENIZER = build_char_tokenizer()
-TASK = make_task(BASE_CONFIG)  # arithmetic
+TASK = run_task(BASE_CONFIG)  # arithmetic
 
 
 def completion(tokens: list[int], finished: bool = True, logprob: float = -0.5,
