@@ -38,7 +38,7 @@ from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
 
 from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register
-from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES
+from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES, Task, make_task
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
 from asyncgrpo.tasks.guess import MAX_MAX_NUMBER as GUESS_MAX, MIN_MAX_NUMBER as GUESS_MIN, GuessTask
 from asyncgrpo.tasks.longtail import MAX_DIGITS as LONGTAIL_MAX_DIGITS, MIN_DIGITS as LONGTAIL_MIN_DIGITS
@@ -181,6 +181,14 @@ def set_resolved_device(cfg: Config, device: str) -> None:
     if device != cfg.device:
         cfg.device = device
         validate(cfg)
+
+
+def run_task(cfg: Config, tokenizer: Any | None = None) -> Task:
+    """The run's task (tasks.make_task), handed what it takes of the env, model and rollout sections:
+    whether the calculator is on (env.name) and the prompt's room, the context beside
+    rollout.max_new_tokens. rollout/parts.py, which may not import this module, does the same."""
+    return make_task(cfg, tokenizer, tool=cfg.env.name == "calculator",
+                     context_tokens=max(cfg.model.max_positions - cfg.rollout.max_new_tokens, 0))
 
 
 # Index positions in an override's key (reward.terms.0.weight) stand for any entry of the list.

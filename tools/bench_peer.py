@@ -295,12 +295,13 @@ def trl_worker(spec_path: str) -> int:
     from trl import GRPOTrainer
 
     from asyncgrpo.learner.schedule import lr_multiplier
-    from asyncgrpo.tasks import Problem, make_task, run_stream
+    from asyncgrpo.config import run_task
+    from asyncgrpo.tasks import Problem, run_stream
 
     if spec["generation"] == "vllm":
         patch_trl_vllm(cfg)
     model_dir = spec["model_dir"]
-    task = make_task(cfg)
+    task = run_task(cfg)
     # The prompts asyncgrpo trains on, in the run's one stream's order: max_steps x groups_per_step of them.
     stream = run_stream(task, cfg)
     problems = [next(stream) for _ in range(cfg.train.max_steps * cfg.train.groups_per_step)]
@@ -545,10 +546,10 @@ class Evaluator:
         import torch
         from transformers import AutoTokenizer
 
-        from asyncgrpo.tasks import make_task
+        from asyncgrpo.config import run_task
 
         torch.set_num_threads(1)  # a tiny model; a second thread mostly waits for a busy core here
-        self.task = make_task(cfg)
+        self.task = run_task(cfg)
         self.problems = self.task.eval_problems()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
 

@@ -132,8 +132,8 @@ class Actors:
         self.endpoints = endpoints
         generator_dir, initial_version = self._resume_learners(resume)
         self._generator_gpus = gpus
-        self.specs = [GeneratorSpec.for_run(cfg, i, generator_dir, endpoints, generator_cores[i],
-                                            keys.client(i) if keys else None, initial_version,
+        self.specs = [GeneratorSpec.for_run(cfg, i, generator_dir, endpoints, cfg.train.groups_per_step,
+                                            generator_cores[i], keys.client(i) if keys else None, initial_version,
                                             base_model_dir=self.model_dir)
                       for i in range(cfg.rollout.num_generators)]
         self.generators = [self._start_generator(spec) for spec in self.specs]

@@ -207,7 +207,8 @@ def check_data(cfg: Config, model_dir: str) -> dict[str, Any] | None:
     from transformers import AutoTokenizer
 
     from asyncgrpo.data import DataError, DataReport, FieldMap, PromptFormat, load_problems
-    from asyncgrpo.tasks import FILE_TASKS, make_task
+    from asyncgrpo.config import run_task
+    from asyncgrpo.tasks import FILE_TASKS
 
     if cfg.task.name not in FILE_TASKS:
         return None
@@ -219,7 +220,7 @@ def check_data(cfg: Config, model_dir: str) -> dict[str, Any] | None:
                                                                           if len(missing) > 1 else ""))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     try:
-        task = make_task(cfg, tokenizer)
+        task = run_task(cfg, tokenizer)
         # Every prompt again, this time none dropped for its length (data.max_prompt_tokens still
         # filters by choice): their lengths, which the task does not keep.
         prompts = load_problems([*data.train_files, *data.eval_files],

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.config import run_task
 from asyncgrpo.runtime import faults
 from asyncgrpo.config import local_cluster_cpus
 from asyncgrpo.driver import TrainingFailed
@@ -17,7 +18,7 @@ from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_def
 from asyncgrpo.runtime.ray_cluster import child_pids, private_token_env, stop_children_started_since
 from asyncgrpo.learner.resume import RESUME_AUTO, ResumeRefused, check_compatible
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import FILE_TASKS, Problem, make_task
+from asyncgrpo.tasks import FILE_TASKS, Problem
 
 # Quiet, in-process vLLM inside the actors; the driver never imports vLLM.
 ACTOR_ENV = {
@@ -130,7 +131,7 @@ def load_task(cfg: Config, tokenizer_dir: str | None = None, endless: bool = Fal
     """The configured task. File tasks count prompt tokens with the model's tokenizer (before the
     embedded model exists, with its character tokenizer); `endless` ignores data.epochs (warm start)."""
     if cfg.task.name not in FILE_TASKS:
-        return make_task(cfg)
+        return run_task(cfg)
     if tokenizer_dir:
         from transformers import AutoTokenizer
 
@@ -142,7 +143,7 @@ def load_task(cfg: Config, tokenizer_dir: str | None = None, endless: bool = Fal
     if endless:
         cfg = copy.deepcopy(cfg)
         cfg.data.epochs = 0
-    return make_task(cfg, tokenizer)
+    return run_task(cfg, tokenizer)
 
 
 def load_data(cfg: Config, model_dir: str, summary: dict[str, Any]) -> list[Problem]:

@@ -7,14 +7,14 @@ generator's episode runner (asyncgrpo/rollout/episodes.py) drives it. docs/ENVIR
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from asyncgrpo.envs.base import Environment, EnvironmentSpec, EnvStep
+from asyncgrpo.envs.calls import EnvCalls
+from asyncgrpo.schema import EnvConfig
 
-if TYPE_CHECKING:
-    from asyncgrpo.schema import EnvConfig
-
-__all__ = ["ENV_NAMES", "ENV_ON_ERROR", "EnvStep", "Environment", "EnvironmentSpec", "make_environment"]
+__all__ = ["ENV_NAMES", "ENV_ON_ERROR", "EnvStep", "Environment", "EnvironmentSpec", "EpisodeRules", "episode_rules",
+           "make_environment", "named_environment"]
 
 # env.name: "" is no environment (one policy turn per rollout).
 ENV_NAMES = ("", "calculator", "guess", "http", "agent")
@@ -43,3 +43,31 @@ def make_environment(cfg: EnvConfig) -> EnvironmentSpec | None:
 
         return agent_spec(cfg)
     raise ValueError(f"env.name must be one of {', '.join(repr(n) for n in ENV_NAMES)}, got {cfg.name!r}")
+
+
+def named_environment(name: str) -> EnvironmentSpec | None:
+    """The environment `name` (an env.name) with every other env.* key at its default: the one a
+    task's references were played against (models/warmstart.py), whatever the run's env.* says."""
+    return make_environment(EnvConfig(name=name))
+
+
+@dataclass(frozen=True)
+class EpisodeRules:
+    """What a generator's episodes take of env.* (`episode_rules`): the policy turns an episode may
+    have (max_turns), what a failed call does to its group (on_error: zero | drop_group), and how
+    the calls run (threads, timeout_s, latency_s: `EnvCalls`)."""
+
+    max_turns: int
+    on_error: str
+    threads: int
+    timeout_s: float
+    latency_s: float
+
+    def calls(self) -> EnvCalls:
+        """New threads for environment calls under these rules (the caller closes them)."""
+        return EnvCalls(self.threads, self.timeout_s, self.latency_s)
+
+
+def episode_rules(cfg: EnvConfig) -> EpisodeRules:
+    """The episode rules of the env section `cfg`."""
+    return EpisodeRules(cfg.max_turns, cfg.on_error, cfg.threads, cfg.timeout_s, cfg.latency_s)

@@ -37,9 +37,9 @@ from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rewards.judge import (
     backoff_wait_s,
     bearer_headers,
-    call_budget_s,
     key_transport_error,
     retry_after_s,
+    retry_budget_s,
     retryable_status,
 )
 from asyncgrpo.schema import ConfigError, EnvConfig
@@ -78,7 +78,7 @@ class HttpClient:
     timeout_s: float  # env.http.timeout_s: one try
     retries: int  # env.http.retries
     backoff_s: float  # env.http.backoff_s
-    budget_s: float  # one call, all its tries and waits: min(env.timeout_s, call_budget_s(env.http))
+    budget_s: float  # one call, all its tries and waits: min(env.timeout_s, retry_budget_s of env.http)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -97,7 +97,7 @@ class HttpClient:
             raise ConfigError(f"env.http.base_url {insecure} (got {http.base_url!r})")
         headers = bearer_headers(http.api_key_env, "env.http.api_key_env", ConfigError)
         return cls(http.base_url, headers, http.timeout_s, http.retries, http.backoff_s,
-                   min(cfg.timeout_s, call_budget_s(http)))
+                   min(cfg.timeout_s, retry_budget_s(http.timeout_s, http.retries, http.backoff_s)))
 
     def call(self, method: str, route: str, body: dict[str, Any] | None = None) -> Any:
         """`method` <base_url><route> with `body` as JSON -> the answer's JSON, retried; raises EnvCallError."""

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import collective_timeout_s
+from asyncgrpo.config import collective_timeout_s, run_task
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.update import overlong_settings
@@ -29,7 +29,7 @@ from asyncgrpo.queue.replay_queue import (
 from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.rewards.errors import ErrorWindow
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import make_task, run_stream_length
+from asyncgrpo.tasks import run_stream_length
 from asyncgrpo.weights import make_sender
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
@@ -121,12 +121,13 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     wire = cfg.wire
     # auto decided from the whole config (tcp when actors may span nodes), not from wire.host alone.
     transport = wire_transport(cfg)
-    registry = GeneratorRegistry(ErrorWindow.from_config(cfg.reward), ErrorWindow.from_config(cfg.env))
+    registry = GeneratorRegistry(ErrorWindow.from_config(cfg.reward),
+                                 ErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps))
     receiver = Receiver(wire.host, max_message_bytes=wire.max_message_bytes, curve=curve, insecure=wire.insecure,
                         transport=transport)
     eviction = StalenessEviction(cfg.train.max_staleness, drop_stale=cfg.train.stale_policy in DROPPING_STALE_POLICIES)
     # Finite data: the generators read the run's one stream, so its end is where grants stop.
-    dispatcher = make_dispatcher(cfg, run_stream_length(make_task(cfg, tokenizer), cfg) if cfg.data.epochs > 0 else None)
+    dispatcher = make_dispatcher(cfg, run_stream_length(run_task(cfg, tokenizer), cfg) if cfg.data.epochs > 0 else None)
     grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     signal_filter = SignalFilter(overlong_settings(cfg)) if cfg.algo.filter_groups else None  # DAPO's dynamic sampling
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),

@@ -31,11 +31,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from asyncgrpo.envs import Environment, EnvironmentSpec, make_environment
+from asyncgrpo.envs import Environment, EnvironmentSpec, named_environment
 from asyncgrpo.runtime.files import private_dir
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.schema import EnvConfig
 from asyncgrpo.tasks.problem import Problem, Task, reference_segments
 
 # Bump whenever a change here would produce a different model for the same inputs, so
@@ -348,7 +347,7 @@ def task_environment(task: Task) -> EnvironmentSpec | None:
     """The environment whose episodes a task's references are (its `environment` attribute, an env.name:
     MultiplyTask with the tool, GuessTask), or None for a single-turn task."""
     name = getattr(task, "environment", "")
-    return make_environment(EnvConfig(name=name)) if name else None
+    return named_environment(name) if name else None
 
 
 @dataclass

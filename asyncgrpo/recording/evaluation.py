@@ -50,11 +50,11 @@ class ReplayEvaluator:
         self._engine_threads = self._learner_threads  # vLLM's, once it has started
 
         from asyncgrpo.envs import make_environment
-        from asyncgrpo.tasks import make_task
+        from asyncgrpo.config import run_task
 
         self.cfg, self.model_dir = cfg, model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.task = make_task(cfg, self.tokenizer)
+        self.task = run_task(cfg, self.tokenizer)
         self.env = make_environment(cfg.env)
         self.periodic = PeriodicEvaluations(cfg.eval.every_steps, start_version, self.task)
         self._problems: list[Any] | None = None
@@ -83,11 +83,13 @@ class ReplayEvaluator:
             print(periodic_eval_line(record), flush=True)
 
     def _accuracy(self, temperature: float) -> float:
+        from asyncgrpo.rollout.parts import episode_settings  # with torch: only where an engine evaluates
+
         self._set_threads(self._engine_threads)
         try:
             self._engine.reseed(self.cfg.seed)
-            return held_out_accuracy(self._engine, self.tokenizer, self.task, self.env, self.cfg, self.problems,
-                                     temperature)
+            return held_out_accuracy(self._engine, self.tokenizer, self.task, self.env, episode_settings(self.cfg),
+                                     self.problems, temperature)
         finally:
             self._set_threads(self._learner_threads)
 

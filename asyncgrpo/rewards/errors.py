@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from asyncgrpo.schema import EnvConfig, RewardConfig
+from asyncgrpo.schema import RewardConfig
 
 # An error text travels in every heartbeat and ends up in summary.json's one-line reason.
 MAX_ERROR_CHARS = 200
@@ -55,8 +55,10 @@ class ErrorWindow:
         self._closed: deque[tuple[int, int]] = deque(maxlen=window_steps)
 
     @classmethod
-    def from_config(cls, cfg: RewardConfig | EnvConfig) -> ErrorWindow:
-        """The window of reward.* or env.* (max_error_rate, error_window_steps)."""
+    def from_config(cls, cfg: RewardConfig) -> ErrorWindow:
+        """The window of reward.* (max_error_rate, error_window_steps). The environment's is built
+        from env.max_error_rate and env.error_window_steps by the composition root (learner/parts.py):
+        the env section is envs/'s."""
         return cls(cfg.max_error_rate, cfg.error_window_steps)
 
     def close_step(self, errors: int, calls: int) -> None:

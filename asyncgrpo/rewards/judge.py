@@ -31,7 +31,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asyncgrpo.schema import EnvHttpConfig, JudgeConfig
+from asyncgrpo.schema import JudgeConfig
 from asyncgrpo.wire.network import is_loopback
 
 MAX_RETRY_AFTER_S = 30.0
@@ -128,12 +128,17 @@ def request_headers(cfg: JudgeConfig) -> dict[str, str]:
     return bearer_headers(cfg.api_key_env, "reward.judge.api_key_env", JudgeError)
 
 
-def call_budget_s(cfg: JudgeConfig | EnvHttpConfig) -> float:
+def call_budget_s(cfg: JudgeConfig) -> float:
     """The most one score() call may take from its first request: every try's timeout and the
     nominal backoff. The generator's wait for a batch's rewards (rollout/scoring.py:
-    score_timeout_s) allows this per wave of reward.judge.concurrency calls. The same bound holds
-    for one HTTP environment call (env.http)."""
-    return cfg.timeout_s * (cfg.retries + 1) + cfg.backoff_s * 2 ** cfg.retries
+    score_timeout_s) allows this per wave of reward.judge.concurrency calls."""
+    return retry_budget_s(cfg.timeout_s, cfg.retries, cfg.backoff_s)
+
+
+def retry_budget_s(timeout_s: float, retries: int, backoff_s: float) -> float:
+    """The most a call retried this way may take from its first request: every try's timeout and the
+    nominal backoff; a judge call's (`call_budget_s`) and one HTTP environment call's (env.http)."""
+    return timeout_s * (retries + 1) + backoff_s * 2 ** retries
 
 
 def retryable_status(status: int) -> bool:

@@ -256,6 +256,14 @@ class Scorer:
         """submit() and wait; `timeout_s` None waits as long as the terms' own timeouts allow."""
         return self.submit(problems, completions).result(timeout=timeout_s)
 
+    def calls_bound_s(self, calls: int) -> float:
+        """The most `calls` reward calls may take: in waves of reward.judge.concurrency, each within
+        max(reward.timeout_s, a judge call's budget: judge.call_budget_s)."""
+        from asyncgrpo.rewards.judge import call_budget_s
+
+        waves = -(-calls // max(1, self.cfg.judge.concurrency))
+        return waves * max(self.cfg.timeout_s, call_budget_s(self.cfg.judge))
+
     def stats_snapshot(self) -> dict[str, int]:
         with self._stats_lock:
             return dict(self.stats)

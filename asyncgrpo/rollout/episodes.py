@@ -31,31 +31,26 @@ from typing import Any
 
 import numpy as np
 
+from asyncgrpo.envs import EpisodeRules
 from asyncgrpo.envs.base import EnvironmentSpec, Environment, EnvStep
 from asyncgrpo.envs.calls import EnvCallResult, EnvCalls, checked_reset, checked_step
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.running import Admitted
 from asyncgrpo.rollout.stats import GeneratorStats
-from asyncgrpo.schema import Config, EnvConfig
 
 
 @dataclass(frozen=True)
 class EpisodeSettings:
     """rollout.samples_per_prompt, rollout.max_new_tokens (the episode's budget after the prompt),
-    rollout.temperature, env.max_turns, env.on_error, and the engine's context in tokens."""
+    rollout.temperature, the engine's context in tokens (model.max_positions) and the env.* rules
+    (envs.episode_rules: max_turns, on_error, how the calls run); the composition root builds it
+    (rollout/parts.py: episode_settings)."""
 
     samples_per_prompt: int
     max_new_tokens: int
     temperature: float
-    max_turns: int
-    on_error: str
     context_tokens: int
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> EpisodeSettings:
-        r = cfg.rollout
-        return cls(r.samples_per_prompt, r.max_new_tokens, r.temperature, cfg.env.max_turns, cfg.env.on_error,
-                   cfg.model.max_positions)
+    env: EpisodeRules
 
 
 @dataclass
@@ -161,7 +156,7 @@ def after_answer(tokenizer: Any, settings: EpisodeSettings, episode: Episode, an
         return "turn"
     fits = (len(episode.tokens) + len(observation) <= settings.max_new_tokens
             and len(episode.context) + len(observation) <= settings.context_tokens)
-    if answer.done or episode.turns >= settings.max_turns:  # nothing follows: the observation if it fits
+    if answer.done or episode.turns >= settings.env.max_turns:  # nothing follows: the observation if it fits
         if fits:
             episode.add_observation(observation, version)
         return "end"
@@ -280,7 +275,7 @@ class EpisodeRunner:
 
     def _turn_ended(self, key: int, index: int, completion: Completion) -> None:
         episode = self._groups[key].episodes[index]
-        outcome = after_turn(episode, completion, self.version, self.env, self.settings.max_turns)
+        outcome = after_turn(episode, completion, self.version, self.env, self.settings.env.max_turns)
         if outcome == "call":
             self._call(("step", key, index), episode.env.step, checked_step,
                        *step_arguments(self.env, episode, self.tokenizer))
@@ -374,14 +369,13 @@ class EpisodeRunner:
         return len(self._groups)
 
 
-def play_episodes(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, env_cfg: EnvConfig,
-                  settings: EpisodeSettings, prompts: list[list[int]], problems: list[Any],
-                  temperature: float) -> list[Episode]:
+def play_episodes(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, settings: EpisodeSettings,
+                  prompts: list[list[int]], problems: list[Any], temperature: float) -> list[Episode]:
     """One episode per problem on an engine running nothing else (held-out evaluations): each round
     samples a turn of every running episode in one `generate` call, then waits for the environment's
-    answers (on threads of its own: env.threads, env.timeout_s, env.latency_s). The same episode
-    rules as `EpisodeRunner`, at `temperature` (0 = greedy)."""
-    calls = EnvCalls(env_cfg.threads, env_cfg.timeout_s, env_cfg.latency_s) if env is not None else None
+    answers (on threads of its own: `settings.env.calls()`). The same episode rules as
+    `EpisodeRunner`, at `temperature` (0 = greedy)."""
+    calls = settings.env.calls() if env is not None else None
     episodes = [Episode(prompt) for prompt in prompts]
     try:
         _play(engine, tokenizer, env, calls, settings, episodes, problems, temperature)
@@ -421,7 +415,7 @@ def _play(engine: Any, tokenizer: Any, env: EnvironmentSpec | None, calls: EnvCa
                                   temperature=temperature, stop=env.stop if env is not None else ())
         waiting = []
         for i, (completion,) in zip(active, outputs):
-            outcome = after_turn(episodes[i], completion, 0, env, settings.max_turns)
+            outcome = after_turn(episodes[i], completion, 0, env, settings.env.max_turns)
             if outcome == "call":
                 calls.submit(i, episodes[i].env.step, checked_step, *step_arguments(env, episodes[i], tokenizer),
                              step=True)

@@ -7,25 +7,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncgrpo.metrics import MetricsSink
-from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem, Task
 
+if TYPE_CHECKING:
+    from asyncgrpo.rollout.episodes import EpisodeSettings
 
-def held_out_accuracy(engine: Any, tokenizer: Any, task: Task, env: Any, cfg: Config, problems: list[Problem],
-                      temperature: float) -> float:
+
+def held_out_accuracy(engine: Any, tokenizer: Any, task: Task, env: Any, settings: EpisodeSettings,
+                      problems: list[Problem], temperature: float) -> float:
     """Held-out accuracy with one episode per problem (temperature 0 = greedy), a turn of every
     episode per engine call, on an engine running nothing else: a generator's evaluations and a
-    replay's (asyncgrpo/recording/evaluation.py) are this one function."""
+    replay's (asyncgrpo/recording/evaluation.py) are this one function. `settings`: the run's
+    (rollout/parts.py: episode_settings)."""
     import numpy as np
 
-    from asyncgrpo.rollout.episodes import EpisodeSettings, play_episodes
+    from asyncgrpo.rollout.episodes import play_episodes
 
     prompts = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-    episodes = play_episodes(engine, tokenizer, env, cfg.env, EpisodeSettings.from_config(cfg), prompts, problems,
-                             temperature)
+    episodes = play_episodes(engine, tokenizer, env, settings, prompts, problems, temperature)
     # An episode its environment failed scores 0, as in training.
     return float(np.mean([0.0 if e.failed else task.score(e.answer_text(tokenizer), p)
                           for p, e in zip(problems, episodes)]))

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 
 from asyncgrpo.contract import Ticket
-from asyncgrpo.envs.calls import EnvCalls
 from asyncgrpo.rollout.channel import GroupChannel
-from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings
+from asyncgrpo.rollout.episodes import EpisodeRunner
 from asyncgrpo.rollout.evaluations import PeriodicEvaluations, held_out_accuracy
 from asyncgrpo.rollout.groups import scored_group
 from asyncgrpo.rollout.pacing import FailpointPace
@@ -78,14 +77,14 @@ class Generator:
         self._rejoin_version = spec.initial_version  # the version to load before generating (`rejoin`)
         self.stats = GeneratorStats()
         # Environment calls run on threads while the engine decodes (none without an environment).
-        self.env_calls = EnvCalls(cfg.env.threads, cfg.env.timeout_s, cfg.env.latency_s) if parts.env else None
-        self.episodes = EpisodeRunner(self.engine, self.tokenizer, parts.env, self.env_calls,
-                                      EpisodeSettings.from_config(cfg), self.stats)
+        self.env_calls = parts.episode_settings.env.calls() if parts.env else None
+        self.episodes = EpisodeRunner(self.engine, self.tokenizer, parts.env, self.env_calls, parts.episode_settings,
+                                      self.stats)
         self.episodes.version = self.version
         self.scoring: deque[ScoringBatch] = deque()  # finished, their rewards being computed
         self._asked_in_vain: tuple[int, float] | None = None  # (version, when): granted nothing while running
         self._paused = False  # admission held back for the running sequences to finish
-        self.wait_limit = WaitLimit(spec.generator_id, cfg.wire)
+        self.wait_limit = WaitLimit(spec.generator_id, parts.wait_timeout_s)
         self.channel = GroupChannel(self.sink, spec.generator_id, spec.incarnation, self.stats, self.scorer,
                                     self.wait_limit)
         # eval.every_steps (generator 0 only), taken by the driver (`take_evaluations`).
@@ -257,11 +256,11 @@ class Generator:
         while self.scoring and (wait or self.scoring[0].future.done()):
             batch, wait = self.scoring.popleft(), False
             with timer("score_wait"):
-                scores = batch.scores(self.cfg)
+                scores = batch.scores(self.wait_limit.timeout_s)
             with timer("send"):
                 for episodes, score in zip(batch.groups, scores):
                     admitted = episodes.admitted
-                    group = scored_group(self.generator_id, episodes, score, self.cfg.env.on_error)
+                    group = scored_group(self.generator_id, episodes, score, self.episodes.settings.env.on_error)
                     if group is None:  # reward or env.on_error=drop_group: the slot goes to someone else
                         self.stats.env_groups_dropped += int(not score.dropped)
                         self.tickets.gave_back(admitted.ticket)
@@ -335,8 +334,8 @@ class Generator:
     def evaluate(self, problems: list[Problem], temperature: float) -> float:
         """Held-out accuracy with one episode per problem (temperature 0 = greedy), a turn of every
         episode per engine call, on the engine while it runs nothing else."""
-        return held_out_accuracy(self.engine, self.tokenizer, self.task, self.episodes.env, self.cfg, problems,
-                                 temperature)
+        return held_out_accuracy(self.engine, self.tokenizer, self.task, self.episodes.env, self.episodes.settings,
+                                 problems, temperature)
 
     def take_evaluations(self) -> list[dict[str, float]]:
         """The periodic evaluations since the last call (the driver's, in the control group)."""

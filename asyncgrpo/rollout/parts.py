@@ -1,6 +1,8 @@
 """The parts a `Generator` runs on (`GeneratorParts`), and `build_parts`, which makes the real ones
 from the run's config and a generator's spec: vLLM, the tokenizer, the task and its prompt stream,
-the scorer, the groups and weights sockets and the grant channel. Tests build theirs from fakes."""
+the scorer, the groups and weights sockets and the grant channel, and what the generator takes of
+the sections rollout/ does not own (`episode_settings`, wire.timeout_s). Tests build theirs from
+fakes."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo.envs import EnvironmentSpec, make_environment
+from asyncgrpo.envs import EnvironmentSpec, episode_rules, make_environment
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, FinishedGroup, VLLMEngine
+from asyncgrpo.rollout.episodes import EpisodeSettings
 from asyncgrpo.rollout.sink import GroupSink, with_faults
 from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
@@ -57,7 +60,10 @@ class GeneratorParts:
     """`engine` samples, `tokenizer` and `task` make and score the prompts, `scorer` computes the
     rewards, `sink` sends to the learner, `weights` receives its pushes, `tickets` asks for slots and
     `positioned` reads their prompts from the run's one prompt stream; `env` makes each episode's
-    environment."""
+    environment. The settings from sections rollout/ does not own: `episode_settings` (built by
+    `episode_settings`) rules the episodes, `wait_timeout_s` (wire.timeout_s) bounds the waits on
+    the learner (rollout/waits.py) and, beyond the rewards' own bound, on a batch's rewards
+    (rollout/scoring.py)."""
 
     engine: SamplingEngine
     tokenizer: Any
@@ -68,6 +74,16 @@ class GeneratorParts:
     tickets: TicketClient
     positioned: PositionedPrompts
     env: EnvironmentSpec | None  # env.name="": None, every rollout one turn
+    episode_settings: EpisodeSettings
+    wait_timeout_s: float
+
+
+def episode_settings(cfg: Config) -> EpisodeSettings:
+    """The run's episode settings: rollout.*, the engine's context (model.max_positions) and the
+    env.* rules (envs.episode_rules)."""
+    r = cfg.rollout
+    return EpisodeSettings(r.samples_per_prompt, r.max_new_tokens, r.temperature, cfg.model.max_positions,
+                           episode_rules(cfg.env))
 
 
 def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = None) -> GeneratorParts:
@@ -80,7 +96,9 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     )
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-    task = make_task(cfg, tokenizer)
+    # As config.run_task, which this package may not import.
+    task = make_task(cfg, tokenizer, tool=cfg.env.name == "calculator",
+                     context_tokens=max(cfg.model.max_positions - cfg.rollout.max_new_tokens, 0))
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
     if engine is None:
@@ -122,4 +140,5 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     # Its prompts come from the run's one stream, at the positions it is granted.
     return GeneratorParts(engine=engine, tokenizer=tokenizer, task=task, scorer=scorer, sink=sink, weights=weights,
                           tickets=TicketClient(sink, grants, spec.generator_id, spec.incarnation),
-                          positioned=PositionedPrompts(lambda: run_stream(task, cfg)), env=make_environment(cfg.env))
+                          positioned=PositionedPrompts(lambda: run_stream(task, cfg)), env=make_environment(cfg.env),
+                          episode_settings=episode_settings(cfg), wait_timeout_s=cfg.wire.timeout_s)

@@ -8,36 +8,33 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import Any
 
-from asyncgrpo.rewards.judge import call_budget_s
 from asyncgrpo.rewards.scorer import GroupScore, Scorer
 from asyncgrpo.rollout.episodes import EpisodeGroup
-from asyncgrpo.schema import Config
 
 
-def score_timeout_s(cfg: Config, num_groups: int) -> float:
-    """How long to wait for a batch's rewards. Generous: every reward call is bounded by its own
+def score_timeout_s(scorer: Scorer, calls: int, wait_timeout_s: float) -> float:
+    """How long to wait for `calls` rewards of `scorer`: what they may take (Scorer.calls_bound_s),
+    and `wait_timeout_s` (wire.timeout_s) beyond. Generous: every reward call is bounded by its own
     timeout and retries (a judge call by call_budget_s, which its waits and requests keep within);
     this only catches a hang."""
-    judge = cfg.reward.judge
-    calls = num_groups * cfg.rollout.samples_per_prompt
-    waves = -(-calls // max(1, judge.concurrency))
-    per_call = max(cfg.reward.timeout_s, call_budget_s(judge))
-    return cfg.wire.timeout_s + waves * per_call
+    return wait_timeout_s + scorer.calls_bound_s(calls)
 
 
 @dataclass
 class ScoringBatch:
-    """Groups whose episodes have all ended, their rewards being computed."""
+    """Groups whose episodes have all ended, their rewards being computed by `scorer`."""
 
     groups: list[EpisodeGroup]
     future: concurrent.futures.Future
+    scorer: Scorer
 
     @classmethod
     def submit(cls, scorer: Scorer, tokenizer: Any, groups: list[EpisodeGroup]) -> ScoringBatch:
         """Start scoring `groups` with `scorer`, on the text of each episode's last policy turn."""
         texts = [[episode.answer_text(tokenizer) for episode in group.episodes] for group in groups]
-        return cls(groups, scorer.submit([group.admitted.problem for group in groups], texts))
+        return cls(groups, scorer.submit([group.admitted.problem for group in groups], texts), scorer)
 
-    def scores(self, cfg: Config) -> list[GroupScore]:
-        """Each group's rewards, waited for (score_timeout_s)."""
-        return self.future.result(timeout=score_timeout_s(cfg, len(self.groups)))
+    def scores(self, wait_timeout_s: float) -> list[GroupScore]:
+        """Each group's rewards, waited for (score_timeout_s: one call per episode)."""
+        calls = sum(len(group.episodes) for group in self.groups)
+        return self.future.result(timeout=score_timeout_s(self.scorer, calls, wait_timeout_s))

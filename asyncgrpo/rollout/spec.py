@@ -47,15 +47,16 @@ class GeneratorSpec:
 
     @classmethod
     def for_run(cls, cfg: Config, generator_id: int, model_dir: str, endpoints: Mapping[str, str],
-                cores: Sequence[int] = (), curve: CurveClientKeys | None = None,
+                groups_per_step: int, cores: Sequence[int] = (), curve: CurveClientKeys | None = None,
                 initial_version: int = 0, base_model_dir: str = "") -> GeneratorSpec:
         """Generator `generator_id`'s first incarnation in a run whose learner rank 0 bound
         `endpoints` (groups, weights, tickets) and whose generators start from `model_dir`, holding
-        `initial_version`."""
+        `initial_version`; `groups_per_step`: train.groups_per_step, which rollout.groups_per_call=0
+        shares out among the generators."""
         return cls(generator_id=generator_id, model_dir=model_dir, groups_endpoint=endpoints["groups"],
                    weights_endpoint=endpoints["weights"], tickets_endpoint=endpoints["tickets"],
                    groups_per_call=call_sizes(cfg.rollout.groups_per_call, cfg.rollout.num_generators,
-                                              cfg.train.groups_per_step)[generator_id],
+                                              groups_per_step)[generator_id],
                    seed=generator_seed(cfg, generator_id), cores=tuple(cores), curve=curve,
                    initial_version=initial_version, base_model_dir=base_model_dir)
 

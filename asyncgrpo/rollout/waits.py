@@ -6,24 +6,23 @@ from __future__ import annotations
 
 import time
 
-from asyncgrpo.schema import WireConfig
 from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import WireTimeout
 
 
 class WaitLimit:
     """Fails generator `generator_id`'s waits once they are past their limit, naming what did not
-    happen; `wire`: the run's settings, read at each check (wire.timeout_s)."""
+    happen; `timeout_s`: wire.timeout_s."""
 
-    def __init__(self, generator_id: int, wire: WireConfig) -> None:
-        self.generator_id, self.wire = generator_id, wire
+    def __init__(self, generator_id: int, timeout_s: float) -> None:
+        self.generator_id, self.timeout_s = generator_id, timeout_s
         self._save_logged: int | None = None  # the checkpoint save whose wait was logged (once per save)
 
     def check(self, started: float, saves: SaveWatch, state: str, what: str) -> None:
         """Fail a wait that began at `started` (time.monotonic) once it is past `wire.timeout_s`, or past
         the bound of the save `saves` watches; `state`: what the generator is doing, `what`: what
         did not happen, for the messages."""
-        now, timeout_s = time.monotonic(), self.wire.timeout_s
+        now, timeout_s = time.monotonic(), self.timeout_s
         if now <= started + timeout_s:
             return
         deadline = saves.deadline(started, timeout_s)

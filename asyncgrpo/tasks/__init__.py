@@ -1,7 +1,7 @@
 """Verifiable tasks: problems with a prompt, a reference answer and the task's own check.
 
-The interface is `Task` and `Problem` (asyncgrpo/tasks/problem.py). `make_task(cfg)` builds the
-configured task; `run_stream` is the run's one stream of training problems, which every generator
+The interface is `Task` and `Problem` (asyncgrpo/tasks/problem.py). `make_task(cfg, ...)` builds the
+configured task (the composition roots' `config.run_task` hands it what it takes of other sections); `run_stream` is the run's one stream of training problems, which every generator
 reads at the positions it is granted.
 """
 
@@ -28,9 +28,12 @@ TASK_NAMES = ("arithmetic", "countdown", "longtail", "multiply", "guess", "gsm8k
 FILE_TASKS = ("gsm8k", "files")
 
 
-def make_task(cfg: Config, tokenizer: Any | None = None) -> Task:
-    """The task of `cfg.task.name`. File tasks load (and check) their files now; `tokenizer`, if
-    given, counts prompt tokens for the length filter and applies data.chat_template."""
+def make_task(cfg: Config, tokenizer: Any | None = None, *, tool: bool, context_tokens: int) -> Task:
+    """The task of `cfg.task.name` (task.*, data.*). File tasks load (and check) their files now;
+    `tokenizer`, if given, counts prompt tokens for the length filter (at most `context_tokens`, the
+    context beside rollout.max_new_tokens) and applies data.chat_template. `tool`: the calculator
+    environment is on (env.name), so a multiply task's references are episodes with it. The
+    composition roots pass both (config.run_task, rollout/parts.py)."""
     name = cfg.task.name
     if name == "arithmetic":
         return ArithmeticTask(num_digits=cfg.task.num_digits, eval_size=cfg.task.eval_size)
@@ -43,7 +46,7 @@ def make_task(cfg: Config, tokenizer: Any | None = None) -> Task:
     if name == "multiply":
         # The references are episodes with the calculator when it is on, plain products when not.
         return MultiplyTask(left_digits=cfg.task.multiply_left_digits, right_digits=cfg.task.multiply_right_digits,
-                            eval_size=cfg.task.eval_size, tool=cfg.env.name == "calculator")
+                            eval_size=cfg.task.eval_size, tool=tool)
     if name == "guess":
         return GuessTask(max_number=cfg.task.guess_max, eval_size=cfg.task.eval_size)
     if name in FILE_TASKS:
@@ -51,7 +54,6 @@ def make_task(cfg: Config, tokenizer: Any | None = None) -> Task:
         from asyncgrpo.tasks.gsm8k import GSM8KTask
 
         task_class = GSM8KTask if name == "gsm8k" else FileTask
-        context_tokens = max(cfg.model.max_positions - cfg.rollout.max_new_tokens, 0)
         return task_class(cfg.data, eval_size=cfg.task.eval_size, tokenizer=tokenizer, context_tokens=context_tokens)
     raise ValueError(f"task.name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
 

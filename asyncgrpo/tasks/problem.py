@@ -46,8 +46,8 @@ def reference_segments(problem: Problem) -> list[tuple[str, bool]]:
 
 
 class Task(Protocol):
-    """A verifiable task. `make_task(cfg)` builds the configured one; `run_stream` is the run's
-    stream of `train_problems`."""
+    """A verifiable task. `make_task` (through `config.run_task`) builds the configured one;
+    `run_stream` is the run's stream of `train_problems`."""
 
     def train_problems(self, seed: int) -> Iterator[Problem]:
         """Training problems in a seeded order (endless for the built-in tasks)."""

@@ -190,6 +190,7 @@ def test_an_episode_turn_ends_at_a_stop_text_and_the_next_continues_on_prompt_tu
     import numpy as np
 
     from asyncgrpo.contract import Ticket
+    from asyncgrpo.envs import EpisodeRules
     from asyncgrpo.envs.base import EnvironmentSpec, EnvStep
     from asyncgrpo.envs.calls import EnvCalls
     from asyncgrpo.rollout.engine import VLLMEngine
@@ -221,8 +222,9 @@ def test_an_episode_turn_ends_at_a_stop_text_and_the_next_continues_on_prompt_tu
     engine.label_version(0)
     runner = EpisodeRunner(engine, tokenizer, EnvironmentSpec("plus", Plus, stops),
                            EnvCalls(threads=2, timeout_s=30.0, latency_s=0.0),
-                           EpisodeSettings(samples_per_prompt=2, max_new_tokens=20, temperature=1.0, max_turns=4,
-                                           on_error="zero", context_tokens=32), GeneratorStats())
+                           EpisodeSettings(samples_per_prompt=2, max_new_tokens=20, temperature=1.0, context_tokens=32,
+                                           env=EpisodeRules(max_turns=4, on_error="zero", threads=2, timeout_s=30.0,
+                                                            latency_s=0.0)), GeneratorStats())
     for position, prompt in enumerate(PROMPTS * 2):
         runner.start(Admitted(Ticket(position, position), Problem(position, prompt, ""), tokenizer(prompt).input_ids, 0))
     groups = []

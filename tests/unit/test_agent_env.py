@@ -14,9 +14,8 @@ import pytest
 from openai import OpenAI
 
 from asyncgrpo.config import load
-from asyncgrpo.envs import make_environment
+from asyncgrpo.envs import EpisodeRules, make_environment
 from asyncgrpo.envs.agent import MODEL_NAME, AgentError, added_tokens, render
-from asyncgrpo.envs.calls import EnvCalls
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.rewards.scorer import GroupScore
 from asyncgrpo.rollout.episodes import EpisodeRunner, EpisodeSettings
@@ -262,9 +261,9 @@ def test_through_the_runner_the_episode_trains_the_engines_tokens_between_the_te
 
     # A turn ends with EOS (the scripted engine would stop a text ending in "]" at it: not a chat turn).
     engine, stats = ScriptEngine([["[12*34] ", "408"], ["407"]]), GeneratorStats()
-    settings = EpisodeSettings(samples_per_prompt=2, max_new_tokens=60, temperature=1.0, max_turns=3,
-                               on_error="zero", context_tokens=128)
-    calls = EnvCalls(threads=4, timeout_s=10.0, latency_s=0.0)
+    rules = EpisodeRules(max_turns=3, on_error="zero", threads=4, timeout_s=10.0, latency_s=0.0)
+    settings = EpisodeSettings(samples_per_prompt=2, max_new_tokens=60, temperature=1.0, context_tokens=128, env=rules)
+    calls = rules.calls()
     runner = EpisodeRunner(engine, TOKENIZER, spec("examples.agent_calculator:calculator_agent"), calls, settings,
                            stats)
     runner.start(admitted())

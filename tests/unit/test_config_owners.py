@@ -30,7 +30,6 @@ KNOWN: set[tuple[str, str]] = {
     ('learner/resume.py', 'task'),
     ('learner/update.py', 'rollout'),
 
-    ('models/warmstart.py', 'env'),
 
     ('recording/evaluation.py', 'env'),
     ('recording/evaluation.py', 'eval'),
@@ -40,24 +39,10 @@ KNOWN: set[tuple[str, str]] = {
     ('recording/rerun.py', 'train'),
     ('recording/rerun.py', 'wire'),
 
-    ('rewards/errors.py', 'env'),
-    ('rewards/judge.py', 'env'),
 
-    ('rollout/episodes.py', 'env'),
-    ('rollout/episodes.py', 'model'),
-    ('rollout/evaluations.py', 'env'),
-    ('rollout/generator.py', 'env'),
-    ('rollout/generator.py', 'wire'),
-    ('rollout/scoring.py', 'reward'),
-    ('rollout/scoring.py', 'wire'),
-    ('rollout/spec.py', 'train'),
-    ('rollout/waits.py', 'wire'),
 
     ('sim/settings.py', 'weights'),
 
-    ('tasks/__init__.py', 'env'),
-    ('tasks/__init__.py', 'model'),
-    ('tasks/__init__.py', 'rollout'),
 
 }
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import load
-from asyncgrpo.tasks import CountdownTask, make_task
+from asyncgrpo.config import load, run_task
+from asyncgrpo.tasks import CountdownTask
 from asyncgrpo.tasks.countdown import countdown_reward
 
 
@@ -62,7 +62,7 @@ def test_division_is_exact_and_the_last_answer_counts():
 
 
 def test_make_task_builds_countdown_from_config():
-    task = make_task(load(["task.name=countdown", "model.path=/m", "task.countdown_numbers=3",
+    task = run_task(load(["task.name=countdown", "model.path=/m", "task.countdown_numbers=3",
                            "task.countdown_max_number=20", "task.eval_size=7"]))
     assert isinstance(task, CountdownTask) and len(task.eval_problems()) == 7
     assert all(max(p.extra["numbers"]) <= 20 and len(p.extra["numbers"]) == 3 for p in task.eval_problems())

@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.schema import CONFIG_DIR
-from asyncgrpo.tasks import make_task
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -21,7 +20,7 @@ def test_every_preset_loads(name):
 def test_the_gsm8k_preset_runs_its_task_and_rewards_on_the_sample():
     cfg = load([f"data.train_files=[{SAMPLE}]", f"data.eval_files=[{SAMPLE}]", "data.chat_template=false"],
                config_name="gsm8k_qwen05b_1gpu")
-    task = make_task(cfg)
+    task = run_task(cfg)
     assert len(task.eval_problems()) == 16 and task.train_report.bad == 0
     scorer = Scorer(task, cfg.reward)
     try:

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.schema import ConfigError
 from asyncgrpo.data import DataError, PromptFormat, epoch_stream, split_holdout
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.tasks import make_task, run_stream
+from asyncgrpo.tasks import run_stream
 from asyncgrpo.tasks.files import FileTask
 
 CHAT_TEMPLATE = (
@@ -76,7 +76,7 @@ def files_cfg(tmp_path, *extra):
 
 def test_files_task_holds_out_eval_problems_and_checks_exact_answers(tmp_path):
     cfg = files_cfg(tmp_path, "task.eval_size=5")
-    task = make_task(cfg, build_char_tokenizer())
+    task = run_task(cfg, build_char_tokenizer())
     assert isinstance(task, FileTask)
     held = task.eval_problems()
     assert len(held) == 5 and task.num_train_problems == 35
@@ -90,21 +90,21 @@ def test_files_task_holds_out_eval_problems_and_checks_exact_answers(tmp_path):
 
 def test_eval_files_are_used_and_capped_by_eval_size(tmp_path):
     eval_file = arithmetic_file(tmp_path, count=30, name="eval.jsonl")
-    task = make_task(files_cfg(tmp_path, f"data.eval_files=[{eval_file}]", "task.eval_size=10"))
+    task = run_task(files_cfg(tmp_path, f"data.eval_files=[{eval_file}]", "task.eval_size=10"))
     assert task.num_train_problems == 40 and len(task.eval_problems()) == 10
     assert {p.id for p in task.eval_problems()} <= set(range(40, 70))  # ids continue after the training records
 
 
 def test_the_run_stream_of_a_file_task_covers_every_prompt_once_per_epoch_then_ends(tmp_path):
     cfg = files_cfg(tmp_path, "rollout.num_generators=2", "data.epochs=1", "task.eval_size=4")
-    task = make_task(cfg)
+    task = run_task(cfg)
     stream = list(run_stream(task, cfg))
     assert len(stream) == len({p.id for p in stream}) == task.num_train_problems
 
 
 def test_a_builtin_tasks_run_stream_is_seeded_by_the_seed():
     cfg = load(["seed=3"])
-    task = make_task(cfg)
+    task = run_task(cfg)
     assert list(itertools.islice(run_stream(task, cfg), 5)) == list(itertools.islice(task.train_problems(seed=3000), 5))
 
 
@@ -113,16 +113,16 @@ def test_all_prompts_too_long_fails_with_the_reason_and_the_fix(tmp_path):
     path.write_text("".join(json.dumps({"question": "9" * 50, "answer": "1"}) + "\n" for _ in range(3)))
     cfg = load(["task.name=files", f"data.train_files=[{path}]"])
     with pytest.raises(DataError) as err:
-        make_task(cfg, build_char_tokenizer())
+        run_task(cfg, build_char_tokenizer())
     message = str(err.value)
     assert "too_long=3" in message and "model.max_positions" in message and "\n" not in message
 
 
 def test_settings_change_with_file_contents(tmp_path):
     cfg = files_cfg(tmp_path)
-    before = make_task(cfg).settings()
+    before = run_task(cfg).settings()
     arithmetic_file(tmp_path, count=41)
-    assert make_task(cfg).settings() != before
+    assert run_task(cfg).settings() != before
 
 
 @pytest.mark.parametrize(("overrides", "key"), [

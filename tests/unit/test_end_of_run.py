@@ -72,7 +72,8 @@ def ended_run(tmp_path, monkeypatch):
         actors = Actors(cfg, model_dir=str(tmp_path / "model"))
         actors.generators = list(generators)
         endpoints = {"groups": "tcp://127.0.0.1:1", "weights": "tcp://127.0.0.1:2", "tickets": "tcp://127.0.0.1:3"}
-        actors.specs = [GeneratorSpec.for_run(cfg, i, actors.model_dir, endpoints) for i in range(len(generators))]
+        actors.specs = [GeneratorSpec.for_run(cfg, i, actors.model_dir, endpoints, cfg.train.groups_per_step)
+                       for i in range(len(generators))]
         actors.killed, actors.exports, actors.started = killed, [], []
 
         def on_all_ranks(method: str, *args: Any, timeout_s: float, all_results: bool = False) -> Any:

@@ -5,12 +5,14 @@ turns held while a push waits, and evaluations' batched episodes. No vLLM, no th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 
 from asyncgrpo.contract import Ticket
+from asyncgrpo.envs import episode_rules
 from asyncgrpo.envs.base import EnvironmentSpec, EnvStep
 from asyncgrpo.envs.calls import EnvCalls, checked_reset, checked_step
 from asyncgrpo.models.tokenizer import build_char_tokenizer
@@ -101,9 +103,10 @@ def spec(env_class=Calculator) -> EnvironmentSpec:
     return EnvironmentSpec("scripted", env_class, ("]",))
 
 
-def settings(**changes) -> EpisodeSettings:
-    values = dict(samples_per_prompt=2, max_new_tokens=40, temperature=1.0, max_turns=4, on_error="zero",
-                  context_tokens=64)
+def settings(max_turns: int = 4, **changes) -> EpisodeSettings:
+    """The scripted runs' settings; the env.* rules at env.*'s defaults but `max_turns`."""
+    values = dict(samples_per_prompt=2, max_new_tokens=40, temperature=1.0, context_tokens=64,
+                  env=dataclasses.replace(episode_rules(EnvConfig()), max_turns=max_turns))
     values.update(changes)
     return EpisodeSettings(**values)
 
@@ -262,7 +265,7 @@ def test_dropping_ends_every_episode_and_late_answers_are_ignored():
 def test_evaluation_plays_each_episode_to_its_answer():
     engine = ScriptEngine([["[12*34]", "408"]])
     problems = [Problem(1, "12*34=", "408"), Problem(2, "12*34=", "408")]
-    episodes = play_episodes(engine, TOKENIZER, spec(), EnvConfig(name="calculator"), settings(),
+    episodes = play_episodes(engine, TOKENIZER, spec(), settings(),
                              [ids(p.prompt) for p in problems], problems, temperature=0.0)
     assert [e.answer_text(TOKENIZER) for e in episodes] == ["408", "408"]
     assert episodes[0].policy == [1] * 7 + [0] * 5 + [1] * 4
@@ -470,7 +473,7 @@ def test_an_environment_that_works_in_tokens_is_made_with_the_tokenizer_and_step
     engine = ScriptEngine([["ab"]])
     Tokens.seen = []
     play_episodes(engine, TOKENIZER, EnvironmentSpec("tokens", Tokens, (), eos_calls=True, token_turns=True),
-                  EnvConfig(name="agent"), settings(), [ids("1+1=")], [Problem(1, "1+1=", "2")], temperature=0.0)
+                  settings(), [ids("1+1=")], [Problem(1, "1+1=", "2")], temperature=0.0)
     assert Tokens.seen == [("ab", tuple(ids("ab") + [EOS]))]
 
 
@@ -480,7 +483,7 @@ def test_evaluation_plays_an_episode_from_the_prompt_its_reset_replaced():
     prompts, generate = [], engine.generate
     engine.generate = lambda contexts, **kw: (prompts.append([list(c) for c in contexts]), generate(contexts, **kw))[1]
     problems = [Problem(1, "12*34=", "408")]
-    [episode] = play_episodes(engine, TOKENIZER, spec(OwnPrompt), EnvConfig(name="calculator"), settings(),
+    [episode] = play_episodes(engine, TOKENIZER, spec(OwnPrompt), settings(),
                               [ids(p.prompt) for p in problems], problems, temperature=0.0)
     assert episode.prompt == ids("q:12*34=") and prompts[0] == [ids("q:12*34=")]
     assert episode.answer_text(TOKENIZER) == "408"

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.contract import THROTTLING_STALE_POLICIES, call_sizes
@@ -25,18 +25,18 @@ from asyncgrpo.contract import Ticket
 from asyncgrpo.rollout.episodes import Episode, EpisodeGroup
 from asyncgrpo.rollout.groups import scored_group
 from asyncgrpo.rollout.running import Admitted
-from asyncgrpo.rollout.parts import GeneratorParts
+from asyncgrpo.rollout.parts import GeneratorParts, episode_settings
 from asyncgrpo.rollout.scoring import score_timeout_s
 from asyncgrpo.rollout.spec import GeneratorSpec, generator_seed
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import ArithmeticTask, Problem, make_task
+from asyncgrpo.tasks import ArithmeticTask, Problem
 from asyncgrpo.weights.base import SaveWatch
 from asyncgrpo.wire import Grant, Heartbeat, ScoredGroup, VersionAck, WireTimeout
 
 BASE_CONFIG = load([])
 TOKENIZER = build_char_tokenizer()
-TASK = make_task(BASE_CONFIG)  # arithmetic
+TASK = run_task(BASE_CONFIG)  # arithmetic
 
 
 def completion(tokens: list[int], finished: bool = True, logprob: float = -0.5,
@@ -271,6 +271,9 @@ class DeferredScorer:
     def stats_snapshot(self) -> dict[str, int]:
         return self.scorer.stats_snapshot()
 
+    def calls_bound_s(self, calls: int) -> float:
+        return self.scorer.calls_bound_s(calls)
+
     def first_errors(self) -> dict[str, str]:
         return self.scorer.first_errors()
 
@@ -332,7 +335,8 @@ def make_generator(cfg: Config, *, versions: int = 0, quota: int = 2, task: Arit
     generator = Generator(cfg, spec, GeneratorParts(
         engine=engine or AddingEngine(), tokenizer=TOKENIZER, task=task, scorer=scorer or Scorer(task, cfg.reward),
         sink=sink, weights=PushesWhileWaiting(versions, initial_version),
-        tickets=TicketClient(sink, mailbox, generator_id, incarnation), positioned=PositionedPrompts(stream), env=env))
+        tickets=TicketClient(sink, mailbox, generator_id, incarnation), positioned=PositionedPrompts(stream), env=env,
+        episode_settings=episode_settings(cfg), wait_timeout_s=cfg.wire.timeout_s))
     generator.queue = queue  # type: ignore[attr-defined]  # for the tests that look at what arrived
     return generator
 
@@ -574,9 +578,10 @@ def test_a_paced_generator_sleeps_out_each_call_to_its_seconds_per_group(monkeyp
 
 def test_waits_for_rewards_outlast_the_rewards_own_timeouts():
     cfg = config()
-    one = score_timeout_s(cfg, 1)
+    scorer, samples = Scorer(TASK, cfg.reward), cfg.rollout.samples_per_prompt
+    one = score_timeout_s(scorer, samples, cfg.wire.timeout_s)
     assert one >= cfg.wire.timeout_s + cfg.reward.judge.timeout_s * (cfg.reward.judge.retries + 1)
-    assert score_timeout_s(cfg, 1000) > one  # more calls than the judge runs at once: more waves
+    assert score_timeout_s(scorer, 1000 * samples, cfg.wire.timeout_s) > one  # more calls than the judge runs at once
 
 
 # --------------------------------------------------------------------------- periodic evaluation

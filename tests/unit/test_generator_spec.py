@@ -17,7 +17,7 @@ ENDPOINTS = {"groups": "tcp://127.0.0.1:5001", "weights": "tcp://127.0.0.1:5002"
 def first_spec(*overrides: str, generator_id: int = 1) -> GeneratorSpec:
     cfg = load(overrides=["rollout.num_generators=2", "train.groups_per_step=5", "seed=3", *overrides])
     keys = WireKeys.generate(2)
-    return GeneratorSpec.for_run(cfg, generator_id, "/models/start", ENDPOINTS, cores=[4, 5],
+    return GeneratorSpec.for_run(cfg, generator_id, "/models/start", ENDPOINTS, cfg.train.groups_per_step, cores=[4, 5],
                                  curve=keys.client(generator_id), initial_version=7)
 
 

@@ -23,7 +23,7 @@ from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.generator import Generator
-from asyncgrpo.rollout.parts import GeneratorParts
+from asyncgrpo.rollout.parts import GeneratorParts, episode_settings
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.wire import ScoredGroup, WireTimeout
 
@@ -53,7 +53,8 @@ def ticketed(groups_per_step: int, max_staleness: int, versions: int, task=TASK,
     generator = Generator(cfg, spec_on_fakes(cfg, quota=3), GeneratorParts(
         engine=AddingEngine(), tokenizer=TOKENIZER, task=task, scorer=Scorer(task, cfg.reward), sink=sink,
         weights=PushesWhileWaiting(versions), tickets=TicketClient(sink, mailbox, 0, 0),
-        positioned=PositionedPrompts(lambda: task.train_problems(seed=0)), env=None))
+        positioned=PositionedPrompts(lambda: task.train_problems(seed=0)), env=None,
+        episode_settings=episode_settings(cfg), wait_timeout_s=cfg.wire.timeout_s))
     return generator, queue, sink
 
 
@@ -89,7 +90,7 @@ def refused_every_time(monkeypatch, weights_move_on: bool, timeout_s: float = 0.
     """A ticketed generator that is granted nothing, each wait lasting longer than wire.timeout_s;
     with `weights_move_on` each wait also loads the next version (the learner stepping)."""
     generator, _, _ = ticketed(groups_per_step=2, max_staleness=0, versions=0)
-    generator.cfg.wire.timeout_s = timeout_s
+    generator.wait_limit.timeout_s = timeout_s
 
     def load_newest_weights(wait_s: float, in_wait: bool = False) -> bool:
         time.sleep(1.5 * timeout_s)

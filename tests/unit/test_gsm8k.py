@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.data import DataError
-from asyncgrpo.tasks import make_task
 from asyncgrpo.tasks.gsm8k import GSM8KTask, gsm8k_reference_answer
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
@@ -19,7 +18,7 @@ def gsm8k_cfg(*extra: str):
 
 
 def test_sample_file_loads_every_record():
-    task = make_task(gsm8k_cfg())
+    task = run_task(gsm8k_cfg())
     assert isinstance(task, GSM8KTask)
     assert task.num_train_problems + len(task.eval_problems()) == 16
     assert task.train_report.bad == 0
@@ -54,7 +53,7 @@ def test_reference_answers_after_hashes_or_boxed(raw, expected):
     ("#### 7\n#### 9", 0.0),  # the last marked answer counts
 ])
 def test_score_compares_the_final_answer_by_value(completion, score):
-    task = make_task(gsm8k_cfg())
+    task = run_task(gsm8k_cfg())
     problem = next(p for p in [*task.eval_problems(), *task._train] if p.answer == "7")
     assert task.score(completion, problem) == score
 
@@ -64,11 +63,11 @@ def test_records_without_a_final_answer_are_bad_data(tmp_path):
     path.write_text(json.dumps({"question": "q1", "answer": "worked\n#### 3"}) + "\n"
                     + json.dumps({"question": "q2", "answer": "worked but\nunfinished"}) + "\n"
                     + json.dumps({"question": "q3", "answer": "#### 5"}) + "\n")
-    task = make_task(load(["task.name=gsm8k", "model.path=/m", f"data.train_files=[{path}]"]))
+    task = run_task(load(["task.name=gsm8k", "model.path=/m", f"data.train_files=[{path}]"]))
     assert task.train_report.skipped == {"bad_answer": 1}
     assert task.train_report.examples["bad_answer"] == ["d.jsonl:2"]
     with pytest.raises(DataError, match="d.jsonl:2"):
-        make_task(load(["task.name=gsm8k", "model.path=/m", f"data.train_files=[{path}]", "data.strict=true"]))
+        run_task(load(["task.name=gsm8k", "model.path=/m", f"data.train_files=[{path}]", "data.strict=true"]))
 
 
 def test_chat_template_and_length_filter_use_the_models_tokenizer():
@@ -77,7 +76,7 @@ def test_chat_template_and_length_filter_use_the_models_tokenizer():
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
     cfg = gsm8k_cfg("data.chat_template=true", "model.max_positions=120", "rollout.max_new_tokens=20")
-    task = make_task(cfg, tokenizer)
+    task = run_task(cfg, tokenizer)
     kept = [*task._train, *task.eval_problems()]
     assert all(p.prompt.startswith("[") and p.prompt.endswith("]") for p in kept)
     assert all(len(p.prompt) <= 100 for p in kept)

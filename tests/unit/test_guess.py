@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.envs import make_environment
 from asyncgrpo.envs.guess import CORRECT, HIGHER, LOWER, NOT_A_NUMBER
 from asyncgrpo.schema import ConfigError, EnvConfig
-from asyncgrpo.tasks import GuessTask, make_task
+from asyncgrpo.tasks import GuessTask
 from asyncgrpo.tasks.guess import binary_search_trace, max_turns
 from asyncgrpo.tasks.problem import Problem
 
@@ -85,7 +85,7 @@ def test_the_score_is_the_last_turns_number_against_the_secret(text, score):
 
 def test_the_config_builds_the_task_and_refuses_it_without_its_environment():
     overrides = ["task.name=guess", "rollout.max_new_tokens=80", "model.max_positions=96"]
-    task = make_task(load([*overrides, "env.name=guess"]))
+    task = run_task(load([*overrides, "env.name=guess"]))
     assert isinstance(task, GuessTask) and task.max_number == 64 and task.environment == "guess"
     with pytest.raises(ConfigError, match="env.name"):
         load(overrides)

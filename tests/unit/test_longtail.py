@@ -7,16 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.schema import ConfigError
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.tasks import LongtailTask, make_task
+from asyncgrpo.tasks import LongtailTask
 from asyncgrpo.tasks.longtail import scratchpad
 from asyncgrpo.tasks.problem import reference_completion
 
 
 def default_task() -> LongtailTask:
-    return make_task(load(["task.name=longtail", "model.max_positions=256", "rollout.max_new_tokens=200"]))
+    return run_task(load(["task.name=longtail", "model.max_positions=256", "rollout.max_new_tokens=200"]))
 
 
 def test_default_lengths_are_heavy_tailed_in_the_embedded_tokenizer():
@@ -104,6 +104,6 @@ def test_digit_limits_and_a_context_too_short_for_the_longest_problem_are_refuse
 
 def test_the_preset_runs_longtail_with_room_for_its_longest_completion():
     cfg = load(config_name="longtail")
-    task = make_task(cfg)
+    task = run_task(cfg)
     assert cfg.task.name == "longtail" and not cfg.model.path
     assert cfg.rollout.max_new_tokens >= task.max_answer_chars + 1  # the longest reference and its eos

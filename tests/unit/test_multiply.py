@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.envs import make_environment
 from asyncgrpo.schema import ConfigError, EnvConfig
-from asyncgrpo.tasks import MultiplyTask, make_task
+from asyncgrpo.tasks import MultiplyTask
 from asyncgrpo.tasks.multiply import tool_trace
 from asyncgrpo.tasks.problem import Problem, reference_completion, reference_segments
 
@@ -90,8 +90,8 @@ def test_the_score_is_the_last_line_against_the_product(text, score):
 
 
 def test_the_tool_flag_follows_env_name_and_changes_the_settings():
-    with_tool = make_task(load([*PRESET, "env.name=calculator"]))
-    without = make_task(load(PRESET))
+    with_tool = run_task(load([*PRESET, "env.name=calculator"]))
+    without = run_task(load(PRESET))
     assert with_tool.tool and with_tool.environment == "calculator"
     assert not without.tool and without.environment == ""
     assert with_tool.settings() != without.settings()  # so their warm starts are cached apart

@@ -4,17 +4,17 @@
 import numpy as np
 from test_generator import one_turn_group  # the generator's fakes, as the other generator tests import them
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion
 from asyncgrpo.rollout.groups import scored_group
 from asyncgrpo.rollout.scoring import ScoringBatch
 from asyncgrpo.schema import RewardConfig, RewardTermConfig
-from asyncgrpo.tasks import Problem, make_task
+from asyncgrpo.tasks import Problem
 
 TOKENIZER = build_char_tokenizer()
-TASK = make_task(load([]))
+TASK = run_task(load([]))
 
 
 def completions(texts: list[str]) -> list[Completion]:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_task
 from asyncgrpo.models.tiny import TinyModelSpec, build_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.models.warmstart import (
@@ -19,7 +19,7 @@ from asyncgrpo.models.warmstart import (
     task_environment,
     warm_model_cache_key,
 )
-from asyncgrpo.tasks import ArithmeticTask, GuessTask, LongtailTask, MultiplyTask, make_task
+from asyncgrpo.tasks import ArithmeticTask, GuessTask, LongtailTask, MultiplyTask
 from asyncgrpo.tasks.problem import reference_completion, reference_segments
 
 TOKENIZER = build_char_tokenizer()
@@ -69,7 +69,7 @@ def test_the_default_and_longtail_warm_start_cache_keys_are_unchanged():
         spec = TinyModelSpec(hidden_size=cfg.model.hidden_size, num_layers=cfg.model.num_layers,
                              num_heads=cfg.model.num_heads, num_kv_heads=cfg.model.num_kv_heads,
                              intermediate_size=cfg.model.intermediate_size, max_positions=cfg.model.max_positions)
-        keys.append(warm_model_cache_key(spec, make_task(cfg), cfg.seed, cfg.model.warmstart_target_accuracy))
+        keys.append(warm_model_cache_key(spec, run_task(cfg), cfg.seed, cfg.model.warmstart_target_accuracy))
     assert keys == ["10741d74b2259fc5", "8807554519e4c776"]
 
 
