@@ -28,7 +28,7 @@ from asyncgrpo.learner import lora
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.intake import GroupIntake
 from asyncgrpo.learner.metrics import arrived_all_equal_fraction, batch_metrics, rate_metrics
-from asyncgrpo.learner.parts import learner_parts
+from asyncgrpo.learner.parts import learner_parts, offline_learner_parts
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing, pushed_tensors
 from asyncgrpo.learner.update import update
@@ -77,6 +77,12 @@ class Learner:
     def from_config(cls, cfg: Config, model_dir: str, rank: int = 0, world_size: int = 1, **where: Any) -> Learner:
         """The real parts (see `parts.learner_parts` for `where`: master address/port, cores, CURVE keys)."""
         return cls(**learner_parts(cfg, model_dir, rank, world_size, **where).arguments)
+
+    @classmethod
+    def offline(cls, cfg: Config, model_dir: str, source: GroupSource, recorder: StreamRecorder | None = None) -> Learner:
+        """One rank on `source` (`asyncgrpo replay`), with no generators, weight pushes or sockets
+        (`parts.offline_learner_parts`)."""
+        return cls(**offline_learner_parts(cfg, model_dir, source, recorder).arguments)
 
     # ------------------------------------------------------------------------------- the loop
 

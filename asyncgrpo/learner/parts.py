@@ -20,6 +20,7 @@ from asyncgrpo.queue.audit import TrainAudit
 from asyncgrpo.queue.filtering import SignalFilter
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.contract import DROPPING_STALE_POLICIES, THROTTLING_STALE_POLICIES
 from asyncgrpo.queue.replay_queue import (
     GroupLimits,
@@ -109,7 +110,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
     device = learner_device(cfg)
     owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port)
-    policy = Policy.from_config(cfg, model_dir, device, rank, world_size)
+    policy = Policy.from_config(cfg, model_dir, device, rank, world_size, cfg.rollout.temperature)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     arguments: dict[str, Any] = {
         "cfg": cfg, "policy": policy, "model_dir": model_dir, "rank": rank, "world_size": world_size,
@@ -140,3 +141,26 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     endpoints = {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint),
                  "tickets": advertised(grants.endpoint)}
     return LearnerParts(arguments, endpoints)
+
+
+
+def offline_learner_parts(cfg: Config, model_dir: str, source: GroupSource,
+                          recorder: StreamRecorder | None = None) -> LearnerParts:
+    """A learner of one rank on `source`, with no generators, no weight pushes and no sockets
+    (`asyncgrpo replay`: a `recording.RecordedSource`)."""
+    from transformers import AutoTokenizer
+
+    # The thread count fixes the reduction order.
+    pin_to_cores([], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
+    device = learner_device(cfg)
+    owns_group = join_process_group(cfg, device, 0, 1, "127.0.0.1", None)
+    try:
+        policy = Policy.from_config(cfg, model_dir, device, 0, 1, cfg.rollout.temperature)
+        pad_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    except BaseException:
+        if owns_group:
+            dist.destroy_process_group()
+        raise
+    return LearnerParts({"cfg": cfg, "policy": policy, "model_dir": model_dir, "pad_id": pad_id, "rank": 0,
+                         "world_size": 1, "source": source, "registry": None, "weights": None,
+                         "owns_process_group": owns_group, "recorder": recorder}, {})

@@ -43,7 +43,6 @@ from asyncgrpo.recording.evaluation import ReplayEvaluator, evaluates
 from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
 from asyncgrpo.recording.stream import RecordingError
-from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
 # Set before the user's overrides (which may change them): a replay records nothing unless asked
@@ -80,32 +79,6 @@ def new_run_dir(directory: Path) -> Path:
     return path
 
 
-def offline_learner(cfg: Config, model_dir: str, source: GroupSource, recorder: StreamRecorder | None = None):
-    """A learner of one rank on `source`, with no generators, no weight pushes and no sockets."""
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoTokenizer
-
-    from asyncgrpo.learner.learner import Learner
-    from asyncgrpo.learner.parts import join_process_group, learner_device
-    from asyncgrpo.learner.policy import Policy
-    from asyncgrpo.runtime.resources import pin_to_cores
-
-    # The thread count fixes the reduction order.
-    pin_to_cores([], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
-    device = learner_device(cfg)
-    owns_group = join_process_group(cfg, device, 0, 1, "127.0.0.1", None)
-    try:
-        policy = Policy.from_config(cfg, model_dir, device, 0, 1)
-        pad_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
-    except BaseException:
-        if owns_group:
-            dist.destroy_process_group()
-        raise
-    return Learner(cfg, policy, model_dir, pad_id, rank=0, world_size=1, source=source, registry=None, weights=None,
-                   owns_process_group=owns_group, recorder=recorder)
-
-
 def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train on the recording in `directory`; returns the summary also written to run_dir/summary.json.
     Raises `RecordingError` or `ConfigError` (one line) before anything heavy starts."""
@@ -123,6 +96,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
     if index.torn_records or index.torn_bytes:
         log(f"[replay] ignored a torn tail: {index.torn_records} records, {index.torn_bytes} bytes after byte "
             f"{index.end} of {recording.stream} (the recording run stopped while writing)")
+    from asyncgrpo.learner.learner import Learner
     from asyncgrpo.metrics import open_sinks
 
     private_dir(run_dir)
@@ -141,7 +115,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
     try:
         stack.enter_context(_deterministic())
         recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
-        learner = offline_learner(cfg, model_dir, source, recorder)
+        learner = Learner.offline(cfg, model_dir, source, recorder)
         if checkpoint:
             learner.load_checkpoint(checkpoint)
         if learner.version != recording.start_version:

@@ -16,8 +16,8 @@ from learner_fixtures import fixed_groups, make_model_dir
 from asyncgrpo import cli
 from asyncgrpo.config import load
 from asyncgrpo.recording import StreamRecorder
-from asyncgrpo.recording.rerun import offline_learner
 from asyncgrpo.recording.stream import STREAM_FILE
+from asyncgrpo.learner.learner import Learner
 from asyncgrpo.queue.sources import ListSource
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def recorded(tmp_path_factory):
         sample = int(np.argmax(group.lengths >= 2))
         assert group.lengths[sample] >= 2
         group.versions[group.offsets[sample]] += 1
-    learner = offline_learner(cfg, model_dir, ListSource(groups), StreamRecorder.from_config(cfg, model_dir))
+    learner = Learner.offline(cfg, model_dir, ListSource(groups), StreamRecorder.from_config(cfg, model_dir))
     try:
         metrics = [learner.step() for _ in SAMPLED_AT]
     finally:
@@ -117,14 +117,14 @@ def test_a_recording_made_after_a_resume_replays_from_that_checkpoint(tmp_path):
     overrides = [f"model.path={model_dir}", "device=cpu", "train.groups_per_step=3", "learner.warmup_steps=0",
                  "learner.lr=1e-3", f"run_dir={tmp_path / 'run'}"]
     groups = [group for step in range(4) for group in fixed_groups(num_groups=3, seed=200 + step, version=step)]
-    first = offline_learner(load(overrides), model_dir, ListSource(groups[:6]))
+    first = Learner.offline(load(overrides), model_dir, ListSource(groups[:6]))
     try:
         first.step(), first.step()
         checkpoint = first.save_checkpoint(tmp_path / "checkpoints")
     finally:
         first.close()
     cfg = load([*overrides, f"wire.record_dir={directory}", f"resume={checkpoint}"])
-    resumed = offline_learner(cfg, model_dir, ListSource(groups[6:]), StreamRecorder.from_config(cfg, model_dir))
+    resumed = Learner.offline(cfg, model_dir, ListSource(groups[6:]), StreamRecorder.from_config(cfg, model_dir))
     try:
         resumed.load_checkpoint(checkpoint)
         original = [resumed.step() for _ in range(2)]
