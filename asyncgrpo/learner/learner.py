@@ -47,10 +47,12 @@ from asyncgrpo.wire import SaveNotice, ScoredGroup
 class Learner:
     def __init__(self, cfg: Config, policy: Policy, model_dir: str, pad_id: int, *, rank: int, world_size: int,
                  source: GroupSource | None, registry: GeneratorRegistry | None, weights: WeightSender | None,
-                 owns_process_group: bool, recorder: StreamRecorder | None = None) -> None:
+                 owns_process_group: bool, max_new_tokens: int, recorder: StreamRecorder | None = None) -> None:
         """`source`, `registry`, `weights` and `recorder` are rank 0's (None elsewhere; `weights` None:
-        no pushes; `recorder` None: nothing recorded)."""
+        no pushes; `recorder` None: nothing recorded). `max_new_tokens`: the generators' completion
+        limit (rollout.max_new_tokens), for the loss's normaliser and the length metrics."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
+        self.max_new_tokens = max_new_tokens
         self.rank, self.world_size = rank, world_size
         self.source, self.weights, self.recorder = source, weights, recorder
         self._owns_process_group = owns_process_group
@@ -144,7 +146,8 @@ class Learner:
         with timer("prepare"):
             batch = self._prepare(groups)
         with timer("train"):
-            metrics = update(self.policy, batch, self.cfg, self.rank, self.world_size, version=self.version)
+            metrics = update(self.policy, batch, self.cfg, self.rank, self.world_size,
+                             max_new_tokens=self.max_new_tokens, version=self.version)
         metrics.update(self.admission.after_step(metrics))  # the bound for the grants from now on
         staleness = contract.staleness(batch.group_version_min, self.version)
         self.version += 1
@@ -157,7 +160,7 @@ class Learner:
         for value in staleness.tolist():
             self.staleness_histogram[value] = self.staleness_histogram.get(value, 0) + 1
         metrics.update(batch_metrics(batch, staleness, self.version, self.samples_consumed,
-                                     self.cfg.rollout.max_new_tokens))
+                                     self.max_new_tokens))
         if groups is not None:
             metrics.update(reward_term_metrics(groups))
         return metrics

@@ -115,6 +115,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     arguments: dict[str, Any] = {
         "cfg": cfg, "policy": policy, "model_dir": model_dir, "rank": rank, "world_size": world_size,
         "pad_id": tokenizer.pad_token_id, "owns_process_group": owns_group,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
         "source": None, "registry": None, "weights": None,
     }
     if rank != 0:
@@ -129,7 +130,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     # Finite data: the generators read the run's one stream, so its end is where grants stop.
     dispatcher = make_dispatcher(cfg, run_stream_length(make_task(cfg, tokenizer), cfg) if cfg.data.epochs > 0 else None)
     grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
-    signal_filter = SignalFilter(overlong_settings(cfg)) if cfg.algo.filter_groups else None  # DAPO's dynamic sampling
+    signal_filter = SignalFilter(overlong_settings(cfg, cfg.rollout.max_new_tokens)) if cfg.algo.filter_groups else None  # DAPO's dynamic sampling
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
                         registry=registry, dispatcher=dispatcher, grants=grants, signal_filter=signal_filter,
                         audit=TrainAudit(cfg.log.audit_reservoir_groups, seed=cfg.seed)).start()
@@ -163,4 +164,5 @@ def offline_learner_parts(cfg: Config, model_dir: str, source: GroupSource,
         raise
     return LearnerParts({"cfg": cfg, "policy": policy, "model_dir": model_dir, "pad_id": pad_id, "rank": 0,
                          "world_size": 1, "source": source, "registry": None, "weights": None,
-                         "owns_process_group": owns_group, "recorder": recorder}, {})
+                         "owns_process_group": owns_group, "max_new_tokens": cfg.rollout.max_new_tokens,
+                         "recorder": recorder}, {})

@@ -27,7 +27,6 @@ KNOWN: set[tuple[str, str]] = {
     ('learner/resume.py', 'data'),
     ('learner/resume.py', 'rollout'),
     ('learner/resume.py', 'task'),
-    ('learner/update.py', 'rollout'),
 
     ('models/warmstart.py', 'env'),
 

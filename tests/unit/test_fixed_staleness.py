@@ -46,7 +46,8 @@ def learner_with(k: int, *overrides: str) -> Learner:
     cfg = load([f"train.fixed_staleness={k}", "rollout.num_generators=1", "train.groups_per_step=2", *overrides])
     queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=False), limits=None)
     return Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
-                   registry=queue.registry, weights=Sender(), owns_process_group=False)
+                   registry=queue.registry, weights=Sender(), owns_process_group=False,
+                   max_new_tokens=cfg.rollout.max_new_tokens)
 
 
 def advance(learner: Learner) -> int:
@@ -140,7 +141,8 @@ def test_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_beh
                 "train.max_staleness=1", "weights.max_backlog_versions=3", "wire.timeout_s=0.2"])
     queue = ReplayQueue(None, 8, StalenessEviction(1, drop_stale=False), limits=None)
     learner = Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
-                      registry=queue.registry, weights=Sender(), owns_process_group=False)
+                      registry=queue.registry, weights=Sender(), owns_process_group=False,
+                      max_new_tokens=cfg.rollout.max_new_tokens)
     for _ in range(5):
         advance(learner)
     queue.put(VersionAck(0, 2))  # 3 behind version 5: past max_staleness, within the backlog

@@ -57,7 +57,8 @@ class RecordingSender:
 def learner_on(queue: ReplayQueue, timeout_s: float) -> Learner:
     cfg = load(["rollout.num_generators=1", "train.groups_per_step=2", f"wire.timeout_s={timeout_s}"])
     return Learner(cfg, policy=None, model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
-                   registry=queue.registry, weights=RecordingSender(), owns_process_group=False)
+                   registry=queue.registry, weights=RecordingSender(), owns_process_group=False,
+                   max_new_tokens=cfg.rollout.max_new_tokens)
 
 
 def test_the_learners_take_outlasts_wire_timeout_while_a_generator_restarts():

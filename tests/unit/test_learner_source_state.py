@@ -60,7 +60,7 @@ def learner(tmp_path: Path, source: ListSource) -> Learner:
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps({"architectures": ["Tiny"], "dtype": "float32"}))
     return Learner(load([f"run_dir={tmp_path / 'run'}"]), Policy(), str(model_dir), 0, rank=0, world_size=1,
-                   source=source, registry=None, weights=None, owns_process_group=False)
+                   source=source, registry=None, weights=None, owns_process_group=False, max_new_tokens=8)
 
 
 def test_an_offline_source_leaves_no_queue_state_in_the_checkpoint(tmp_path):

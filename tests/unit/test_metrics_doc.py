@@ -69,7 +69,8 @@ def learner_after_one_step(*overrides: str) -> tuple[Learner, dict[str, float]]:
     for group in scored_groups(2):
         queue.put(group)
     learner = Learner(cfg, policy=policy, model_dir="", pad_id=tokenizer.pad_token_id, rank=0, world_size=1,
-                      source=queue, registry=registry, weights=None, owns_process_group=False)
+                      source=queue, registry=registry, weights=None, owns_process_group=False,
+                      max_new_tokens=cfg.rollout.max_new_tokens)
     try:
         return learner, learner.step()
     finally:
