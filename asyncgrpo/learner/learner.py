@@ -47,10 +47,13 @@ from asyncgrpo.wire import SaveNotice, ScoredGroup
 class Learner:
     def __init__(self, cfg: Config, policy: Policy, model_dir: str, pad_id: int, *, rank: int, world_size: int,
                  source: GroupSource | None, registry: GeneratorRegistry | None, weights: WeightSender | None,
-                 owns_process_group: bool, max_new_tokens: int, recorder: StreamRecorder | None = None) -> None:
+                 owns_process_group: bool, max_new_tokens: int, recorder: StreamRecorder | None = None,
+                 ring: VersionRing | None = None) -> None:
         """`source`, `registry`, `weights` and `recorder` are rank 0's (None elsewhere; `weights` None:
         no pushes; `recorder` None: nothing recorded). `max_new_tokens`: the generators' completion
-        limit (rollout.max_new_tokens), for the loss's normaliser and the length metrics."""
+        limit (rollout.max_new_tokens), for the loss's normaliser and the length metrics. `ring`:
+        train.fixed_staleness=k >= 1's last k versions, published k steps late (`parts.version_ring`;
+        every rank has one or none, rank 0 fills it; None: the newest weights are pushed)."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
         self.max_new_tokens = max_new_tokens
         self.rank, self.world_size = rank, world_size
@@ -70,8 +73,7 @@ class Learner:
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
-        # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
-        self._ring = VersionRing.from_config(cfg)
+        self._ring = ring
         self.intake = GroupIntake(cfg, source, registry, weights) if source is not None else None
         self.admission = AdmissionControl(cfg, source)  # train.staleness_control=divergence's bound, the cap's count
 

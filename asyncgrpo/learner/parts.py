@@ -15,6 +15,7 @@ import torch.distributed as dist
 from asyncgrpo.config import collective_timeout_s
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
+from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.learner.update import overlong_settings
 from asyncgrpo.queue.audit import TrainAudit
 from asyncgrpo.queue.filtering import SignalFilter
@@ -93,6 +94,21 @@ def group_limits(cfg: Config, model: torch.nn.Module) -> GroupLimits:
                        max_samples=cfg.rollout.samples_per_prompt)
 
 
+def held_dtype(cfg: Config) -> torch.dtype:
+    """The dtype floating tensors are sent in: nccl broadcasts float32; zmq and shm send
+    `weights.wire_dtype` (auto: the engine's)."""
+    from asyncgrpo.weights.zmq import wire_dtype_for
+
+    return torch.float32 if cfg.weights.backend == "nccl" else wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+
+
+def version_ring(cfg: Config) -> VersionRing | None:
+    """The learner's delayed publication for `train.fixed_staleness` >= 1, holding its copies in
+    the dtype the weights travel in; None when the newest weights are pushed (off, or 0)."""
+    k = cfg.train.fixed_staleness
+    return VersionRing(k, held_dtype(cfg)) if k >= 1 else None
+
+
 def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
     """Learner rank 0's dispatcher; `positions_end`: the run's one
     stream's length (finite data), or None."""
@@ -115,7 +131,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     arguments: dict[str, Any] = {
         "cfg": cfg, "policy": policy, "model_dir": model_dir, "rank": rank, "world_size": world_size,
         "pad_id": tokenizer.pad_token_id, "owns_process_group": owns_group,
-        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "ring": version_ring(cfg),
         "source": None, "registry": None, "weights": None,
     }
     if rank != 0:

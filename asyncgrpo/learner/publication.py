@@ -9,8 +9,9 @@ lower bound makes it exact on its own). The first k steps (and the first k after
 checkpoint holds only its own version) are sampled by the starting weights, staleness u.
 
 Rank 0 keeps CPU copies of the last k versions' state dicts in the dtype the weights travel in
-(`held_dtype`): casting before the sender casts again changes nothing, and costs k pushes of memory
-(preflight's `memory_gib`). A version's copy is released once published.
+(`learner.parts.held_dtype`, which builds the ring): casting before the sender casts again changes
+nothing, and costs k pushes of memory (preflight's `memory_gib`). A version's copy is released once
+published.
 """
 
 from __future__ import annotations
@@ -39,14 +40,6 @@ def pushed_tensors(policy: Policy, cfg: Config) -> Iterator[tuple[str, torch.Ten
     return policy.full_state_dict()
 
 
-def held_dtype(cfg: Config) -> torch.dtype:
-    """The dtype floating tensors are sent in: nccl broadcasts float32; zmq and shm send
-    `weights.wire_dtype` (auto: the engine's)."""
-    from asyncgrpo.weights.zmq import wire_dtype_for
-
-    return torch.float32 if cfg.weights.backend == "nccl" else wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
-
-
 class VersionRing:
     """The versions a learner with publication delay `delay` (>= 1) has made but not yet published."""
 
@@ -55,12 +48,6 @@ class VersionRing:
             raise ValueError(f"delay must be >= 1 (0 publishes the newest weights directly), got {delay}")
         self.delay, self.dtype = delay, dtype
         self._held: dict[int, NamedTensors] = {}  # version -> its tensors, oldest version first
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> VersionRing | None:
-        """The ring for `train.fixed_staleness` >= 1; None when the newest weights are pushed (off, or 0)."""
-        k = cfg.train.fixed_staleness
-        return cls(k, held_dtype(cfg)) if k >= 1 else None
 
     @property
     def versions(self) -> list[int]:

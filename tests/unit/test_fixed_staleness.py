@@ -9,7 +9,8 @@ import torch
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import Learner
-from asyncgrpo.learner.publication import VersionRing, held_dtype
+from asyncgrpo.learner.parts import held_dtype, version_ring
+from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.driver.preflight import memory_estimate
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.wire import VersionAck
@@ -47,7 +48,7 @@ def learner_with(k: int, *overrides: str) -> Learner:
     queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=False), limits=None)
     return Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
                    registry=queue.registry, weights=Sender(), owns_process_group=False,
-                   max_new_tokens=cfg.rollout.max_new_tokens)
+                   max_new_tokens=cfg.rollout.max_new_tokens, ring=version_ring(cfg))
 
 
 def advance(learner: Learner) -> int:
