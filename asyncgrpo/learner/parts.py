@@ -19,7 +19,7 @@ from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.learner.update import overlong_settings
 from asyncgrpo.queue.audit import TrainAudit
 from asyncgrpo.queue.filtering import SignalFilter
-from asyncgrpo.recording.recorder import StreamRecorder
+from asyncgrpo.recording.recorder import StreamRecorder, recording_config
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.contract import DROPPING_STALE_POLICIES, THROTTLING_STALE_POLICIES
@@ -109,6 +109,14 @@ def version_ring(cfg: Config) -> VersionRing | None:
     return VersionRing(k, held_dtype(cfg)) if k >= 1 else None
 
 
+def stream_recorder(cfg: Config, model_dir: str) -> StreamRecorder | None:
+    """Rank 0's recorder of the groups it takes, into `wire.record_dir` (None: nothing recorded)."""
+    wire = cfg.wire
+    if not wire.record_dir:
+        return None
+    return StreamRecorder(wire.record_dir, recording_config(cfg), model_dir, wire.record_fsync_every_steps)
+
+
 def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
     """Learner rank 0's dispatcher; `positions_end`: the run's one
     stream's length (finite data), or None."""
@@ -152,7 +160,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
                         audit=TrainAudit(cfg.log.audit_reservoir_groups, seed=cfg.seed)).start()
     publisher = Publisher(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
     weights = make_sender(cfg, publisher, model_dir, device)
-    recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
+    recorder = stream_recorder(cfg, model_dir)
     arguments.update(source=queue, registry=registry, weights=weights, recorder=recorder)
     # A wildcard bind is advertised under this node's address as the cluster knows it (network.py).
     endpoints = {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint),

@@ -40,7 +40,6 @@ from typing import Any
 from asyncgrpo.config import load
 from asyncgrpo.runtime.files import private_dir, write_atomic
 from asyncgrpo.recording.evaluation import ReplayEvaluator, evaluates
-from asyncgrpo.recording.recorder import StreamRecorder
 from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
 from asyncgrpo.recording.stream import RecordingError
 from asyncgrpo.schema import Config, ConfigError, to_yaml
@@ -97,6 +96,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
         log(f"[replay] ignored a torn tail: {index.torn_records} records, {index.torn_bytes} bytes after byte "
             f"{index.end} of {recording.stream} (the recording run stopped while writing)")
     from asyncgrpo.learner.learner import Learner
+    from asyncgrpo.learner.parts import stream_recorder
     from asyncgrpo.metrics import open_sinks
 
     private_dir(run_dir)
@@ -114,7 +114,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
     stack = ExitStack()
     try:
         stack.enter_context(_deterministic())
-        recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
+        recorder = stream_recorder(cfg, model_dir)
         learner = Learner.offline(cfg, model_dir, source, recorder)
         if checkpoint:
             learner.load_checkpoint(checkpoint)

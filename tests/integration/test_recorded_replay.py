@@ -15,9 +15,9 @@ from learner_fixtures import fixed_groups, make_model_dir
 
 from asyncgrpo import cli
 from asyncgrpo.config import load
-from asyncgrpo.recording import StreamRecorder
 from asyncgrpo.recording.stream import STREAM_FILE
 from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.parts import stream_recorder
 from asyncgrpo.queue.sources import ListSource
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def recorded(tmp_path_factory):
         sample = int(np.argmax(group.lengths >= 2))
         assert group.lengths[sample] >= 2
         group.versions[group.offsets[sample]] += 1
-    learner = Learner.offline(cfg, model_dir, ListSource(groups), StreamRecorder.from_config(cfg, model_dir))
+    learner = Learner.offline(cfg, model_dir, ListSource(groups), stream_recorder(cfg, model_dir))
     try:
         metrics = [learner.step() for _ in SAMPLED_AT]
     finally:
@@ -124,7 +124,7 @@ def test_a_recording_made_after_a_resume_replays_from_that_checkpoint(tmp_path):
     finally:
         first.close()
     cfg = load([*overrides, f"wire.record_dir={directory}", f"resume={checkpoint}"])
-    resumed = Learner.offline(cfg, model_dir, ListSource(groups[6:]), StreamRecorder.from_config(cfg, model_dir))
+    resumed = Learner.offline(cfg, model_dir, ListSource(groups[6:]), stream_recorder(cfg, model_dir))
     try:
         resumed.load_checkpoint(checkpoint)
         original = [resumed.step() for _ in range(2)]

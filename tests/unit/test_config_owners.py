@@ -30,11 +30,9 @@ KNOWN: set[tuple[str, str]] = {
 
     ('recording/evaluation.py', 'env'),
     ('recording/evaluation.py', 'eval'),
-    ('recording/recorder.py', 'wire'),
     ('recording/rerun.py', 'eval'),
     ('recording/rerun.py', 'learner'),
     ('recording/rerun.py', 'train'),
-    ('recording/rerun.py', 'wire'),
 
     ('rewards/errors.py', 'env'),
     ('rewards/judge.py', 'env'),
