@@ -8,11 +8,12 @@ import dataclasses
 import difflib
 import math
 import re
+import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
@@ -45,6 +46,9 @@ from asyncgrpo.tasks.multiply import MAX_DIGITS as MULTIPLY_MAX_DIGITS, MAX_EVAL
     MultiplyTask, operands
 from asyncgrpo.wire.network import CURVE_MODES, TRANSPORTS, is_loopback
 from asyncgrpo.wire.reach import wire_transport
+
+if TYPE_CHECKING:
+    from asyncgrpo.recording.source import Recording
 
 
 def _one_line(err: BaseException) -> str:
@@ -783,6 +787,41 @@ def recording_exists(record_dir: str) -> bool:
     from asyncgrpo.recording.stream import HEADER_FILE
 
     return (Path(record_dir).expanduser() / HEADER_FILE).is_file()
+
+
+# Set before the user's overrides (which may change them): a replay records nothing unless asked
+# to (and never into the recording it reads), resumes no checkpoint, and runs one rank.
+REPLAY_DEFAULTS = {"wire.record_dir": "''", "resume": "''", "learner.world_size": "1"}
+
+
+def replay_config(recording: Recording, overrides: Sequence[str]) -> Config:
+    """`asyncgrpo replay`'s config: the recording's config with `overrides` on top, refusing what a
+    replay cannot do; run_dir defaults to a new DIR/replay-<time>."""
+    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    base = [f"{key}={value}" for key, value in REPLAY_DEFAULTS.items() if key not in given]
+    cfg = load([*base, *overrides], config_name="config", config_dir=recording.directory)
+    if cfg.resume:
+        raise ConfigError("resume: a replay starts from the recording's starting weights, not from a checkpoint")
+    if cfg.learner.world_size != 1:
+        raise ConfigError(f"learner.world_size: a replay runs one learner rank (got {cfg.learner.world_size})")
+    if "algo.filter_groups" in given:
+        raise ConfigError("algo.filter_groups: a replay trains the recorded groups; filtering needs generators to "
+                          "replace the groups it drops")
+    if cfg.train.groups_per_step != recording.groups_per_step:
+        raise ConfigError(f"train.groups_per_step: the recording took {recording.groups_per_step} groups per step "
+                          f"(got {cfg.train.groups_per_step})")
+    if "run_dir" not in given:
+        cfg.run_dir = str(new_run_dir(recording.directory))
+    return cfg
+
+
+def new_run_dir(directory: Path) -> Path:
+    stem = directory / time.strftime("replay-%Y%m%d-%H%M%S")
+    path, k = stem, 1
+    while path.exists():
+        k += 1
+        path = stem.with_name(f"{stem.name}-{k}")
+    return path
 
 
 def use_curve(cfg: Config) -> bool:

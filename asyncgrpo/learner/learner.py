@@ -28,7 +28,7 @@ from asyncgrpo.learner import lora
 from asyncgrpo.learner.batch import Batch, broadcast_batch, collate
 from asyncgrpo.learner.intake import GroupIntake
 from asyncgrpo.learner.metrics import arrived_all_equal_fraction, batch_metrics, rate_metrics
-from asyncgrpo.learner.parts import learner_parts, offline_learner_parts
+from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing, pushed_tensors
 from asyncgrpo.learner.update import update
@@ -50,12 +50,8 @@ class Learner:
                  owns_process_group: bool, max_new_tokens: int, recorder: StreamRecorder | None = None,
                  ring: VersionRing | None = None) -> None:
         """`source`, `registry`, `weights` and `recorder` are rank 0's (None elsewhere; `weights` None:
-        no pushes; `recorder` None: nothing recorded). `max_new_tokens`: the generators' completion
-        limit (rollout.max_new_tokens), for the loss's normaliser and the length metrics. `ring`:
-        train.fixed_staleness=k >= 1's last k versions, published k steps late (`parts.version_ring`;
-        every rank has one or none, rank 0 fills it; None: the newest weights are pushed)."""
+        no pushes; `recorder` None: nothing recorded); `ring`: `parts.version_ring`'s; `max_new_tokens`: rollout's."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
-        self.max_new_tokens = max_new_tokens
         self.rank, self.world_size = rank, world_size
         self.source, self.weights, self.recorder = source, weights, recorder
         self._owns_process_group = owns_process_group
@@ -73,7 +69,8 @@ class Learner:
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
-        self._ring = ring
+        # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
+        self._ring, self.max_new_tokens = ring, max_new_tokens
         self.intake = GroupIntake(cfg, source, registry, weights) if source is not None else None
         self.admission = AdmissionControl(cfg, source)  # train.staleness_control=divergence's bound, the cap's count
 
@@ -81,12 +78,6 @@ class Learner:
     def from_config(cls, cfg: Config, model_dir: str, rank: int = 0, world_size: int = 1, **where: Any) -> Learner:
         """The real parts (see `parts.learner_parts` for `where`: master address/port, cores, CURVE keys)."""
         return cls(**learner_parts(cfg, model_dir, rank, world_size, **where).arguments)
-
-    @classmethod
-    def offline(cls, cfg: Config, model_dir: str, source: GroupSource, recorder: StreamRecorder | None = None) -> Learner:
-        """One rank on `source` (`asyncgrpo replay`), with no generators, weight pushes or sockets
-        (`parts.offline_learner_parts`)."""
-        return cls(**offline_learner_parts(cfg, model_dir, source, recorder).arguments)
 
     # ------------------------------------------------------------------------------- the loop
 
@@ -161,8 +152,7 @@ class Learner:
         self.samples_consumed += batch.num_samples
         for value in staleness.tolist():
             self.staleness_histogram[value] = self.staleness_histogram.get(value, 0) + 1
-        metrics.update(batch_metrics(batch, staleness, self.version, self.samples_consumed,
-                                     self.max_new_tokens))
+        metrics.update(batch_metrics(batch, staleness, self.version, self.samples_consumed, self.max_new_tokens))
         if groups is not None:
             metrics.update(reward_term_metrics(groups))
         return metrics

@@ -154,7 +154,8 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     # Finite data: the generators read the run's one stream, so its end is where grants stop.
     dispatcher = make_dispatcher(cfg, run_stream_length(make_task(cfg, tokenizer), cfg) if cfg.data.epochs > 0 else None)
     grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
-    signal_filter = SignalFilter(overlong_settings(cfg, cfg.rollout.max_new_tokens)) if cfg.algo.filter_groups else None  # DAPO's dynamic sampling
+    # DAPO's dynamic sampling
+    signal_filter = SignalFilter(overlong_settings(cfg, cfg.rollout.max_new_tokens)) if cfg.algo.filter_groups else None
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
                         registry=registry, dispatcher=dispatcher, grants=grants, signal_filter=signal_filter,
                         audit=TrainAudit(cfg.log.audit_reservoir_groups, seed=cfg.seed)).start()

@@ -18,7 +18,7 @@ def held_out_accuracy(engine: Any, tokenizer: Any, task: Task, env: Any, cfg: Co
                       temperature: float) -> float:
     """Held-out accuracy with one episode per problem (temperature 0 = greedy), a turn of every
     episode per engine call, on an engine running nothing else: a generator's evaluations and a
-    replay's (asyncgrpo/recording/evaluation.py) are this one function."""
+    replay's (asyncgrpo/driver/replay_evaluation.py) are this one function."""
     import numpy as np
 
     from asyncgrpo.rollout.episodes import EpisodeSettings, play_episodes

@@ -17,8 +17,8 @@ from asyncgrpo import cli
 from asyncgrpo.config import load
 from asyncgrpo.recording.stream import STREAM_FILE
 from asyncgrpo.learner.learner import Learner
-from asyncgrpo.learner.parts import stream_recorder
-from asyncgrpo.queue.sources import ListSource
+from asyncgrpo.learner.parts import offline_learner_parts, stream_recorder
+from asyncgrpo.queue.sources import GroupSource, ListSource
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,11 @@ pytestmark = pytest.mark.slow
 # staleness it trains with is k - SAMPLED_AT[k].
 SAMPLED_AT = [0, 0, 0, 2]
 LOSS_KEYS = ("loss/pg", "loss/total", "optim/grad_norm")
+
+
+def offline_learner(cfg, model_dir, source: GroupSource, recorder=None) -> Learner:
+    """The one-rank learner a replay builds (asyncgrpo/driver/replay.py)."""
+    return Learner(**offline_learner_parts(cfg, model_dir, source, recorder).arguments)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ def recorded(tmp_path_factory):
         sample = int(np.argmax(group.lengths >= 2))
         assert group.lengths[sample] >= 2
         group.versions[group.offsets[sample]] += 1
-    learner = Learner.offline(cfg, model_dir, ListSource(groups), stream_recorder(cfg, model_dir))
+    learner = offline_learner(cfg, model_dir, ListSource(groups), stream_recorder(cfg, model_dir))
     try:
         metrics = [learner.step() for _ in SAMPLED_AT]
     finally:
@@ -117,14 +122,14 @@ def test_a_recording_made_after_a_resume_replays_from_that_checkpoint(tmp_path):
     overrides = [f"model.path={model_dir}", "device=cpu", "train.groups_per_step=3", "learner.warmup_steps=0",
                  "learner.lr=1e-3", f"run_dir={tmp_path / 'run'}"]
     groups = [group for step in range(4) for group in fixed_groups(num_groups=3, seed=200 + step, version=step)]
-    first = Learner.offline(load(overrides), model_dir, ListSource(groups[:6]))
+    first = offline_learner(load(overrides), model_dir, ListSource(groups[:6]))
     try:
         first.step(), first.step()
         checkpoint = first.save_checkpoint(tmp_path / "checkpoints")
     finally:
         first.close()
     cfg = load([*overrides, f"wire.record_dir={directory}", f"resume={checkpoint}"])
-    resumed = Learner.offline(cfg, model_dir, ListSource(groups[6:]), stream_recorder(cfg, model_dir))
+    resumed = offline_learner(cfg, model_dir, ListSource(groups[6:]), stream_recorder(cfg, model_dir))
     try:
         resumed.load_checkpoint(checkpoint)
         original = [resumed.step() for _ in range(2)]

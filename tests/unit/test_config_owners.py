@@ -28,11 +28,6 @@ KNOWN: set[tuple[str, str]] = {
 
     ('models/warmstart.py', 'env'),
 
-    ('recording/evaluation.py', 'env'),
-    ('recording/evaluation.py', 'eval'),
-    ('recording/rerun.py', 'eval'),
-    ('recording/rerun.py', 'learner'),
-    ('recording/rerun.py', 'train'),
 
     ('rewards/errors.py', 'env'),
     ('rewards/judge.py', 'env'),

@@ -8,11 +8,10 @@ import json
 import pytest
 
 from asyncgrpo import cli
-from asyncgrpo.config import load
+from asyncgrpo.config import load, replay_config
 from asyncgrpo.schema import ConfigError
 from asyncgrpo.learner.parts import stream_recorder
 from asyncgrpo.recording import StreamRecorder, open_recording, scan
-from asyncgrpo.recording.rerun import replay_config
 from asyncgrpo.recording.stream import CONFIG_DEFAULTS, HEADER_FILE, STREAM_FILE
 from asyncgrpo.wire import example_group
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from asyncgrpo.learner.parts import stream_recorder
-from asyncgrpo.recording.rerun import _train
+from asyncgrpo.driver.replay import _train
 from asyncgrpo.config import load
 from asyncgrpo.study.runner import RUN_RECORD, StudyError, check_earlier_runs, run_command
 from asyncgrpo.study.spec import Spec, SpecError
