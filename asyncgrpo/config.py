@@ -32,7 +32,7 @@ from asyncgrpo.contract import (
 from asyncgrpo.queue.bound_control import DIVERGENCE_METRICS, STALENESS_CONTROLS
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.envs import ENV_NAMES, ENV_ON_ERROR
-from asyncgrpo.learner.resume import RESUME_AUTO
+from asyncgrpo.learner.resume import DISPATCH_KEY, RESUME_AUTO, file_sha256
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
@@ -837,6 +837,36 @@ def learner_wait_timeout_s(cfg: Config) -> float:
     rank 0 may first wait for generator acknowledgements and then for a batch, each up to
     `wire.timeout_s`, while the others already wait for that batch."""
     return 2 * cfg.wire.timeout_s + 60.0
+
+
+# Task parameters that change which problems a built-in task generates or holds out.
+_TASK_PARAMETERS = {
+    "arithmetic": ("num_digits", "eval_size"),
+    "countdown": ("countdown_numbers", "countdown_max_number", "eval_size"),
+    "longtail": ("longtail_min_digits", "longtail_max_digits", "longtail_exponent", "eval_size"),
+}
+
+
+def run_record(cfg: Config) -> dict[str, Any]:
+    """The settings that define the generators' prompt streams, keyed by their config keys (so a
+    difference names the key), which a checkpoint records and a resume is checked against
+    (asyncgrpo/learner/resume.py). File tasks: each training file's path and SHA-256, in order (the
+    order is the stream's); file paths may change between runs, contents may not."""
+    task = cfg.task
+    record: dict[str, Any] = {
+        "rollout.num_generators": cfg.rollout.num_generators,
+        # No longer a setting: recorded so that a checkpoint of the removed shares dispatch, whose
+        # record says shares or (older) nothing, is told apart.
+        DISPATCH_KEY: "tickets",
+        "task.name": task.name,
+        "seed": cfg.seed,  # seeds each built-in stream, and the shuffle of file tasks
+    }
+    for name in _TASK_PARAMETERS.get(task.name, ("eval_size",)):
+        record[f"task.{name}"] = getattr(task, name)
+    if task.name in FILE_TASKS:
+        files = [str(Path(p).expanduser().resolve()) for p in cfg.data.train_files]
+        record["data.train_files"] = [{"path": p, "sha256": file_sha256(p)} for p in files]
+    return record
 
 
 def saves_checkpoints(cfg: Config) -> bool:

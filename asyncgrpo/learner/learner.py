@@ -14,6 +14,7 @@ weight sender), `asyncgrpo replay` a `RecordedSource`, and `actor.LearnerActor` 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ import numpy as np
 import torch.distributed as dist
 
 from asyncgrpo import contract
-from asyncgrpo.learner import resume
 from asyncgrpo.learner.admission import AdmissionControl
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner import lora
@@ -48,9 +48,9 @@ class Learner:
     def __init__(self, cfg: Config, policy: Policy, model_dir: str, pad_id: int, *, rank: int, world_size: int,
                  source: GroupSource | None, registry: GeneratorRegistry | None, weights: WeightSender | None,
                  owns_process_group: bool, max_new_tokens: int, recorder: StreamRecorder | None = None,
-                 ring: VersionRing | None = None) -> None:
-        """`source`, `registry`, `weights` and `recorder` are rank 0's (None elsewhere; `weights` None:
-        no pushes; `recorder` None: nothing recorded); `ring`: `parts.version_ring`'s; `max_new_tokens`: rollout's."""
+                 ring: VersionRing | None = None, run_record: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Rank 0's `source`, `registry`, `weights`, `recorder` (None elsewhere; None: no pushes, nothing recorded);
+        from other sections, by `parts`: `max_new_tokens`, `ring` (None: off), `run_record` (None: not recorded)."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
         self.rank, self.world_size = rank, world_size
         self.source, self.weights, self.recorder = source, weights, recorder
@@ -65,6 +65,7 @@ class Learner:
         self._last_taken: tuple[int, list[ScoredGroup]] = (0, [])
         self._filtered_seen = 0  # the source's queue/filtered at the end of the last step
         self._run_record: dict[str, Any] | None = None
+        self._make_run_record = run_record
         self._adapter_record: dict[str, Any] | None = None
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
@@ -285,11 +286,10 @@ class Learner:
         remaining = max(0.0, self.cfg.train.checkpoint_timeout_s - (time.monotonic() - started))
         return SaveNotice(self.version, saving=True, timeout_s=remaining)
 
-    def run_record(self) -> dict[str, Any]:
-        """What a resume checks against (asyncgrpo/learner/resume.py); the data files are hashed at the first
-        save only: the run reads them once, at its start."""
-        if self._run_record is None:
-            self._run_record = resume.run_record(self.cfg)
+    def run_record(self) -> dict[str, Any] | None:
+        """What a resume checks against (resume.py; None: none), made at the first save: it hashes data files."""
+        if self._run_record is None and self._make_run_record is not None:
+            self._run_record = self._make_run_record()
         return self._run_record
 
     def adapter_record(self) -> dict[str, Any]:

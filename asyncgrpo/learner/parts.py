@@ -7,12 +7,13 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import collective_timeout_s
+from asyncgrpo.config import collective_timeout_s, run_record
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing
@@ -139,7 +140,7 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     arguments: dict[str, Any] = {
         "cfg": cfg, "policy": policy, "model_dir": model_dir, "rank": rank, "world_size": world_size,
         "pad_id": tokenizer.pad_token_id, "owns_process_group": owns_group,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "ring": version_ring(cfg),
+        "max_new_tokens": cfg.rollout.max_new_tokens, "ring": version_ring(cfg), "run_record": partial(run_record, cfg),
         "source": None, "registry": None, "weights": None,
     }
     if rank != 0:
@@ -190,4 +191,4 @@ def offline_learner_parts(cfg: Config, model_dir: str, source: GroupSource,
     return LearnerParts({"cfg": cfg, "policy": policy, "model_dir": model_dir, "pad_id": pad_id, "rank": 0,
                          "world_size": 1, "source": source, "registry": None, "weights": None,
                          "owns_process_group": owns_group, "max_new_tokens": cfg.rollout.max_new_tokens,
-                         "recorder": recorder}, {})
+                         "recorder": recorder, "run_record": partial(run_record, cfg)}, {})
