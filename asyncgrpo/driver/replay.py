@@ -44,6 +44,7 @@ from asyncgrpo.recording.source import RecordedSource, open_recording
 from asyncgrpo.recording.stream import RecordingError
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 
+
 def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train on the recording in `directory`; returns the summary also written to run_dir/summary.json.
     Raises `RecordingError` or `ConfigError` (one line) before anything heavy starts."""

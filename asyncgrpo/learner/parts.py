@@ -170,7 +170,6 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     return LearnerParts(arguments, endpoints)
 
 
-
 def offline_learner_parts(cfg: Config, model_dir: str, source: GroupSource,
                           recorder: StreamRecorder | None = None) -> LearnerParts:
     """A learner of one rank on `source`, with no generators, no weight pushes and no sockets
