@@ -460,7 +460,7 @@ def _simulate(run_dir: str, overrides: list[str]) -> int:
 def _replay(directory: str, overrides: list[str]) -> int:
     from asyncgrpo.learner.checkpoint import CheckpointError
     from asyncgrpo.recording import RecordingError
-    from asyncgrpo.recording.rerun import replay
+    from asyncgrpo.driver.replay import replay
 
     try:
         summary = replay(directory, overrides)

@@ -8,8 +8,9 @@ import dataclasses
 import difflib
 import math
 import re
+import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from asyncgrpo.queue.bound_control import DIVERGENCE_METRICS, STALENESS_CONTROLS
 from asyncgrpo.runtime.ray_cluster import local_cpus
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.envs import ENV_NAMES, ENV_ON_ERROR
-from asyncgrpo.learner.resume import RESUME_AUTO
+from asyncgrpo.learner.resume import DISPATCH_KEY, RESUME_AUTO, file_sha256
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
@@ -49,6 +50,9 @@ from asyncgrpo.wire.reach import resolve_wire_transport
 
 if TYPE_CHECKING:
     from asyncgrpo.learner.lora import AdapterLayout
+
+if TYPE_CHECKING:
+    from asyncgrpo.recording.source import Recording
 
 
 def _one_line(err: BaseException) -> str:
@@ -833,6 +837,41 @@ def node_resource_roles(cfg: Config) -> list[tuple[str, str, str, float]]:
              cfg.rollout.num_cpus_per_generator)]
 
 
+# Set before the user's overrides (which may change them): a replay records nothing unless asked
+# to (and never into the recording it reads), resumes no checkpoint, and runs one rank.
+REPLAY_DEFAULTS = {"wire.record_dir": "''", "resume": "''", "learner.world_size": "1"}
+
+
+def replay_config(recording: Recording, overrides: Sequence[str]) -> Config:
+    """`asyncgrpo replay`'s config: the recording's config with `overrides` on top, refusing what a
+    replay cannot do; run_dir defaults to a new DIR/replay-<time>."""
+    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    base = [f"{key}={value}" for key, value in REPLAY_DEFAULTS.items() if key not in given]
+    cfg = load([*base, *overrides], config_name="config", config_dir=recording.directory)
+    if cfg.resume:
+        raise ConfigError("resume: a replay starts from the recording's starting weights, not from a checkpoint")
+    if cfg.learner.world_size != 1:
+        raise ConfigError(f"learner.world_size: a replay runs one learner rank (got {cfg.learner.world_size})")
+    if "algo.filter_groups" in given:
+        raise ConfigError("algo.filter_groups: a replay trains the recorded groups; filtering needs generators to "
+                          "replace the groups it drops")
+    if cfg.train.groups_per_step != recording.groups_per_step:
+        raise ConfigError(f"train.groups_per_step: the recording took {recording.groups_per_step} groups per step "
+                          f"(got {cfg.train.groups_per_step})")
+    if "run_dir" not in given:
+        cfg.run_dir = str(new_run_dir(recording.directory))
+    return cfg
+
+
+def new_run_dir(directory: Path) -> Path:
+    stem = directory / time.strftime("replay-%Y%m%d-%H%M%S")
+    path, k = stem, 1
+    while path.exists():
+        k += 1
+        path = stem.with_name(f"{stem.name}-{k}")
+    return path
+
+
 def use_curve(cfg: Config) -> bool:
     """Whether the learner's sockets use CURVE. auto: on over tcp (`wire_transport`: also
     whenever actors may span nodes), loopback included (any local user can connect there), off over
@@ -859,6 +898,36 @@ def learner_wait_timeout_s(cfg: Config) -> float:
     rank 0 may first wait for generator acknowledgements and then for a batch, each up to
     `wire.timeout_s`, while the others already wait for that batch."""
     return 2 * cfg.wire.timeout_s + 60.0
+
+
+# Task parameters that change which problems a built-in task generates or holds out.
+_TASK_PARAMETERS = {
+    "arithmetic": ("num_digits", "eval_size"),
+    "countdown": ("countdown_numbers", "countdown_max_number", "eval_size"),
+    "longtail": ("longtail_min_digits", "longtail_max_digits", "longtail_exponent", "eval_size"),
+}
+
+
+def run_record(cfg: Config) -> dict[str, Any]:
+    """The settings that define the generators' prompt streams, keyed by their config keys (so a
+    difference names the key), which a checkpoint records and a resume is checked against
+    (asyncgrpo/learner/resume.py). File tasks: each training file's path and SHA-256, in order (the
+    order is the stream's); file paths may change between runs, contents may not."""
+    task = cfg.task
+    record: dict[str, Any] = {
+        "rollout.num_generators": cfg.rollout.num_generators,
+        # No longer a setting: recorded so that a checkpoint of the removed shares dispatch, whose
+        # record says shares or (older) nothing, is told apart.
+        DISPATCH_KEY: "tickets",
+        "task.name": task.name,
+        "seed": cfg.seed,  # seeds each built-in stream, and the shuffle of file tasks
+    }
+    for name in _TASK_PARAMETERS.get(task.name, ("eval_size",)):
+        record[f"task.{name}"] = getattr(task, name)
+    if task.name in FILE_TASKS:
+        files = [str(Path(p).expanduser().resolve()) for p in cfg.data.train_files]
+        record["data.train_files"] = [{"path": p, "sha256": file_sha256(p)} for p in files]
+    return record
 
 
 def saves_checkpoints(cfg: Config) -> bool:

@@ -1,4 +1,5 @@
-"""The driver: what `asyncgrpo train` runs in its own process, around the Ray actors.
+"""The driver: what `asyncgrpo train` runs in its own process, around the Ray actors (and
+`asyncgrpo replay`, a learner on a recorded stream in this process: replay.py).
 
     driver (this process)                  Ray actors
     ---------------------                  ----------
@@ -25,6 +26,8 @@ Modules:
     loop.py           the training loop: steps, metrics, progress, samples, generator restarts
     evaluation.py     held-out accuracy and the vLLM-vs-learner log-prob probes
     remote.py         calls to actors with a deadline, the actors' `control` concurrency group
+    replay.py         `asyncgrpo replay`: one learner rank on a recorded stream, no actors
+    replay_evaluation.py  a replay's held-out evaluations, on vLLM in its own process
 
 `asyncgrpo.train.train` runs the phases in order. Only the entry points import this package:
 `asyncgrpo.train` and `asyncgrpo.cli` (which runs the preflight for `check=true`, makes SIGTERM an

@@ -7,10 +7,11 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import run_task
+from asyncgrpo.config import run_record, run_task
 from asyncgrpo.runtime import faults
 from asyncgrpo.config import local_cluster_cpus
 from asyncgrpo.driver import TrainingFailed
@@ -96,7 +97,8 @@ def resume_point(cfg: Config, log: Callable[[str], None] = print) -> dict[str, A
         path = latest(cfg.resume)  # raises with a clear message if no complete checkpoint is there
     verify(path)  # here, in one line before Ray starts, rather than wrapped in every rank's error
     meta = read_meta(path)
-    changes = check_compatible(meta, cfg, path, log)  # differences only with resume_allow_changes=true
+    # differences only with resume_allow_changes=true
+    changes = check_compatible(meta, partial(run_record, cfg), cfg.resume_allow_changes, path, log)
     start_lineage(directory, path, continues=path == current)
     return {**meta, "path": str(path), "changes": changes}
 

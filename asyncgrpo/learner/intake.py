@@ -16,6 +16,7 @@ from asyncgrpo.contract import ack_floor, engine_lag_bound
 from asyncgrpo.queue.registry import GeneratorRegistry
 from asyncgrpo.queue.sources import GroupSource, QueueTimeout
 from asyncgrpo.schema import Config
+from asyncgrpo.weights import Publication
 from asyncgrpo.weights.base import WeightSender
 from asyncgrpo.wire import ScoredGroup
 
@@ -107,8 +108,12 @@ class GroupIntake:
     a recording): no generators to wait for or hear from."""
 
     def __init__(self, cfg: Config, source: GroupSource, registry: GeneratorRegistry | None,
-                 weights: WeightSender | None) -> None:
+                 weights: WeightSender | None, *, publication: Publication, num_generators: int,
+                 timeout_s: float) -> None:
+        """`num_generators` (rollout.num_generators) are waited for and heard from; `timeout_s`
+        (wire.timeout_s) bounds each wait."""
         self.cfg, self.source, self.registry = cfg, source, registry
+        self.publication, self.generators, self.timeout_s = publication, range(num_generators), timeout_s
         self.rejoins = Rejoins(registry, weights)
 
     def wait_for_generators(self, version: int) -> bool:
@@ -120,15 +125,15 @@ class GroupIntake:
         # behind, stalled: every version it has not loaded waits in its receive buffer.
         if self.registry is None:
             return False
-        t, backlog = self.cfg.train, self.cfg.weights.max_backlog_versions
-        return wait_for_generators(self.registry, self.source, range(self.cfg.rollout.num_generators), version,
+        t, backlog = self.cfg.train, self.publication.max_backlog_versions
+        return wait_for_generators(self.registry, self.source, self.generators, version,
                                    engine_lag_bound(t.max_staleness, backlog), t.groups_per_step,
-                                   self.cfg.wire.timeout_s, on_wait=self.rejoins.serve)
+                                   self.timeout_s, on_wait=self.rejoins.serve)
 
     def take(self, version: int) -> list[ScoredGroup]:
         """The `gen_wait` phase: the step's groups; while waiting, a report that ends the run
         (rejected weights, a reward outage) ends the wait."""
-        n, timeout_s = self.cfg.train.groups_per_step, self.cfg.wire.timeout_s
+        n, timeout_s = self.cfg.train.groups_per_step, self.timeout_s
         if self.registry is None:
             return self.source.take(n, version, timeout_s)
         deadline = time.monotonic() + timeout_s
@@ -151,10 +156,10 @@ class GroupIntake:
         if self.registry is None:
             return {}
         self.registry.check_reports()
-        acked = self.registry.acked_versions(range(self.cfg.rollout.num_generators))
+        acked = self.registry.acked_versions(self.generators)
         return {**self.registry.report_increments(), "weights/rejected": 0.0,
                 # Versions pushed that the slowest generator has not loaded yet (bounded by the ack wait);
                 # under train.fixed_staleness=k the published version is k behind the learner's.
                 "weights/backlog": float(pushed_version - min(acked.values(), default=pushed_version)),
                 "weights/published_version": float(pushed_version),
-                **({"weights/delta_repairs": float(self.rejoins.delta_repairs)} if self.cfg.weights.delta else {})}
+                **({"weights/delta_repairs": float(self.rejoins.delta_repairs)} if self.publication.delta else {})}

@@ -14,6 +14,7 @@ weight sender), `asyncgrpo replay` a `RecordedSource`, and `actor.LearnerActor` 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ import numpy as np
 import torch.distributed as dist
 
 from asyncgrpo import contract
-from asyncgrpo.learner import resume
 from asyncgrpo.learner.admission import AdmissionControl
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner import lora
@@ -40,6 +40,7 @@ from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.rewards.metrics import reward_term_metrics
 from asyncgrpo.schema import Config
 from asyncgrpo.runtime.timing import PhaseTimer
+from asyncgrpo.weights import Publication
 from asyncgrpo.weights.base import WeightSender
 from asyncgrpo.wire import SaveNotice, ScoredGroup
 
@@ -47,9 +48,12 @@ from asyncgrpo.wire import SaveNotice, ScoredGroup
 class Learner:
     def __init__(self, cfg: Config, policy: Policy, model_dir: str, pad_id: int, *, rank: int, world_size: int,
                  source: GroupSource | None, registry: GeneratorRegistry | None, weights: WeightSender | None,
-                 owns_process_group: bool, recorder: StreamRecorder | None = None) -> None:
-        """`source`, `registry`, `weights` and `recorder` are rank 0's (None elsewhere; `weights` None:
-        no pushes; `recorder` None: nothing recorded)."""
+                 owns_process_group: bool, max_new_tokens: int, publication: Publication, num_generators: int,
+                 timeout_s: float, recorder: StreamRecorder | None = None, ring: VersionRing | None = None,
+                 run_record: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Rank 0's `source`, `registry`, `weights`, `recorder` (None elsewhere; None: no pushes, nothing recorded);
+        from other sections, by `parts`: `max_new_tokens`, `publication`, `num_generators`, `timeout_s`
+        (wire.timeout_s), `ring` (None: off), `run_record` (None: not recorded)."""
         self.cfg, self.policy, self.model_dir, self.pad_id = cfg, policy, model_dir, pad_id
         self.rank, self.world_size = rank, world_size
         self.source, self.weights, self.recorder = source, weights, recorder
@@ -64,13 +68,16 @@ class Learner:
         self._last_taken: tuple[int, list[ScoredGroup]] = (0, [])
         self._filtered_seen = 0  # the source's queue/filtered at the end of the last step
         self._run_record: dict[str, Any] | None = None
+        self._make_run_record = run_record
         self._adapter_record: dict[str, Any] | None = None
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
         # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
-        self._ring = VersionRing.from_config(cfg)
-        self.intake = GroupIntake(cfg, source, registry, weights) if source is not None else None
+        self._ring, self.max_new_tokens = ring, max_new_tokens
+        self.publication = publication
+        self.intake = (GroupIntake(cfg, source, registry, weights, publication=publication, num_generators=num_generators,
+                                   timeout_s=timeout_s) if source is not None else None)
         self.admission = AdmissionControl(cfg, source)  # train.staleness_control=divergence's bound, the cap's count
 
     @classmethod
@@ -138,20 +145,20 @@ class Learner:
         with timer("prepare"):
             batch = self._prepare(groups)
         with timer("train"):
-            metrics = update(self.policy, batch, self.cfg, self.rank, self.world_size, version=self.version)
+            metrics = update(self.policy, batch, self.cfg, self.rank, self.world_size,
+                             max_new_tokens=self.max_new_tokens, version=self.version)
         metrics.update(self.admission.after_step(metrics))  # the bound for the grants from now on
         staleness = contract.staleness(batch.group_version_min, self.version)
         self.version += 1
         with timer("push"):
-            if self.version % self.cfg.weights.push_every_steps == 0:
+            if self.version % self.publication.every_steps == 0:
                 metrics["perf/push_bytes"] = self.push_weights()
-                if self.weights is not None and self.cfg.weights.delta:
+                if self.weights is not None and self.publication.delta:
                     metrics["perf/push_changed_frac"] = self.weights.changed_fraction
         self.samples_consumed += batch.num_samples
         for value in staleness.tolist():
             self.staleness_histogram[value] = self.staleness_histogram.get(value, 0) + 1
-        metrics.update(batch_metrics(batch, staleness, self.version, self.samples_consumed,
-                                     self.cfg.rollout.max_new_tokens))
+        metrics.update(batch_metrics(batch, staleness, self.version, self.samples_consumed, self.max_new_tokens))
         if groups is not None:
             metrics.update(reward_term_metrics(groups))
         return metrics
@@ -168,7 +175,7 @@ class Learner:
         """Every rank calls it (the gather is a collective); rank 0 sends. Returns the bytes sent.
         Under train.fixed_staleness=k >= 1 it publishes version v - k's weights (none in the first k
         steps) and keeps v's; `newest` sends v's now (the end of the run)."""
-        named = pushed_tensors(self.policy, self.cfg)  # gathered lazily, as the sender takes each tensor
+        named = pushed_tensors(self.policy, self.publication.adapters_only)  # gathered lazily, as the sender takes each tensor
         if self.weights is None:
             for _ in named:  # every rank takes part in every gather
                 pass
@@ -205,7 +212,7 @@ class Learner:
         """Make sure the generators hold the final weights, then tell them to stop (every rank calls it)."""
         # Under train.fixed_staleness the generators hold version - k: the final evaluation and the
         # probe need the newest.
-        if self._ring is not None or self.version % self.cfg.weights.push_every_steps != 0:
+        if self._ring is not None or self.version % self.publication.every_steps != 0:
             self.push_weights(newest=True)
         if self.weights is not None:
             self.weights.shutdown(reason)
@@ -284,11 +291,10 @@ class Learner:
         remaining = max(0.0, self.cfg.train.checkpoint_timeout_s - (time.monotonic() - started))
         return SaveNotice(self.version, saving=True, timeout_s=remaining)
 
-    def run_record(self) -> dict[str, Any]:
-        """What a resume checks against (asyncgrpo/learner/resume.py); the data files are hashed at the first
-        save only: the run reads them once, at its start."""
-        if self._run_record is None:
-            self._run_record = resume.run_record(self.cfg)
+    def run_record(self) -> dict[str, Any] | None:
+        """What a resume checks against (resume.py; None: none), made at the first save: it hashes data files."""
+        if self._run_record is None and self._make_run_record is not None:
+            self._run_record = self._make_run_record()
         return self._run_record
 
     def adapter_record(self) -> dict[str, Any]:

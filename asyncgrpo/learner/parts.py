@@ -7,19 +7,22 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import collective_timeout_s, run_task
+from asyncgrpo.config import collective_timeout_s, run_record, run_task
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
+from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.learner.update import overlong_settings
 from asyncgrpo.queue.audit import TrainAudit
 from asyncgrpo.queue.filtering import SignalFilter
-from asyncgrpo.recording.recorder import StreamRecorder
+from asyncgrpo.recording.recorder import StreamRecorder, recording_config
 from asyncgrpo.queue.registry import GeneratorRegistry
+from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.contract import DROPPING_STALE_POLICIES, THROTTLING_STALE_POLICIES
 from asyncgrpo.queue.replay_queue import (
     GroupLimits,
@@ -30,7 +33,7 @@ from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.rewards.errors import ErrorWindow
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import run_stream_length
-from asyncgrpo.weights import make_sender
+from asyncgrpo.weights import make_sender, publication
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
 from asyncgrpo.config import pushed_adapters, weights_backend, wire_transport
@@ -92,6 +95,36 @@ def group_limits(cfg: Config, model: torch.nn.Module) -> GroupLimits:
                        max_samples=cfg.rollout.samples_per_prompt)
 
 
+def held_dtype(cfg: Config) -> torch.dtype:
+    """The dtype floating tensors are sent in: nccl broadcasts float32; zmq and shm send
+    `weights.wire_dtype` (auto: the engine's)."""
+    from asyncgrpo.weights.zmq import wire_dtype_for
+
+    return torch.float32 if cfg.weights.backend == "nccl" else wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+
+
+def version_ring(cfg: Config) -> VersionRing | None:
+    """The learner's delayed publication for `train.fixed_staleness` >= 1, holding its copies in
+    the dtype the weights travel in; None when the newest weights are pushed (off, or 0)."""
+    k = cfg.train.fixed_staleness
+    return VersionRing(k, held_dtype(cfg)) if k >= 1 else None
+
+
+def stream_recorder(cfg: Config, model_dir: str) -> StreamRecorder | None:
+    """Rank 0's recorder of the groups it takes, into `wire.record_dir` (None: nothing recorded)."""
+    wire = cfg.wire
+    if not wire.record_dir:
+        return None
+    return StreamRecorder(wire.record_dir, recording_config(cfg), model_dir, wire.record_fsync_every_steps)
+
+
+
+def outside_sections(cfg: Config) -> dict[str, Any]:
+    """The `Learner`'s arguments from sections other than its own (docs/ARCHITECTURE.md, "Config
+    sections and their readers")."""
+    return {"max_new_tokens": cfg.rollout.max_new_tokens, "publication": publication(cfg.weights, cfg.learner.lora.rank),
+            "num_generators": cfg.rollout.num_generators, "timeout_s": cfg.wire.timeout_s}
+
 def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
     """Learner rank 0's dispatcher; `positions_end`: the run's one
     stream's length (finite data), or None."""
@@ -109,12 +142,13 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
     device = learner_device(cfg)
     owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port)
-    policy = Policy.from_config(cfg, model_dir, device, rank, world_size)
+    policy = Policy.from_config(cfg, model_dir, device, rank, world_size, cfg.rollout.temperature)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     arguments: dict[str, Any] = {
         "cfg": cfg, "policy": policy, "model_dir": model_dir, "rank": rank, "world_size": world_size,
         "pad_id": tokenizer.pad_token_id, "owns_process_group": owns_group,
-        "source": None, "registry": None, "weights": None,
+        "ring": version_ring(cfg), "run_record": partial(run_record, cfg), "source": None, "registry": None,
+        "weights": None, **outside_sections(cfg),
     }
     if rank != 0:
         return LearnerParts(arguments, {})
@@ -129,7 +163,8 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
     # Finite data: the generators read the run's one stream, so its end is where grants stop.
     dispatcher = make_dispatcher(cfg, run_stream_length(run_task(cfg, tokenizer), cfg) if cfg.data.epochs > 0 else None)
     grants = GrantRouter(wire.host, curve=curve, insecure=wire.insecure, transport=transport)
-    signal_filter = SignalFilter(overlong_settings(cfg)) if cfg.algo.filter_groups else None  # DAPO's dynamic sampling
+    # DAPO's dynamic sampling
+    signal_filter = SignalFilter(overlong_settings(cfg, cfg.rollout.max_new_tokens)) if cfg.algo.filter_groups else None
     queue = ReplayQueue(receiver, cfg.queue.capacity_groups, eviction, limits=group_limits(cfg, policy.model),
                         registry=registry, dispatcher=dispatcher, grants=grants, signal_filter=signal_filter,
                         audit=TrainAudit(cfg.log.audit_reservoir_groups, seed=cfg.seed)).start()
@@ -138,9 +173,32 @@ def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, maste
                           adapters=pushed_adapters(cfg, model_dir), engine_dtype=cfg.rollout.dtype,
                           num_generators=cfg.rollout.num_generators, host=wire.host,
                           startup_timeout_s=wire.startup_timeout_s, max_restarts=cfg.rollout.max_restarts)
-    recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
+    recorder = stream_recorder(cfg, model_dir)
     arguments.update(source=queue, registry=registry, weights=weights, recorder=recorder)
     # A wildcard bind is advertised under this node's address as the cluster knows it (network.py).
     endpoints = {"groups": advertised(receiver.endpoint), "weights": advertised(publisher.endpoint),
                  "tickets": advertised(grants.endpoint)}
     return LearnerParts(arguments, endpoints)
+
+
+def offline_learner_parts(cfg: Config, model_dir: str, source: GroupSource,
+                          recorder: StreamRecorder | None = None) -> LearnerParts:
+    """A learner of one rank on `source`, with no generators, no weight pushes and no sockets
+    (`asyncgrpo replay`: a `recording.RecordedSource`)."""
+    from transformers import AutoTokenizer
+
+    # The thread count fixes the reduction order.
+    pin_to_cores([], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
+    device = learner_device(cfg)
+    owns_group = join_process_group(cfg, device, 0, 1, "127.0.0.1", None)
+    try:
+        policy = Policy.from_config(cfg, model_dir, device, 0, 1, cfg.rollout.temperature)
+        pad_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    except BaseException:
+        if owns_group:
+            dist.destroy_process_group()
+        raise
+    return LearnerParts({"cfg": cfg, "policy": policy, "model_dir": model_dir, "pad_id": pad_id, "rank": 0,
+                         "world_size": 1, "source": source, "registry": None, "weights": None,
+                         "owns_process_group": owns_group, "recorder": recorder, "run_record": partial(run_record, cfg),
+                         **outside_sections(cfg)}, {})

@@ -69,8 +69,11 @@ class Policy:
         self.loras = lora_modules(model)  # {} under full fine-tuning
 
     @classmethod
-    def from_config(cls, cfg: Config, model_dir: str, device: torch.device, rank: int, world_size: int) -> Policy:
-        """Needs the default process group (every rank builds its shard of the same model)."""
+    def from_config(cls, cfg: Config, model_dir: str, device: torch.device, rank: int, world_size: int,
+                    temperature: float) -> Policy:
+        """Needs the default process group (every rank builds its shard of the same model).
+        `temperature`: the generators' sampling temperature (rollout.temperature), which the log-probs
+        are taken at, so that they are the sampling policy's."""
         from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM
 
@@ -103,7 +106,7 @@ class Policy:
                 reference_device = torch.device("cpu")
             else:
                 shard(reference.to(device), mesh, bf16, offload=False)
-        return cls(model, optimizer, scheduler, reference, reference_device, device, rank, cfg.rollout.temperature)
+        return cls(model, optimizer, scheduler, reference, reference_device, device, rank, temperature)
 
     # ------------------------------------------------------------------------------ forward
 

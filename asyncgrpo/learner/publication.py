@@ -9,8 +9,9 @@ lower bound makes it exact on its own). The first k steps (and the first k after
 checkpoint holds only its own version) are sampled by the starting weights, staleness u.
 
 Rank 0 keeps CPU copies of the last k versions' state dicts in the dtype the weights travel in
-(`held_dtype`): casting before the sender casts again changes nothing, and costs k pushes of memory
-(preflight's `memory_gib`). A version's copy is released once published.
+(`learner.parts.held_dtype`, which builds the ring): casting before the sender casts again changes
+nothing, and costs k pushes of memory (preflight's `memory_gib`). A version's copy is released once
+published.
 """
 
 from __future__ import annotations
@@ -28,23 +29,15 @@ if TYPE_CHECKING:
 NamedTensors = list[tuple[str, torch.Tensor]]
 
 
-def pushed_tensors(policy: Policy, cfg: Config) -> Iterator[tuple[str, torch.Tensor]]:
+def pushed_tensors(policy: Policy, adapters_only: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """What a push carries (every rank must exhaust it: each gather is a collective): the merged
     weights, or under LoRA with weights.lora_push=adapter the adapters alone, under their module
     paths in `weights.adapters.adapter_spec`'s order (the generators merge them)."""
-    from asyncgrpo.weights.adapters import push_names, pushes_adapters
+    from asyncgrpo.weights.adapters import push_names
 
-    if pushes_adapters(cfg.weights, cfg.learner.lora.rank):
+    if adapters_only:
         return iter(push_names(policy.adapter_state_dict()))
     return policy.full_state_dict()
-
-
-def held_dtype(cfg: Config) -> torch.dtype:
-    """The dtype floating tensors are sent in: nccl broadcasts float32; zmq and shm send
-    `weights.wire_dtype` (auto: the engine's)."""
-    from asyncgrpo.weights.zmq import wire_dtype_for
-
-    return torch.float32 if cfg.weights.backend == "nccl" else wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
 
 
 class VersionRing:
@@ -55,12 +48,6 @@ class VersionRing:
             raise ValueError(f"delay must be >= 1 (0 publishes the newest weights directly), got {delay}")
         self.delay, self.dtype = delay, dtype
         self._held: dict[int, NamedTensors] = {}  # version -> its tensors, oldest version first
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> VersionRing | None:
-        """The ring for `train.fixed_staleness` >= 1; None when the newest weights are pushed (off, or 0)."""
-        k = cfg.train.fixed_staleness
-        return cls(k, held_dtype(cfg)) if k >= 1 else None
 
     @property
     def versions(self) -> list[int]:

@@ -3,9 +3,10 @@
 A resumed generator skips the prompts the checkpointed run's generator had used: its stream is
 rebuilt from the task, the seed and the data, and position k must still mean the same prompt. So a
 checkpoint records, under `run` in its meta.json, the settings that define each generator's stream
-(`run_record`): rollout.num_generators, the task and its parameters, the seed, and the SHA-256 of
-every training data file. A resume whose settings differ is refused before Ray starts, in one line
-naming each difference, unless `resume_allow_changes=true`. A checkpoint without the record (written
+(`config.run_record`, which reads them from their sections): rollout.num_generators, the task and
+its parameters, the seed, and the SHA-256 of every training data file. A resume whose settings
+differ is refused before Ray starts, in one line naming each difference, unless
+`resume_allow_changes=true`. A checkpoint without the record (written
 before checkpoints carried it) cannot be checked and is refused the same way: a silent mismatch would
 train on other prompts than the run believes, which no later metric reveals.
 
@@ -26,21 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.schema import Config
-from asyncgrpo.tasks import FILE_TASKS
-
 # resume=auto: the newest complete checkpoint in run_dir/checkpoints, else a fresh start.
 RESUME_AUTO = "auto"
 # The config key that lets a resume go on despite differences (schema.py documents it).
 ALLOW_KEY = "resume_allow_changes"
 # Files are hashed a buffer at a time: a Parquet file can be many GB.
 _HASH_CHUNK_BYTES = 4 * 2**20
-# Task parameters that change which problems a built-in task generates or holds out.
-_TASK_PARAMETERS = {
-    "arithmetic": ("num_digits", "eval_size"),
-    "countdown": ("countdown_numbers", "countdown_max_number", "eval_size"),
-    "longtail": ("longtail_min_digits", "longtail_max_digits", "longtail_exponent", "eval_size"),
-}
 
 
 def _print(line: str) -> None:
@@ -60,28 +52,7 @@ def file_sha256(path: str | Path) -> str:
 
 
 # The run-record key of the dispatch (a config key until tickets became the only dispatch).
-_DISPATCH_KEY = "rollout.dispatch"
-
-
-def run_record(cfg: Config) -> dict[str, Any]:
-    """The settings that define the generators' prompt streams, keyed by their config keys (so a
-    difference names the key). File tasks: each training file's path and SHA-256, in order (the
-    order is the stream's); file paths may change between runs, contents may not."""
-    task = cfg.task
-    record: dict[str, Any] = {
-        "rollout.num_generators": cfg.rollout.num_generators,
-        # No longer a setting: recorded so that a checkpoint of the removed shares dispatch, whose
-        # record says shares or (older) nothing, is told apart.
-        _DISPATCH_KEY: "tickets",
-        "task.name": task.name,
-        "seed": cfg.seed,  # seeds each built-in stream, and the shuffle of file tasks
-    }
-    for name in _TASK_PARAMETERS.get(task.name, ("eval_size",)):
-        record[f"task.{name}"] = getattr(task, name)
-    if task.name in FILE_TASKS:
-        files = [str(Path(p).expanduser().resolve()) for p in cfg.data.train_files]
-        record["data.train_files"] = [{"path": p, "sha256": file_sha256(p)} for p in files]
-    return record
+DISPATCH_KEY = "rollout.dispatch"
 
 
 def _short(sha256: str) -> str:
@@ -124,25 +95,25 @@ def written_under_shares(meta: dict[str, Any]) -> bool:
     """Whether the checkpoint was written under the removed shares dispatch: its record says so,
     or (a record from before it carried the dispatch, or none) its queue state has no dispatcher's."""
     saved = meta.get("run")
-    if isinstance(saved, dict) and isinstance(saved.get(_DISPATCH_KEY), str):
-        return saved[_DISPATCH_KEY] == "shares"
+    if isinstance(saved, dict) and isinstance(saved.get(DISPATCH_KEY), str):
+        return saved[DISPATCH_KEY] == "shares"
     queue = (meta.get("states") or {}).get("queue") or {}
     return not (isinstance(queue, dict) and "dispatch" in queue)
 
 
-def check_compatible(meta: dict[str, Any], cfg: Config, checkpoint: str | Path,
-                     log: Callable[[str], None] = _print) -> list[str]:
-    """Raise ResumeRefused, in one line, unless the checkpoint's run record matches this run's (or
-    `resume_allow_changes` is set: then the differences are logged) and it was not written under
-    the shares dispatch (no setting allows that). Returns the differences."""
+def check_compatible(meta: dict[str, Any], current: Callable[[], dict[str, Any]], allow: bool,
+                     checkpoint: str | Path, log: Callable[[str], None] = _print) -> list[str]:
+    """Raise ResumeRefused, in one line, unless the checkpoint's run record matches this run's
+    (`current()`, `config.run_record`: called only when there is a record to compare, since it hashes
+    the data files) or `allow` (`resume_allow_changes`) is set: then the differences are logged; and
+    unless it was written under the shares dispatch (no setting allows that). Returns the differences."""
     if written_under_shares(meta):
         raise ResumeRefused(f"{checkpoint} was written under the shares dispatch, which was removed: its prompt "
                             "positions are each generator's, and tickets is the only dispatch, which continues only "
                             "from its own state, so resuming it would skip prompts; start a new run")
     saved = meta.get("run")
     if isinstance(saved, dict):  # a record from before it carried the dispatch: tickets, as checked above
-        saved = {**saved, _DISPATCH_KEY: "tickets"}
-    allow = getattr(cfg, ALLOW_KEY)
+        saved = {**saved, DISPATCH_KEY: "tickets"}
     if not isinstance(saved, dict):
         why = (f"{checkpoint} records no run settings (written before checkpoints did), so its "
                "rollout.num_generators, task and data cannot be checked against this run's")
@@ -150,7 +121,7 @@ def check_compatible(meta: dict[str, Any], cfg: Config, checkpoint: str | Path,
             raise ResumeRefused(f"{why}; set {ALLOW_KEY}=true to resume it unchecked")
         log(f"[resume] warning: {why}; resuming unchecked ({ALLOW_KEY}=true)")
         return ["no run record"]
-    differences = record_differences(saved, run_record(cfg))
+    differences = record_differences(saved, current())
     if differences and not allow:
         raise ResumeRefused(f"{checkpoint} was written by a run with other prompt streams: {'; '.join(differences)}. "
                             f"Its generators' prompt positions would not mean the same prompts here; set "

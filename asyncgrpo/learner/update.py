@@ -67,12 +67,14 @@ class Divergence:
         return {**metrics, "divergence/capped_groups": float(flat[-1])}
 
 
-def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int,
+def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int, *, max_new_tokens: int,
            version: int | None = None) -> dict[str, float]:
     """Every rank calls it with the same batch; returns the step's loss and optimizer metrics.
-    `version`: the learner's, for the divergence by token age (None: not measured; the cap still applies)."""
+    `max_new_tokens`: the generators' completion limit (rollout.max_new_tokens), which the loss's
+    constant normaliser and algo.overlong count against; `version`: the learner's, for the divergence
+    by token age (None: not measured; the cap still applies)."""
     policy.model.train()
-    settings = loss_settings(cfg)
+    settings = loss_settings(cfg, max_new_tokens)
     # Else KL is dropped, or fails deep in a step. Under LoRA the reference (adapters off) is always there.
     if (settings.kl is not None and not policy.has_reference) or (settings.kl is None and policy.reference is not None):
         raise ValueError(f"algo.kl.enabled={str(settings.kl is not None).lower()} but the policy has "
@@ -81,7 +83,7 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     # Its lengths count every completion token, as rollout.max_new_tokens (observations included)
     # and the queue's algo.filter_groups do; the mask is the policy's, so denominators count its tokens.
     rewards, loss_mask, overlong_metrics = algo.apply_overlong(batch.rewards, batch.mask, batch.completion_lengths,
-                                                               batch.truncated, overlong_settings(cfg))
+                                                               batch.truncated, overlong_settings(cfg, max_new_tokens))
     batch = dataclasses.replace(batch, mask=loss_mask)
     advantages = algo.group_advantages(rewards, batch.group_index, mode=cfg.algo.advantage)
     global_tokens = float(batch.mask.sum())
@@ -149,9 +151,10 @@ def proximal_logprobs(policy: Policy, batch: Batch, indices: list[torch.Tensor])
     return prox_logps
 
 
-def loss_settings(cfg: Config) -> algo.LossSettings:
-    """The algo section as the loss reads it. `algo.advantage` is read by `update` itself and
-    `algo.kl.reference_on` by `Policy.from_config`; `algo.kl.enabled` decides whether `kl` is set."""
+def loss_settings(cfg: Config, max_new_tokens: int) -> algo.LossSettings:
+    """The algo section as the loss reads it, `max_new_tokens` (rollout.max_new_tokens) standing for
+    `algo.norm_constant`'s 0. `algo.advantage` is read by `update` itself and `algo.kl.reference_on`
+    by `Policy.from_config`; `algo.kl.enabled` decides whether `kl` is set."""
     a = cfg.algo
     return algo.LossSettings(
         mode=a.mode,
@@ -161,7 +164,7 @@ def loss_settings(cfg: Config) -> algo.LossSettings:
         clip_c=a.clip_c,
         agg=a.agg,
         # Dr.GRPO's constant must not depend on a micro-batch's padding.
-        norm_constant=a.norm_constant or float(cfg.rollout.max_new_tokens),
+        norm_constant=a.norm_constant or float(max_new_tokens),
         correction=algo.CorrectionSettings(
             is_level=a.correction.is_level,
             is_threshold=a.correction.is_threshold,
@@ -173,9 +176,9 @@ def loss_settings(cfg: Config) -> algo.LossSettings:
     )
 
 
-def overlong_settings(cfg: Config) -> algo.OverlongSettings:
-    """algo.overlong* against rollout.max_new_tokens, with the buffer's 0 resolved (schema.py)."""
-    a, limit = cfg.algo, cfg.rollout.max_new_tokens
+def overlong_settings(cfg: Config, max_new_tokens: int) -> algo.OverlongSettings:
+    """algo.overlong* against `max_new_tokens` (rollout.max_new_tokens), with the buffer's 0 resolved (schema.py)."""
+    a, limit = cfg.algo, max_new_tokens
     return algo.OverlongSettings(mode=a.overlong, max_new_tokens=limit,
                                  buffer_tokens=a.overlong_buffer_tokens or max(1, limit // 5),
                                  penalty=a.overlong_penalty)

@@ -4,8 +4,8 @@ on again by `asyncgrpo replay DIR` with any algo settings and no generators.
     stream     the file format: records, a torn tail, corruption (no torch)
     recorder   the writer, on learner rank 0
     source     the reader: `open_recording`, `RecordedSource` (a `queue.sources.GroupSource`)
-    rerun      the replay command (imports the learner; not imported here, since the learner
-               imports the recorder)
+
+The replay command itself, which builds a learner on a `RecordedSource`, is asyncgrpo/driver/replay.py.
 """
 
 from asyncgrpo.recording.recorder import StreamRecorder, recording_config

@@ -67,10 +67,6 @@ class StreamRecorder:
         self.steps = self.bytes = 0
         self._file: BinaryIO | None = None
 
-    @classmethod
-    def from_config(cls, cfg: Config, model_dir: str) -> StreamRecorder:
-        return cls(cfg.wire.record_dir, recording_config(cfg), model_dir, cfg.wire.record_fsync_every_steps)
-
     def record_step(self, version: int, groups: Sequence[ScoredGroup]) -> None:
         """Append the groups the learner took at `version`, in batch order, as one step."""
         if self._file is None:

@@ -236,7 +236,7 @@ class JudgeClient:
 
     def __init__(self, cfg: JudgeConfig, *, session: Any = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        self.cfg = cfg
+        self.settings = cfg
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         self.budget_s = call_budget_s(cfg)
         self._session: Any = session
@@ -251,9 +251,9 @@ class JudgeClient:
             import aiohttp
 
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.cfg.concurrency), headers=request_headers(self.cfg))
+                connector=aiohttp.TCPConnector(limit=self.settings.concurrency), headers=request_headers(self.settings))
         if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.cfg.concurrency)
+            self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         return self._session
 
     async def score(self, prompt: str, completion: str, answer: str | None) -> float:
@@ -269,20 +269,20 @@ class JudgeClient:
         session = await self._ensure_session()
         assert self._semaphore is not None
         body = {
-            "model": self.cfg.model,
+            "model": self.settings.model,
             "messages": [{"role": "user", "content": fill_template(
-                self.cfg.prompt_template, prompt=prompt, completion=completion, answer=answer)}],
-            "max_tokens": self.cfg.max_tokens,
-            "temperature": self.cfg.temperature,
+                self.settings.prompt_template, prompt=prompt, completion=completion, answer=answer)}],
+            "max_tokens": self.settings.max_tokens,
+            "temperature": self.settings.temperature,
         }
         # The budget counts from the first request, not from the wait for a slot: calls queued
         # behind reward.judge.concurrency others are allowed for in the batch's timeout by waves.
         deadline: float | None = None
         last = _Retryable("")
-        for attempt in range(self.cfg.retries + 1):
+        for attempt in range(self.settings.retries + 1):
             if attempt:
                 assert deadline is not None
-                wait = backoff_wait_s(self.cfg.backoff_s, attempt, last.retry_after_s)
+                wait = backoff_wait_s(self.settings.backoff_s, attempt, last.retry_after_s)
                 left = deadline - self._clock()
                 if wait >= left:
                     raise JudgeError(self._gave_up(attempt, f"the next wait, {wait:.1f} s, is beyond the "
@@ -304,13 +304,13 @@ class JudgeClient:
                 reply = data["choices"][0]["message"]["content"]
             except (KeyError, IndexError, TypeError):
                 raise JudgeError(f"judge {self.url} reply has no choices[0].message.content") from None
-            return parse_score(str(reply or ""), parser=self.cfg.parser, max_score=self.cfg.max_score)
-        raise JudgeError(f"judge {self.url} failed {self.cfg.retries + 1} tries (reward.judge.retries="
-                         f"{self.cfg.retries}, timeout_s={self.cfg.timeout_s}); last: {last}")
+            return parse_score(str(reply or ""), parser=self.settings.parser, max_score=self.settings.max_score)
+        raise JudgeError(f"judge {self.url} failed {self.settings.retries + 1} tries (reward.judge.retries="
+                         f"{self.settings.retries}, timeout_s={self.settings.timeout_s}); last: {last}")
 
     def _gave_up(self, tries: int, why: str, last: _Retryable) -> str:
         return (f"judge {self.url} gave up after {tries} tries: {why} of the call's {self.budget_s:g}-s budget "
-                f"(reward.judge.timeout_s={self.cfg.timeout_s} x (retries={self.cfg.retries} + 1) + backoff); "
+                f"(reward.judge.timeout_s={self.settings.timeout_s} x (retries={self.settings.retries} + 1) + backoff); "
                 f"last: {last}" + (f" (Retry-After {last.retry_after_s:g} s)" if last.retry_after_s else ""))
 
     async def _post(self, session: Any, body: dict[str, Any], deadline: float) -> Any:
@@ -323,7 +323,7 @@ class JudgeClient:
             left = deadline - self._clock()
             if left <= 0:
                 raise _Retryable("asyncio.TimeoutError (the call's budget ran out)")
-            timeout = aiohttp.ClientTimeout(total=min(self.cfg.timeout_s, left))
+            timeout = aiohttp.ClientTimeout(total=min(self.settings.timeout_s, left))
             try:
                 async with session.post(url, json=body, timeout=timeout, allow_redirects=False) as response:
                     if response.status in REDIRECT_STATUSES:

@@ -20,7 +20,7 @@ def held_out_accuracy(engine: Any, tokenizer: Any, task: Task, env: Any, setting
                       problems: list[Problem], temperature: float) -> float:
     """Held-out accuracy with one episode per problem (temperature 0 = greedy), a turn of every
     episode per engine call, on an engine running nothing else: a generator's evaluations and a
-    replay's (asyncgrpo/recording/evaluation.py) are this one function. `settings`: the run's
+    replay's (asyncgrpo/driver/replay_evaluation.py) are this one function. `settings`: the run's
     (rollout/parts.py: episode_settings)."""
     import numpy as np
 

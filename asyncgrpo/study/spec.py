@@ -203,7 +203,7 @@ class Spec:
         """Every recording opens, and every cell's overrides compose with every recording's config
         as `asyncgrpo replay` would compose them (a recording can refuse what another takes: its
         groups per step)."""
-        from asyncgrpo.recording.rerun import replay_config
+        from asyncgrpo.config import replay_config
         from asyncgrpo.recording.source import open_recording
         from asyncgrpo.recording.stream import RecordingError
 

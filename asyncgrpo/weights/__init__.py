@@ -7,12 +7,14 @@ composition roots hand them of the others (learner/parts.py, rollout/parts.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from asyncgrpo.learner.lora import AdapterLayout
 from asyncgrpo.runtime.placement import ordered_memory_platform
 from asyncgrpo.schema import WeightsConfig
-from asyncgrpo.weights.adapters import pushed_spec
+from asyncgrpo.weights.adapters import pushed_spec, pushes_adapters
 from asyncgrpo.weights.base import (
     BACKENDS,
     WeightReceiver,
@@ -26,7 +28,7 @@ from asyncgrpo.weights.zmq import ZmqWeightReceiver, ZmqWeightSender, wire_dtype
 from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
 
-__all__ = ["BACKENDS", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
+__all__ = ["BACKENDS", "Publication", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
            "resolve_backend"]
 
 
@@ -41,6 +43,22 @@ def resolve_backend(weights: WeightsConfig, transport: str) -> str:
         return "zmq"
     return "shm" if transport == "ipc" and ordered_memory_platform() else "zmq"
 
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What the learner's pushes take of the weights section (`publication`)."""
+
+    every_steps: int  # weights.push_every_steps
+    delta: bool  # weights.delta: pushes carry changed values; a generator that missed one is repaired
+    adapters_only: bool  # a LoRA run's pushes carry the adapters alone (`pushes_adapters`)
+    max_backlog_versions: int  # weights.max_backlog_versions: how far a generator lags before it is waited for
+
+
+def publication(weights: WeightsConfig, lora_rank: int) -> Publication:
+    """The learner's `Publication` for a run whose LoRA rank is `lora_rank` (0: full fine-tuning)."""
+    return Publication(weights.push_every_steps, weights.delta, pushes_adapters(weights, lora_rank),
+                       weights.max_backlog_versions)
 
 def make_sender(weights: WeightsConfig, backend: str, publisher: Publisher, model_dir: str, device: torch.device, *,
                 adapters: AdapterLayout | None, engine_dtype: str, num_generators: int, host: str,

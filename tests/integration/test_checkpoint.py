@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from learner_fixtures import RESUME_LOSS_KEYS, full_params, make_model_dir, max_abs_diff, step_groups, train_each
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_record
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.learner import Learner
-from asyncgrpo.learner.resume import run_record
 
 pytestmark = pytest.mark.slow
 

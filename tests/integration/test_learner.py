@@ -47,7 +47,7 @@ def one_update(model_dir, *overrides):
     learner = Learner.from_config(cfg, model_dir)
     try:
         batch = collate(fixed_groups(), learner.pad_id)
-        metrics = update(learner.policy, batch, cfg, rank=0, world_size=1)
+        metrics = update(learner.policy, batch, cfg, rank=0, world_size=1, max_new_tokens=cfg.rollout.max_new_tokens)
         params = {name: p.full_tensor().detach().clone() for name, p in learner.policy.model.named_parameters()}
     finally:
         learner.close()
@@ -103,7 +103,7 @@ def test_policy_entropy_is_the_mean_entropy_of_the_sampling_distribution_over_tr
         p = (rows / temperature).softmax(-1)
         per_token = -(p * p.clamp(min=1e-300).log()).sum(-1)
         expected = float((per_token * batch.mask).sum() / batch.mask.sum())
-        whole = update(learner.policy, batch, cfg, rank=0, world_size=1)
+        whole = update(learner.policy, batch, cfg, rank=0, world_size=1, max_new_tokens=cfg.rollout.max_new_tokens)
     finally:
         learner.close()
     assert whole["policy/entropy"] == pytest.approx(expected, rel=1e-4)

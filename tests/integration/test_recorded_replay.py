@@ -15,10 +15,10 @@ from learner_fixtures import fixed_groups, make_model_dir
 
 from asyncgrpo import cli
 from asyncgrpo.config import load
-from asyncgrpo.recording import StreamRecorder
-from asyncgrpo.recording.rerun import offline_learner
 from asyncgrpo.recording.stream import STREAM_FILE
-from asyncgrpo.queue.sources import ListSource
+from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.parts import offline_learner_parts, stream_recorder
+from asyncgrpo.queue.sources import GroupSource, ListSource
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,11 @@ pytestmark = pytest.mark.slow
 # staleness it trains with is k - SAMPLED_AT[k].
 SAMPLED_AT = [0, 0, 0, 2]
 LOSS_KEYS = ("loss/pg", "loss/total", "optim/grad_norm")
+
+
+def offline_learner(cfg, model_dir, source: GroupSource, recorder=None) -> Learner:
+    """The one-rank learner a replay builds (asyncgrpo/driver/replay.py)."""
+    return Learner(**offline_learner_parts(cfg, model_dir, source, recorder).arguments)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ def recorded(tmp_path_factory):
         sample = int(np.argmax(group.lengths >= 2))
         assert group.lengths[sample] >= 2
         group.versions[group.offsets[sample]] += 1
-    learner = offline_learner(cfg, model_dir, ListSource(groups), StreamRecorder.from_config(cfg, model_dir))
+    learner = offline_learner(cfg, model_dir, ListSource(groups), stream_recorder(cfg, model_dir))
     try:
         metrics = [learner.step() for _ in SAMPLED_AT]
     finally:
@@ -124,7 +129,7 @@ def test_a_recording_made_after_a_resume_replays_from_that_checkpoint(tmp_path):
     finally:
         first.close()
     cfg = load([*overrides, f"wire.record_dir={directory}", f"resume={checkpoint}"])
-    resumed = offline_learner(cfg, model_dir, ListSource(groups[6:]), StreamRecorder.from_config(cfg, model_dir))
+    resumed = offline_learner(cfg, model_dir, ListSource(groups[6:]), stream_recorder(cfg, model_dir))
     try:
         resumed.load_checkpoint(checkpoint)
         original = [resumed.step() for _ in range(2)]

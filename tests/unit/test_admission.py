@@ -33,7 +33,8 @@ def one_update(*overrides: str, num_groups: int = 3, version: int = 2,
                     torch.device("cpu"), torch.device("cpu"), rank=0, temperature=cfg.rollout.temperature)
     stale = [dataclasses.replace(g, versions=np.full_like(g.versions, sampled[i % len(sampled)]))
              for i, g in enumerate(groups(num_groups))]
-    return update(policy, collate(stale, tokenizer.pad_token_id), cfg, rank=0, world_size=1, version=version)
+    return update(policy, collate(stale, tokenizer.pad_token_id), cfg, rank=0, world_size=1,
+                  max_new_tokens=cfg.rollout.max_new_tokens, version=version)
 
 
 @pytest.mark.parametrize("mode", ["bypass", "decoupled"])

@@ -44,7 +44,7 @@ def leaves(settings: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def test_loss_settings_carry_every_key_of_the_algo_section():
     cfg = load(["algo.kl.enabled=true", *(f"algo.{key}={value}" for key, value in OVERRIDES.items())])
-    carried = dict(leaves(loss_settings(cfg)))
+    carried = dict(leaves(loss_settings(cfg, cfg.rollout.max_new_tokens)))
     algo_keys = dict(leaves(cfg.algo))
     # A new algo key fails here until the loss carries it or the list above says who reads it.
     assert carried.keys() == algo_keys.keys() - READ_ELSEWHERE.keys()
@@ -55,7 +55,7 @@ def test_loss_settings_carry_every_key_of_the_algo_section():
 
 def test_loss_settings_fill_in_the_norm_constant_and_leave_the_kl_penalty_off_by_default():
     cfg = load([])
-    settings = loss_settings(cfg)
+    settings = loss_settings(cfg, cfg.rollout.max_new_tokens)
     assert cfg.algo.norm_constant is None and settings.norm_constant == float(cfg.rollout.max_new_tokens)
     assert settings.kl is None
 

@@ -9,7 +9,8 @@ import torch
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import Learner
-from asyncgrpo.learner.publication import VersionRing, held_dtype
+from asyncgrpo.learner.parts import held_dtype, outside_sections, version_ring
+from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.driver.preflight import memory_estimate
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.wire import VersionAck
@@ -46,7 +47,8 @@ def learner_with(k: int, *overrides: str) -> Learner:
     cfg = load([f"train.fixed_staleness={k}", "rollout.num_generators=1", "train.groups_per_step=2", *overrides])
     queue = ReplayQueue(None, 8, StalenessEviction(cfg.train.max_staleness, drop_stale=False), limits=None)
     return Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
-                   registry=queue.registry, weights=Sender(), owns_process_group=False)
+                   registry=queue.registry, weights=Sender(), owns_process_group=False,
+                   **outside_sections(cfg), ring=version_ring(cfg))
 
 
 def advance(learner: Learner) -> int:
@@ -140,7 +142,8 @@ def test_the_learner_waits_only_for_an_engine_more_than_max_backlog_versions_beh
                 "train.max_staleness=1", "weights.max_backlog_versions=3", "wire.timeout_s=0.2"])
     queue = ReplayQueue(None, 8, StalenessEviction(1, drop_stale=False), limits=None)
     learner = Learner(cfg, policy=VersionedPolicy(), model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
-                      registry=queue.registry, weights=Sender(), owns_process_group=False)
+                      registry=queue.registry, weights=Sender(), owns_process_group=False,
+                      **outside_sections(cfg))
     for _ in range(5):
         advance(learner)
     queue.put(VersionAck(0, 2))  # 3 behind version 5: past max_staleness, within the backlog

@@ -18,6 +18,7 @@ from test_generator import make_generator
 from asyncgrpo.config import load
 from asyncgrpo.learner.intake import wait_for_generators
 from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.parts import outside_sections
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.queue.sources import QueueTimeout
 from asyncgrpo.wire import Heartbeat, ScoredGroup, VersionAck
@@ -57,7 +58,8 @@ class RecordingSender:
 def learner_on(queue: ReplayQueue, timeout_s: float) -> Learner:
     cfg = load(["rollout.num_generators=1", "train.groups_per_step=2", f"wire.timeout_s={timeout_s}"])
     return Learner(cfg, policy=None, model_dir="", pad_id=0, rank=0, world_size=1, source=queue,
-                   registry=queue.registry, weights=RecordingSender(), owns_process_group=False)
+                   registry=queue.registry, weights=RecordingSender(), owns_process_group=False,
+                   **outside_sections(cfg))
 
 
 def test_the_learners_take_outlasts_wire_timeout_while_a_generator_restarts():

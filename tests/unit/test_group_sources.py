@@ -18,7 +18,7 @@ from asyncgrpo.recording.source import RecordedSource
 
 PACKAGE = Path(__file__).resolve().parents[2] / "asyncgrpo"
 # Every module that holds or is handed the learner's source.
-LEARNER_CODE = sorted((PACKAGE / "learner").glob("*.py")) + [PACKAGE / "recording" / "rerun.py"]
+LEARNER_CODE = sorted((PACKAGE / "learner").glob("*.py")) + [PACKAGE / "driver" / "replay.py"]
 SOURCE_ATTRIBUTE = re.compile(r"_?source")  # learner.source, self.source, a collaborator's self._source
 
 

@@ -15,6 +15,7 @@ import torch
 from asyncgrpo.config import load
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.parts import outside_sections
 from asyncgrpo.queue.sources import ListSource
 
 # DCP without a process group says it assumes one process: that is the point here.
@@ -59,8 +60,9 @@ def learner(tmp_path: Path, source: ListSource) -> Learner:
     model_dir = tmp_path / "model"
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps({"architectures": ["Tiny"], "dtype": "float32"}))
-    return Learner(load([f"run_dir={tmp_path / 'run'}"]), Policy(), str(model_dir), 0, rank=0, world_size=1,
-                   source=source, registry=None, weights=None, owns_process_group=False)
+    cfg = load([f"run_dir={tmp_path / 'run'}"])
+    return Learner(cfg, Policy(), str(model_dir), 0, rank=0, world_size=1, source=source, registry=None,
+                   weights=None, owns_process_group=False, **outside_sections(cfg))
 
 
 def test_an_offline_source_leaves_no_queue_state_in_the_checkpoint(tmp_path):

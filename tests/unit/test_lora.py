@@ -107,7 +107,7 @@ def test_an_update_under_lora_moves_the_adapters_and_leaves_the_base():
     policy = policy_of(model)
     batch = collate(groups(), build_char_tokenizer().pad_token_id)
     for _ in range(2):
-        metrics = update(policy, batch, cfg, rank=0, world_size=1)
+        metrics = update(policy, batch, cfg, rank=0, world_size=1, max_new_tokens=cfg.rollout.max_new_tokens)
     assert metrics["loss/kl"] > 0  # the reference is the base: once B moves, the policy differs from it
     for name, p in model.named_parameters():
         moved = not torch.equal(p, before[name])

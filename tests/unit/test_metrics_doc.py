@@ -23,6 +23,7 @@ from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.driver.evaluation import evaluate, probe_report
 from asyncgrpo.driver.loop import Progress, note_lost_groups
 from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.parts import outside_sections
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.models.tiny import TinyModelSpec, build_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
@@ -69,7 +70,8 @@ def learner_after_one_step(*overrides: str) -> tuple[Learner, dict[str, float]]:
     for group in scored_groups(2):
         queue.put(group)
     learner = Learner(cfg, policy=policy, model_dir="", pad_id=tokenizer.pad_token_id, rank=0, world_size=1,
-                      source=queue, registry=registry, weights=None, owns_process_group=False)
+                      source=queue, registry=registry, weights=None, owns_process_group=False,
+                      **outside_sections(cfg))
     try:
         return learner, learner.step()
     finally:

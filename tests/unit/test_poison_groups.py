@@ -244,7 +244,8 @@ def test_a_training_step_runs_on_what_the_queue_serves_after_poison_groups() -> 
     policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), None,
                     torch.device("cpu"), torch.device("cpu"), rank=0, temperature=cfg.rollout.temperature)
     before = [p.detach().clone() for p in model.parameters()]
-    metrics = update(policy, collate(taken, tokenizer.pad_token_id), cfg, rank=0, world_size=1)
+    metrics = update(policy, collate(taken, tokenizer.pad_token_id), cfg, rank=0, world_size=1,
+                     max_new_tokens=cfg.rollout.max_new_tokens)
     assert math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["optim/grad_norm"]), metrics
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())

@@ -76,7 +76,7 @@ def step(overrides: tuple[str, ...], change: Callable[[Batch], Batch] = lambda b
     cfg = load(["learner.warmup_steps=0", "rollout.max_new_tokens=8", *overrides])
     policy = tiny_policy(cfg, with_reference=cfg.algo.kl.enabled)
     batch = change(collate(groups or multi_turn_groups(), build_char_tokenizer().pad_token_id))
-    metrics = update(policy, batch, cfg, rank=0, world_size=1)
+    metrics = update(policy, batch, cfg, rank=0, world_size=1, max_new_tokens=cfg.rollout.max_new_tokens)
     return ({k: v for k, v in metrics.items() if not k.startswith("time/")},
             [p.grad.detach().clone() for p in policy.model.parameters()])
 

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from asyncgrpo import cli
-from asyncgrpo.config import load
+from asyncgrpo.config import load, replay_config
 from asyncgrpo.schema import ConfigError
+from asyncgrpo.learner.parts import stream_recorder
 from asyncgrpo.recording import StreamRecorder, open_recording, scan
-from asyncgrpo.recording.rerun import replay_config
 from asyncgrpo.recording.stream import CONFIG_DEFAULTS, HEADER_FILE, STREAM_FILE
 from asyncgrpo.wire import example_group
 
@@ -19,7 +19,7 @@ from asyncgrpo.wire import example_group
 def make_recording(directory, *overrides: str):
     """A one-step recording made under these overrides; (the recording run's config, the recording)."""
     cfg = load(["train.groups_per_step=2", "algo.clip_high=0.3", f"wire.record_dir={directory}", *overrides])
-    recorder = StreamRecorder.from_config(cfg, "/")
+    recorder = stream_recorder(cfg, "/")
     recorder.record_step(0, [example_group(2, 3, seed=i) for i in range(2)])
     recorder.close()
     return cfg, open_recording(directory)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncgrpo.recording import StreamRecorder
-from asyncgrpo.recording.rerun import _train
+from asyncgrpo.learner.parts import stream_recorder
+from asyncgrpo.driver.replay import _train
 from asyncgrpo.config import load
 from asyncgrpo.study.runner import RUN_RECORD, StudyError, check_earlier_runs, run_command
 from asyncgrpo.study.spec import Spec, SpecError
@@ -23,7 +23,7 @@ from asyncgrpo.wire import example_group
 def make_recording(directory: Path, groups_per_step: int = 2) -> Path:
     """A one-step recording (the replay study only composes configs from it here)."""
     cfg = load([f"train.groups_per_step={groups_per_step}", f"wire.record_dir={directory}"])
-    recorder = StreamRecorder.from_config(cfg, "/")
+    recorder = stream_recorder(cfg, "/")
     recorder.record_step(0, [example_group(2, 3, seed=i) for i in range(groups_per_step)])
     recorder.close()
     return directory

@@ -9,13 +9,14 @@ import json
 import os
 import shutil
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from asyncgrpo.config import load
+from asyncgrpo.config import load, run_record
 from asyncgrpo.driver import prepare
 from asyncgrpo.driver.prepare import (
     interrupt_on_sigterm,
@@ -28,7 +29,6 @@ from asyncgrpo.learner.resume import (
     check_compatible,
     file_sha256,
     record_differences,
-    run_record,
 )
 from asyncgrpo.train import keep_earlier_run_files
 
@@ -58,9 +58,14 @@ def save(cfg, version: int, run: dict[str, Any] | None, keep: int = 0) -> Path:
                            model_dir=str(model_dir), rank=0, world_size=1, keep=keep, run=run)
 
 
+def compatible(meta: dict[str, Any], cfg, checkpoint: str, log) -> list[str]:
+    """`check_compatible` as the driver calls it (asyncgrpo/driver/prepare.py)."""
+    return check_compatible(meta, partial(run_record, cfg), cfg.resume_allow_changes, checkpoint, log)
+
+
 def refusal(meta: dict[str, Any], cfg) -> str:
     with pytest.raises(ResumeRefused) as err:
-        check_compatible(meta, cfg, "runs/a/checkpoints/step_3", log=lambda line: None)
+        compatible(meta, cfg, "runs/a/checkpoints/step_3", log=lambda line: None)
     message = str(err.value)
     assert "\n" not in message and "resume_allow_changes=true" in message
     return message
@@ -221,7 +226,7 @@ def test_a_checkpoint_written_by_the_learner_records_the_run(tmp_path):
 def test_the_same_settings_resume_without_a_word(tmp_path):
     cfg = config(tmp_path)
     lines: list[str] = []
-    assert check_compatible({"run": run_record(cfg)}, cfg, "ckpt", log=lines.append) == [] and lines == []
+    assert compatible({"run": run_record(cfg)}, cfg, "ckpt", log=lines.append) == [] and lines == []
 
 
 @pytest.mark.parametrize(("change", "named"), [
@@ -265,7 +270,7 @@ def test_a_moved_data_file_with_the_same_contents_resumes(tmp_path):
     saved = {"run": run_record(data_config(tmp_path, data))}
     moved = tmp_path / "elsewhere.jsonl"
     shutil.copy(data, moved)
-    assert check_compatible(saved, data_config(tmp_path, moved), "ckpt", log=lambda line: None) == []
+    assert compatible(saved, data_config(tmp_path, moved), "ckpt", log=lambda line: None) == []
 
 
 def test_another_number_of_data_files_is_refused(tmp_path):
@@ -280,7 +285,7 @@ def test_resume_allow_changes_goes_on_and_logs_what_differs(tmp_path):
     saved = {"run": run_record(config(tmp_path))}
     lines: list[str] = []
     cfg = config(tmp_path, "rollout.num_generators=2", "resume_allow_changes=true")
-    assert check_compatible(saved, cfg, "ckpt", log=lines.append) == ["rollout.num_generators=2 (the checkpoint's run: 1)"]
+    assert compatible(saved, cfg, "ckpt", log=lines.append) == ["rollout.num_generators=2 (the checkpoint's run: 1)"]
     assert len(lines) == 1 and lines[0].startswith("[resume] warning: resuming ckpt despite changes")
 
 
@@ -289,7 +294,7 @@ def test_a_checkpoint_without_a_run_record_is_refused_unless_allowed(tmp_path):
     message = refusal(tickets, config(tmp_path))
     assert "records no run settings" in message
     lines: list[str] = []
-    check_compatible(tickets, config(tmp_path, "resume_allow_changes=true"), "ckpt", log=lines.append)
+    compatible(tickets, config(tmp_path, "resume_allow_changes=true"), "ckpt", log=lines.append)
     assert len(lines) == 1 and "resuming unchecked" in lines[0]
 
 
@@ -594,7 +599,7 @@ def test_a_checkpoint_written_under_shares_is_refused_in_one_line_naming_why(tmp
     # dispatcher; and a checkpoint without any record predates tickets.
     for meta in ({"run": recorded}, {"run": unrecorded, "states": {"queue": {"counters": {}}}}, {"format": 3}):
         with pytest.raises(ResumeRefused) as err:  # no setting resumes it: its prompts would be skipped
-            check_compatible(meta, cfg, "ckpt", log=lambda line: None)
+            compatible(meta, cfg, "ckpt", log=lambda line: None)
         message = str(err.value)
         assert "\n" not in message and "ckpt was written under the shares dispatch" in message \
             and "tickets is the only dispatch" in message
@@ -605,4 +610,4 @@ def test_a_tickets_checkpoint_resumes_whether_or_not_its_record_names_the_dispat
     unrecorded = {key: value for key, value in run_record(cfg).items() if key != "rollout.dispatch"}
     for run in ({**unrecorded, "rollout.dispatch": "tickets"}, unrecorded):
         meta = {"run": run, "states": {"queue": {"counters": {}, "dispatch": {"step": 3}}}}
-        assert check_compatible(meta, cfg, "ckpt", log=lambda line: None) == []
+        assert compatible(meta, cfg, "ckpt", log=lambda line: None) == []

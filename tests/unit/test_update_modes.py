@@ -43,7 +43,8 @@ def one_update(*overrides: str, with_reference: bool = False) -> dict[str, float
     reference = build_model(TinyModelSpec.from_config(cfg.model), tokenizer, seed=0) if with_reference else None
     policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), reference,
                     torch.device("cpu"), torch.device("cpu"), rank=0, temperature=cfg.rollout.temperature)
-    return update(policy, collate(groups(), tokenizer.pad_token_id), cfg, rank=0, world_size=1)
+    return update(policy, collate(groups(), tokenizer.pad_token_id), cfg, rank=0, world_size=1,
+                  max_new_tokens=cfg.rollout.max_new_tokens)
 
 
 @pytest.mark.parametrize("kl_enabled", [True, False])

@@ -51,7 +51,8 @@ def step(overlong: str, truncated_tokens: list[int], *extra: str) -> tuple[dict[
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), None,
                     torch.device("cpu"), torch.device("cpu"), rank=0, temperature=cfg.rollout.temperature)
-    metrics = update(policy, collate(groups(truncated_tokens), tokenizer.pad_token_id), cfg, rank=0, world_size=1)
+    metrics = update(policy, collate(groups(truncated_tokens), tokenizer.pad_token_id), cfg, rank=0, world_size=1,
+                     max_new_tokens=cfg.rollout.max_new_tokens)
     return metrics, [p.detach().clone() for p in model.parameters()]
 
 
@@ -80,6 +81,6 @@ def test_under_penalty_the_step_reports_the_mean_penalty_added():
 
 
 def test_a_zero_buffer_is_a_fifth_of_the_token_limit_and_at_least_one():
-    assert overlong_settings(load(["rollout.max_new_tokens=20", "algo.overlong=penalty"])).buffer_tokens == 4
-    assert overlong_settings(load(["rollout.max_new_tokens=4", "algo.overlong=penalty"])).buffer_tokens == 1
-    assert overlong_settings(load(["rollout.max_new_tokens=20", "algo.overlong_buffer_tokens=7"])).buffer_tokens == 7
+    assert overlong_settings(load(["rollout.max_new_tokens=20", "algo.overlong=penalty"]), 20).buffer_tokens == 4
+    assert overlong_settings(load(["rollout.max_new_tokens=4", "algo.overlong=penalty"]), 4).buffer_tokens == 1
+    assert overlong_settings(load(["rollout.max_new_tokens=20", "algo.overlong_buffer_tokens=7"]), 20).buffer_tokens == 7

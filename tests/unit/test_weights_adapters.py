@@ -32,6 +32,10 @@ from asyncgrpo.wire import Publisher, Subscriber
 LORA = ["learner.lora.rank=4", "learner.lora.alpha=8"]
 
 
+def adapters_only(cfg) -> bool:
+    return pushes_adapters(cfg.weights, cfg.learner.lora.rank)
+
+
 class Engine:
     """A fake engine: the weights it holds, by name, after every load (it accumulates nothing itself)."""
 
@@ -94,7 +98,7 @@ def cfg_of(rank: int = 4, targets: str = "[all-linear]", *more: str):
 def test_the_adapter_spec_is_the_policys_adapters_in_the_order_the_learner_pushes_them(base_dir):
     cfg = cfg_of(4, "[q_proj,down_proj]")
     spec = adapter_spec(lora.adapter_layout(base_dir, cfg.learner.lora))
-    pushed = list(pushed_tensors(policy(base_dir, cfg.learner.lora), cfg))
+    pushed = list(pushed_tensors(policy(base_dir, cfg.learner.lora), adapters_only(cfg)))
     assert [(n, tuple(t.shape), t.dtype) for n, t in pushed] == spec
     assert spec[0][0] == "model.layers.0.self_attn.q_proj.lora_A.weight"
     assert spec[1][0] == "model.layers.0.self_attn.q_proj.lora_B.weight"
@@ -121,7 +125,7 @@ def test_the_merge_gives_the_learners_merged_weights_bit_for_bit(base_dir):
     learner = policy(base_dir, cfg.learner.lora)
     want = dict(learner.full_state_dict())
     merge = AdapterMerge(base_dir, lora.adapter_layout(base_dir, cfg.learner.lora))
-    merged = dict(merge.merged(pushed_tensors(learner, cfg)))
+    merged = dict(merge.merged(pushed_tensors(learner, adapters_only(cfg))))
     assert merged and set(merged) == {path + ".weight" for path in learner.loras}
     for name, tensor in merged.items():
         assert torch.equal(tensor, want[name]), name
@@ -133,21 +137,21 @@ def test_loading_two_pushes_merges_each_onto_the_base_without_accumulating(base_
     first, second = policy(base_dir, cfg.learner.lora, seed=1), policy(base_dir, cfg.learner.lora, seed=2)
     engine = Engine()
     target = merge.onto(engine)
-    target.load_weights(pushed_tensors(first, cfg))
+    target.load_weights(pushed_tensors(first, adapters_only(cfg)))
     once = dict(engine.weights)
-    target.load_weights(pushed_tensors(second, cfg))
-    target.load_weights(pushed_tensors(first, cfg))
+    target.load_weights(pushed_tensors(second, adapters_only(cfg)))
+    target.load_weights(pushed_tensors(first, adapters_only(cfg)))
     assert engine.weights.keys() == once.keys()
     assert all(torch.equal(engine.weights[name], once[name]) for name in once)
     want = dict(second.full_state_dict())
-    target.load_weights(pushed_tensors(second, cfg))
+    target.load_weights(pushed_tensors(second, adapters_only(cfg)))
     assert all(torch.equal(engine.weights[name], want[name]) for name in once)
 
 
 def test_a_push_of_other_adapters_is_refused_in_one_line(base_dir):
     cfg = cfg_of(4)
     merge = AdapterMerge(base_dir, lora.adapter_layout(base_dir, cfg.learner.lora))
-    named = list(pushed_tensors(policy(base_dir, cfg.learner.lora), cfg))
+    named = list(pushed_tensors(policy(base_dir, cfg.learner.lora), adapters_only(cfg)))
     with pytest.raises(ValueError, match="names differ"):
         merge.merged(named[:-1])
     other = list(push_names(policy(base_dir, cfg_of(2).learner.lora).adapter_state_dict()))
@@ -167,7 +171,7 @@ def test_an_adapter_push_over_real_zmq_sockets_lands_merged_in_the_engine(base_d
         while receiver.newest_version < 0:  # a PUB/SUB subscription takes a moment to start
             assert time.monotonic() < deadline, "no push arrived"
             version += 1
-            sent = sender.push(version, pushed_tensors(learner, cfg))
+            sent = sender.push(version, pushed_tensors(learner, adapters_only(cfg)))
             receiver.poll(0.5)
         engine = Engine()
         assert receiver.apply_newest(engine) >= 1 and receiver.rejections() == (0, "")
@@ -197,7 +201,7 @@ def test_only_an_adapter_pushing_run_wraps_the_generators_receiver_which_keeps_i
     cfg = cfg_of(4)
     wrapped = merging_receiver(inner, base_dir, pushed_adapters(cfg, base_dir))
     learner = policy(base_dir, cfg.learner.lora)
-    inner.named = list(pushed_tensors(learner, cfg))
+    inner.named = list(pushed_tensors(learner, adapters_only(cfg)))
     engine = Engine()
     assert wrapped.newest_version == 3 and wrapped.shutdown_reason is None
     assert wrapped.apply_newest(engine) == 3

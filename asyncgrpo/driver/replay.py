@@ -4,10 +4,10 @@ For paired comparisons of corrections on identical stale data (the same groups, 
 learner versions, with the same behaviour log-probs) and for deterministic re-runs.
 
 The config is the recording's config.yaml with the command line's overrides on top (algo.*,
-learner.lr, seed, ...). The recording fixes the starting weights (its model_dir, or the checkpoint
-the recording run resumed from), each step's groups and the version that took them, and so
-train.groups_per_step (another value is refused), and which groups were filtered
-(algo.filter_groups cannot be set). A replay runs one learner rank, pushes no weights
+learner.lr, seed, ...; `config.replay_config`). The recording fixes the starting weights (its
+model_dir, or the checkpoint the recording run resumed from), each step's groups and the version
+that took them, and so train.groups_per_step (another value is refused), and which groups were
+filtered (algo.filter_groups cannot be set). A replay runs one learner rank, pushes no weights
 and starts no generator, Ray or socket; it stops at the recording's last complete step or at
 train.max_steps, whichever comes first, and writes a run directory of its own (run_dir, default
 DIR/replay-<timestamp>): config.yaml, metrics.jsonl, summary.json, which `asyncgrpo plot` reads.
@@ -37,73 +37,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import load
+from asyncgrpo.config import replay_config
+from asyncgrpo.driver.replay_evaluation import ReplayEvaluator, evaluates
 from asyncgrpo.runtime.files import private_dir, write_atomic
-from asyncgrpo.recording.evaluation import ReplayEvaluator, evaluates
-from asyncgrpo.recording.recorder import StreamRecorder
-from asyncgrpo.recording.source import RecordedSource, Recording, open_recording
+from asyncgrpo.recording.source import RecordedSource, open_recording
 from asyncgrpo.recording.stream import RecordingError
-from asyncgrpo.queue.sources import GroupSource
 from asyncgrpo.schema import Config, ConfigError, to_yaml
-
-# Set before the user's overrides (which may change them): a replay records nothing unless asked
-# to (and never into the recording it reads), resumes no checkpoint, and runs one rank.
-REPLAY_DEFAULTS = {"wire.record_dir": "''", "resume": "''", "learner.world_size": "1"}
-
-
-def replay_config(recording: Recording, overrides: Sequence[str]) -> Config:
-    """The recording's config with `overrides` on top; run_dir defaults to a new DIR/replay-<time>."""
-    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
-    base = [f"{key}={value}" for key, value in REPLAY_DEFAULTS.items() if key not in given]
-    cfg = load([*base, *overrides], config_name="config", config_dir=recording.directory)
-    if cfg.resume:
-        raise ConfigError("resume: a replay starts from the recording's starting weights, not from a checkpoint")
-    if cfg.learner.world_size != 1:
-        raise ConfigError(f"learner.world_size: a replay runs one learner rank (got {cfg.learner.world_size})")
-    if "algo.filter_groups" in given:
-        raise ConfigError("algo.filter_groups: a replay trains the recorded groups; filtering needs generators to "
-                          "replace the groups it drops")
-    if cfg.train.groups_per_step != recording.groups_per_step:
-        raise ConfigError(f"train.groups_per_step: the recording took {recording.groups_per_step} groups per step "
-                          f"(got {cfg.train.groups_per_step})")
-    if "run_dir" not in given:
-        cfg.run_dir = str(new_run_dir(recording.directory))
-    return cfg
-
-
-def new_run_dir(directory: Path) -> Path:
-    stem = directory / time.strftime("replay-%Y%m%d-%H%M%S")
-    path, k = stem, 1
-    while path.exists():
-        k += 1
-        path = stem.with_name(f"{stem.name}-{k}")
-    return path
-
-
-def offline_learner(cfg: Config, model_dir: str, source: GroupSource, recorder: StreamRecorder | None = None):
-    """A learner of one rank on `source`, with no generators, no weight pushes and no sockets."""
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoTokenizer
-
-    from asyncgrpo.learner.learner import Learner
-    from asyncgrpo.learner.parts import join_process_group, learner_device
-    from asyncgrpo.learner.policy import Policy
-    from asyncgrpo.runtime.resources import pin_to_cores
-
-    # The thread count fixes the reduction order.
-    pin_to_cores([], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
-    device = learner_device(cfg)
-    owns_group = join_process_group(cfg, device, 0, 1, "127.0.0.1", None)
-    try:
-        policy = Policy.from_config(cfg, model_dir, device, 0, 1)
-        pad_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
-    except BaseException:
-        if owns_group:
-            dist.destroy_process_group()
-        raise
-    return Learner(cfg, policy, model_dir, pad_id, rank=0, world_size=1, source=source, registry=None, weights=None,
-                   owns_process_group=owns_group, recorder=recorder)
 
 
 def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -123,6 +62,8 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
     if index.torn_records or index.torn_bytes:
         log(f"[replay] ignored a torn tail: {index.torn_records} records, {index.torn_bytes} bytes after byte "
             f"{index.end} of {recording.stream} (the recording run stopped while writing)")
+    from asyncgrpo.learner.learner import Learner
+    from asyncgrpo.learner.parts import offline_learner_parts, stream_recorder
     from asyncgrpo.metrics import open_sinks
 
     private_dir(run_dir)
@@ -140,8 +81,8 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
     stack = ExitStack()
     try:
         stack.enter_context(_deterministic())
-        recorder = StreamRecorder.from_config(cfg, model_dir) if cfg.wire.record_dir else None
-        learner = offline_learner(cfg, model_dir, source, recorder)
+        recorder = stream_recorder(cfg, model_dir)
+        learner = Learner(**offline_learner_parts(cfg, model_dir, source, recorder).arguments)
         if checkpoint:
             learner.load_checkpoint(checkpoint)
         if learner.version != recording.start_version:
