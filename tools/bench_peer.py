@@ -295,7 +295,7 @@ def trl_worker(spec_path: str) -> int:
     from trl import GRPOTrainer
 
     from asyncgrpo.learner.schedule import lr_multiplier
-    from asyncgrpo.config import run_task
+    from asyncgrpo.composition import run_task
     from asyncgrpo.tasks import Problem, run_stream
 
     if spec["generation"] == "vllm":
@@ -546,7 +546,7 @@ class Evaluator:
         import torch
         from transformers import AutoTokenizer
 
-        from asyncgrpo.config import run_task
+        from asyncgrpo.composition import run_task
 
         torch.set_num_threads(1)  # a tiny model; a second thread mostly waits for a busy core here
         self.task = run_task(cfg)

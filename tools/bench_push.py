@@ -86,7 +86,9 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import torch
 
-    from asyncgrpo.config import load, pushed_adapters, weights_backend
+    from asyncgrpo.config import load
+
+    from asyncgrpo.composition import pushed_adapters, weights_backend
     from asyncgrpo.rollout.engine import VLLMEngine
     from asyncgrpo.weights import make_receiver
     from asyncgrpo.weights.adapters import merging_receiver

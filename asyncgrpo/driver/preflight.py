@@ -57,7 +57,7 @@ def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int
 
 def push_plan(cfg: Config, spec: list[tuple[str, tuple[int, ...], Any]]) -> dict[str, Any]:
     """What one weight push carries (zmq: in chunks; shm: one announcement, the tensors in a slot)."""
-    from asyncgrpo.config import weights_backend
+    from asyncgrpo.composition import weights_backend
     from asyncgrpo.weights.zmq import chunk_plan, wire_dtype_for
 
     dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
@@ -165,7 +165,7 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     """The report; raises ModelDirError or PreflightError (one line) when the settings cannot work."""
     from asyncgrpo.models.check import check_model_dir
     from asyncgrpo.learner.lora import LoraError, check_model
-    from asyncgrpo.config import pushed_adapters
+    from asyncgrpo.composition import pushed_adapters
     from asyncgrpo.weights.adapters import pushed_spec
 
     # A user's model is checked against vLLM's registry (importing it takes seconds); the embedded
@@ -207,7 +207,7 @@ def check_data(cfg: Config, model_dir: str) -> dict[str, Any] | None:
     from transformers import AutoTokenizer
 
     from asyncgrpo.data import DataError, DataReport, FieldMap, PromptFormat, load_problems
-    from asyncgrpo.config import run_task
+    from asyncgrpo.composition import run_task
     from asyncgrpo.tasks import FILE_TASKS
 
     if cfg.task.name not in FILE_TASKS:

@@ -11,9 +11,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import run_record, run_task
+from asyncgrpo.composition import run_record, run_task
 from asyncgrpo.runtime import faults
-from asyncgrpo.config import local_cluster_cpus
+from asyncgrpo.composition import local_cluster_cpus
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred
 from asyncgrpo.runtime.ray_cluster import child_pids, private_token_env, stop_children_started_since

@@ -50,7 +50,7 @@ class ReplayEvaluator:
         self._engine_threads = self._learner_threads  # vLLM's, once it has started
 
         from asyncgrpo.envs import make_environment
-        from asyncgrpo.config import run_task
+        from asyncgrpo.composition import run_task
 
         self.cfg, self.model_dir = cfg, model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)

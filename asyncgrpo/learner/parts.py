@@ -13,7 +13,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import collective_timeout_s, run_record, run_task
+from asyncgrpo.config import collective_timeout_s
+
+from asyncgrpo.composition import run_record, run_task
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing
@@ -36,7 +38,7 @@ from asyncgrpo.tasks import run_stream_length
 from asyncgrpo.weights import make_sender, publication
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
-from asyncgrpo.config import pushed_adapters, weights_backend, wire_transport
+from asyncgrpo.composition import pushed_adapters, weights_backend, wire_transport
 from asyncgrpo.wire.security import CurveServerKeys
 
 

@@ -3,7 +3,7 @@
 A resumed generator skips the prompts the checkpointed run's generator had used: its stream is
 rebuilt from the task, the seed and the data, and position k must still mean the same prompt. So a
 checkpoint records, under `run` in its meta.json, the settings that define each generator's stream
-(`config.run_record`, which reads them from their sections): rollout.num_generators, the task and
+(`composition.run_record`, which reads them from their sections): rollout.num_generators, the task and
 its parameters, the seed, and the SHA-256 of every training data file. A resume whose settings
 differ is refused before Ray starts, in one line naming each difference, unless
 `resume_allow_changes=true`. A checkpoint without the record (written
@@ -104,7 +104,7 @@ def written_under_shares(meta: dict[str, Any]) -> bool:
 def check_compatible(meta: dict[str, Any], current: Callable[[], dict[str, Any]], allow: bool,
                      checkpoint: str | Path, log: Callable[[str], None] = _print) -> list[str]:
     """Raise ResumeRefused, in one line, unless the checkpoint's run record matches this run's
-    (`current()`, `config.run_record`: called only when there is a record to compare, since it hashes
+    (`current()`, `composition.run_record`: called only when there is a record to compare, since it hashes
     the data files) or `allow` (`resume_allow_changes`) is set: then the differences are logged; and
     unless it was written under the shares dispatch (no setting allows that). Returns the differences."""
     if written_under_shares(meta):

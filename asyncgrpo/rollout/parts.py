@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from asyncgrpo.composition import pushed_adapters, run_task, weights_backend
 from asyncgrpo.envs import EnvironmentSpec, episode_rules, make_environment
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, FinishedGroup, VLLMEngine
@@ -20,15 +21,12 @@ from asyncgrpo.rollout.episodes import EpisodeSettings
 from asyncgrpo.rollout.sink import GroupSink, with_faults
 from asyncgrpo.rollout.spec import GeneratorSpec
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
-from asyncgrpo.learner.lora import adapter_layout
-from asyncgrpo.runtime.placement import spans_nodes
 from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import Task, make_task, run_stream
-from asyncgrpo.weights import WeightReceiver, make_receiver, resolve_backend
-from asyncgrpo.weights.adapters import merging_receiver, pushes_adapters
+from asyncgrpo.tasks import Task, run_stream
+from asyncgrpo.weights import WeightReceiver, make_receiver
+from asyncgrpo.weights.adapters import merging_receiver
 from asyncgrpo.wire import GrantDealer, Sender, Subscriber, holder_identity
-from asyncgrpo.wire.reach import resolve_wire_transport
 
 
 class SamplingEngine(Protocol):
@@ -96,9 +94,7 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     )
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-    # As config.run_task, which this package may not import.
-    task = make_task(cfg, tokenizer, tool=cfg.env.name == "calculator",
-                     context_tokens=max(cfg.model.max_positions - cfg.rollout.max_new_tokens, 0))
+    task = run_task(cfg, tokenizer)
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
     if engine is None:
@@ -125,13 +121,9 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     subscriber = Subscriber(spec.weights_endpoint, cfg.wire.max_message_bytes, curve=spec.curve)
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-    # The backend and what a push carries, resolved as learner rank 0 resolves them
-    # (config.weights_backend, config.pushed_adapters: a generator imports nothing of asyncgrpo.config).
-    spanning = spans_nodes(cfg.ray.address, cfg.learner.node_resource, cfg.rollout.node_resource)
-    backend = resolve_backend(cfg.weights, resolve_wire_transport(cfg.wire, spanning))
     base_dir = spec.base_model_dir or spec.model_dir
-    adapters = adapter_layout(base_dir, cfg.learner.lora) if pushes_adapters(cfg.weights, cfg.learner.lora.rank) else None
-    weights = make_receiver(cfg.weights, backend, subscriber, spec.model_dir, device, adapters=adapters,
+    adapters = pushed_adapters(cfg, base_dir)
+    weights = make_receiver(cfg.weights, weights_backend(cfg), subscriber, spec.model_dir, device, adapters=adapters,
                             engine_dtype=cfg.rollout.dtype, startup_timeout_s=cfg.wire.startup_timeout_s,
                             timeout_s=cfg.wire.timeout_s)
     # A LoRA run's adapter pushes arrive merged onto the run's model (weights/adapters.py).

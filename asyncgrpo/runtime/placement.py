@@ -6,7 +6,7 @@ rank's placement-group bundle and each generator actor asks for `NODE_RESOURCE_S
 resource marks nodes, it does not count actors (their CPUs and GPUs do), so a node started with 1
 takes up to 1,000 of them.
 
-`spans_nodes` says, from the config alone (`config.actors_span_nodes` hands it the keys), whether
+`spans_nodes` says, from the config alone (`composition.actors_span_nodes` hands it the keys), whether
 generators may run on another node than learner rank 0; what that decides for the wire and the
 weight backend, and the check of where the actors landed, are asyncgrpo.wire.reach's.
 """
@@ -61,7 +61,7 @@ def check_node_resources(roles: Iterable[tuple[str, str, str, float]], nodes: li
     """After Ray is up, before any actor starts: each named node resource is on an alive node with
     room for one such actor. Otherwise the actor would wait for a node that never comes. `roles`:
     per kind of actor, the key of its node resource, that resource ("": any node), the key of its
-    CPUs and the CPUs (`config.node_resource_roles`)."""
+    CPUs and the CPUs (`composition.node_resource_roles`)."""
     alive = [node for node in nodes if node.get("Alive")]
     available = custom_resources(alive)
     for key, name, cpus_key, cpus in roles:

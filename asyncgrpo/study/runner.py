@@ -176,7 +176,7 @@ def engine_cluster_cpus(spec: Spec) -> int | None:
     the most any cell's run would give a local cluster. Checks every cell's config with the
     cluster's overrides. None when the runs join a cluster the spec names (ray.address in base):
     they start and stop their own engines."""
-    from asyncgrpo.config import local_cluster_cpus
+    from asyncgrpo.composition import local_cluster_cpus
 
     placeholder = "127.0.0.1:1"
     configs = spec.check_configs(before=cluster_overrides(placeholder, engine_pool_name(spec)))

@@ -1,7 +1,7 @@
 """Verifiable tasks: problems with a prompt, a reference answer and the task's own check.
 
 The interface is `Task` and `Problem` (asyncgrpo/tasks/problem.py). `make_task(cfg, ...)` builds the
-configured task (the composition roots' `config.run_task` hands it what it takes of other sections); `run_stream` is the run's one stream of training problems, which every generator
+configured task (the composition roots' `composition.run_task` hands it what it takes of other sections); `run_stream` is the run's one stream of training problems, which every generator
 reads at the positions it is granted.
 """
 
@@ -33,7 +33,7 @@ def make_task(cfg: Config, tokenizer: Any | None = None, *, tool: bool, context_
     `tokenizer`, if given, counts prompt tokens for the length filter (at most `context_tokens`, the
     context beside rollout.max_new_tokens) and applies data.chat_template. `tool`: the calculator
     environment is on (env.name), so a multiply task's references are episodes with it. The
-    composition roots pass both (config.run_task, rollout/parts.py)."""
+    composition roots pass both (composition.run_task)."""
     name = cfg.task.name
     if name == "arithmetic":
         return ArithmeticTask(num_digits=cfg.task.num_digits, eval_size=cfg.task.eval_size)

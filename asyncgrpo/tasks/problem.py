@@ -46,7 +46,7 @@ def reference_segments(problem: Problem) -> list[tuple[str, bool]]:
 
 
 class Task(Protocol):
-    """A verifiable task. `make_task` (through `config.run_task`) builds the configured one;
+    """A verifiable task. `make_task` (through `composition.run_task`) builds the configured one;
     `run_stream` is the run's stream of `train_problems`."""
 
     def train_problems(self, seed: int) -> Iterator[Problem]:

@@ -5,7 +5,7 @@ in] and B [out, rank] of every targeted layer, under their Hugging Face module p
 (`model.layers.0.self_attn.q_proj.lora_A.weight`), in `adapter_spec`'s fixed order (decoder
 layers in module order, A before B). Which layers, their shapes and the scale are the learner's
 `learner.lora.AdapterLayout`, which the composition roots build from learner.lora and hand in
-(`config.pushed_adapters`). Every backend is built from that spec instead of the model's
+(`composition.pushed_adapters`). Every backend is built from that spec instead of the model's
 (`weights.make_sender` / `make_receiver`), so its fingerprint, chunk plan or slot layout is the
 adapters'.
 

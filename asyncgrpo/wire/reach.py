@@ -8,8 +8,8 @@ preflight, rank 0, each generator). So it is read from the config alone
 cluster (`ray.address`) or placing actors by node resource makes `wire.transport=auto` tcp (with
 CURVE, `config.use_curve`), and so `weights.backend=auto` zmq (`weights.resolve_backend`, from the
 transport). What the user forces is kept, and checked against where the actors landed once they
-are up (`check_reach`, on the nodes each actor reports with `this_node`). `config.wire_transport`
-and `config.weights_backend` resolve both from a whole config.
+are up (`check_reach`, on the nodes each actor reports with `this_node`). `composition.wire_transport`
+and `composition.weights_backend` resolve both from a whole config.
 
 This sits in the wire, above asyncgrpo.runtime: resolving a transport asks ZeroMQ what it has.
 """
@@ -43,8 +43,8 @@ def check_reach(wire: WireConfig, transport: str, backend: str, learner: dict[st
     """Once the actors are up, before the weight rendezvous: every generator on another machine
     (another node address) than learner rank 0 can reach it. An ipc socket, shared-memory slots and
     a loopback address reach only their own machine; several Ray nodes on one machine share them.
-    `transport` and `backend` are the run's resolved ones (`config.wire_transport`,
-    `config.weights_backend`); `learner` and `generators` (by generator index) are `this_node()`'s answers."""
+    `transport` and `backend` are the run's resolved ones (`composition.wire_transport`,
+    `composition.weights_backend`); `learner` and `generators` (by generator index) are `this_node()`'s answers."""
     for index, node in sorted(generators.items()):
         if node["node_ip"] == learner["node_ip"]:
             continue

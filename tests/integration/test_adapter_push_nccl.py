@@ -10,7 +10,9 @@ import time
 import pytest
 import torch
 
-from asyncgrpo.config import load, pushed_adapters, weights_backend
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import pushed_adapters, weights_backend
 from asyncgrpo.learner.lora import adapter_layout
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer

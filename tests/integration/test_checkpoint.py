@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from learner_fixtures import RESUME_LOSS_KEYS, full_params, make_model_dir, max_abs_diff, step_groups, train_each
 
-from asyncgrpo.config import load, run_record
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_record
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.learner import Learner
 

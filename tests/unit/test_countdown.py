@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.tasks import CountdownTask
 from asyncgrpo.tasks.countdown import countdown_reward
 

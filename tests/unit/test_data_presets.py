@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.schema import CONFIG_DIR
 

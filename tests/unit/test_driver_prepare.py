@@ -7,7 +7,7 @@ from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import check_gpu_share, gpus_per_actor
 from asyncgrpo.driver.evaluation import probe_report
 from asyncgrpo.driver.prepare import fit_steps_to_data, steps_in_data
-from asyncgrpo.config import local_cluster_cpus
+from asyncgrpo.composition import local_cluster_cpus
 
 
 def config(*overrides, device="cpu"):

@@ -12,7 +12,7 @@ from asyncgrpo.config import load
 from asyncgrpo.driver.engine_pool import actor_name, engine_key
 from asyncgrpo.schema import ConfigError
 from asyncgrpo.study.cluster import cluster_overrides
-from asyncgrpo.config import weights_backend, wire_transport
+from asyncgrpo.composition import weights_backend, wire_transport
 
 POOLED = ["ray.address=127.0.0.1:6379", "rollout.engine_pool=study-1"]
 

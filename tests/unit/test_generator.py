@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.contract import THROTTLING_STALE_POLICIES, call_sizes

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.data import DataError
 from asyncgrpo.tasks.gsm8k import GSM8KTask, gsm8k_reference_answer
 

@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.envs import make_environment
 from asyncgrpo.envs.guess import CORRECT, HIGHER, LOWER, NOT_A_NUMBER
 from asyncgrpo.schema import ConfigError, EnvConfig

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.schema import ConfigError
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.tasks import LongtailTask

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.envs import make_environment
 from asyncgrpo.schema import ConfigError, EnvConfig
 from asyncgrpo.tasks import MultiplyTask

@@ -10,7 +10,9 @@ import types
 
 import pytest
 
-from asyncgrpo.config import actors_span_nodes, load, node_resource_roles, use_curve, weights_backend, wire_transport
+from asyncgrpo.config import load, use_curve
+
+from asyncgrpo.composition import actors_span_nodes, node_resource_roles, weights_backend, wire_transport
 from asyncgrpo.schema import ConfigError
 from asyncgrpo.runtime.placement import (
     NODE_RESOURCE_SHARE,

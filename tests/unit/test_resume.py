@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from asyncgrpo.config import load, run_record
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_record
 from asyncgrpo.driver import prepare
 from asyncgrpo.driver.prepare import (
     interrupt_on_sigterm,

@@ -4,7 +4,9 @@
 import numpy as np
 from test_generator import one_turn_group  # the generator's fakes, as the other generator tests import them
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion

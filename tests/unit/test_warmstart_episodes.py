@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncgrpo.config import load, run_task
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import run_task
 from asyncgrpo.models.tiny import TinyModelSpec, build_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.models.warmstart import (

@@ -10,7 +10,9 @@ import time
 import pytest
 import torch
 
-from asyncgrpo.config import load, pushed_adapters, weights_backend
+from asyncgrpo.config import load
+
+from asyncgrpo.composition import pushed_adapters, weights_backend
 from asyncgrpo.learner import lora
 from asyncgrpo.learner.policy import Policy, _param_groups
 from asyncgrpo.learner.publication import pushed_tensors

@@ -229,7 +229,7 @@ def test_delta_settings_that_cannot_work_are_refused_in_one_line(overrides, mess
 
 
 def test_delta_with_a_16_bit_wire_picks_zmq_over_auto():
-    from asyncgrpo.config import weights_backend
+    from asyncgrpo.composition import weights_backend
 
     assert weights_backend(load(["weights.delta=true", "weights.wire_dtype=bfloat16"])) == "zmq"
 

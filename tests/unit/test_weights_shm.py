@@ -13,7 +13,7 @@ from test_weights_zmq import ListPublisher, ListSubscriber, Target, model, spec_
 
 from asyncgrpo.config import load
 from asyncgrpo.weights.shm import NUM_SLOTS, ShmWeightReceiver, ShmWeightSender, layout
-from asyncgrpo.config import weights_backend
+from asyncgrpo.composition import weights_backend
 
 
 @pytest.fixture
