@@ -58,13 +58,10 @@ class Learner:
         self.rank, self.world_size = rank, world_size
         self.source, self.weights, self.recorder = source, weights, recorder
         self._owns_process_group = owns_process_group
-        self.version = 0
-        self.samples_consumed = 0
+        self.version, self.samples_consumed = 0, 0
         self.staleness_histogram: dict[int, int] = {}
-        self.ack_waits = 0
-        self.idle_s = 0.0
-        self._first_step_start = 0.0
-        self._busy_until = 0.0
+        self.ack_waits, self.idle_s = 0, 0.0
+        self._first_step_start, self._busy_until = 0.0, 0.0
         self._last_taken: tuple[int, list[ScoredGroup]] = (0, [])
         self._filtered_seen = 0  # the source's queue/filtered at the end of the last step
         self._run_record: dict[str, Any] | None = None
@@ -74,8 +71,7 @@ class Learner:
         self.pushed_version = 0
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
         # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
-        self._ring, self.max_new_tokens = ring, max_new_tokens
-        self.publication = publication
+        self._ring, self.max_new_tokens, self.publication = ring, max_new_tokens, publication
         self.intake = (GroupIntake(cfg, source, registry, weights, publication=publication, num_generators=num_generators,
                                    timeout_s=timeout_s) if source is not None else None)
         self.admission = AdmissionControl(cfg, source)  # train.staleness_control=divergence's bound, the cap's count
