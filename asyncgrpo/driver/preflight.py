@@ -19,10 +19,13 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncgrpo.contract import call_sizes
 from asyncgrpo.schema import Config
+
+if TYPE_CHECKING:
+    from asyncgrpo.learner.lora import AdapterLayout
 
 GIB = float(1 << 30)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -75,8 +78,10 @@ def push_plan(cfg: Config, spec: list[tuple[str, tuple[int, ...], Any]]) -> dict
 
 
 def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_bytes: int,
-                    backend: str) -> dict[str, float]:
-    """Peak GiB per actor (an estimate: weights, optimizer state, the largest activations, buffers)."""
+                    backend: str, merge_base_bytes: int = 0) -> dict[str, float]:
+    """Peak GiB per actor (an estimate: weights, optimizer state, the largest activations, buffers).
+    `merge_base_bytes`: what a generator keeps of the base weights to merge adapter pushes onto
+    (`merge_base_bytes`; 0 when pushes carry the model)."""
     learner, rollout = cfg.learner, cfg.rollout
     per_rank = num_parameters * (4 + 4 + 8) / learner.world_size  # fp32 weights, gradients, AdamW moments
     if learner.lora.rank > 0:  # a frozen base: no gradients or moments but the adapters' (left out: small)
@@ -92,7 +97,7 @@ def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_byte
     tokens = learner.micro_batch_tokens or (
         cfg.train.groups_per_step * rollout.samples_per_prompt * cfg.model.max_positions // learner.world_size)
     per_rank += 3 * tokens * vocab_size * 4
-    generator = num_parameters * _DTYPE_BYTES[rollout.dtype] + rollout.kv_cache_gib * GIB
+    generator = num_parameters * _DTYPE_BYTES[rollout.dtype] + rollout.kv_cache_gib * GIB + merge_base_bytes
     shared = 0
     if backend == "shm":
         shared = 2 * push_bytes  # the two version slots, shared by the learner and every generator
@@ -110,6 +115,7 @@ def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_byte
         "generator_gib": generator / GIB + VLLM_RUNTIME_GIB,
         "shared_memory_gib": shared / GIB,
         "held_versions_gib": held_bytes / GIB,
+        "merge_base_gib": merge_base_bytes / GIB,
     }
     # learner_rank_gib is rank 0's, the largest; only rank 0 holds the fixed-staleness versions.
     estimate["total_gib"] = (estimate["learner_rank_gib"] * learner.world_size
@@ -117,6 +123,15 @@ def memory_estimate(cfg: Config, num_parameters: int, vocab_size: int, push_byte
                              + estimate["generator_gib"] * rollout.num_generators + estimate["shared_memory_gib"])
     return estimate
 
+
+
+def merge_base_bytes(adapters: AdapterLayout | None, stored_dtype: str) -> int:
+    """The bytes a generator holds to merge a LoRA run's adapter pushes: the base weights of the
+    targeted layers, as the model's files store them (weights/adapters.py, `AdapterMerge`); 0 when
+    pushes carry the model (`adapters` None)."""
+    if adapters is None:
+        return 0
+    return sum(out * inp for out, inp in adapters.shapes.values()) * _DTYPE_BYTES.get(stored_dtype, 4)
 
 def machine_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
@@ -177,11 +192,13 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     except LoraError as err:
         raise PreflightError(str(err)) from None
     # A LoRA run's pushes carry its adapters (weights.lora_push).
-    push = push_plan(cfg, pushed_spec(model_dir, pushed_adapters(cfg, model_dir)))
+    adapters = pushed_adapters(cfg, model_dir)
+    push = push_plan(cfg, pushed_spec(model_dir, adapters))
     config = _text_config(model_dir)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim)
-    memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"], push["backend"])
+    memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"], push["backend"],
+                             merge_base_bytes(adapters, info.dtype))
     report = {"model": info.to_dict(), "push": push, "kv_cache": kv, "memory_gib": memory}
     if lora_targets:
         report["lora"] = {"rank": cfg.learner.lora.rank, "layers": len(lora_targets)}
@@ -293,6 +310,8 @@ def format_report(report: dict[str, Any]) -> str:
         + (f"shared weight slots {memory['shared_memory_gib']:.1f} GiB, " if memory["shared_memory_gib"] else "")
         + (f"train.fixed_staleness versions {memory['held_versions_gib']:.1f} GiB (rank 0), "
            if memory.get("held_versions_gib") else "")
+        + (f"of each generator's the LoRA targets' base weights {memory['merge_base_gib']:.1f} GiB, "
+           if memory.get("merge_base_gib") else "")
         + f"all actors ~{memory['total_gib']:.1f} GiB"
         + (f" of {memory['machine']:.1f} GiB here" if "machine" in memory else ""),
     ]

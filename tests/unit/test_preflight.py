@@ -13,7 +13,7 @@ from asyncgrpo.cli import main
 from asyncgrpo.config import load
 from asyncgrpo.models.bpe import train_tokenizer
 from asyncgrpo.models.shapes import SHAPES, qwen2_config
-from asyncgrpo.driver.preflight import PreflightError, kv_cache_plan, memory_estimate
+from asyncgrpo.driver.preflight import PreflightError, kv_cache_plan, memory_estimate, merge_base_bytes
 from asyncgrpo.schema import CONFIG_DIR
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
@@ -181,3 +181,30 @@ def test_lora_needs_no_optimizer_state_or_reference_copy_for_the_base():
                                      "learner.lora.rank=8"]), 10**8, 1000, 4 * 10**8, "zmq")
     # fp32 weights + gradients + two moments + the reference, against the frozen fp32 weights alone.
     assert full["learner_rank_gib"] - adapters["learner_rank_gib"] == pytest.approx((12 + 4) * 10**8 / 2**30)
+
+
+def test_a_generator_merging_adapter_pushes_is_estimated_with_the_base_of_the_targeted_layers(tmp_path, tokenizer,
+                                                                                              capsys):
+    from asyncgrpo.learner.lora import AdapterLayout
+
+    layout = AdapterLayout({"a.q_proj": (64, 32), "a.v_proj": (16, 32)}, rank=8, scaling=2.0)
+    assert merge_base_bytes(layout, "float32") == (64 * 32 + 16 * 32) * 4
+    assert merge_base_bytes(layout, "bfloat16") == (64 * 32 + 16 * 32) * 2
+    assert merge_base_bytes(None, "float32") == 0
+    cfg = load(["learner.micro_batch_tokens=1024"])
+    plain = memory_estimate(cfg, 10**8, 1000, 4 * 10**8, "zmq")
+    merging = memory_estimate(cfg, 10**8, 1000, 4 * 10**8, "zmq", merge_base_bytes=3 * 2**30)
+    assert merging["generator_gib"] - plain["generator_gib"] == pytest.approx(3.0)
+    assert merging["total_gib"] - plain["total_gib"] == pytest.approx(3.0 * cfg.rollout.num_generators)
+    model = shape_dir(tmp_path, "tiny-fullvocab", tokenizer)
+    common = [f"model.path={model}", "model.max_positions=1024", f"run_dir={tmp_path}/run"]
+    reports = {}
+    for name, extra in (("adapter", ["learner.lora.rank=8"]),
+                        ("merged", ["learner.lora.rank=8", "weights.lora_push=merged"])):
+        code, out, err = run_check(capsys, *common, *extra)
+        assert code == 0, err
+        reports[name] = json.loads(out[out.index("{"):])["memory_gib"]
+    assert reports["merged"]["merge_base_gib"] == 0
+    assert reports["adapter"]["merge_base_gib"] > 0
+    assert reports["adapter"]["generator_gib"] - reports["merged"]["generator_gib"] == pytest.approx(
+        reports["adapter"]["merge_base_gib"])
