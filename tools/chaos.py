@@ -550,12 +550,13 @@ def evaluate(ctx: Context, row: Row, max_steps: int | None, checks: list[Check])
                    "untrained_tail": tail, "resumed_at": starts[1:],
                    "errors": [r.summary.get("error") for r in results if r.summary.get("error")]}
     steps = max_steps if max_steps is not None else max((int(r["step"]) for r in last.steps), default=0)
-    # A run that fails may have taken (and recorded) the groups of the step it failed in, which it never logged.
-    recorded_steps = {steps} if max_steps is not None else {steps, steps + 1}
+    # A run that fails may have taken (and recorded) the groups of the steps of the driver's last call
+    # (train.steps_per_call), which it never logged: those trained before the failure and the one it failed in.
+    recorded_steps = {steps} if max_steps is not None else set(range(steps, steps + STEPS_PER_CALL + 1))
     common = [*(finished(last, max_steps) if max_steps is not None else []),
               (accounting.consumed in {k * GROUPS_PER_STEP for k in recorded_steps},
                f"the recording holds {steps} steps of {GROUPS_PER_STEP} groups"
-               f"{'' if max_steps is not None else ' (or one more: the step it failed in)'} "
+               f"{'' if max_steps is not None else f' (or up to {STEPS_PER_CALL} more: its last call)'} "
                f"(got {accounting.consumed} groups)"),
               (accounting.duplicates == 0, (f"no group trained twice (got {accounting.duplicate_seqs} sequence and "
                                             f"{accounting.duplicate_prompts} prompt duplicates)")),
