@@ -36,7 +36,6 @@ from asyncgrpo.learner.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
-
 from asyncgrpo.composition import actors_span_nodes, weights_backend, wire_transport
 from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES

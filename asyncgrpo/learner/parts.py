@@ -14,8 +14,7 @@ import torch
 import torch.distributed as dist
 
 from asyncgrpo.config import collective_timeout_s
-
-from asyncgrpo.composition import run_record, run_task
+from asyncgrpo.composition import pushed_adapters, run_record, run_task, weights_backend, wire_transport
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing
@@ -38,7 +37,6 @@ from asyncgrpo.tasks import run_stream_length
 from asyncgrpo.weights import make_sender, publication
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
 from asyncgrpo.wire.network import advertised, free_port, is_loopback
-from asyncgrpo.composition import pushed_adapters, weights_backend, wire_transport
 from asyncgrpo.wire.security import CurveServerKeys
 
 
@@ -120,12 +118,13 @@ def stream_recorder(cfg: Config, model_dir: str) -> StreamRecorder | None:
     return StreamRecorder(wire.record_dir, recording_config(cfg), model_dir, wire.record_fsync_every_steps)
 
 
-
 def outside_sections(cfg: Config) -> dict[str, Any]:
     """The `Learner`'s arguments from sections other than its own (docs/ARCHITECTURE.md, "Config
     sections and their readers")."""
-    return {"max_new_tokens": cfg.rollout.max_new_tokens, "publication": publication(cfg.weights, cfg.learner.lora.rank),
+    return {"max_new_tokens": cfg.rollout.max_new_tokens,
+            "publication": publication(cfg.weights, cfg.learner.lora.rank),
             "num_generators": cfg.rollout.num_generators, "timeout_s": cfg.wire.timeout_s}
+
 
 def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
     """Learner rank 0's dispatcher; `positions_end`: the run's one
