@@ -5,6 +5,7 @@ one-line refusals of settings that cannot work."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from asyncgrpo.cli import main
 from asyncgrpo.config import load
 from asyncgrpo.models.bpe import train_tokenizer
 from asyncgrpo.models.shapes import SHAPES, qwen2_config
-from asyncgrpo.driver.preflight import PreflightError, kv_cache_plan, memory_estimate, merge_base_bytes
+from asyncgrpo.driver.preflight import (PreflightError, check_shared_memory, kv_cache_plan, memory_estimate,
+                                        merge_base_bytes)
 from asyncgrpo.schema import CONFIG_DIR
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
@@ -49,8 +51,10 @@ def test_every_preset_passes_the_check_with_a_model_of_its_shape(preset, tmp_pat
                                                                  models_endpoint, monkeypatch):
     shape = PRESET_SHAPES[preset]
     overrides = [f"model.path={shape_dir(tmp_path, shape, tokenizer)}"] if shape else []
-    # The weight slots of a 7B model outgrow this machine's /dev/shm; the presets' machines have the room.
+    # The weight slots of a 7B model outgrow this machine's disks (CI's has 24 GiB free); the presets'
+    # machines have the room, so the check sees 1 TiB free (its refusal is tested below).
     overrides.append(f"weights.shm_dir={tmp_path}")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 40, 0, 1 << 40))
     if load([], config_name=preset).data.train_files:  # the check reads them: a local sample stands in
         overrides += [f"data.train_files=[{SAMPLE}]", f"data.eval_files=[{SAMPLE}]"]
     if "judge" in preset:  # the check probes the judge: a local one, with the key the preset names
@@ -134,10 +138,6 @@ def test_shared_memory_slots_are_counted_once_not_per_generator():
 
 
 def test_too_little_shared_memory_for_the_weight_slots_fails_before_anything_starts(monkeypatch, tmp_path):
-    import shutil
-
-    from asyncgrpo.driver.preflight import check_shared_memory
-
     cfg = load([f"weights.shm_dir={tmp_path}"])
     check_shared_memory(cfg, 1024)
     monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0))
