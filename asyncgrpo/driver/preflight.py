@@ -133,6 +133,7 @@ def merge_base_bytes(adapters: AdapterLayout | None, stored_dtype: str) -> int:
         return 0
     return sum(out * inp for out, inp in adapters.shapes.values()) * _DTYPE_BYTES.get(stored_dtype, 4)
 
+
 def machine_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
 
