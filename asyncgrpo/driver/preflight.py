@@ -61,13 +61,15 @@ def kv_cache_plan(cfg: Config, num_layers: int, num_kv_heads: int, head_dim: int
 def push_plan(cfg: Config, spec: list[tuple[str, tuple[int, ...], Any]]) -> dict[str, Any]:
     """What one weight push carries (zmq: in chunks; shm: one announcement, the tensors in a slot)."""
     from asyncgrpo.composition import weights_backend
-    from asyncgrpo.weights.zmq import chunk_plan, wire_dtype_for
+    from asyncgrpo.weights import push_dtype
+    from asyncgrpo.weights.zmq import chunk_plan
 
-    dtype = wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+    backend = weights_backend(cfg)
+    dtype = push_dtype(cfg.weights, backend, cfg.rollout.dtype)
     numels = [math.prod(shape) for _, shape, _ in spec]
     largest = max(range(len(spec)), key=lambda i: numels[i])
     return {
-        "backend": weights_backend(cfg),
+        "backend": backend,
         "tensors": len(spec),
         "wire_dtype": str(dtype).removeprefix("torch."),
         "bytes_per_push": sum(numels) * dtype.itemsize,

@@ -96,11 +96,10 @@ def group_limits(cfg: Config, model: torch.nn.Module) -> GroupLimits:
 
 
 def held_dtype(cfg: Config) -> torch.dtype:
-    """The dtype floating tensors are sent in: nccl broadcasts float32; zmq and shm send
-    `weights.wire_dtype` (auto: the engine's)."""
-    from asyncgrpo.weights.zmq import wire_dtype_for
+    """The dtype the resolved weights backend pushes floating tensors in (`weights.push_dtype`)."""
+    from asyncgrpo.weights import push_dtype
 
-    return torch.float32 if cfg.weights.backend == "nccl" else wire_dtype_for(cfg.weights.wire_dtype, cfg.rollout.dtype)
+    return push_dtype(cfg.weights, weights_backend(cfg), cfg.rollout.dtype)
 
 
 def version_ring(cfg: Config) -> VersionRing | None:

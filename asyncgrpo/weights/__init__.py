@@ -29,7 +29,7 @@ from asyncgrpo.wire import Publisher, Subscriber
 from asyncgrpo.wire.network import advertised_host
 
 __all__ = ["BACKENDS", "Publication", "WeightReceiver", "WeightSender", "WeightTarget", "make_receiver", "make_sender",
-           "resolve_backend"]
+           "push_dtype", "resolve_backend"]
 
 
 def resolve_backend(weights: WeightsConfig, transport: str) -> str:
@@ -60,13 +60,19 @@ def publication(weights: WeightsConfig, lora_rank: int) -> Publication:
     return Publication(weights.push_every_steps, weights.delta, pushes_adapters(weights, lora_rank),
                        weights.max_backlog_versions)
 
+def push_dtype(weights: WeightsConfig, backend: str, engine_dtype: str) -> torch.dtype:
+    """The dtype floating tensors travel in under `backend` (`resolve_backend`): nccl broadcasts
+    float32; zmq and shm send `weights.wire_dtype` (auto: `engine_dtype`, rollout.dtype)."""
+    return torch.float32 if backend == "nccl" else wire_dtype_for(weights.wire_dtype, engine_dtype)
+
+
 def make_sender(weights: WeightsConfig, backend: str, publisher: Publisher, model_dir: str, device: torch.device, *,
                 adapters: AdapterLayout | None, engine_dtype: str, num_generators: int, host: str,
                 startup_timeout_s: float, max_restarts: int) -> WeightSender:
     """Learner rank 0's sender of `backend` (`resolve_backend`): pushes of the model in `model_dir`,
     or of a LoRA run's `adapters`. `engine_dtype` (rollout.dtype) is what wire_dtype=auto follows;
     nccl forms its group with the `num_generators` on the wire `host` within `startup_timeout_s`."""
-    wire_dtype = wire_dtype_for(weights.wire_dtype, engine_dtype)
+    wire_dtype = push_dtype(weights, backend, engine_dtype)
     if backend == "nccl":
         return NcclWeightSender(publisher, model_dir, num_generators, device,
                                 host=advertised_host(host), timeout_s=startup_timeout_s,
@@ -91,5 +97,5 @@ def make_receiver(weights: WeightsConfig, backend: str, subscriber: Subscriber, 
                                   spec=pushed_spec(model_dir, adapters))
     if backend == "shm":
         return ShmWeightReceiver(subscriber, pushed_spec(model_dir, adapters),
-                                 wire_dtype_for(weights.wire_dtype, engine_dtype), timeout_s)
+                                 push_dtype(weights, backend, engine_dtype), timeout_s)
     return ZmqWeightReceiver(subscriber, DeltaBase() if weights.delta else None)

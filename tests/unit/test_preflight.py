@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from asyncgrpo.cli import main
 from asyncgrpo.config import load
@@ -208,3 +209,13 @@ def test_a_generator_merging_adapter_pushes_is_estimated_with_the_base_of_the_ta
     assert reports["adapter"]["merge_base_gib"] > 0
     assert reports["adapter"]["generator_gib"] - reports["merged"]["generator_gib"] == pytest.approx(
         reports["adapter"]["merge_base_gib"])
+
+
+def test_the_push_plan_counts_the_dtype_its_backend_pushes_in():
+    from asyncgrpo.driver.preflight import push_plan
+
+    spec = [("w", (4, 4), torch.float32)]
+    zmq = push_plan(load(["rollout.dtype=bfloat16", "weights.backend=zmq"]), spec)
+    nccl = push_plan(load(["rollout.dtype=bfloat16", "weights.backend=nccl"]), spec)
+    assert (zmq["wire_dtype"], zmq["bytes_per_push"]) == ("bfloat16", 32)
+    assert (nccl["wire_dtype"], nccl["bytes_per_push"]) == ("float32", 64)  # nccl broadcasts float32
