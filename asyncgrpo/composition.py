@@ -105,3 +105,47 @@ def run_record(cfg: Config) -> dict[str, Any]:
         files = [str(Path(p).expanduser().resolve()) for p in cfg.data.train_files]
         record["data.train_files"] = [{"path": p, "sha256": file_sha256(p)} for p in files]
     return record
+
+
+def use_curve(cfg: Config) -> bool:
+    """Whether the learner's sockets use CURVE. auto: on over tcp (`wire_transport`: also
+    whenever actors may span nodes), loopback included (any local user can connect there), off over
+    ipc (a socket file in a 0700 directory: only this user can).
+    `wire.insecure` never turns CURVE off; it only permits `wire.curve=off` over tcp."""
+    return cfg.wire.curve == "on" or (cfg.wire.curve == "auto" and wire_transport(cfg) == "tcp")
+
+
+def learner_wait_timeout_s(cfg: Config) -> float:
+    """How long anyone waits on a learner rank (a collective between ranks, the driver on a step):
+    rank 0 may first wait for generator acknowledgements and then for a batch, each up to
+    `wire.timeout_s`, while the others already wait for that batch."""
+    return 2 * cfg.wire.timeout_s + 60.0
+
+
+def saves_checkpoints(cfg: Config) -> bool:
+    """Whether the learner may save a checkpoint during the run (periodically, or at an interrupt)."""
+    return cfg.train.save_every_steps > 0 or cfg.train.checkpoint_on_interrupt
+
+
+def steps_wait_timeout_s(cfg: Config) -> float:
+    """How long the driver waits on the learner's `train_steps` call: a periodic checkpoint save
+    inside it may take `train.checkpoint_timeout_s` on top."""
+    save_s = cfg.train.checkpoint_timeout_s if cfg.train.save_every_steps > 0 else 0.0
+    return learner_wait_timeout_s(cfg) + save_s
+
+
+def save_wait_timeout_s(cfg: Config) -> float:
+    """How long the driver waits on the learner's `save_checkpoint` call: an actor runs one call at a
+    time, so the interrupt's save starts once the `train_steps` call in progress has ended."""
+    return steps_wait_timeout_s(cfg) + cfg.train.checkpoint_timeout_s
+
+
+def collective_timeout_s(cfg: Config) -> float:
+    """How long a learner rank waits in a collective: the other ranks wait for rank 0's batch while
+    rank 0 waits for a restarted generator (`rollout.max_restarts`), whose start is bounded by
+    `wire.startup_timeout_s`, not by `wire.timeout_s`; and in a checkpoint save's barriers one rank
+    waits while another writes (DCP's shards, rank 0's manifest hashes every file), up to
+    `train.checkpoint_timeout_s` (one collective waits for one of these, never both)."""
+    restart_s = cfg.wire.startup_timeout_s if cfg.rollout.max_restarts > 0 else 0.0
+    save_s = cfg.train.checkpoint_timeout_s if saves_checkpoints(cfg) else 0.0
+    return learner_wait_timeout_s(cfg) + max(restart_s, save_s)

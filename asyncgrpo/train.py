@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.config import learner_wait_timeout_s, probe_tolerance, set_resolved_device
+from asyncgrpo.config import probe_tolerance, set_resolved_device
+from asyncgrpo.composition import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors, gpus_per_actor
 from asyncgrpo.driver.evaluation import Probes, check_probe, evaluate, probe_sequences

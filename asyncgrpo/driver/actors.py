@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.composition import node_resource_roles, weights_backend, wire_transport
-from asyncgrpo.config import learner_wait_timeout_s, save_wait_timeout_s, use_curve
+from asyncgrpo.composition import (learner_wait_timeout_s, node_resource_roles, save_wait_timeout_s, use_curve,
+                                   weights_backend, wire_transport)
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.engine_pool import EnginePool, engine_key
 from asyncgrpo.driver.learner_ranks import place_learners, start_learners

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncgrpo.config import learner_wait_timeout_s
+from asyncgrpo.composition import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.actors import Actors
 from asyncgrpo.driver.remote import get

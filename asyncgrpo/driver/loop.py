@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asyncgrpo.config import learner_wait_timeout_s, steps_wait_timeout_s
+from asyncgrpo.composition import learner_wait_timeout_s, steps_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.remote import get
 from asyncgrpo.metrics import MetricsSink, SampleLogger

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncgrpo.config import collective_timeout_s
-from asyncgrpo.composition import pushed_adapters, run_record, run_task, weights_backend, wire_transport
+from asyncgrpo.composition import (collective_timeout_s, pushed_adapters, run_record, run_task, weights_backend,
+                                   wire_transport)
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing

@@ -8,7 +8,7 @@ import sys
 
 # wire.transport: auto = ipc on a loopback host (every peer is on this node), tcp otherwise.
 TRANSPORTS = ("auto", "tcp", "ipc")
-# wire.curve: auto = on over tcp (loopback included), off over ipc (see `config.use_curve`).
+# wire.curve: auto = on over tcp (loopback included), off over ipc (see `composition.use_curve`).
 CURVE_MODES = ("auto", "on", "off")
 _WILDCARDS = ("0.0.0.0", "*", "[::]", "::")
 

@@ -6,7 +6,7 @@ its sockets, and alike in every process that builds a weight sender or receiver 
 preflight, rank 0, each generator). So it is read from the config alone
 (`asyncgrpo.runtime.placement.spans_nodes`, handed in as `spans_nodes`): joining an existing
 cluster (`ray.address`) or placing actors by node resource makes `wire.transport=auto` tcp (with
-CURVE, `config.use_curve`), and so `weights.backend=auto` zmq (`weights.resolve_backend`, from the
+CURVE, `composition.use_curve`), and so `weights.backend=auto` zmq (`weights.resolve_backend`, from the
 transport). What the user forces is kept, and checked against where the actors landed once they
 are up (`check_reach`, on the nodes each actor reports with `this_node`). `composition.wire_transport`
 and `composition.weights_backend` resolve both from a whole config.

@@ -9,7 +9,8 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from asyncgrpo.config import load, use_curve
+from asyncgrpo.config import load
+from asyncgrpo.composition import use_curve
 from asyncgrpo.wire import (
     CurveClientKeys,
     CurveKeypair,

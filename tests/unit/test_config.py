@@ -1,12 +1,7 @@
 import pytest
 
-from asyncgrpo.config import (
-    PROBE_TOLERANCE_16BIT,
-    PROBE_TOLERANCE_FP32,
-    load,
-    probe_tolerance,
-    use_curve,
-)
+from asyncgrpo.config import PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32, load, probe_tolerance
+from asyncgrpo.composition import use_curve
 from asyncgrpo.contract import call_sizes
 from asyncgrpo.schema import Config, ConfigError, to_yaml
 

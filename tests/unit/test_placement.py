@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from asyncgrpo.config import load, use_curve
+from asyncgrpo.config import load
+from asyncgrpo.composition import use_curve
 
 from asyncgrpo.composition import actors_span_nodes, node_resource_roles, weights_backend, wire_transport
 from asyncgrpo.schema import ConfigError

@@ -171,13 +171,8 @@ def test_an_older_notice_neither_replaces_nor_ends_a_newer_save() -> None:
 
 
 def test_what_may_wait_on_a_save_allows_checkpoint_timeout_s() -> None:
-    from asyncgrpo.config import (
-        collective_timeout_s,
-        learner_wait_timeout_s,
-        load,
-        save_wait_timeout_s,
-        steps_wait_timeout_s,
-    )
+    from asyncgrpo.config import load
+    from asyncgrpo.composition import collective_timeout_s, learner_wait_timeout_s, save_wait_timeout_s, steps_wait_timeout_s
 
     periodic = load(["wire.timeout_s=10", "train.save_every_steps=5", "train.checkpoint_timeout_s=900"])
     base = learner_wait_timeout_s(periodic)
