@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,11 +83,17 @@ def listening_sockets_started_after(start: float) -> list[tuple[int, str, str, i
 
 
 def private_dirs() -> set[Path]:
-    """The Unix-socket directories and shared-memory weight slots of runs on this machine."""
+    """The Unix-socket directories and shared-memory weight slots on this machine whose creator has
+    exited: those of the run under test once it has ended, never those of another run still going
+    on the same machine (each is named after its creator, runtime/files.py `owned_private_dir`)."""
+    from asyncgrpo.runtime.files import process_alive
     from asyncgrpo.weights.shm import default_directory
 
-    return (set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*"))
-            | set(Path(default_directory()).glob("asyncgrpo-weights-*")))
+    found = (set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*"))
+             | set(Path(default_directory()).glob("asyncgrpo-weights-*")))
+    owner = re.compile(r"asyncgrpo-(?:wire|weights)-(\d+)-(\d+)-")
+    return {path for path in found
+            if not ((match := owner.match(path.name)) and process_alive(int(match[1]), int(match[2])))}
 
 
 def wait_for(predicate, timeout_s: float, what: str, detail=lambda: "") -> None:
