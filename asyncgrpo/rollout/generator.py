@@ -224,8 +224,9 @@ class Generator:
         (generator_slowdown) or one paced as if on a device of its own (generator_pace_s: each group
         finished costs at least that long)."""
         started = time.perf_counter()
-        self.stats.count_step(self.engine.running_sequences)
+        running = self.engine.running_sequences
         finished = self.episodes.step_engine()
+        self.stats.count_step(running, time.perf_counter() - started)
         self.pace.after_step(started, finished)
 
     def _drop_running(self) -> None:
@@ -267,6 +268,7 @@ class Generator:
                         continue
                     group.pos = admitted.ticket.position
                     self.stats.tokens_generated += int(group.tokens.size)
+                    self.stats.group_lengths.add([int(n) for n in group.lengths])
                     self._send(group)
                     self.tickets.sent(admitted.ticket)
             self._heartbeat(periodic=bool(self.episodes))

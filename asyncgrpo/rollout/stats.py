@@ -3,11 +3,76 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.runtime.timing import PhaseTimer
+
+
+# An engine's first steps are left out of its step-cost fit: on CPU vLLM compiles during them.
+FIT_SKIPPED_STEPS = 20
+# Groups whose completion lengths a generator keeps for the simulator (a uniform sample of those sent).
+KEPT_GROUP_LENGTHS = 512
+
+
+@dataclass
+class EngineStepFit:
+    """An engine step's seconds as fixed_s + per_sequence_s x the sequences it ran: least squares
+    over the steps after the first FIT_SKIPPED_STEPS, summed as they come (the simulator's model of
+    a continuous engine, docs/SIMULATOR.md)."""
+
+    skipped: int = 0
+    steps: int = 0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_xx: float = 0.0
+    sum_xy: float = 0.0
+
+    def add(self, sequences: int, seconds: float) -> None:
+        if self.skipped < FIT_SKIPPED_STEPS:
+            self.skipped += 1
+            return
+        self.steps += 1
+        self.sum_x += sequences
+        self.sum_y += seconds
+        self.sum_xx += sequences * sequences
+        self.sum_xy += sequences * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed_s, per_sequence_s); None with fewer than 2 steps or a single batch size. A
+        negative intercept or slope (noise) is clamped at 0 with the other refitted through the mean."""
+        n = self.steps
+        spread = n * self.sum_xx - self.sum_x ** 2
+        if n < 2 or spread <= 1e-9 * max(1.0, n * self.sum_xx):
+            return None
+        slope = (n * self.sum_xy - self.sum_x * self.sum_y) / spread
+        fixed = (self.sum_y - slope * self.sum_x) / n
+        if slope < 0:
+            return self.sum_y / n, 0.0
+        if fixed < 0:
+            return 0.0, self.sum_xy / self.sum_xx
+        return fixed, slope
+
+
+@dataclass
+class GroupLengths:
+    """A uniform sample (reservoir) of up to KEPT_GROUP_LENGTHS groups' completion lengths (policy
+    tokens per sample), seeded so that a run's summary is reproducible."""
+
+    groups: list[list[int]] = field(default_factory=list)
+    seen: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def add(self, lengths: list[int]) -> None:
+        self.seen += 1
+        if len(self.groups) < KEPT_GROUP_LENGTHS:
+            self.groups.append(lengths)
+            return
+        slot = self.rng.randrange(self.seen)
+        if slot < KEPT_GROUP_LENGTHS:
+            self.groups[slot] = lengths
 
 
 @dataclass
@@ -28,6 +93,8 @@ class GeneratorStats:
     # the engine's occupancy while generating).
     engine_steps: int = 0
     running_sequences_sum: int = 0
+    step_fit: EngineStepFit = field(default_factory=EngineStepFit)
+    group_lengths: GroupLengths = field(default_factory=GroupLengths)
     # Assembling and loading pushes into the engine, wherever it happens (between engine steps,
     # while granted nothing): the generator's side of a weight transfer.
     weight_load_s: float = 0.0
@@ -65,18 +132,23 @@ class GeneratorStats:
         if in_wait:
             self.weight_load_in_wait_s += seconds
 
-    def count_step(self, running_sequences: int) -> None:
-        """An engine step over `running_sequences` sequences (counted before the step)."""
+    def count_step(self, running_sequences: int, seconds: float) -> None:
+        """An engine step over `running_sequences` sequences (counted before the step) that took `seconds`."""
         self.engine_steps += 1
         self.running_sequences_sum += running_sequences
+        self.step_fit.add(running_sequences, seconds)
 
     def summary(self, max_running_seqs: int, wall_s: float, rewards: dict[str, int]) -> dict[str, Any]:
         """The counters (`as_dict`), the scorer's `rewards` counters (groups dropped for an environment
         failure added to the reward's, as the heartbeats report them), the wall and idle times, the
         process's peak memory."""
         rewards = {**rewards, "reward/groups_dropped": rewards["reward/groups_dropped"] + self.env_groups_dropped}
+        fit = self.step_fit.fit()
         return {**self.as_dict(max_running_seqs), **rewards, "gen/wall_s": wall_s, "gen/idle_s": self.idle_s,
                 "gen/idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
+                "gen/engine_step_fit": ({"fixed_s": fit[0], "per_sequence_s": fit[1], "steps": self.step_fit.steps}
+                                        if fit else None),
+                "gen/group_lengths": self.group_lengths.groups,
                 **{f"gen/{key}": value for key, value in peak_memory().items()}}
 
     def as_dict(self, max_running_seqs: int) -> dict[str, float]:
