@@ -37,6 +37,19 @@ class GeneratorTimes:
     # Per round of calls, what an environment wait took beyond env.latency_s (the calls' threads, the
     # answers' trip back): gen_time/env_wait_s / calls / rounds - the run's env.latency_s, at least 0.
     env_overhead_s: float = 0.0
+    # The engine step by step (asyncgrpo/sim/engine.py), from gen/engine_step_fit: a step's seconds
+    # are step_fixed_s + step_s_per_sequence x the sequences it runs; both 0 where the run did not
+    # record the fit. step_warmup_s: gen_time/generate_s beyond what the fit gives for the run's
+    # steps (the first steps' compilation), paid by the first step.
+    step_fixed_s: float = 0.0
+    step_s_per_sequence: float = 0.0
+    step_warmup_s: float = 0.0
+    ask_s: float = 0.0  # per ticket request: gen_time/ask_s / gen/ticket_requests
+    other_s_per_step: float = 0.0  # the untimed rest of gen/wall_s (other_s's), per engine step
+
+    @property
+    def has_step_fit(self) -> bool:
+        return self.step_fixed_s + self.step_s_per_sequence > 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,9 @@ class Calibration:
     recorded_dispatch: str = "tickets"
     # Environment step calls one episode may make (the run's env.max_turns); 0: no environment.
     env_max_calls: int = 0
+    # Completion lengths of groups the run sent (every generator's gen/group_lengths): what a
+    # simulated engine draws a group's decoding from; empty where the run did not record them.
+    group_lengths: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> Calibration:
@@ -103,7 +119,8 @@ class Calibration:
                    learner_other_s=max(0.0, (wall - timed) / len(steps)),
                    measured=_measured(summary, reports, steps[settings.warmup_steps:] or steps),
                    shared_cores=_shared_cores(actors), machine_cores=_machine_cores(actors),
-                   device=str(config.get("device", "")), recorded_dispatch=dispatch, env_max_calls=env)
+                   device=str(config.get("device", "")), recorded_dispatch=dispatch, env_max_calls=env,
+                   group_lengths=_group_lengths(reports))
 
     def scaled(self, learner: float, generators: list[float]) -> Calibration:
         """Every processor phase's time x a factor per actor (the learner's, each generator's); the
@@ -111,7 +128,10 @@ class Calibration:
         def generator(times: GeneratorTimes, f: float) -> GeneratorTimes:
             return replace(times, generate_s=times.generate_s * f, score_s_per_group=times.score_s_per_group * f,
                            send_s_per_group=times.send_s_per_group * f, weight_load_s=times.weight_load_s * f,
-                           other_s=times.other_s * f, first_call_extra_s=times.first_call_extra_s * f)
+                           other_s=times.other_s * f, first_call_extra_s=times.first_call_extra_s * f,
+                           step_fixed_s=times.step_fixed_s * f, step_s_per_sequence=times.step_s_per_sequence * f,
+                           step_warmup_s=times.step_warmup_s * f, ask_s=times.ask_s * f,
+                           other_s_per_step=times.other_s_per_step * f)
 
         return replace(self, generators=[generator(t, f) for t, f in zip(self.generators, generators)],
                        train_s=[t * learner for t in self.train_s], push_s=[t * learner for t in self.push_s],
@@ -200,7 +220,11 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
         push_every_steps=int(get("weights.push_every_steps")), steps=steps,
         env_latency_s=float((config.get("env") or {}).get("latency_s", 0.0)),  # absent in older runs: none
         max_backlog_versions=int((config.get("weights") or {}).get(  # absent in older runs: the default
-            "max_backlog_versions", Settings.max_backlog_versions)))
+            "max_backlog_versions", Settings.max_backlog_versions)),
+        # Absent in runs from before the continuous engine: they called vLLM call by call.
+        continuous=bool(get("rollout").get("continuous", False)),
+        max_running_seqs=int(get("rollout").get("max_running_seqs", Settings.max_running_seqs)),
+        inflight_updates=bool(get("rollout").get("inflight_updates", False)))
     settings.check()
     return settings
 
@@ -310,8 +334,38 @@ def _generator_times(index: int, report: dict[str, Any], call_groups: int, first
         other_s=max(0.0, total("gen/wall_s") - timed) / calls,
         env_calls_per_episode=env_calls_per_episode, env_overhead_s=env_overhead_s,
     )
+    times = replace(times, **_engine_step_times(report, max(0.0, total("gen/wall_s") - timed)))
     env_wait_s = env_wait_per_call(times, call_groups * env.samples_per_prompt, env.max_calls, env.latency_s)
     return _split_first_call(times, calls, math.ceil(first_step_groups / call_groups), first_step_wait_s, env_wait_s)
+
+
+def _engine_step_times(report: dict[str, Any], untimed_s: float) -> dict[str, float]:
+    """GeneratorTimes' step_* fields, ask_s and other_s_per_step from a generator's totals; {} where it
+    recorded no gen/engine_step_fit (a run from before it, or one whose steps all ran one batch size)."""
+    fit, steps = report.get("gen/engine_step_fit"), int(report.get("gen/engine_steps") or 0)
+    if not isinstance(fit, dict) or steps <= 0:
+        return {}
+    fixed_s, per_sequence_s = float(fit.get("fixed_s", 0.0)), float(fit.get("per_sequence_s", 0.0))
+    if fixed_s < 0 or per_sequence_s < 0 or fixed_s + per_sequence_s <= 0:
+        raise SimulationError(f"gen/engine_step_fit must have fixed_s, per_sequence_s >= 0, not both 0 (got {fit})")
+    running = float(report.get("gen/mean_running_sequences") or 0.0) * steps
+    fitted_s = fixed_s * steps + per_sequence_s * running
+    requests = int(report.get("gen/ticket_requests") or 0)
+    return {"step_fixed_s": fixed_s, "step_s_per_sequence": per_sequence_s,
+            "step_warmup_s": max(0.0, float(report.get("gen_time/generate_s", 0.0)) - fitted_s),
+            "ask_s": float(report.get("gen_time/ask_s", 0.0)) / requests if requests else 0.0,
+            "other_s_per_step": untimed_s / steps}
+
+
+def _group_lengths(reports: list[dict[str, Any]]) -> tuple[tuple[int, ...], ...]:
+    """Every generator's gen/group_lengths, pooled; a malformed entry is one line."""
+    pooled = []
+    for report in reports:
+        for group in report.get("gen/group_lengths") or ():
+            if not (isinstance(group, list) and group and all(isinstance(n, int) and n >= 0 for n in group)):
+                raise SimulationError(f"gen/group_lengths holds {group!r}, not a list of token counts")
+            pooled.append(tuple(group))
+    return tuple(pooled)
 
 
 def env_wait_per_call(times: GeneratorTimes, episodes: int, max_calls: int, latency_s: float) -> float:

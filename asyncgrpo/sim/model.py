@@ -15,6 +15,7 @@ from typing import Any
 from asyncgrpo.contract import ack_floor, engine_lag_bound, staleness, trainable
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, env_wait_per_call, histogram_mean
+from asyncgrpo.sim.engine import engine_generator
 from asyncgrpo.sim.events import Clock, Delay, EventLoop, Process, Until, Work
 from asyncgrpo.sim.settings import Settings, SimulationError
 
@@ -96,6 +97,7 @@ class Model:
         self.generators = [SimGenerator(i, call_groups, calibration.generators[i % len(calibration.generators)])
                            for i, call_groups in enumerate(settings.call_groups())]
         self.speeds = settings.speeds()
+        self.engine_steps = uses_engine_steps(calibration, settings)
         # Slots granted to whichever generator asks (asyncgrpo/queue/dispatch.py, the real run's code).
         # No slot is granted that the queue could not hold, so no generator blocks on a full queue.
         self.dispatcher = Dispatcher(settings.groups_per_step, settings.max_staleness, settings.throttles,
@@ -173,6 +175,11 @@ class Model:
                 continue
             yield from self.call(g, len(tickets))
             yield from self.send(g, tickets, version)
+
+    def wait_for_slots(self, g: SimGenerator) -> Iterator[Until]:
+        """Granted nothing with nothing running: wait (idle) for newer weights or a slot given back."""
+        yield from self.wait(g.clock, "throttle",
+                             lambda: self.newest > g.loaded or self.dispatcher.can_grant(g.loaded), reads=GRANT_READS)
 
     def send(self, g: SimGenerator, tickets: list[Any], version: int) -> Process:
         for ticket in tickets:
@@ -331,7 +338,7 @@ class Model:
 
     def run(self) -> Result:
         for g in self.generators:
-            self.loop.start(self.generator(g))
+            self.loop.start(engine_generator(self, g) if self.engine_steps else self.generator(g))
         self.loop.start(self.learner_loop())
         self.loop.run(done=lambda: self.steps_done >= self.s.steps)
         end = self.loop.now
@@ -354,6 +361,18 @@ class Model:
             staleness_histogram=dict(sorted(self.staleness.items())), staleness_mean=histogram_mean(self.staleness),
             staleness_max=max(self.staleness, default=0),
             dropped_stale=self.dropped_stale)
+
+
+def uses_engine_steps(calibration: Calibration, settings: Settings) -> bool:
+    """Whether the generators run the engine step by step (sim.engine, asyncgrpo/sim/engine.py)."""
+    ready = bool(calibration.group_lengths) and all(g.has_step_fit for g in calibration.generators)
+    if settings.engine == "steps" and not ready:
+        raise SimulationError(f"sim.engine=steps needs {calibration.run_dir}'s generators to have recorded "
+                              f"gen/engine_step_fit and gen/group_lengths (runs since they were added do)")
+    if settings.engine == "steps" and (calibration.env_max_calls or settings.env_latency_s):
+        raise SimulationError("sim.engine=steps does not model environment waits; use sim.engine=calls")
+    return settings.engine == "steps" or (settings.engine == "auto" and ready and not calibration.env_max_calls
+                                          and not settings.env_latency_s)
 
 
 def simulate(calibration: Calibration, settings: Settings) -> Result:

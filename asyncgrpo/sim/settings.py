@@ -68,6 +68,18 @@ class Settings:
     # environment or from before the key). Each call of episodes waits it once per round of calls
     # (asyncgrpo/sim/envwaits.py); a run without environment calls waits nothing whatever it is.
     env_latency_s: float = 0.0
+    # The generator's engine (asyncgrpo/sim/engine.py, used under sim.engine=steps): groups are
+    # admitted while the engine has room (rollout.max_running_seqs), only into an empty engine for
+    # the call-batched baseline (rollout.continuous=false); weights load between engine steps with
+    # rollout.inflight_updates, else once the running sequences have finished.
+    continuous: bool = True
+    max_running_seqs: int = 256
+    inflight_updates: bool = False
+    # How a generator's generation is simulated: calls (each call of call_groups groups takes the
+    # run's mean call time, every group arriving at its end), steps (the engine step by step, from
+    # the run's gen/engine_step_fit and gen/group_lengths), or auto: steps where the calibration has
+    # both and the run had no environment, calls otherwise.
+    engine: str = "auto"
 
     @property
     def throttles(self) -> bool:
@@ -127,7 +139,13 @@ class Settings:
         require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
         require(self.env_latency_s >= 0, "env.latency_s", "must be >= 0", self.env_latency_s)
         require(self.cores >= 0, "sim.cores", "must be >= 0 (0: every actor has processors of its own)", self.cores)
+        require(self.max_running_seqs >= self.samples_per_prompt, "rollout.max_running_seqs",
+                f"must hold a group (rollout.samples_per_prompt={self.samples_per_prompt})", self.max_running_seqs)
+        require(self.engine in ENGINE_MODELS, "sim.engine", f"must be one of {', '.join(ENGINE_MODELS)}", self.engine)
         self.speeds()
+
+
+ENGINE_MODELS = ("auto", "steps", "calls")
 
 
 # Command-line key -> Settings field. The config keys keep the names `asyncgrpo train` uses.
@@ -142,10 +160,13 @@ CONFIG_KEYS = {
     "queue.capacity_groups": "capacity_groups",
     "weights.push_every_steps": "push_every_steps",
     "env.latency_s": "env_latency_s",
+    "rollout.continuous": "continuous",
+    "rollout.max_running_seqs": "max_running_seqs",
+    "rollout.inflight_updates": "inflight_updates",
 }
 SIM_KEYS = {f"sim.{name}": name for name in (
     "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",
-    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds", "cores")}
+    "train_scale", "generate_cv", "call_size_exponent", "generator_speeds", "cores", "engine")}
 OVERRIDE_KEYS = {**CONFIG_KEYS, **SIM_KEYS}
 
 
