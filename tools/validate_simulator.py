@@ -5,6 +5,7 @@
     .venv/bin/python -m tools.validate_simulator --reuse --out /tmp/simval      # simulate finished runs again
     .venv/bin/python -m tools.validate_simulator --steps 200 --repeats 3        # every setting 3 times, medians
     .venv/bin/python -m tools.validate_simulator --bench-env runs/bench_env/DATE  # tool latency: no training
+    .venv/bin/python -m tools.validate_simulator --bench-tail runs/bench_tail/DATE  # long completions: no training
 
 For each (generators, max_staleness): a short real `asyncgrpo train` (the embedded tiny model on
 the default task, no evaluation, no export) into OUT/g<generators>_eta<max_staleness>. Then each
@@ -27,6 +28,12 @@ run's samples/s is predicted three ways and compared with what the run measured:
 so that a shared machine's drift reaches every setting alike); each round's predictions are
 calibrated from that round's reference, and a setting's figure is the median over rounds of its
 ratios (and of its measured samples/s), printed with their [min-max].
+
+`--bench-tail DIR` trains nothing either: it predicts the runs of a finished tools/bench_tail.py
+benchmark, each from the run of `--tail-reference` (default: the bench's synchronous baseline) of
+the same repeat, and from itself (own): what the simulator says the call-batched and continuous
+generators give, from a synchronous run alone. Runs that recorded their engine's step cost and
+group lengths are simulated step by step (`sim.engine=auto`, docs/SIMULATOR.md).
 
 `--bench-env DIR` trains nothing: it predicts the runs of a finished tools/bench_env.py benchmark
 (DIR/runs.jsonl), each from the run of its kind (sync, async) and repeat at `--env-reference-ms`
@@ -54,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.sim.calibration import Calibration, Measured
-from asyncgrpo.sim.model import Result, simulate
+from asyncgrpo.sim.model import Result, simulate, uses_engine_steps
 from asyncgrpo.sim.settings import SimulationError
 
 TOLERANCE = 0.15  # the issue's bar: predicted samples/s within 15% of measured
@@ -252,6 +259,10 @@ def main() -> int:
                                                         "runs (its runs.jsonl) instead of training a grid")
     parser.add_argument("--env-reference-ms", type=int, default=0, help="with --bench-env: calibrate each kind from "
                                                                         "its run at this latency (default 0)")
+    parser.add_argument("--bench-tail", default="", help="predict this finished tools/bench_tail.py benchmark's "
+                                                         "runs (its runs.jsonl) instead of training a grid")
+    parser.add_argument("--tail-reference", default="", help="with --bench-tail: the mode each repeat's runs are "
+                                                             "predicted from (default: the bench's sync baseline)")
     parser.add_argument("overrides", nargs="*", help="further `asyncgrpo train` overrides for every run")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -260,6 +271,8 @@ def main() -> int:
         parser.error(f"--cores is auto or a number >= 0 (got {args.cores!r})")
     if args.bench_env:
         return validate_bench_env(Path(args.bench_env), args.env_reference_ms, args.cores)
+    if args.bench_tail:
+        return validate_bench_tail(Path(args.bench_tail), args.tail_reference, args.cores)
     extra = [*([f"model.cache_dir={args.cache_dir}"] if args.cache_dir else []), *args.overrides]
     try:
         reference_generators, reference_run_eta = (int(x) for x in args.reference.split(","))
@@ -402,10 +415,8 @@ def format_env_table(rows: list[dict[str, Any]]) -> str:
 def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
     """Predict every run of a finished tools/bench_env.py benchmark from its kind's run at
     `reference_ms`; print the table per mode, then the JSON line."""
-    try:
-        runs = [json.loads(line) for line in (bench_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"{bench_dir}: no bench_env runs.jsonl to predict ({err})", file=sys.stderr)
+    runs = read_bench_runs(bench_dir, "bench_env")
+    if runs is None:
         return 1
     calibrations: dict[str, Calibration] = {}
 
@@ -432,6 +443,82 @@ def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
     print(f"predicted: each kind's run at {reference_ms} ms of the same repeat; own: each run from itself")
     print(format_env_table(combined))
     print(json.dumps({"bench_env": str(bench_dir), "reference_ms": reference_ms, "modes": combined, "runs": rows,
+                      "worst": {column: worst(combined, column, ("mode",)) for column in ("cross", "own")}}))
+    return 0 if rows else 1
+
+
+# ------------------------------------------------ long completions (tools/bench_tail.py's runs)
+
+
+def read_bench_runs(bench_dir: Path, tool: str) -> list[dict[str, Any]] | None:
+    """A finished benchmark's runs.jsonl (one run per line); None, said on stderr, when there is none."""
+    try:
+        return [json.loads(line) for line in (bench_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"{bench_dir}: no {tool} runs.jsonl to predict ({err})", file=sys.stderr)
+        return None
+
+
+def tail_reference_mode(bench_dir: Path, given: str) -> str:
+    """The mode every bench_tail run is predicted from: `given`, else the bench's synchronous
+    baseline (bench_tail.json), else "sync"."""
+    if given:
+        return given
+    try:
+        return str(json.loads((bench_dir / "bench_tail.json").read_text())["sync_baseline_mode"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return "sync"
+
+
+def tail_references(runs: list[dict[str, Any]], reference_mode: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each bench_tail run with the run it is predicted from: `reference_mode`'s of the same repeat,
+    else of the lowest repeat; [] when no run has that mode."""
+    references = {run["repeat"]: run for run in runs if run["mode"] == reference_mode}
+    if not references:
+        return []
+    return [(run, references.get(run["repeat"], references[min(references)])) for run in runs]
+
+
+def validate_bench_tail(bench_dir: Path, reference_mode: str, cores: str) -> int:
+    """Predict every run of a finished tools/bench_tail.py benchmark from the run of `reference_mode`
+    of the same repeat (the synchronous baseline by default: what the simulator says asynchrony
+    would give, from a synchronous run alone) and from itself; print the table per mode, then the
+    JSON line. Under sim.engine=auto the engine is simulated step by step where the runs recorded
+    its step cost and group lengths."""
+    runs = read_bench_runs(bench_dir, "bench_tail")
+    if runs is None:
+        return 1
+    reference_mode = tail_reference_mode(bench_dir, reference_mode)
+    pairs = tail_references(runs, reference_mode)
+    if not pairs:
+        print(f"{bench_dir}: no run of mode {reference_mode!r} to predict from (modes: "
+              f"{', '.join(sorted({run['mode'] for run in runs}))})", file=sys.stderr)
+        return 1
+    calibrations: dict[str, Calibration] = {}
+
+    def calibration(run: dict[str, Any]) -> Calibration:
+        if run["run_dir"] not in calibrations:
+            calibrations[run["run_dir"]] = Calibration.from_run(run["run_dir"])
+        return calibrations[run["run_dir"]]
+
+    rows = []
+    for run, reference in pairs:
+        try:
+            target = calibration(run)
+            cross = predict(calibration(reference), target, target_cores(target, cores))
+        except SimulationError as err:
+            print(f"{run['run_dir']}: {err}", file=sys.stderr, flush=True)
+            continue
+        if reference is run:
+            cross["is_source"] = True
+        rows.append({"mode": run["mode"], "kind": run["mode"], "latency_ms": 0, "repeat": run["repeat"],
+                     "run_dir": run["run_dir"], "measured": measured_fields(target.measured), "cross": cross,
+                     "own": predict(target, target, target_cores(target, cores)),
+                     "engine_steps": uses_engine_steps(target, target.settings)})
+    combined = combine_env(rows)
+    print(f"predicted: from the {reference_mode!r} run of the same repeat; own: each run from itself")
+    print(format_env_table(combined))
+    print(json.dumps({"bench_tail": str(bench_dir), "reference_mode": reference_mode, "modes": combined, "runs": rows,
                       "worst": {column: worst(combined, column, ("mode",)) for column in ("cross", "own")}}))
     return 0 if rows else 1
 

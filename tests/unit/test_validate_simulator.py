@@ -148,3 +148,18 @@ def test_bench_env_rows_combine_per_mode_into_medians_and_the_worst_names_the_mo
     # predicted: the median of 90, 96 and 110 samples/s
     assert table[3] == "| sync 200 ms | 3 | 110.0 [100.0-120.0] | 96.0 | 0.900 [0.800-1.000] | 1.000 [0.950-1.050] |"
     assert table[2].endswith("1.020 [1.020-1.020]* | 1.020 [1.020-1.020] |")
+
+
+def test_each_bench_tail_run_is_predicted_from_the_reference_modes_run_of_the_same_repeat(tmp_path):
+    runs = [{"mode": mode, "repeat": r, "run_dir": f"r{r}_{mode}"}
+            for r in (0, 1) for mode in ("sync", "call-batched", "continuous")]
+    runs.append({"mode": "continuous", "repeat": 2, "run_dir": "r2_continuous"})  # repeat 2 has no sync run
+    pairs = {run["run_dir"]: reference["run_dir"] for run, reference in vs.tail_references(runs, "sync")}
+    assert pairs["r1_continuous"] == "r1_sync" and pairs["r0_call-batched"] == "r0_sync"
+    assert pairs["r1_sync"] == "r1_sync" and pairs["r2_continuous"] == "r0_sync"
+    assert vs.tail_references(runs, "sync, learner 2 cores") == []
+    # The default reference is the bench's synchronous baseline, as bench_tail.json names it.
+    (tmp_path / "bench_tail.json").write_text('{"sync_baseline_mode": "sync, learner 2 cores"}')
+    assert vs.tail_reference_mode(tmp_path, "") == "sync, learner 2 cores"
+    assert vs.tail_reference_mode(tmp_path, "continuous") == "continuous"
+    assert vs.tail_reference_mode(tmp_path / "missing", "") == "sync"
