@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from asyncgrpo.sim.calibration import Calibration
-from asyncgrpo.sim.model import Result, simulate
+from asyncgrpo.sim.model import Result, simulate, uses_engine_steps
 from asyncgrpo.sim.settings import Settings, apply_overrides, changed_keys
 
 
@@ -33,6 +33,9 @@ def report(calibration: Calibration, settings: Settings, result: Result) -> str:
         lines.append(f"processors: simulated on {settings.cores} shared cores (sim.cores); the run's actors "
                      + (f"shared {calibration.shared_cores} cores, taken out of its times first"
                         if calibration.shared_cores else "had cores of their own"))
+    engine = "steps" if uses_engine_steps(calibration, settings) else "calls"
+    lines.append("generation: " + ("the engine step by step (sim.engine=steps: the run's step cost and group lengths)"
+                                   if engine == "steps" else "call by call (sim.engine=calls: the run's mean call time)"))
     lines.append(f"{'':<22}{'run (measured)':>16}{'simulated':>12}")
     lines += [f"{name:<22}{run:>16.3f}{sim:>12.3f}" for name, run, sim in rows]
     lines.append(f"{'staleness histogram':<22}{json.dumps(m.staleness_histogram):>16}  "
@@ -41,7 +44,7 @@ def report(calibration: Calibration, settings: Settings, result: Result) -> str:
                "measured_samples_per_s": round(m.samples_per_s, 6),
                "ratio_to_measured": round(result.samples_per_s / m.samples_per_s, 4) if m.samples_per_s else None,
                "changed": {k: b for k, (_, b) in changed.items()},
-               "recorded_dispatch": calibration.recorded_dispatch}
+               "recorded_dispatch": calibration.recorded_dispatch, "engine": engine}
     lines.append(json.dumps(payload))
     return "\n".join(lines)
 
