@@ -56,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -412,12 +413,11 @@ def format_env_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
-    """Predict every run of a finished tools/bench_env.py benchmark from its kind's run at
-    `reference_ms`; print the table per mode, then the JSON line."""
-    runs = read_bench_runs(bench_dir, "bench_env")
-    if runs is None:
-        return 1
+def predict_bench_runs(pairs: list[tuple[dict[str, Any], dict[str, Any] | None]], cores: str,
+                       describe: Callable[[dict[str, Any], Calibration], dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row per (run, reference) of a finished benchmark: `describe`'s fields, the run predicted from
+    its reference (cross; None without one, marked where the reference is the run itself) and from
+    itself (own). A run that cannot be calibrated is said on stderr and left out."""
     calibrations: dict[str, Calibration] = {}
 
     def calibration(run: dict[str, Any]) -> Calibration:
@@ -426,7 +426,7 @@ def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
         return calibrations[run["run_dir"]]
 
     rows = []
-    for run, reference in env_references(runs, reference_ms):
+    for run, reference in pairs:
         try:
             target = calibration(run)
             cross = predict(calibration(reference), target, target_cores(target, cores)) if reference else None
@@ -435,16 +435,34 @@ def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
             continue
         if cross and reference is run:
             cross["is_source"] = True
-        rows.append({"mode": run["mode"], "kind": run["kind"], "latency_ms": run["latency_ms"],
-                     "repeat": run["repeat"], "run_dir": run["run_dir"], "measured": measured_fields(target.measured),
-                     "cross": cross, "own": predict(target, target, target_cores(target, cores)),
-                     "env_latency_s": target.settings.env_latency_s})
+        rows.append({**describe(run, target), "repeat": run["repeat"], "run_dir": run["run_dir"],
+                     "measured": measured_fields(target.measured), "cross": cross,
+                     "own": predict(target, target, target_cores(target, cores))})
+    return rows
+
+
+def print_bench_predictions(rows: list[dict[str, Any]], header: str, about: dict[str, Any]) -> int:
+    """The table per mode (medians over repeats) under `header`, then the JSON line: `about`, the modes,
+    every run and the worst median per column; exit status 1 when no run could be predicted."""
     combined = combine_env(rows)
-    print(f"predicted: each kind's run at {reference_ms} ms of the same repeat; own: each run from itself")
+    print(header)
     print(format_env_table(combined))
-    print(json.dumps({"bench_env": str(bench_dir), "reference_ms": reference_ms, "modes": combined, "runs": rows,
+    print(json.dumps({**about, "modes": combined, "runs": rows,
                       "worst": {column: worst(combined, column, ("mode",)) for column in ("cross", "own")}}))
     return 0 if rows else 1
+
+
+def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
+    """Predict every run of a finished tools/bench_env.py benchmark from its kind's run at
+    `reference_ms`; print the table per mode, then the JSON line."""
+    runs = read_bench_runs(bench_dir, "bench_env")
+    if runs is None:
+        return 1
+    rows = predict_bench_runs(env_references(runs, reference_ms), cores, lambda run, target: {
+        "mode": run["mode"], "kind": run["kind"], "latency_ms": run["latency_ms"],
+        "env_latency_s": target.settings.env_latency_s})
+    return print_bench_predictions(rows, f"predicted: each kind's run at {reference_ms} ms of the same repeat; own: "
+                                         f"each run from itself", {"bench_env": str(bench_dir), "reference_ms": reference_ms})
 
 
 # ------------------------------------------------ long completions (tools/bench_tail.py's runs)
@@ -494,33 +512,11 @@ def validate_bench_tail(bench_dir: Path, reference_mode: str, cores: str) -> int
         print(f"{bench_dir}: no run of mode {reference_mode!r} to predict from (modes: "
               f"{', '.join(sorted({run['mode'] for run in runs}))})", file=sys.stderr)
         return 1
-    calibrations: dict[str, Calibration] = {}
-
-    def calibration(run: dict[str, Any]) -> Calibration:
-        if run["run_dir"] not in calibrations:
-            calibrations[run["run_dir"]] = Calibration.from_run(run["run_dir"])
-        return calibrations[run["run_dir"]]
-
-    rows = []
-    for run, reference in pairs:
-        try:
-            target = calibration(run)
-            cross = predict(calibration(reference), target, target_cores(target, cores))
-        except SimulationError as err:
-            print(f"{run['run_dir']}: {err}", file=sys.stderr, flush=True)
-            continue
-        if reference is run:
-            cross["is_source"] = True
-        rows.append({"mode": run["mode"], "kind": run["mode"], "latency_ms": 0, "repeat": run["repeat"],
-                     "run_dir": run["run_dir"], "measured": measured_fields(target.measured), "cross": cross,
-                     "own": predict(target, target, target_cores(target, cores)),
-                     "engine_steps": uses_engine_steps(target, target.settings)})
-    combined = combine_env(rows)
-    print(f"predicted: from the {reference_mode!r} run of the same repeat; own: each run from itself")
-    print(format_env_table(combined))
-    print(json.dumps({"bench_tail": str(bench_dir), "reference_mode": reference_mode, "modes": combined, "runs": rows,
-                      "worst": {column: worst(combined, column, ("mode",)) for column in ("cross", "own")}}))
-    return 0 if rows else 1
+    rows = predict_bench_runs(pairs, cores, lambda run, target: {
+        "mode": run["mode"], "kind": run["mode"], "latency_ms": 0,
+        "engine_steps": uses_engine_steps(target, target.settings)})
+    return print_bench_predictions(rows, f"predicted: from the {reference_mode!r} run of the same repeat; own: each "
+                                         f"run from itself", {"bench_tail": str(bench_dir), "reference_mode": reference_mode})
 
 
 if __name__ == "__main__":
