@@ -40,7 +40,7 @@ from asyncgrpo.rollout.parts import GeneratorParts
 from asyncgrpo.rollout.running import Admitted
 from asyncgrpo.rollout.scoring import ScoringBatch
 from asyncgrpo.rollout.spec import GeneratorSpec
-from asyncgrpo.rollout.stats import GeneratorStats
+from asyncgrpo.rollout.stats import GeneratorStats, turn_lengths
 from asyncgrpo.rollout.waits import WaitLimit
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Problem
@@ -268,7 +268,7 @@ class Generator:
                         continue
                     group.pos = admitted.ticket.position
                     self.stats.tokens_generated += int(group.tokens.size)
-                    self.stats.group_lengths.add([int(n) for n in group.lengths])
+                    self.stats.group_lengths.add(turn_lengths(group.lengths, group.policy_mask))
                     self._send(group)
                     self.tickets.sent(admitted.ticket)
             self._heartbeat(periodic=bool(self.episodes))

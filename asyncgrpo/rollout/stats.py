@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.runtime.timing import PhaseTimer
 
@@ -56,16 +58,30 @@ class EngineStepFit:
         return fixed, slope
 
 
+def turn_lengths(lengths: np.ndarray, policy_mask: np.ndarray | None) -> list[list[int]]:
+    """Each sample's policy tokens per turn (the runs of 1 in its `policy_mask`; one turn of all its
+    `lengths` tokens without a mask); a sample of no policy token has no turn."""
+    if policy_mask is None:
+        return [[int(n)] for n in lengths]
+    turns, start = [], 0
+    for n in lengths:
+        mask = np.asarray(policy_mask[start:start + int(n)], dtype=np.int8)
+        start += int(n)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))  # starts and ends of the runs of 1
+        turns.append([int(end - begin) for begin, end in zip(edges[::2], edges[1::2])])
+    return turns
+
+
 @dataclass
 class GroupLengths:
-    """A uniform sample (reservoir) of up to KEPT_GROUP_LENGTHS groups' completion lengths (policy
-    tokens per sample), seeded so that a run's summary is reproducible."""
+    """A uniform sample (reservoir) of up to KEPT_GROUP_LENGTHS groups' completion lengths (each
+    sample's policy tokens per turn, `turn_lengths`), seeded so that a run's summary is reproducible."""
 
-    groups: list[list[int]] = field(default_factory=list)
+    groups: list[list[list[int]]] = field(default_factory=list)
     seen: int = 0
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
-    def add(self, lengths: list[int]) -> None:
+    def add(self, lengths: list[list[int]]) -> None:
         self.seen += 1
         if len(self.groups) < KEPT_GROUP_LENGTHS:
             self.groups.append(lengths)

@@ -84,9 +84,10 @@ class Calibration:
     recorded_dispatch: str = "tickets"
     # Environment step calls one episode may make (the run's env.max_turns); 0: no environment.
     env_max_calls: int = 0
-    # Completion lengths of groups the run sent (every generator's gen/group_lengths): what a
-    # simulated engine draws a group's decoding from; empty where the run did not record them.
-    group_lengths: tuple[tuple[int, ...], ...] = ()
+    # Completion lengths of groups the run sent (every generator's gen/group_lengths: per group, per
+    # sample, tokens per turn): what a simulated engine draws a group's decoding from; empty where
+    # the run did not record them.
+    group_lengths: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> Calibration:
@@ -357,14 +358,21 @@ def _engine_step_times(report: dict[str, Any], untimed_s: float) -> dict[str, fl
             "other_s_per_step": untimed_s / steps}
 
 
-def _group_lengths(reports: list[dict[str, Any]]) -> tuple[tuple[int, ...], ...]:
-    """Every generator's gen/group_lengths, pooled; a malformed entry is one line."""
+def _group_lengths(reports: list[dict[str, Any]]) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Every generator's gen/group_lengths, pooled: per group, per sample, its tokens per turn (a
+    sample recorded as one count, as the first runs did, is one turn); a malformed entry is one line."""
+    def turns(sample: Any) -> tuple[int, ...]:
+        counts = [sample] if isinstance(sample, int) else sample
+        if not (isinstance(counts, list) and all(isinstance(n, int) and n >= 0 for n in counts)):
+            raise SimulationError(f"gen/group_lengths holds a sample {sample!r}, not token counts per turn")
+        return tuple(counts)
+
     pooled = []
     for report in reports:
         for group in report.get("gen/group_lengths") or ():
-            if not (isinstance(group, list) and group and all(isinstance(n, int) and n >= 0 for n in group)):
-                raise SimulationError(f"gen/group_lengths holds {group!r}, not a list of token counts")
-            pooled.append(tuple(group))
+            if not (isinstance(group, list) and group):
+                raise SimulationError(f"gen/group_lengths holds {group!r}, not a group's samples")
+            pooled.append(tuple(turns(sample) for sample in group))
     return tuple(pooled)
 
 

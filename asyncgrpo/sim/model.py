@@ -176,10 +176,21 @@ class Model:
             yield from self.call(g, len(tickets))
             yield from self.send(g, tickets, version)
 
-    def wait_for_slots(self, g: SimGenerator) -> Iterator[Until]:
-        """Granted nothing with nothing running: wait (idle) for newer weights or a slot given back."""
-        yield from self.wait(g.clock, "throttle",
-                             lambda: self.newest > g.loaded or self.dispatcher.can_grant(g.loaded), reads=GRANT_READS)
+    def wait_for_slots(self, g: SimGenerator, phase: str = "throttle",
+                       ready: Callable[[], bool] | None = None) -> Iterator[Until]:
+        """Granted nothing with nothing decoding: wait (under `phase`) until `ready`, by default for
+        newer weights or a slot given back. What `ready` reads must be versions, slots or answers."""
+        yield from self.wait(g.clock, phase, ready or (lambda: self.newest > g.loaded
+                                                       or self.dispatcher.can_grant(g.loaded)), reads=GRANT_READS)
+
+    def deliver_after(self, seconds: float, deliver: Callable[[], None]) -> None:
+        """Call `deliver` (an environment's answer) `seconds` from now, using no processor."""
+        def answer() -> Process:
+            yield Delay(seconds)
+            deliver()
+            self.loop.changed(ENV)
+
+        self.loop.start(answer())
 
     def send(self, g: SimGenerator, tickets: list[Any], version: int) -> Process:
         for ticket in tickets:
@@ -369,10 +380,7 @@ def uses_engine_steps(calibration: Calibration, settings: Settings) -> bool:
     if settings.engine == "steps" and not ready:
         raise SimulationError(f"sim.engine=steps needs {calibration.run_dir}'s generators to have recorded "
                               f"gen/engine_step_fit and gen/group_lengths (runs since they were added do)")
-    if settings.engine == "steps" and (calibration.env_max_calls or settings.env_latency_s):
-        raise SimulationError("sim.engine=steps does not model environment waits; use sim.engine=calls")
-    return settings.engine == "steps" or (settings.engine == "auto" and ready and not calibration.env_max_calls
-                                          and not settings.env_latency_s)
+    return settings.engine == "steps" or (settings.engine == "auto" and ready)
 
 
 def simulate(calibration: Calibration, settings: Settings) -> Result:

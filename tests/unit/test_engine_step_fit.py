@@ -7,7 +7,9 @@ import statistics
 
 import pytest
 
-from asyncgrpo.rollout.stats import FIT_SKIPPED_STEPS, KEPT_GROUP_LENGTHS, EngineStepFit, GroupLengths
+import numpy as np
+
+from asyncgrpo.rollout.stats import FIT_SKIPPED_STEPS, KEPT_GROUP_LENGTHS, EngineStepFit, GroupLengths, turn_lengths
 
 
 def test_the_fit_recovers_a_steps_fixed_and_per_sequence_cost_after_the_compiling_steps():
@@ -57,3 +59,10 @@ def test_the_kept_group_lengths_are_a_bounded_uniform_sample_of_every_group_sent
     for index in range(10 * KEPT_GROUP_LENGTHS):
         again.add([index, index])
     assert again.groups == kept.groups  # seeded: a run's summary is reproducible
+
+
+def test_a_samples_turns_are_the_runs_of_policy_tokens_between_observations():
+    lengths = np.array([7, 3, 0])
+    mask = np.array([1, 1, 0, 0, 1, 1, 1] + [0, 1, 1], dtype=np.uint8)  # 2 + 3 tokens around an observation; 2 after one
+    assert turn_lengths(lengths, mask) == [[2, 3], [2], []]
+    assert turn_lengths(np.array([4, 5]), None) == [[4], [5]]  # no environment: one turn of every token
