@@ -380,7 +380,9 @@ def uses_engine_steps(calibration: Calibration, settings: Settings) -> bool:
     if settings.engine == "steps" and not ready:
         raise SimulationError(f"sim.engine=steps needs {calibration.run_dir}'s generators to have recorded "
                               f"gen/engine_step_fit and gen/group_lengths (runs since they were added do)")
-    return settings.engine == "steps" or (settings.engine == "auto" and ready)
+    # auto leaves a run with an environment call by call: there the engine step by step measured
+    # further from bench_env's runs at 200 ms than the call model (docs/SIMULATOR.md).
+    return settings.engine == "steps" or (settings.engine == "auto" and ready and not calibration.env_max_calls)
 
 
 def simulate(calibration: Calibration, settings: Settings) -> Result:

@@ -78,7 +78,7 @@ class Settings:
     # How a generator's generation is simulated: calls (each call of call_groups groups takes the
     # run's mean call time, every group arriving at its end), steps (the engine step by step, from
     # the run's gen/engine_step_fit and gen/group_lengths), or auto: steps where the calibration has
-    # both and the run had no environment, calls otherwise.
+    # both and the run had no environment, calls otherwise (docs/SIMULATOR.md says why).
     engine: str = "auto"
 
     @property
