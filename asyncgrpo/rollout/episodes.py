@@ -25,6 +25,7 @@ Invariants (docs/ENVIRONMENTS.md, How the generator runs episodes):
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -294,14 +295,20 @@ class EpisodeRunner:
         return self.calls.pending if self.calls is not None else 0
 
     def collect_env(self, wait_s: float) -> None:
-        """Apply the environment's answers that are in, waiting up to `wait_s` for the first."""
+        """Apply the environment's answers that are in, waiting up to `wait_s` for the first; the
+        work of applying them (not the wait) is counted in `stats.env_answers_s`."""
         if self.calls is not None and self.calls.pending:
-            for key, result in self.calls.finished(wait_s):
+            answers = self.calls.finished(wait_s)
+            started = time.perf_counter()
+            for key, result in answers:
                 self._answered(key, result)
+            self.stats.count_env_answers(len(answers), time.perf_counter() - started)
         if not self.hold_turns:
             ready, self._ready = self._ready, []
+            started = time.perf_counter()
             for key, index in ready:
                 self._next_turn(key, index)
+            self.stats.count_env_answers(0, time.perf_counter() - started)
 
     def _answered(self, key: Hashable, result: EnvCallResult) -> None:
         _, group_key, index = key

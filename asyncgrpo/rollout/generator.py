@@ -223,10 +223,11 @@ class Generator:
         """One engine step. Slowed down by the failpoints that make a slower generator
         (generator_slowdown) or one paced as if on a device of its own (generator_pace_s: each group
         finished costs at least that long)."""
-        started = time.perf_counter()
+        started, answers_s = time.perf_counter(), self.stats.env_answers_s
         running = self.engine.running_sequences
         finished = self.episodes.step_engine()
-        self.stats.count_step(running, time.perf_counter() - started)
+        # The step's cost without the environment's answers applied after it (counted apart).
+        self.stats.count_step(running, time.perf_counter() - started - (self.stats.env_answers_s - answers_s))
         self.pace.after_step(started, finished)
 
     def _drop_running(self) -> None:

@@ -126,6 +126,11 @@ class GeneratorStats:
     env_first_error: str = ""
     # Policy turns whose call did not parse (the environment said so in its observation).
     env_bad_actions: int = 0
+    # Environment answers applied (step and reset calls that ended), and the generator's own time
+    # spent applying them and submitting the turns that follow (tokenizing, building the request):
+    # inside whichever phase ran them (generate or env_wait), not a phase of its own.
+    env_answers: int = 0
+    env_answers_s: float = 0.0
     # Groups not sent because an environment call failed under env.on_error=drop_group (reported with
     # the reward's drops as groups_dropped: the run's loss accounting counts both).
     env_groups_dropped: int = 0
@@ -147,6 +152,10 @@ class GeneratorStats:
         self.weight_load_s += seconds
         if in_wait:
             self.weight_load_in_wait_s += seconds
+
+    def count_env_answers(self, answers: int, seconds: float) -> None:
+        self.env_answers += answers
+        self.env_answers_s += seconds
 
     def count_step(self, running_sequences: int, seconds: float) -> None:
         """An engine step over `running_sequences` sequences (counted before the step) that took `seconds`."""
@@ -186,6 +195,8 @@ class GeneratorStats:
             "gen/env_errors": sum(self.env_errors.values()),
             **{f"gen/env_errors_{cause}": count for cause, count in sorted(self.env_errors.items())},
             "gen/env_bad_actions": self.env_bad_actions,
+            "gen/env_answers": self.env_answers,
+            "gen/env_answers_s": self.env_answers_s,
             "gen/env_groups_dropped": self.env_groups_dropped,
             "gen/episodes_overflowed": self.episodes_overflowed,
             "gen/mean_episode_turns": self.episode_turns_sum / max(1, self.episodes_finished),

@@ -45,6 +45,7 @@ class GeneratorTimes:
     step_s_per_sequence: float = 0.0
     step_warmup_s: float = 0.0
     ask_s: float = 0.0  # per ticket request: gen_time/ask_s / gen/ticket_requests
+    env_answer_s: float = 0.0  # applying one environment answer: gen/env_answers_s / gen/env_answers
     other_s_per_step: float = 0.0  # the untimed rest of gen/wall_s (other_s's), per engine step
 
     @property
@@ -132,6 +133,7 @@ class Calibration:
                            other_s=times.other_s * f, first_call_extra_s=times.first_call_extra_s * f,
                            step_fixed_s=times.step_fixed_s * f, step_s_per_sequence=times.step_s_per_sequence * f,
                            step_warmup_s=times.step_warmup_s * f, ask_s=times.ask_s * f,
+                           env_answer_s=times.env_answer_s * f,
                            other_s_per_step=times.other_s_per_step * f)
 
         return replace(self, generators=[generator(t, f) for t, f in zip(self.generators, generators)],
@@ -353,8 +355,12 @@ def _engine_step_times(report: dict[str, Any], untimed_s: float) -> dict[str, fl
     fitted_s = fixed_s * steps + per_sequence_s * running
     requests = int(report.get("gen/ticket_requests") or 0)
     return {"step_fixed_s": fixed_s, "step_s_per_sequence": per_sequence_s,
-            "step_warmup_s": max(0.0, float(report.get("gen_time/generate_s", 0.0)) - fitted_s),
+            # Answers applied between steps are in gen_time/generate_s but charged apart (env_answer_s).
+            "step_warmup_s": max(0.0, float(report.get("gen_time/generate_s", 0.0)) - fitted_s
+                                 - float(report.get("gen/env_answers_s", 0.0))),
             "ask_s": float(report.get("gen_time/ask_s", 0.0)) / requests if requests else 0.0,
+            "env_answer_s": (float(report.get("gen/env_answers_s", 0.0)) / answers
+                             if (answers := int(report.get("gen/env_answers") or 0)) else 0.0),
             "other_s_per_step": untimed_s / steps}
 
 

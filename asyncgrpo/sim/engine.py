@@ -142,6 +142,8 @@ def engine_generator(model: EngineHost, g: SimulatedGenerator) -> Process:
         if push_waiting and (s.inflight_updates or not (engine.sequences or engine.away)):
             yield from model.load(g)
             push_waiting = False
+        if answered:  # applying the answers and submitting the next turns is the generator's work
+            yield from model.busy(g.clock, "env_answers", len(answered) * times.env_answer_s)
         while answered:
             engine.resume(*answered.popleft())
         if admission_open(s, engine, push_waiting):

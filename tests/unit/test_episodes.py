@@ -147,6 +147,7 @@ def test_a_tool_episode_interleaves_policy_turns_and_observations_and_masks_the_
     assert episode.answer_text(TOKENIZER) == "408" and episode.turns == 2 and not episode.truncated
     # The second turn's prompt is the episode so far: prompt, first turn, observation.
     assert stats.env_calls == 2 * 2  # a reset and a step per episode
+    assert stats.env_answers == stats.env_calls and stats.env_answers_s > 0  # each answer applied, its work timed
     completion = episode.as_completion()
     assert completion.policy_mask.tolist() == episode.policy and completion.finished
 

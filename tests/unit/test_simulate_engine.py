@@ -79,6 +79,15 @@ def test_episodes_waiting_on_their_environment_leave_the_engine_to_others():
     assert async_slow.staleness_max <= 2
 
 
+def test_applying_each_answer_costs_the_generator_its_measured_time():
+    cal, s = engine_run(turns=[((5, 5), (5, 5))], fixed_s=0.0, per_sequence_s=0.001, train_s=0.001, steps=10,
+                        env_latency_s=0.1)
+    free = simulate(cal, s)
+    charged = simulate(replace(cal, generators=[replace(cal.generators[0], env_answer_s=0.001)]), s)
+    # 10 steps x 4 groups x 2 samples come back once each, synchronously: 80 answers x 1 ms on the critical path.
+    assert charged.sim_time_s - free.sim_time_s == pytest.approx(80 * 0.001)
+
+
 def test_synchronous_steps_each_decode_as_long_as_the_steps_longest_group():
     # 4 groups of 2 samples, every group 5 tokens: 5 engine steps of 0.01 s, then 0.01 s of training.
     cal, s = engine_run(lengths=[(5, 5)], fixed_s=0.01, train_s=0.01, steps=10)
@@ -148,6 +157,9 @@ def test_calibration_reads_the_step_fit_and_charges_the_rest_of_generation_to_th
     assert times["step_fixed_s"] == 0.002 and times["step_s_per_sequence"] == 0.0001
     assert times["step_warmup_s"] == pytest.approx(10.0 - (1000 * 0.002 + 50_000 * 0.0001))
     assert times["ask_s"] == pytest.approx(0.005) and times["other_s_per_step"] == pytest.approx(0.002)
+    with_answers = _engine_step_times({**report, "gen/env_answers": 400, "gen/env_answers_s": 0.8}, untimed_s=2.0)
+    assert with_answers["env_answer_s"] == pytest.approx(0.002)
+    assert with_answers["step_warmup_s"] == pytest.approx(times["step_warmup_s"] - 0.8)
     assert _engine_step_times({"gen/engine_steps": 1000}, 2.0) == {}  # a run from before the fit
     with pytest.raises(SimulationError, match="engine_step_fit"):
         _engine_step_times({**report, "gen/engine_step_fit": {"fixed_s": -1.0, "per_sequence_s": 0.0}}, 0.0)
