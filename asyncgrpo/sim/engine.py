@@ -1,7 +1,7 @@
 """A generator's engine step by step (sim.engine=steps): the loop of asyncgrpo/rollout/generator.py
 as the simulator runs it where the calibration says how long an engine step takes and how long
 groups decode, so that groups finish in the order their lengths give and the engine's occupancy
-follows from admission (docs/SIMULATOR.md, The engine step by step).
+follows from admission (docs/SIMULATOR.md, The model).
 
 Invariants, as in the real loop:
 - admission asks for at most a call's worth of groups and only for the room the engine has
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict, deque
-from collections.abc import Callable
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -135,7 +134,7 @@ def engine_generator(model: EngineHost, g: SimulatedGenerator) -> Process:
     s, times, engine = model.s, g.times, RunningEngine()
     step_s = times.step_s_per_sequence * s.generate_scale / model.speeds[g.index]
     fixed_s = times.step_fixed_s * s.generate_scale / model.speeds[g.index]
-    answer_s = s.env_latency_s + times.env_overhead_s
+    answer_wait_s = s.env_latency_s + times.env_overhead_s
     answered: deque[tuple[int, int]] = deque()
     while True:
         push_waiting = model.newest > g.loaded
@@ -168,7 +167,7 @@ def engine_generator(model: EngineHost, g: SimulatedGenerator) -> Process:
         yield from model.busy(g.clock, "other", times.other_s_per_step)
         finished, away = engine.step()
         for sample in away:
-            model.deliver_after(answer_s, lambda sample=sample: answered.append(sample))
+            model.deliver_after(answer_wait_s, lambda sample=sample: answered.append(sample))
         for ticket, version in finished:
             yield from model.busy(g.clock, "score", times.score_s_per_group)
             yield from model.send(g, [ticket], version)
