@@ -23,6 +23,7 @@ mismatch fails loudly instead of scrambling weights. Tensors are packed into buc
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Protocol
@@ -38,7 +39,6 @@ from asyncgrpo.weights.base import (
     model_spec,
 )
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
-from asyncgrpo.wire.network import free_port
 
 SPEC_NAME = "__spec__"
 
@@ -48,13 +48,19 @@ class Broadcaster(Protocol):
 
 
 class _GlooBroadcaster:
-    """CPU: a gloo group on its own TCPStore (independent of the default process group)."""
+    """CPU: a gloo group on its own TCPStore (independent of the default process group); rank 0's
+    store serves on `listener`, the socket its port was advertised from."""
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                 listener: socket.socket | None) -> None:
         import torch.distributed as dist
 
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        if listener is not None:
+            store = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout,
+                                  master_listen_fd=listener.detach(), use_libuv=False)
+        else:
+            store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
         self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
@@ -65,12 +71,12 @@ class _NcclBroadcaster:
     """GPU: vLLM's NCCL wrapper over a stateless group, so the learner's own NCCL group is untouched."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-                 device: torch.device) -> None:
+                 device: torch.device, listener: socket.socket | None) -> None:
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
         group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
-                                             store_timeout=int(timeout_s))
+                                             store_timeout=int(timeout_s), listen_socket=listener)
         self.communicator = PyNcclCommunicator(group, device=device)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
@@ -78,11 +84,23 @@ class _NcclBroadcaster:
 
 
 def connect(host: str, port: int, rank: int, world_size: int, device: torch.device,
-            timeout_s: float) -> Broadcaster:
-    """Join the weight group (rank 0 = the learner). Blocks until all `world_size` members join."""
+            timeout_s: float, listener: socket.socket | None = None) -> Broadcaster:
+    """Join the weight group (rank 0 = the learner, serving the group's store on `listener`, the
+    socket bound to `port`). Blocks until all `world_size` members join."""
     if device.type == "cuda":
-        return _NcclBroadcaster(host, port, rank, world_size, timeout_s, device)
-    return _GlooBroadcaster(host, port, rank, world_size, timeout_s)
+        return _NcclBroadcaster(host, port, rank, world_size, timeout_s, device, listener)
+    return _GlooBroadcaster(host, port, rank, world_size, timeout_s, listener)
+
+
+def listening_socket(host: str) -> socket.socket:
+    """A TCP socket bound to a port of `host` the system chose and listening, held from the moment
+    its port is advertised until the group's store takes it over: nothing else can take the port
+    in between (a port found free and bound later could be, and was: EADDRINUSE)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.listen()
+    return listener
 
 
 def buckets(spec: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
@@ -108,7 +126,8 @@ class NcclWeightSender:
         self.publisher, self.device, self.timeout_s = publisher, device, timeout_s
         self.endpoint = publisher.endpoint
         self.world_size = num_generators + 1
-        self.host, self.port = host, free_port()
+        self.listener = listening_socket(host)
+        self.host, self.port = host, self.listener.getsockname()[1]
         self.spec = model_spec(model_dir) if spec is None else spec  # spec: a LoRA run's adapters
         self.buckets = buckets(self.spec, bucket_bytes)
         self.group: Broadcaster | None = None
@@ -118,7 +137,7 @@ class NcclWeightSender:
         return {"host": self.host, "port": self.port, "world_size": self.world_size}
 
     def wait_for_joins(self) -> None:
-        self.group = connect(self.host, self.port, 0, self.world_size, self.device, self.timeout_s)
+        self.group = connect(self.host, self.port, 0, self.world_size, self.device, self.timeout_s, self.listener)
 
     def push(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         if self.group is None:

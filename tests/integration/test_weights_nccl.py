@@ -97,3 +97,15 @@ def test_buckets_cover_the_spec_in_order(tmp_path):
         for part in parts:
             sizes = [int(np.prod(spec[i][1])) * 4 for i in part]
             assert len(part) == 1 or sum(sizes) <= limit
+
+
+def test_the_advertised_port_is_held_from_its_advertisement_until_the_group_takes_it():
+    import socket
+
+    from asyncgrpo.weights.nccl import listening_socket
+
+    listener = listening_socket("127.0.0.1")
+    port = listener.getsockname()[1]
+    with socket.socket() as other, pytest.raises(OSError):  # EADDRINUSE: nothing else can take it meanwhile
+        other.bind(("127.0.0.1", port))
+    listener.close()
