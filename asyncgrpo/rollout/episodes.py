@@ -297,18 +297,15 @@ class EpisodeRunner:
     def collect_env(self, wait_s: float) -> None:
         """Apply the environment's answers that are in, waiting up to `wait_s` for the first; the
         work of applying them (not the wait) is counted in `stats.env_answers_s`."""
-        if self.calls is not None and self.calls.pending:
-            answers = self.calls.finished(wait_s)
-            started = time.perf_counter()
-            for key, result in answers:
-                self._answered(key, result)
-            self.stats.count_env_answers(len(answers), time.perf_counter() - started)
+        answers = self.calls.finished(wait_s) if self.calls is not None and self.calls.pending else []
+        started = time.perf_counter()
+        for key, result in answers:
+            self._answered(key, result)
         if not self.hold_turns:
             ready, self._ready = self._ready, []
-            started = time.perf_counter()
             for key, index in ready:
                 self._next_turn(key, index)
-            self.stats.count_env_answers(0, time.perf_counter() - started)
+        self.stats.count_env_answers(len(answers), time.perf_counter() - started)
 
     def _answered(self, key: Hashable, result: EnvCallResult) -> None:
         _, group_key, index = key

@@ -53,6 +53,13 @@ class GeneratorTimes:
         return self.step_fixed_s + self.step_s_per_sequence > 0
 
 
+# GeneratorTimes' fields that are work on the generator's processor (what contention stretches);
+# the reward wait and the environment's overhead are not.
+PROCESSOR_TIMES = ("generate_s", "score_s_per_group", "send_s_per_group", "weight_load_s", "other_s",
+                   "first_call_extra_s", "step_fixed_s", "step_s_per_sequence", "step_warmup_s", "ask_s",
+                   "env_answer_s", "other_s_per_step")
+
+
 @dataclass(frozen=True)
 class Measured:
     """What the run itself reported, to compare a simulation of its own settings with."""
@@ -128,13 +135,7 @@ class Calibration:
         """Every processor phase's time x a factor per actor (the learner's, each generator's); the
         reward wait, which uses no processor here, is kept."""
         def generator(times: GeneratorTimes, f: float) -> GeneratorTimes:
-            return replace(times, generate_s=times.generate_s * f, score_s_per_group=times.score_s_per_group * f,
-                           send_s_per_group=times.send_s_per_group * f, weight_load_s=times.weight_load_s * f,
-                           other_s=times.other_s * f, first_call_extra_s=times.first_call_extra_s * f,
-                           step_fixed_s=times.step_fixed_s * f, step_s_per_sequence=times.step_s_per_sequence * f,
-                           step_warmup_s=times.step_warmup_s * f, ask_s=times.ask_s * f,
-                           env_answer_s=times.env_answer_s * f,
-                           other_s_per_step=times.other_s_per_step * f)
+            return replace(times, **{name: getattr(times, name) * f for name in PROCESSOR_TIMES})
 
         return replace(self, generators=[generator(t, f) for t, f in zip(self.generators, generators)],
                        train_s=[t * learner for t in self.train_s], push_s=[t * learner for t in self.push_s],

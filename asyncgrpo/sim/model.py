@@ -28,10 +28,15 @@ class SimGenerator:
     loaded: int = 0  # the version in its engine, acknowledged as soon as it is loaded
     started: int = 0  # groups started: the first call pays the engine's warm-up
     clock: Clock = field(default_factory=Clock)
-    # Calls generated whose episodes wait on their environment (Model.env_answers), and those
+    # Calls generated whose episodes wait on their environment (Model.deliver_after), and those
     # answered, (tickets, version) each, to be scored and sent at the loop's next turn.
     waiting: int = 0
     answered: deque[tuple[list[Any], int]] = field(default_factory=deque)
+
+    def answer(self, tickets: list[Any], version: int) -> None:
+        """A waiting call's episodes answered: handed back to be scored and sent."""
+        self.waiting -= 1
+        self.answered.append((tickets, version))
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ class Model:
             if env_wait_s > 0:
                 yield from self.generate(g, len(tickets))
                 g.waiting += 1
-                self.loop.start(self.env_answers(g, tickets, version, env_wait_s))
+                self.deliver_after(env_wait_s, lambda tickets=tickets, version=version: g.answer(tickets, version))
                 continue
             yield from self.call(g, len(tickets))
             yield from self.send(g, tickets, version)
@@ -199,14 +204,6 @@ class Model:
             slot = self.dispatcher.slot_of((g.index, 0), ticket.position)
             self.dispatcher.arrived((g.index, 0), slot)
             self.queued(SimGroup(g.index, version, slot))
-
-    def env_answers(self, g: SimGenerator, tickets: list[Any], version: int, seconds: float) -> Process:
-        """A generated call's episodes waiting `seconds` on their environment (no processor), then
-        handed back to its generator."""
-        yield Delay(seconds)
-        g.waiting -= 1
-        g.answered.append((tickets, version))
-        self.loop.changed(ENV)
 
     def env_wait_s(self, g: SimGenerator, n: int) -> float:
         """A call of `n` groups' wait on its environment at env.latency_s; 0 without one."""
