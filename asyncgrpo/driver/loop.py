@@ -29,6 +29,7 @@ from asyncgrpo.queue.audit import departure
 from asyncgrpo.queue.registry import RunStopped
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rollout.evaluations import periodic_eval_line
+from asyncgrpo.runtime.interrupts import interrupts_held
 from asyncgrpo.schema import Config
 
 
@@ -40,8 +41,9 @@ class LearnerRanks(Protocol):
         """The first `num_groups` groups of the last step, as token ids (`metrics.samples.sample_records`)."""
 
     def steps_in_progress(self) -> list[dict[str, float]]:
-        """The records of the `train_steps` call an interrupt cut the driver's wait on short, once
-        the ranks have finished it (they do, whatever the driver does); [] if there is none."""
+        """The records of the last `train_steps` call, once the ranks have finished it (they do,
+        whatever the driver does: an interrupt may have cut its wait short, or come after it returned
+        and before its records were logged); each call's records once, [] if there is none."""
 
 
 class StepsNotLogged(KeyboardInterrupt):
@@ -154,9 +156,12 @@ def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_lo
     try:
         while progress.steps < cfg.train.max_steps and progress.elapsed() < budget_s:
             chunk = min(cfg.train.steps_per_call, cfg.train.max_steps - progress.steps)
-            records = progress.add(learner.train_steps(chunk))
-            for record in records:
-                metrics.write(record)
+            records = learner.train_steps(chunk)
+            # Steps taken in are logged whole: an interrupt half-way would leave steps the
+            # interrupt's checkpoint holds missing from metrics.jsonl.
+            with interrupts_held():
+                for record in progress.add(records):
+                    metrics.write(record)
             bar.update(len(records))
             bar.set_postfix(**progress.postfix(), refresh=False)
             for record in evaluations() if evaluations is not None else []:
@@ -176,15 +181,18 @@ def run_loop(cfg: Config, learner: LearnerRanks, metrics: MetricsSink, sample_lo
 
 
 def _steps_in_progress(learner: LearnerRanks, progress: Progress) -> list[dict[str, float]]:
-    """The interrupted call's step records, taken in: the ranks finish it before they can save the
-    interrupt's checkpoint, so without them metrics.jsonl would miss up to train.steps_per_call steps
-    that the checkpoint (and a resume from it) has. Raises StepsNotLogged if they cannot be had."""
+    """The last call's step records not yet logged, taken in: the ranks finish the call before they
+    can save the interrupt's checkpoint, so without them metrics.jsonl would miss up to
+    train.steps_per_call steps that the checkpoint (and a resume from it) has; the interrupt may
+    have cut the wait short or come before its records were logged. Raises StepsNotLogged if they
+    cannot be had."""
     print("[interrupt] waiting for the learner's steps in progress, to log them before the checkpoint "
           "(Ctrl-C again to skip the checkpoint)", flush=True)
     try:
-        return progress.add(learner.steps_in_progress())
+        records = learner.steps_in_progress()
     except (KeyboardInterrupt, Exception) as err:  # the interrupt path goes on: stop the actors, write the summary
         raise StepsNotLogged(one_line(f"{type(err).__name__}: {err}")) from None
+    return progress.add([record for record in records if int(record["step"]) > progress.steps])
 
 
 # wire/rejected/<reason> of a group that decoded but that the learner cannot train on
@@ -276,16 +284,15 @@ class RemoteLearner:
         self.ranks, self.runs, self.restart = ranks, runs, restart
         self.timeout_s = learner_wait_timeout_s(cfg)
         self.steps_timeout_s = steps_wait_timeout_s(cfg)  # the steps may include a checkpoint save
-        self._in_progress: list[Any] | None = None  # the train_steps call whose wait was cut short
+        self._last_call: list[Any] | None = None  # the last train_steps call, for steps_in_progress
 
     def train_steps(self, num_steps: int) -> list[dict[str, float]]:
-        self._in_progress = [rank.train_steps.remote(num_steps) for rank in self.ranks]
-        records = wait_for_ranks(self._in_progress, self.runs, self.steps_timeout_s, self.restart)
-        self._in_progress = None
-        return records
+        with interrupts_held():  # every rank gets the call or none does, and it is remembered
+            self._last_call = [rank.train_steps.remote(num_steps) for rank in self.ranks]
+        return wait_for_ranks(self._last_call, self.runs, self.steps_timeout_s, self.restart)
 
     def steps_in_progress(self) -> list[dict[str, float]]:
-        pending, self._in_progress = self._in_progress, None
+        pending, self._last_call = self._last_call, None
         if pending is None:
             return []
         return wait_for_ranks(pending, self.runs, self.steps_timeout_s)  # a generator that dies now fails it

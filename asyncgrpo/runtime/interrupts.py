@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM deferred while something must not be cut half-way (stopping a run's actors
-and writing its summary; writing a study's results)."""
+and writing its summary; writing a study's results; logging the steps the learner has taken)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,32 @@ def interrupts_deferred(notice: str = "[interrupt] {signal} ignored: already sto
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """A Ctrl-C or SIGTERM that arrives inside the block takes effect as it ends (its handler runs
+    then, once per signal), so the block is never cut half-way and the interrupt is not lost. For
+    short blocks only: the user waits for it. Main thread only, where signal handlers live."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        if signum not in held:
+            held.append(signum)
+
+    for signum in previous:
+        signal.signal(signum, hold)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+        for signum in held:
+            signal.raise_signal(signum)
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from asyncgrpo.driver.prepare import (
     interrupt_on_sigterm,
     resume_point,
 )
-from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred
+from asyncgrpo.runtime.interrupts import interrupt_signals_noted, interrupts_deferred, interrupts_held
 from asyncgrpo.learner import checkpoint
 from asyncgrpo.learner.resume import (
     ResumeRefused,
@@ -372,6 +372,20 @@ def test_an_interrupt_while_stopping_is_reported_and_ignored_then_interrupts_wor
         os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode
 
 
+def test_an_interrupt_inside_a_held_block_takes_effect_once_as_the_block_ends(sigterm_interrupts):
+    done = []
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # a repeated notice: one interrupt
+            done.append("the whole block")
+    assert done == ["the whole block"]
+    with interrupts_held():
+        pass  # nothing held: nothing raised
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)  # the handlers are back
+
+
 def test_sigterm_during_ray_init_is_an_interrupt_and_shuts_down_what_ray_started(sigterm_interrupts, monkeypatch,
                                                                                  tmp_path):
     import ray
@@ -560,7 +574,45 @@ def test_remote_learner_steps_in_progress_are_the_interrupted_calls_records(tmp_
     assert remote.steps_in_progress() == [{"step": 1}, {"step": 2}, {"step": 3}]
     assert waits[1] == waits[0] == [("call", 3), ("call", 3)]  # the same call's results, not a new call
     assert remote.steps_in_progress() == []  # taken once
-    assert remote.train_steps(2) == [{"step": 1}, {"step": 2}] and remote.steps_in_progress() == []
+    # A call whose wait returned, its records not yet logged when the interrupt came: still there.
+    assert remote.train_steps(2) == [{"step": 1}, {"step": 2}]
+    assert remote.steps_in_progress() == [{"step": 1}, {"step": 2}] and remote.steps_in_progress() == []
+    assert waits[-1] == [("call", 2), ("call", 2)]
+
+
+class SignallingSink(ListSink):
+    """Metrics that receive a SIGTERM while writing step `signal_at` (the interrupt arrives after
+    the learner's call returned, while its records are being logged)."""
+
+    def __init__(self, signal_at: int) -> None:
+        super().__init__()
+        self.signal_at = signal_at
+
+    def write(self, record: dict[str, Any], step: int | None = None) -> None:
+        if record["step"] == self.signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().write(record, step)
+
+
+class LastCallLearner(InterruptedLearner):
+    """Never interrupted in its wait; `steps_in_progress` is the last call's records, logged or not
+    (as `RemoteLearner`'s)."""
+
+    def train_steps(self, k: int) -> list[dict[str, float]]:
+        self.in_progress = self.records(k)
+        return list(self.in_progress)
+
+
+def test_an_interrupt_while_a_calls_steps_are_logged_logs_each_of_them_once(tmp_path, sigterm_interrupts):
+    from asyncgrpo.driver.loop import run_loop
+    from asyncgrpo.metrics import SampleLogger
+
+    metrics, summary = SignallingSink(signal_at=6), {}
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(loop_config(tmp_path), LastCallLearner(interrupt_at=0), metrics, SampleLogger(tmp_path, str), summary)
+    # The interrupt's checkpoint is of step 8: steps 1-8 logged, each once.
+    assert [r["step"] for r in metrics.records] == list(range(1, 9))
+    assert summary["steps"] == 8
 
 
 def test_a_resumed_run_logs_each_step_once_setting_aside_what_the_crashed_run_logged_after_its_checkpoint(
