@@ -50,7 +50,8 @@ def start_learners(cfg: Config, model_dir: str, pg: Any, gpus: float, cores: lis
     world_size = cfg.learner.world_size
     get(pg.ready(), cfg.wire.startup_timeout_s,
         f"Ray placing {world_size} learner rank(s) of {learner_bundle(cfg, gpus)} (placement group)")
-    master_addr, master_port = master_address(pg), free_port()
+    # One rank binds a port of its own choosing (no race); several must be told rank 0's beforehand.
+    master_addr, master_port = master_address(pg), free_port() if world_size > 1 else None
     # Actors get absolute paths (checkpoints): their working directory need not be the driver's.
     actor_cfg = copy.deepcopy(cfg)
     actor_cfg.run_dir = str(Path(cfg.run_dir).resolve())

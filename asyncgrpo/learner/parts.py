@@ -36,7 +36,7 @@ from asyncgrpo.schema import Config
 from asyncgrpo.tasks import run_stream_length
 from asyncgrpo.weights import make_sender, publication
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
-from asyncgrpo.wire.network import advertised, free_port, is_loopback
+from asyncgrpo.wire.network import advertised, is_loopback
 from asyncgrpo.wire.security import CurveServerKeys
 
 
@@ -54,29 +54,37 @@ def learner_device(cfg: Config) -> torch.device:
 
 def loopback_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
     """The rendezvous store of ranks that all run on this node, listening on loopback only (a
-    TCPStore binds every interface unless handed a socket), with gloo's sockets on loopback too."""
+    TCPStore binds every interface unless handed a socket), with gloo's sockets on loopback too.
+    Port 0 (one rank only): the kernel picks a free port as rank 0 binds it, so no other process
+    can take it in between."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if rank != 0:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.bind((host, port))
     listener.listen(128)
+    port = listener.getsockname()[1]
     return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
 
 
 def join_process_group(cfg: Config, device: torch.device, rank: int, world_size: int, master_addr: str,
                        master_port: int | None) -> bool:
     """The learner ranks' default group; True if this call created it (a test running several
-    learners in one process sets it up itself, and it is left to it)."""
+    learners in one process sets it up itself, and it is left to it). `master_port`: rank 0's
+    rendezvous port, None for a single rank, which meets nobody: its store listens on loopback, on
+    a port the kernel picks as it binds (a port chosen beforehand may be taken meanwhile)."""
     created = not dist.is_initialized()
     if created:
         backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=collective_timeout_s(cfg))
-        port = master_port or free_port(master_addr)
+        if world_size == 1:
+            master_addr, master_port = "127.0.0.1", 0
+        elif master_port is None:
+            raise ValueError(f"{world_size} learner ranks need rank 0's rendezvous port (master_port)")
         if is_loopback(master_addr):
-            dist.init_process_group(backend, store=loopback_store(master_addr, port, rank, world_size, timeout),
-                                    rank=rank, world_size=world_size, timeout=timeout)
+            store = loopback_store(master_addr, master_port, rank, world_size, timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:
-            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{port}", rank=rank,
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                     world_size=world_size, timeout=timeout)
     if dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise RuntimeError(f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
