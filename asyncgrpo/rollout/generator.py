@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 # Granted no ticket, a generator waits this long for newer weights before it asks again.
 TICKET_RETRY_S = 0.2
+# With every episode waiting on its environment, a generator waits this long for an answer before
+# it looks at the weight stream again: new weights bring new tickets, whose prompts can decode while
+# the answers are out (a wait as long as the tool's latency would idle the engine through it).
+ENV_WAIT_SLICE_S = 0.005
 
 
 class GeneratorStopped(Exception):
@@ -150,7 +154,7 @@ class Generator:
                     self._step_paced()
             else:
                 with timer("env_wait"):
-                    self.episodes.collect_env(wait_s=TICKET_RETRY_S)
+                    self.episodes.collect_env(wait_s=ENV_WAIT_SLICE_S)
             finished = self.episodes.take_finished()
             if finished:
                 with timer("score"):
