@@ -144,10 +144,16 @@ def owned_private_dir(prefix: str, parent: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"{prefix}{pid}-{process_start_time(pid) or 0}-", dir=parent)
 
 
+def creator_alive(name: str, prefix: str) -> bool | None:
+    """Whether the process a name made by `owned_private_dir(prefix)` records is still running; None
+    for a name that records no process."""
+    match = re.match(rf"{re.escape(prefix)}(\d+)-(\d+)-", name)
+    return None if match is None else process_alive(int(match.group(1)), int(match.group(2)))
+
+
 def remove_stale_owned_dirs(directory: str, prefix: str) -> list[str]:
     """Remove the directories in `directory` named by `owned_private_dir(prefix)` whose creator is
     gone; the ones removed. Never another user's, a live process's, or a name that records no process."""
-    pattern = re.compile(rf"{re.escape(prefix)}(\d+)-(\d+)-")
     removed = []
     uid = os.geteuid()
     try:
@@ -155,16 +161,14 @@ def remove_stale_owned_dirs(directory: str, prefix: str) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        match = pattern.match(name)
-        if match is None:
+        if creator_alive(name, prefix) is not False:
             continue
         path = os.path.join(directory, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or process_alive(int(match.group(1)),
-                                                                                 int(match.group(2))):
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -86,14 +85,12 @@ def private_dirs() -> set[Path]:
     """The Unix-socket directories and shared-memory weight slots on this machine whose creator has
     exited: those of the run under test once it has ended, never those of another run still going
     on the same machine (each is named after its creator, runtime/files.py `owned_private_dir`)."""
-    from asyncgrpo.runtime.files import process_alive
+    from asyncgrpo.runtime.files import creator_alive
     from asyncgrpo.weights.shm import default_directory
 
-    found = (set(Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*"))
-             | set(Path(default_directory()).glob("asyncgrpo-weights-*")))
-    owner = re.compile(r"asyncgrpo-(?:wire|weights)-(\d+)-(\d+)-")
-    return {path for path in found
-            if not ((match := owner.match(path.name)) and process_alive(int(match[1]), int(match[2])))}
+    found = ([(path, "asyncgrpo-wire-") for path in Path(tempfile.gettempdir()).glob("asyncgrpo-wire-*")]
+             + [(path, "asyncgrpo-weights-") for path in Path(default_directory()).glob("asyncgrpo-weights-*")])
+    return {path for path, prefix in found if not creator_alive(path.name, prefix)}
 
 
 def wait_for(predicate, timeout_s: float, what: str, detail=lambda: "") -> None:
