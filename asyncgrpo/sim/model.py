@@ -166,10 +166,8 @@ class Model:
                 yield from self.send(g, tickets, version)
             _, tickets = self.dispatcher.grant((g.index, 0), g.loaded, g.call_groups)
             if not tickets:  # nothing within the bound: newer weights, a slot given back or an answer will do
-                yield from self.wait(g.clock, "env_wait" if g.waiting else "throttle",
-                                     lambda: (self.newest > g.loaded or self.dispatcher.can_grant(g.loaded)
-                                              or bool(g.answered)),
-                                     reads=GRANT_READS)
+                yield from self.wait_for_slots(g, "env_wait" if g.waiting else "throttle", lambda: (
+                    self.newest > g.loaded or self.dispatcher.can_grant(g.loaded) or bool(g.answered)))
                 continue
             version = g.loaded
             env_wait_s = self.env_wait_s(g, len(tickets))
