@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -469,6 +470,43 @@ def test_groups_whose_environment_fails_give_their_slots_back_and_are_reported_u
     last = generator.sink.of(Heartbeat)[-1]
     assert last.groups_dropped == len(dropped) and last.env_errors == len(dropped) * samples
     assert last.env_calls == len(taken) * samples and "the environment is down" in last.env_first_error
+
+
+class SlowReset:
+    """An environment whose reset answers after 50 ms; its episodes then play one turn (the
+    AddingEngine never writes the stop text)."""
+
+    def reset(self, problem: Problem) -> str:
+        time.sleep(0.05)
+        return ""
+
+    def step(self, action: str):
+        raise AssertionError("never called: no turn ends at the stop text")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_generator_waiting_on_its_environment_looks_at_the_weight_stream_every_few_milliseconds(monkeypatch):
+    # New weights bring new tickets, whose prompts can decode while the answers are out: a wait for
+    # an answer as long as the tool's latency would keep the engine idle through it.
+    from asyncgrpo.envs.base import EnvironmentSpec
+    from asyncgrpo.rollout.episodes import EpisodeRunner
+    from asyncgrpo.rollout.generator import ENV_WAIT_SLICE_S
+
+    events: list[tuple[str, float]] = []
+    collect_env = EpisodeRunner.collect_env
+    monkeypatch.setattr(EpisodeRunner, "collect_env",
+                        lambda self, wait_s: events.append(("env", wait_s)) or collect_env(self, wait_s))
+    generator = make_generator(config(train={"max_staleness": 1}), versions=2,
+                               env=EnvironmentSpec("slow", SlowReset, ("]",)))
+    poll = generator.weights.poll
+    monkeypatch.setattr(generator.weights, "poll", lambda timeout_s=0.0: events.append(("poll", timeout_s)) or poll(timeout_s))
+    generator.run()
+    waits = [i for i, (kind, wait_s) in enumerate(events) if kind == "env" and wait_s > 0]
+    assert len(waits) >= 2, "the generator should have waited on its environment"
+    assert max(events[i][1] for i in waits) == ENV_WAIT_SLICE_S <= 0.01  # far below a tool's latency
+    assert all(any(kind == "poll" for kind, _ in events[i + 1:j]) for i, j in zip(waits, waits[1:]))
 
 
 def test_slow_rewards_are_sent_once_the_next_vllm_call_returns():
