@@ -547,6 +547,8 @@ def _algo_rules(cfg: Config) -> None:
     require(clip_low_allowed(cfg.algo.clip_low, cfg.algo.loss_type), "algo.clip_low",
             "must be < 1 (exactly 1, no floor on the IS weight, only with algo.loss_type=cispo)", cfg.algo.clip_low)
     require(cfg.algo.clip_c > 1, "algo.clip_c", "must be > 1", cfg.algo.clip_c)
+    require(math.isfinite(cfg.algo.m2_threshold) and cfg.algo.m2_threshold > 0, "algo.m2_threshold",
+            "must be a finite number > 0", cfg.algo.m2_threshold)
     require(cfg.algo.agg in AGG_MODES, "algo.agg", one_of(AGG_MODES), cfg.algo.agg)
     require(cfg.algo.correction.is_level is None or cfg.algo.correction.is_level in IS_LEVELS, "algo.correction.is_level",
             f"must be null or one of {', '.join(IS_LEVELS)}", cfg.algo.correction.is_level)

@@ -328,11 +328,15 @@ class AlgoConfig:
     # with IS weights pi_prox / mu per algo.correction.*; naive = that anchor, no rollout correction.
     mode: str = "bypass"  # bypass | decoupled | naive
     # gspo: sequence-level ratio (the paper's objective with agg=seq-mean-token-mean); cispo: clipped,
-    # detached IS weight times logp (clip_low/clip_high clip the weight; clip_low=1 = no floor).
-    loss_type: str = "ppo_clip"  # ppo_clip | reinforce | gspo | cispo
+    # detached IS weight times logp (clip_low/clip_high clip the weight; clip_low=1 = no floor);
+    # m2po: the unclipped ratio, less the tokens whose removal bounds the second moment (m2_threshold).
+    loss_type: str = "ppo_clip"  # ppo_clip | reinforce | gspo | cispo | m2po
     clip_low: float = 0.2
     clip_high: float = 0.28
     clip_c: float = 3.0
+    # loss_type=m2po: the bound on the mean squared log-ratio (log pi - log pi_old)^2 of the tokens
+    # where a clip could bind (tau_M2; the paper's 0.04 in every one of its runs).
+    m2_threshold: float = 0.04
     agg: str = "token-mean"
     norm_constant: float | None = None
     kl: KLConfig = field(default_factory=KLConfig)

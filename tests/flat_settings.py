@@ -1,7 +1,8 @@
 """``LossSettings`` for the algo tests, from the flat keys the tests spell their cases in.
 
 The policy-loss keys (``loss_type``, ``clip_low``, ``clip_high``, ``clip_c``, ``agg``,
-``norm_constant``) are required; ``mode`` defaults to ``bypass`` (the per-mode functions ignore it),
+``norm_constant``) are required; ``m2_threshold`` defaults to the paper's 0.04 (only ``m2po`` reads
+it), ``mode`` to ``bypass`` (the per-mode functions ignore it),
 the ``algo.correction.*`` keys to no correction at all, and there is no KL penalty.
 """
 
@@ -19,6 +20,7 @@ SETTINGS_KEYS = {field.name for field in dataclasses.fields(LossSettings)} - {"c
 
 def flat_settings(mode: str = "bypass", **keys: Any) -> LossSettings:
     correction = NO_CORRECTION | {key: keys.pop(key) for key in NO_CORRECTION if key in keys}
+    keys.setdefault("m2_threshold", 0.04)  # read by loss_type m2po alone
     return LossSettings(mode=mode, **keys, correction=CorrectionSettings(**correction), kl=None)
 
 

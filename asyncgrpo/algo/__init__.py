@@ -15,7 +15,8 @@ formulas, defaults and deliberate deviations are documented in docs/ALGORITHMS.m
 * ``kl_penalty``: k1 / abs / k2 / k3 KL estimators, optionally with the k2 gradient (``+``).
 * ``rollout_correction``: truncated or masked (IcePop) importance weights, rejection sampling and
   rollout/trainer mismatch diagnostics.
-* ``policy_loss`` also has GSPO (sequence-level ratio) and CISPO (clipped, detached IS weight).
+* ``policy_loss`` also has GSPO (sequence-level ratio), CISPO (clipped, detached IS weight) and M2PO
+  (unclipped, with the second-moment mask ``m2po_removed``).
 * ``token_entropy``: the policy's entropy per token, from its logits (a diagnostic).
 * ``bypass_policy_loss``: the policy loss with the rollout log-probs as the old policy.
 * ``apply_overlong``, ``OverlongSettings``, ``overlong_penalty``: what a completion cut at the token
@@ -35,6 +36,7 @@ from asyncgrpo.algo.kl import KL_KINDS, kl_penalty
 from asyncgrpo.algo.losses import (
     aggregate,
     bypass_policy_loss,
+    m2po_removed,
     policy_loss,
 )
 from asyncgrpo.algo.overlong import (
@@ -84,6 +86,7 @@ __all__ = [
     "group_advantages",
     "group_cap",
     "kl_penalty",
+    "m2po_removed",
     "mode_policy_loss",
     "naive_policy_loss",
     "overlong_penalty",

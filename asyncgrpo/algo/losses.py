@@ -13,7 +13,8 @@ API
     N_tokens is the number of real tokens and N_seqs the number of sequences with at least one real
     token, both local to the call unless ``global_num_tokens`` / ``global_num_seqs`` replace them.
     Passing the counts of the whole (global) batch makes the loss additive: summing the results over
-    any split of the batch into micro-batches (and ranks) gives the unsplit loss and its gradient.
+    any split of the batch into micro-batches (and ranks) gives the unsplit loss and its gradient
+    (for every loss type but ``m2po``, whose mask is a statistic of each call's tokens).
 
 ``policy_loss(logp, old_logp, advantages, mask, settings, *, is_weights=None, ...) -> (loss, metrics)``
     ``settings`` is a ``LossSettings`` (asyncgrpo/algo/settings.py); per ``settings.loss_type``:
@@ -25,17 +26,21 @@ API
     clamped at most 10 as verl does (no lower bound); per-token loss max(-A s_i,t, -A clamp(s_i,t, 1-clip_low, 1+clip_high)), no dual clip.
     ``cispo``: per-token loss -sg[clamp(r, 1-clip_low, 1+clip_high)] * A * logp (clip_low may be 1:
     no lower bound).
+    ``m2po``: per-token loss -A * r, unclipped, 0 on the tokens ``m2po_removed`` takes out so the
+    mean (log r)^2 of the trust-region tokens left is at most ``m2_threshold`` (they still count in
+    the denominators, as the paper averages over all tokens).
     Optional detached ``is_weights`` multiply the per-token loss (after clipping). Metrics:
     ``pg``, ``clipfrac``, ``clipfrac_lower``, ``approx_kl`` (plain floats, means over this call's
     real tokens; ``clipfrac`` is 0 for ``reinforce`` and for ``cispo`` the fraction of clipped IS
-    weights; ``clipfrac_lower``, the dual clip's, is 0 for all but ``ppo_clip``).
+    weights, for ``m2po`` the fraction of tokens removed; ``clipfrac_lower``, the dual clip's, is 0
+    for all but ``ppo_clip``).
 
 ``bypass_policy_loss(logp, rollout_logp, advantages, mask, settings, *, ...) -> (loss, metrics)``
     Bypass mode: the rollout log-probs stand in for the old log-probs (no recompute pass).
     ``rollout_correction`` is run on (logp, rollout_logp) with ``settings.correction``; its
     rejection mask applies to every loss type, its IS weights multiply the ``reinforce`` loss only
-    (the ratio of ``ppo_clip``, ``gspo`` and ``cispo`` is already taken against the rollout policy,
-    so applying them would count the correction twice).
+    (the ratio of ``ppo_clip``, ``gspo``, ``cispo`` and ``m2po`` is already taken against the rollout
+    policy, so applying them would count the correction twice).
     Denominators count the tokens / sequences of the input mask, before rejection: a rejected token
     adds zero to the loss but still counts, as in verl's data-parallel engine. Metrics: the policy
     metrics under ``loss/`` plus the ``is/`` and ``mismatch/`` metrics of ``rollout_correction``.
@@ -68,7 +73,7 @@ from asyncgrpo.algo.correction import rollout_correction
 from asyncgrpo.algo.settings import AGG_MODES, LossSettings
 
 # The losses whose ratio is taken against the old policy; `reinforce` ignores old_logp.
-_RATIO_LOSS_TYPES = ("ppo_clip", "gspo", "cispo")
+_RATIO_LOSS_TYPES = ("ppo_clip", "gspo", "cispo", "m2po")
 
 _LOG_RATIO_BOUND = 20.0
 # GSPO's token log-ratio ceiling, verl's (compute_policy_loss_gspo): a sequence whose log-ratio lies
@@ -282,12 +287,60 @@ def _cispo(tokens: _Tokens, settings: LossSettings) -> _TokenLoss:
     return _TokenLoss(loss, (ratio < floor) | (ratio > ceiling), torch.zeros_like(tokens.keep))
 
 
+def m2po_removed(log_ratio: torch.Tensor, advantages: torch.Tensor, keep: torch.Tensor,
+                 threshold: float) -> torch.Tensor:
+    """M2PO's mask (Zheng et al. 2025, arXiv:2510.01161, Algorithm 1): the tokens to take out.
+
+    The trust-region tokens are the real ones where PPO's clip could bind: A > 0 and log r > 0, or
+    A < 0 and log r < 0. While the mean of (log r)^2 over those left exceeds `threshold`, the one
+    with the largest (log r)^2 is taken out (the earliest in row-major order among equals). Taking
+    the largest out never raises the mean, so this is the shortest run of the largest values whose
+    removal brings the mean to `threshold`: found from the sorted values at once. If even the
+    smallest exceeds it, every trust-region token is taken out. Computed over this call's tokens.
+
+    Args:
+        log_ratio: [B, T] log pi - log pi_old (no gradient is taken through the mask).
+        advantages: [B, T] per-token advantages.
+        keep: [B, T] bool, the real tokens.
+        threshold: tau_M2 > 0 (the paper's 0.04).
+
+    Returns:
+        [B, T] bool, True on the tokens taken out.
+    """
+    with torch.no_grad():
+        log_ratio = log_ratio.detach()
+        trust = keep & (((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0)))
+        flat = torch.nonzero(trust.reshape(-1)).squeeze(-1)
+        removed = torch.zeros_like(keep).reshape(-1)
+        if flat.numel() == 0:
+            return removed.view_as(keep)
+        second = log_ratio.reshape(-1)[flat].double().square()
+        # Largest first; among equals the earliest token first, as argmax picks it.
+        order = torch.sort(second, descending=True, stable=True).indices
+        ranked = second[order]
+        # Mean of what is left after taking out the first k, for k = 0 .. n-1 (non-increasing in k).
+        left_means = ranked.flip(0).cumsum(0).flip(0) / torch.arange(ranked.numel(), 0, -1, dtype=ranked.dtype)
+        within = torch.nonzero(left_means <= threshold)
+        taken = int(within[0]) if within.numel() else ranked.numel()
+        removed[flat[order[:taken]]] = True
+        return removed.view_as(keep)
+
+
+def _m2po(tokens: _Tokens, settings: LossSettings) -> _TokenLoss:
+    """The unclipped surrogate -A * r, 0 on the tokens M2PO's second-moment mask takes out;
+    ``clipped`` marks those."""
+    removed = m2po_removed(tokens.log_ratio, tokens.advantages, tokens.keep, settings.m2_threshold)
+    loss = (-tokens.advantages * tokens.log_ratio.exp()).masked_fill(removed, 0.0)
+    return _TokenLoss(loss, removed, torch.zeros_like(tokens.keep))
+
+
 # One entry per LOSS_TYPES name.
 _TOKEN_LOSSES: dict[str, Callable[[_Tokens, LossSettings], _TokenLoss]] = {
     "ppo_clip": _ppo_clip,
     "reinforce": _reinforce,
     "gspo": _gspo,
     "cispo": _cispo,
+    "m2po": _m2po,
 }
 
 

@@ -5,7 +5,7 @@ API
 ---
 ``MODES``, ``LOSS_TYPES``, ``AGG_MODES``: the valid ``mode``, ``loss_type`` and ``agg``.
 
-``LossSettings(mode, loss_type, clip_low, clip_high, clip_c, agg, norm_constant, correction, kl)``
+``LossSettings(mode, loss_type, clip_low, clip_high, clip_c, m2_threshold, agg, norm_constant, correction, kl)``
     What ``policy_loss``, ``bypass_policy_loss``, ``decoupled_policy_loss``, ``naive_policy_loss``
     and ``mode_policy_loss`` take instead of one keyword argument per config key. ``correction`` is a
     ``CorrectionSettings`` (``algo.correction.*``), ``kl`` a ``KLSettings`` or ``None`` (no KL
@@ -26,7 +26,7 @@ from asyncgrpo.algo._checks import check_choice, check_positive, check_real
 from asyncgrpo.algo.kl import KL_KINDS
 
 MODES = ("bypass", "decoupled", "naive")
-LOSS_TYPES = ("ppo_clip", "reinforce", "gspo", "cispo")
+LOSS_TYPES = ("ppo_clip", "reinforce", "gspo", "cispo", "m2po")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -73,6 +73,8 @@ class LossSettings:
             takes 1 (IS-weight floor 0, i.e. none). Unused by ``reinforce``.
         clip_high: upper clip range, > 0 (ratio ceiling 1 + clip_high). Unused by ``reinforce``.
         clip_c: dual-clip bound for negative advantages, > 1; used by ``ppo_clip`` only.
+        m2_threshold: M2PO's bound on the mean squared log-ratio of the trust-region tokens
+            (tau_M2), > 0; used by ``m2po`` only.
         agg: aggregation mode, one of ``AGG_MODES``.
         norm_constant: divisor of ``seq-mean-token-sum-norm`` (> 0, or None for T, the padded
             length of each call's tensors); ignored by the other modes.
@@ -85,6 +87,7 @@ class LossSettings:
     clip_low: float
     clip_high: float
     clip_c: float
+    m2_threshold: float
     agg: str
     norm_constant: float | None
     correction: CorrectionSettings
@@ -99,5 +102,6 @@ class LossSettings:
         check_positive("clip_high", self.clip_high)
         if check_positive("clip_c", self.clip_c) <= 1:
             raise ValueError(f"clip_c must be > 1, got {self.clip_c!r}")
+        check_positive("m2_threshold", self.m2_threshold)
         if self.norm_constant is not None:
             check_positive("norm_constant", self.norm_constant)

@@ -162,6 +162,7 @@ def loss_settings(cfg: Config, max_new_tokens: int) -> algo.LossSettings:
         clip_low=a.clip_low,
         clip_high=a.clip_high,
         clip_c=a.clip_c,
+        m2_threshold=a.m2_threshold,
         agg=a.agg,
         # Dr.GRPO's constant must not depend on a micro-batch's padding.
         norm_constant=a.norm_constant or float(max_new_tokens),

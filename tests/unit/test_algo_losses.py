@@ -5,10 +5,12 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flat_settings import NO_CORRECTION, call_with_settings, flat_settings
 
-from asyncgrpo.algo import CorrectionSettings, KLSettings, aggregate, bypass_policy_loss, policy_loss
+from asyncgrpo.algo import CorrectionSettings, KLSettings, aggregate, bypass_policy_loss, m2po_removed, policy_loss
 
 # The functions take their config keys (algo.*, algo.correction.*) as a LossSettings without
 # defaults. The hand-computed cases below assume these values unless a test overrides them: a
@@ -553,14 +555,14 @@ def test_cispo_clip_low_one_removes_the_floor_of_the_weight():
     assert metrics["clipfrac"] == pytest.approx(2 / 4)
 
 
-@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce", "gspo"])
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce", "gspo", "m2po"])
 def test_clip_low_one_is_refused_outside_cispo(loss_type):
     logp, old_logp = cispo_inputs()
     with pytest.raises(ValueError, match="clip_low"):
         ppo(logp, old_logp, CISPO_ADVANTAGES, CISPO_MASK, loss_type=loss_type, clip_low=1.0)
 
 
-@pytest.mark.parametrize("loss_type", ["gspo", "cispo"])
+@pytest.mark.parametrize("loss_type", ["gspo", "cispo", "m2po"])
 def test_bypass_ratio_losses_do_not_apply_is_weights(loss_type):
     # Their ratio is already against mu: the IS weights are logged, not applied (as for ppo_clip).
     logp, rollout_logp, advantages, mask = bypass_inputs()
@@ -580,3 +582,80 @@ def test_gspo_token_form_gives_each_token_its_own_advantage():
     loss.backward()
     assert loss.item() == pytest.approx(0.0, abs=1e-12)
     assert logp.grad.tolist() == [pytest.approx([-0.5, 0.5], rel=1e-12)]
+
+
+# ---------------------------------------------------------------------------------------------
+# m2po (Zheng et al. 2025, arXiv:2510.01161): the paper's Algorithm 1, literally, is the reference
+# ---------------------------------------------------------------------------------------------
+
+
+def m2po_algorithm_1(log_ratio: list[list[float]], advantages: list[list[float]], mask: list[list[int]],
+                     threshold: float) -> set[tuple[int, int]]:
+    """The tokens Algorithm 1 masks: T = the trust-region tokens (A > 0 and r > 1, or A < 0 and
+    r < 1); while mean_{i in T} (log r_i)^2 > threshold, mask j = argmax_{i in T} (log r_i)^2 (the
+    first such token) and take it out of T."""
+    trust = [(b, t) for b, row in enumerate(log_ratio) for t, value in enumerate(row)
+             if mask[b][t] and ((advantages[b][t] > 0 and value > 0) or (advantages[b][t] < 0 and value < 0))]
+    masked = set()
+    while trust and sum(log_ratio[b][t] ** 2 for b, t in trust) / len(trust) > threshold:
+        j = max(trust, key=lambda bt: log_ratio[bt[0]][bt[1]] ** 2)  # max() keeps the first of equals
+        masked.add(j)
+        trust.remove(j)
+    return masked
+
+
+def test_m2po_hand_computed_mask_value_gradient_and_metrics():
+    # Trust region: tokens 0 (A > 0, log r 0.5), 1 (A < 0, log r -0.1), 2 (A > 0, log r 0.3); token 3
+    # has log r 0, token 4 is outside (A > 0, log r -2), token 5 is padding. Mean (log r)^2 over the
+    # region: 0.35 / 3 > 0.04, take out token 0 (0.25): 0.10 / 2 = 0.05 > 0.04, take out token 2:
+    # 0.01 <= 0.04.
+    log_ratio = f64([[0.5, -0.1, 0.3, 0.0, -2.0, 0.7]])
+    advantages = f64([[1.0, -1.0, 1.0, 1.0, 1.0, 1.0]])
+    mask = f64([[1, 1, 1, 1, 1, 0]])
+    old_logp = f64([[-1.0, -2.0, -0.5, -3.0, -1.5, -1.0]])
+    logp = (old_logp + log_ratio).requires_grad_()
+    loss, metrics = ppo(logp, old_logp, advantages, mask, loss_type="m2po", m2_threshold=0.04)
+    loss.backward()
+    kept = {1: 1.0 * math.exp(-0.1), 3: -1.0, 4: -math.exp(-2.0)}  # -A * r on the tokens left
+    assert loss.item() == pytest.approx(sum(kept.values()) / 5, rel=1e-12)  # every real token counts
+    assert logp.grad[0].tolist() == pytest.approx([0.0, kept[1] / 5, 0.0, kept[3] / 5, kept[4] / 5, 0.0], abs=1e-12)
+    assert metrics["clipfrac"] == pytest.approx(2 / 5)  # the fraction taken out
+    assert metrics["clipfrac_lower"] == 0.0
+
+
+def test_m2po_takes_nothing_out_below_the_threshold_and_is_then_the_unclipped_surrogate():
+    old_logp = f64([[-1.0, -2.0, -0.5]])
+    logp = (old_logp + f64([[0.5, -0.4, 0.9]])).requires_grad_()
+    advantages, mask = f64([[1.0, -1.0, 2.0]]), torch.ones(1, 3)
+    loss, metrics = ppo(logp, old_logp, advantages, mask, loss_type="m2po", m2_threshold=10.0)
+    # PPO would clip tokens 0 and 2 (r > 1.28 with A > 0); M2PO keeps -A * r whole.
+    expected = -(math.exp(0.5) - math.exp(-0.4) + 2 * math.exp(0.9)) / 3
+    assert loss.item() == pytest.approx(expected, rel=1e-12) and metrics["clipfrac"] == 0.0
+
+
+def test_m2po_takes_out_every_trust_region_token_when_even_the_smallest_is_beyond_the_threshold():
+    log_ratio, advantages = f64([[0.5, -0.6, -0.5]]), f64([[1.0, -1.0, 1.0]])  # token 2 is outside
+    removed = m2po_removed(log_ratio, advantages, torch.ones(1, 3, dtype=torch.bool), 0.04)
+    assert removed.tolist() == [[True, True, False]]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(data=st.data(), rows=st.integers(1, 4), columns=st.integers(1, 6),
+       threshold=st.sampled_from([1e-3, 0.04, 0.25, 1.0]))
+def test_m2po_mask_is_the_papers_algorithm_1_ties_included(data, rows, columns, threshold):
+    # Values from a small set, so equal (log r)^2 (ties, also between +x and -x) are common.
+    value = st.sampled_from([-1.0, -0.5, -0.2, -0.1, 0.0, 0.1, 0.2, 0.5, 1.0])
+    log_ratio = data.draw(st.lists(st.lists(value, min_size=columns, max_size=columns), min_size=rows, max_size=rows))
+    advantages = data.draw(st.lists(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 1.0]), min_size=columns,
+                                             max_size=columns), min_size=rows, max_size=rows))
+    mask = data.draw(st.lists(st.lists(st.sampled_from([0, 1]), min_size=columns, max_size=columns),
+                              min_size=rows, max_size=rows))
+    removed = m2po_removed(f64(log_ratio), f64(advantages), torch.tensor(mask, dtype=torch.bool), threshold)
+    found = {(b, t) for b in range(rows) for t in range(columns) if removed[b, t]}
+    assert found == m2po_algorithm_1(log_ratio, advantages, mask, threshold)
+
+
+def test_m2po_threshold_must_be_positive():
+    logp, old_logp = cispo_inputs()
+    with pytest.raises(ValueError, match="m2_threshold must be > 0"):
+        ppo(logp, old_logp, CISPO_ADVANTAGES, CISPO_MASK, loss_type="m2po", m2_threshold=0.0)

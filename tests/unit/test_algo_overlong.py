@@ -76,7 +76,7 @@ def masked_loss_and_grad(logp_rows: torch.Tensor, rollout_logp: torch.Tensor):
                                           settings("mask", max_new_tokens=4, buffer_tokens=1))
     advantages = algo.group_advantages(shaped, torch.zeros(3, dtype=torch.int64), mode="grpo")
     loss_settings = algo.LossSettings(mode="bypass", loss_type="ppo_clip", clip_low=0.2, clip_high=0.28, clip_c=3.0,
-                                      agg="token-mean", norm_constant=None,
+                                      m2_threshold=0.04, agg="token-mean", norm_constant=None,
                                       correction=NO_CORRECTION, kl=None)
     loss, _ = algo.mode_policy_loss(logp, None, rollout_logp, advantages.unsqueeze(1) * loss_mask, loss_mask,
                                     loss_settings, global_num_tokens=float(loss_mask.sum()),
@@ -112,7 +112,7 @@ def test_keeping_the_same_completion_does_change_the_loss():
 
     def loss_of(rollout_logp: torch.Tensor) -> float:
         loss_settings = algo.LossSettings(mode="bypass", loss_type="ppo_clip", clip_low=0.2, clip_high=0.28,
-                                          clip_c=3.0, agg="token-mean", norm_constant=None,
+                                          clip_c=3.0, m2_threshold=0.04, agg="token-mean", norm_constant=None,
                                           correction=NO_CORRECTION, kl=None)
         loss, _ = algo.mode_policy_loss(logp, None, rollout_logp, advantages.unsqueeze(1) * mask, mask, loss_settings)
         return float(loss)

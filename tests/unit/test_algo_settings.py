@@ -25,7 +25,7 @@ READ_ELSEWHERE = {
 }
 # A value other than the default for every key the loss reads, so each can be seen to arrive.
 OVERRIDES = {
-    "mode": "decoupled", "loss_type": "cispo", "clip_low": 1.0, "clip_high": 0.5, "clip_c": 5.0,
+    "mode": "decoupled", "loss_type": "cispo", "clip_low": 1.0, "clip_high": 0.5, "clip_c": 5.0, "m2_threshold": 0.1,
     "agg": "seq-mean-token-sum-norm", "norm_constant": 123.0, "correction.is_level": "sequence",
     "correction.is_threshold": "0.5_3.0", "correction.is_batch_normalize": True, "correction.rs": "token_k1",
     "correction.rs_threshold": 4.0, "kl.kind": "k2", "kl.coef": 0.25,

@@ -63,6 +63,8 @@ def test_overrides_apply():
         ("algo.overlong_buffer_tokens=6", "algo.overlong_buffer_tokens"),  # > rollout.max_new_tokens = 5
         ("algo.overlong_penalty=-0.5", "algo.overlong_penalty"),
         ("algo.overlong_penalty=nan", "algo.overlong_penalty"),
+        ("algo.m2_threshold=0", "algo.m2_threshold"),
+        ("algo.m2_threshold=inf", "algo.m2_threshold"),
         ("train.probe_tolerance=-0.1", "train.probe_tolerance"),
     ],
 )
