@@ -6,8 +6,25 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+
+@contextmanager
+def _interrupt_handler(handler: Callable[[int, object], None]) -> Iterator[bool]:
+    """`handler` for SIGINT and SIGTERM inside the block, the previous handlers restored after it;
+    yields whether it was installed (only in the main thread, where signal handlers live)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, handler)
+    try:
+        yield True
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler_before is None else handler_before)  # None: not set from Python
 
 
 @contextmanager
@@ -15,47 +32,29 @@ def interrupts_deferred(notice: str = "[interrupt] {signal} ignored: already sto
     """Another Ctrl-C or SIGTERM (an impatient user, a scheduler repeating its notice) would abort
     the block half-way and leave processes or a torn file behind: it is reported (`notice`, with
     {signal} filled in) and ignored instead. Main thread only, where signal handlers live."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-
     def report(signum: int, frame: object) -> None:
         print(notice.format(signal=signal.Signals(signum).name), flush=True)
 
-    for signum in previous:
-        signal.signal(signum, report)
-    try:
+    with _interrupt_handler(report):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
     """A Ctrl-C or SIGTERM that arrives inside the block takes effect as it ends (its handler runs
-    then, once per signal), so the block is never cut half-way and the interrupt is not lost. For
-    short blocks only: the user waits for it. Main thread only, where signal handlers live."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    then, once per signal), so the block is never cut half-way and the interrupt is not lost (a
+    block that raises passes its own error on instead). For short blocks only: the user waits for
+    it. Main thread only, where signal handlers live."""
     held: list[int] = []
 
     def hold(signum: int, frame: object) -> None:
         if signum not in held:
             held.append(signum)
 
-    for signum in previous:
-        signal.signal(signum, hold)
-    try:
+    with _interrupt_handler(hold):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
-        for signum in held:
-            signal.raise_signal(signum)
+    for signum in held:  # the previous handlers are back: each runs now
+        signal.raise_signal(signum)
 
 
 @contextmanager
