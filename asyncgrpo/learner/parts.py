@@ -54,12 +54,16 @@ def learner_device(cfg: Config) -> torch.device:
 
 def loopback_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
     """The rendezvous store of ranks that all run on this node, listening on loopback only (a
-    TCPStore binds every interface unless handed a socket), with gloo's sockets on loopback too.
-    Port 0 (one rank only): the kernel picks a free port as rank 0 binds it, so no other process
-    can take it in between."""
+    TCPStore binds every interface unless handed a socket), with gloo's sockets on loopback too."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if rank != 0:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    return _listening_store(host, port, world_size, timeout)
+
+
+def _listening_store(host: str, port: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
+    """Rank 0's store on a socket bound to `host`:`port` (port 0: the kernel picks a free one as it
+    binds, so no other process can take it in between)."""
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.bind((host, port))
     listener.listen(128)
@@ -77,10 +81,13 @@ def join_process_group(cfg: Config, device: torch.device, rank: int, world_size:
     if created:
         backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=collective_timeout_s(cfg))
         if world_size == 1:
-            master_addr, master_port = "127.0.0.1", 0
+            if is_loopback(master_addr):  # a run on one node: gloo's sockets on loopback too
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            store = _listening_store("127.0.0.1", 0, 1, timeout)
+            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         elif master_port is None:
             raise ValueError(f"{world_size} learner ranks need rank 0's rendezvous port (master_port)")
-        if is_loopback(master_addr):
+        elif is_loopback(master_addr):
             store = loopback_store(master_addr, master_port, rank, world_size, timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:
