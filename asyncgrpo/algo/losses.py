@@ -319,7 +319,8 @@ def m2po_removed(log_ratio: torch.Tensor, advantages: torch.Tensor, keep: torch.
         order = torch.sort(second, descending=True, stable=True).indices
         ranked = second[order]
         # Mean of what is left after taking out the first k, for k = 0 .. n-1 (non-increasing in k).
-        left_means = ranked.flip(0).cumsum(0).flip(0) / torch.arange(ranked.numel(), 0, -1, dtype=ranked.dtype)
+        left_means = ranked.flip(0).cumsum(0).flip(0) / torch.arange(ranked.numel(), 0, -1, dtype=ranked.dtype,
+                                                                      device=ranked.device)
         within = torch.nonzero(left_means <= threshold)
         taken = int(within[0]) if within.numel() else ranked.numel()
         removed[flat[order[:taken]]] = True
