@@ -4,7 +4,6 @@ replay queue with its generator registry and the weight sender (with their socke
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -36,7 +35,7 @@ from asyncgrpo.schema import Config
 from asyncgrpo.tasks import run_stream_length
 from asyncgrpo.weights import make_sender, publication
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
-from asyncgrpo.wire.network import advertised, is_loopback
+from asyncgrpo.wire.network import advertised, is_loopback, listening_socket
 from asyncgrpo.wire.security import CurveServerKeys
 
 
@@ -64,9 +63,7 @@ def loopback_store(host: str, port: int, rank: int, world_size: int, timeout: ti
 def _listening_store(host: str, port: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
     """Rank 0's store on a socket bound to `host`:`port` (port 0: the kernel picks a free one as it
     binds, so no other process can take it in between)."""
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    listener.bind((host, port))
-    listener.listen(128)
+    listener = listening_socket(host, port)
     port = listener.getsockname()[1]
     return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
 

@@ -355,13 +355,12 @@ def _engine_step_times(report: dict[str, Any], untimed_s: float) -> dict[str, fl
     running = float(report.get("gen/mean_running_sequences") or 0.0) * steps
     fitted_s = fixed_s * steps + per_sequence_s * running
     requests = int(report.get("gen/ticket_requests") or 0)
+    answers, answers_s = int(report.get("gen/env_answers") or 0), float(report.get("gen/env_answers_s", 0.0))
     return {"step_fixed_s": fixed_s, "step_s_per_sequence": per_sequence_s,
             # Answers applied between steps are in gen_time/generate_s but charged apart (env_answer_s).
-            "step_warmup_s": max(0.0, float(report.get("gen_time/generate_s", 0.0)) - fitted_s
-                                 - float(report.get("gen/env_answers_s", 0.0))),
+            "step_warmup_s": max(0.0, float(report.get("gen_time/generate_s", 0.0)) - fitted_s - answers_s),
             "ask_s": float(report.get("gen_time/ask_s", 0.0)) / requests if requests else 0.0,
-            "env_answer_s": (float(report.get("gen/env_answers_s", 0.0)) / answers
-                             if (answers := int(report.get("gen/env_answers") or 0)) else 0.0),
+            "env_answer_s": answers_s / answers if answers else 0.0,
             "other_s_per_step": untimed_s / steps}
 
 

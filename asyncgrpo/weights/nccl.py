@@ -39,6 +39,7 @@ from asyncgrpo.weights.base import (
     model_spec,
 )
 from asyncgrpo.wire import Publisher, SaveNotice, Shutdown, Subscriber, WeightsChunk
+from asyncgrpo.wire.network import listening_socket
 
 SPEC_NAME = "__spec__"
 
@@ -90,17 +91,6 @@ def connect(host: str, port: int, rank: int, world_size: int, device: torch.devi
     if device.type == "cuda":
         return _NcclBroadcaster(host, port, rank, world_size, timeout_s, device, listener)
     return _GlooBroadcaster(host, port, rank, world_size, timeout_s, listener)
-
-
-def listening_socket(host: str) -> socket.socket:
-    """A TCP socket bound to a port of `host` the system chose and listening, held from the moment
-    its port is advertised until the group's store takes it over: nothing else can take the port
-    in between (a port found free and bound later could be, and was: EADDRINUSE)."""
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, 0))
-    listener.listen()
-    return listener
 
 
 def buckets(spec: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:

@@ -29,6 +29,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def listening_socket(host: str, port: int = 0) -> socket.socket:
+    """A TCP socket bound to `host`:`port` and listening (port 0: one the system chooses as it
+    binds), to be held from the moment its port is advertised until a store takes it over: nothing
+    else can take the port in between (a port found free and bound later could be, and was:
+    EADDRINUSE)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen()
+    return listener
+
+
 # Any address outside this machine: connecting a UDP socket to it sends nothing, it only makes the
 # kernel pick the interface that routes off this machine.
 _PROBE_ADDRESS = ("10.254.254.254", 1)

@@ -102,7 +102,7 @@ def test_buckets_cover_the_spec_in_order(tmp_path):
 def test_the_advertised_port_is_held_from_its_advertisement_until_the_group_takes_it():
     import socket
 
-    from asyncgrpo.weights.nccl import listening_socket
+    from asyncgrpo.wire.network import listening_socket
 
     listener = listening_socket("127.0.0.1")
     port = listener.getsockname()[1]
