@@ -18,6 +18,7 @@ from asyncgrpo.wire.reach import resolve_wire_transport
 
 if TYPE_CHECKING:
     from asyncgrpo.learner.lora import AdapterLayout
+    from asyncgrpo.rollout.engine import EngineAdapter
 
 
 def run_task(cfg: Config, tokenizer: Any | None = None) -> Task:
@@ -53,6 +54,23 @@ def pushed_adapters(cfg: Config, model_dir: str) -> AdapterLayout | None:
     from asyncgrpo.weights.adapters import pushes_adapters
 
     return adapter_layout(model_dir, cfg.learner.lora) if pushes_adapters(cfg.weights, cfg.learner.lora.rank) else None
+
+
+def engine_adapter(cfg: Config, start_dir: str, base_dir: str) -> EngineAdapter | None:
+    """A generator engine's adapter under rollout.lora_apply=vllm (None otherwise): the adapters of
+    learner.lora on the model in `base_dir` (the run's model directory), starting from those a
+    resumed run's `start_dir` holds, or from none (B = 0) when it is `base_dir`."""
+    if cfg.rollout.lora_apply != "vllm":
+        return None
+    adapters = pushed_adapters(cfg, base_dir)
+    if adapters is None:
+        return None
+    from asyncgrpo.learner.lora import adapter_config
+    from asyncgrpo.rollout.engine import EngineAdapter
+    from asyncgrpo.weights.adapters import initial_adapter
+
+    return EngineAdapter(adapter_config(cfg.learner.lora, list(adapters.shapes), base_dir),
+                         initial_adapter(adapters, start_dir, base_dir))
 
 
 def node_resource_roles(cfg: Config) -> list[tuple[str, str, str, float]]:

@@ -325,6 +325,23 @@ def _rollout_rules(cfg: Config) -> None:
             r.max_restarts)
 
 
+def _lora_apply_rules(cfg: Config) -> None:
+    """rollout.lora_apply: vllm needs adapter pushes, of a rank vLLM's LoRA path takes."""
+    from asyncgrpo.rollout.engine import VLLM_LORA_RANKS  # these import torch: not at the top
+    from asyncgrpo.weights.adapters import LORA_APPLIES, pushes_adapters
+
+    r = cfg.rollout
+    require(r.lora_apply in LORA_APPLIES, "rollout.lora_apply", one_of(LORA_APPLIES), r.lora_apply)
+    if r.lora_apply != "vllm":
+        return
+    require(pushes_adapters(cfg.weights, cfg.learner.lora.rank), "rollout.lora_apply",
+            "vllm applies adapter pushes: it needs learner.lora.rank > 0 and weights.lora_push=adapter "
+            f"(learner.lora.rank={cfg.learner.lora.rank}, weights.lora_push={cfg.weights.lora_push})", r.lora_apply)
+    require(cfg.learner.lora.rank <= VLLM_LORA_RANKS[-1], "learner.lora.rank",
+            f"must be <= {VLLM_LORA_RANKS[-1]} with rollout.lora_apply=vllm (vLLM's largest adapter rank)",
+            cfg.learner.lora.rank)
+
+
 def _train_rules(cfg: Config) -> None:
     """train.*: the staleness bound, the driver loop's steps, the stale policy (the staleness
     checks are asyncgrpo/contract.py's), and a queue that holds a step."""
@@ -776,7 +793,7 @@ def _log_rules(cfg: Config) -> None:
 # first because it sets train.max_staleness, which later rules read.
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
     _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
-    _optimizer_rules, _lora_rules, _weights_rules, _delta_rules, _wire_rules, _end_of_run_rules, _wire_security_rules,
+    _optimizer_rules, _lora_rules, _weights_rules, _delta_rules, _lora_apply_rules, _wire_rules, _end_of_run_rules, _wire_security_rules,
     _placement_rules, _divergence_control_rules,
     _algo_rules, _task_rules, _longtail_rules, _episode_task_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,
     _log_rules,

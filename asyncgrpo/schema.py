@@ -232,6 +232,13 @@ class RolloutConfig:
     # cache; each token records the version that sampled it). false: a push waits until the running
     # sequences finish (no new ones are admitted meanwhile), so every completion has one version.
     inflight_updates: bool = False
+    # LoRA runs with adapter pushes only (learner.lora.rank > 0, weights.lora_push=adapter): how a
+    # generator applies a push. merge: into its weights (W + alpha/r * B @ A for every targeted
+    # layer, from a kept copy of their base); the engine then decodes at its plain speed. vllm: the
+    # engine runs vLLM's LoRA path (enable_lora; every request through one adapter, which each push
+    # replaces in place): no base copy and no layer rewritten per push, so a push lands in
+    # milliseconds, but decoding goes through the adapter (on CPU 30-48% slower; docs/LORA.md).
+    lora_apply: str = "merge"  # merge | vllm
     # A generator whose process dies (killed, out of memory, a vLLM crash) is started again, at most
     # this many times per generator; one more death fails the run. 0: the first death fails it.
     # weights.backend=nccl cannot take a new process into its group: there a death fails the run.

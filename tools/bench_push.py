@@ -91,7 +91,7 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     from asyncgrpo.composition import pushed_adapters, weights_backend
     from asyncgrpo.rollout.engine import VLLMEngine
     from asyncgrpo.weights import make_receiver
-    from asyncgrpo.weights.adapters import merging_receiver
+    from asyncgrpo.weights.adapters import adapter_receiver
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
     engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
@@ -103,7 +103,7 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     receiver = make_receiver(cfg.weights, weights_backend(cfg), Subscriber(weights_endpoint), model_dir,
                              torch.device("cpu"), adapters=adapters, engine_dtype=cfg.rollout.dtype,
                              startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)
-    receiver = merging_receiver(receiver, model_dir, adapters)
+    receiver = adapter_receiver(receiver, model_dir, adapters, "merge")
     receiver.join({**join_address, "rank": 1})
     acks = Sender(acks_endpoint)
     acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready

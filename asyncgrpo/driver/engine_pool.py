@@ -51,6 +51,8 @@ def engine_key(cfg: Config, model_dir: str, cores: list[int] | None, gpus: float
         "model": model, "max_model_len": cfg.model.max_positions, "dtype": r.dtype, "kv_cache_gib": r.kv_cache_gib,
         "gpu_memory_utilization": r.gpu_memory_utilization, "device": cfg.device, "cores": cores, "gpus": gpus,
         "num_cpus": r.num_cpus_per_generator, "node_resource": r.node_resource,
+        # vLLM's LoRA path is built into the engine, for adapters of at most its rank.
+        "lora_apply": r.lora_apply, "lora_rank": cfg.learner.lora.rank if r.lora_apply == "vllm" else 0,
     }
     return json.dumps(settings, sort_keys=True)
 

@@ -200,8 +200,10 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     config = _text_config(model_dir)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim)
+    # A merging generator keeps the base of the targeted layers; vLLM's LoRA path keeps none.
+    merging = adapters if cfg.rollout.lora_apply == "merge" else None
     memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"], push["backend"],
-                             merge_base_bytes(adapters, info.dtype))
+                             merge_base_bytes(merging, info.dtype))
     report = {"model": info.to_dict(), "push": push, "kv_cache": kv, "memory_gib": memory}
     if lora_targets:
         report["lora"] = {"rank": cfg.learner.lora.rank, "layers": len(lora_targets)}

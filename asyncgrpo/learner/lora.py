@@ -40,6 +40,8 @@ ALL_LINEAR = "all-linear"
 PEFT_PREFIX = "base_model.model."
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# Where `export_hf` (a resume's generator start) puts the adapter beside the merged weights.
+EXPORTED_ADAPTER_DIR = "adapter"
 _ADAPTER_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 # Files of a model directory that hold weights (hashed into the base model's digest).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

@@ -9,6 +9,10 @@ evaluations). The generator's loop instead drives vLLM's engine a step at a time
 group's request, `step` runs one engine step and returns the groups whose n samples have all
 finished, while the others keep decoding; `label_version` names the weights loaded between two
 steps, so every token reports the version that sampled it.
+
+A LoRA run with rollout.lora_apply=vllm builds the engine with vLLM's LoRA path on (`EngineAdapter`):
+every request then runs through one adapter, which each push replaces in place (`load_adapter`)
+between two steps, as a full push replaces the weights.
 """
 
 from __future__ import annotations
@@ -159,6 +163,58 @@ def _sampling_params(n: int, max_tokens: int, temperature: float, stop: Sequence
                           **more)
 
 
+# The one adapter every request of a LoRA engine names. Its path is never read: the adapter is added
+# from tensors before any request names it, and with one adapter slot it is never evicted; were vLLM
+# ever to look for it on disk, the request would fail (no stale adapter could be loaded from there).
+POLICY_ADAPTER_ID = 1
+_POLICY_ADAPTER_PATH = "/nonexistent/asyncgrpo-adapter-pushed-from-tensors"
+# vLLM 0.32's allowed max_lora_rank values (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class EngineAdapter:
+    """vLLM's LoRA path (rollout.lora_apply=vllm): the adapter's PEFT adapter_config.json fields
+    (`r`, `lora_alpha`, `target_modules`, ...) and the tensors it starts from, under PEFT's names
+    (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`)."""
+
+    peft_config: dict[str, Any]
+    initial: dict[str, torch.Tensor]
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The smallest rank vLLM accepts as max_lora_rank that holds this adapter's."""
+        rank = int(self.peft_config["r"])
+        fitting = [allowed for allowed in VLLM_LORA_RANKS if allowed >= rank]
+        if not fitting:
+            raise ValueError(f"vLLM's LoRA path takes adapters of rank <= {VLLM_LORA_RANKS[-1]}, not {rank}")
+        return fitting[0]
+
+
+def _add_adapter_from_tensors(worker, adapter_id: int, tensors: dict[str, torch.Tensor],
+                              peft_config: dict[str, Any]) -> int:
+    # Runs inside the vLLM worker. vLLM 0.32 adds adapters only from files; this is what its
+    # LRU worker manager does after reading them (LoRAModel from the tensors, replace the adapter of
+    # this id, activate it: the activation copies it into the layers' LoRA slots), minus the file.
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    manager = worker.model_runner.lora_manager
+    helper = PEFTHelper.from_dict({**peft_config, "vllm_max_position_embeddings": manager.max_position_embeddings})
+    helper.validate_legal(manager.lora_config)
+    # Copies: vLLM keeps the tensors it is given where their dtype and device already fit, and scales
+    # B in place by alpha / r (LoRALayerWeights.optimize), which would change the caller's push (a
+    # receive buffer, a shared-memory slot) under it.
+    tensors = {name: tensor.clone() for name, tensor in tensors.items()}
+    adapter = LoRAModel.from_lora_tensors(adapter_id, tensors, helper, device="cpu",
+                                          dtype=manager.lora_config.lora_dtype, model_vocab_size=manager.vocab_size)
+    adapters = manager._adapter_manager
+    adapters.remove_adapter(adapter_id)
+    adapters.add_adapter(adapter)
+    adapters.activate_adapter(adapter_id)
+    return len(tensors)
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -172,12 +228,14 @@ class VLLMEngine:
         max_running_seqs: int,
         prefix_caching: bool,
         in_place_cpu_weights: bool = True,
+        adapter: EngineAdapter | None = None,
     ) -> None:
         """`dtype`, `kv_cache_gib`, `gpu_memory_utilization` and `max_running_seqs` are rollout.dtype,
         rollout.kv_cache_gib, rollout.gpu_memory_utilization and rollout.max_running_seqs (no defaults
         here: config's are the only ones). `prefix_caching` off where weights are loaded while
         requests run: a prompt prefix cached under older weights would serve requests admitted after
-        the load, and nothing would record it."""
+        the load, and nothing would record it. `adapter`: vLLM's LoRA path on, every request through
+        that adapter (None: plain weights)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm import LLM
@@ -185,6 +243,9 @@ class VLLMEngine:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload_warning)
         logging.getLogger("vllm.v1.engine.input_processor").addFilter(_drop_raw_prompt_warning)
         wants_in_place = in_place_cpu_weights and _keep_cpu_weights_unpacked()
+        # One adapter slot: every request names the same adapter, which a push replaces in place.
+        lora = {} if adapter is None else dict(enable_lora=True, max_lora_rank=adapter.max_lora_rank, max_loras=1,
+                                               max_cpu_loras=1)
 
         self.llm = LLM(
             model=model_dir,
@@ -202,12 +263,21 @@ class VLLMEngine:
             enable_prefix_caching=prefix_caching,
             # Weights are loaded between two engine steps: no step may still be in flight then.
             async_scheduling=False,
+            **lora,
         )
         self.engine = self.llm.llm_engine  # driven a step at a time by `submit` / `step`
         self._submitted: dict[str, int] = {}  # request id -> its sequences (n), until finished or aborted
         self.max_model_len = max_model_len
         # "in_place" (CPU, in-process engine, weights kept unpacked) or "reload" (vLLM's reload).
         self.weight_load_path = "reload"
+        self._adapter_config: dict[str, Any] | None = None
+        self._lora_request = None  # what every request names under vLLM's LoRA path
+        if adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            self._adapter_config = dict(adapter.peft_config)
+            self.load_adapter(adapter.initial)  # before any request names it
+            self._lora_request = LoRARequest("asyncgrpo-policy", POLICY_ADAPTER_ID, _POLICY_ADAPTER_PATH)
         if wants_in_place and self._in_place_loads_work(model_dir):
             self.weight_load_path = "in_place"
 
@@ -234,7 +304,7 @@ class VLLMEngine:
         else:
             sampling = [_sampling_params(n, limit, temperature, stop, seed=seed) for limit in max_tokens]
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request)
         return [[self._completion(out) for out in request.outputs] for request in outputs]
 
     @staticmethod
@@ -262,7 +332,8 @@ class VLLMEngine:
         # FINAL_ONLY: `step` returns a group once, when all its n samples have finished.
         params = _sampling_params(n, max_tokens, temperature, stop, output_kind=RequestOutputKind.FINAL_ONLY)
         try:
-            self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params)
+            self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params,
+                                    lora_request=self._lora_request)
         except VLLMValidationError as err:  # not a ValueError in vLLM 0.32
             raise ValueError(str(err)) from None
         self._submitted[request_id] = n
@@ -302,7 +373,7 @@ class VLLMEngine:
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=temperature, detokenize=False)
         requests = [TokensPrompt(prompt_token_ids=list(map(int, s))) for s in sequences]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         result = []
         for sequence, out in zip(sequences, outputs):
             values = [out.prompt_logprobs[i][int(sequence[i])].logprob for i in range(1, len(sequence))]
@@ -352,7 +423,23 @@ class VLLMEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         load = _copy_named_weights if self.weight_load_path == "in_place" else _load_named_weights
         self.llm.collective_rpc(load, args=(list(named_tensors),))
+        self._forget_cached_prefixes()
+
+    @property
+    def serves_adapter(self) -> bool:
+        """Whether vLLM's LoRA path is on (every request through the adapter `load_adapter` sets)."""
+        return self._adapter_config is not None
+
+    def load_adapter(self, peft_tensors: dict[str, torch.Tensor]) -> None:
+        """Replace the adapter every request runs through (PEFT's names, as adapter_model.safetensors
+        holds them): running sequences continue on it from the next step, as after `load_weights`."""
+        if self._adapter_config is None:
+            raise RuntimeError("load_adapter on an engine built without an adapter (rollout.lora_apply=merge)")
+        self.llm.collective_rpc(_add_adapter_from_tensors, args=(POLICY_ADAPTER_ID, peft_tensors, self._adapter_config))
+        self._forget_cached_prefixes()
+
+    def _forget_cached_prefixes(self) -> None:
         if not self._submitted:
             # Cached prefixes hold keys/values of the old weights (with requests running, prefix
-            # caching is off: see the constructor).
+            # caching is off: see the constructor). vLLM's cache key names the adapter, not its contents.
             self.llm.reset_prefix_cache()

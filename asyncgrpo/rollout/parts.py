@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asyncgrpo.composition import pushed_adapters, run_task, weights_backend
+from asyncgrpo.composition import engine_adapter, pushed_adapters, run_task, weights_backend
 from asyncgrpo.envs import EnvironmentSpec, episode_rules, make_environment
 from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, FinishedGroup, VLLMEngine
@@ -25,7 +25,7 @@ from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.schema import Config
 from asyncgrpo.tasks import Task, run_stream
 from asyncgrpo.weights import WeightReceiver, make_receiver
-from asyncgrpo.weights.adapters import merging_receiver
+from asyncgrpo.weights.adapters import adapter_receiver
 from asyncgrpo.wire import GrantDealer, Sender, Subscriber, holder_identity
 
 
@@ -97,9 +97,14 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     task = run_task(cfg, tokenizer)
     # Rewards (asyncgrpo/rewards/scorer.py): scorer.submit() scores without blocking generation.
     scorer = Scorer(task, cfg.reward)
+    base_dir = spec.base_model_dir or spec.model_dir
+    # rollout.lora_apply=vllm: the engine holds the base model and the adapter apart (a resumed run's
+    # starting directory holds merged weights and, in adapter/, the adapter they were merged from).
+    adapter = engine_adapter(cfg, spec.model_dir, base_dir)
+    engine_dir = spec.model_dir if adapter is None else base_dir
     if engine is None:
         engine = VLLMEngine(
-            spec.model_dir,
+            engine_dir,
             seed=spec.seed,
             max_model_len=cfg.model.max_positions,
             dtype=cfg.rollout.dtype,
@@ -107,10 +112,13 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             max_running_seqs=cfg.rollout.max_running_seqs,
             prefix_caching=not cfg.rollout.inflight_updates,
+            adapter=adapter,
         )
     else:
         engine.abort()  # a run that stopped mid-generation left requests (it aborts them: to be sure)
-        engine.load_model_dir(spec.model_dir)
+        engine.load_model_dir(engine_dir)
+        if adapter is not None:
+            engine.load_adapter(adapter.initial)
     # Also a new engine: its start-up drew from the random streams, a reused one's last run did.
     engine.reseed(spec.seed)
     # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for
@@ -121,13 +129,13 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     subscriber = Subscriber(spec.weights_endpoint, cfg.wire.max_message_bytes, curve=spec.curve)
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-    base_dir = spec.base_model_dir or spec.model_dir
     adapters = pushed_adapters(cfg, base_dir)
     weights = make_receiver(cfg.weights, weights_backend(cfg), subscriber, spec.model_dir, device, adapters=adapters,
                             engine_dtype=cfg.rollout.dtype, startup_timeout_s=cfg.wire.startup_timeout_s,
                             timeout_s=cfg.wire.timeout_s)
-    # A LoRA run's adapter pushes arrive merged onto the run's model (weights/adapters.py).
-    weights = merging_receiver(weights, base_dir, adapters)
+    # A LoRA run's adapter pushes arrive merged onto the run's model, or as the engine's adapter
+    # (rollout.lora_apply; weights/adapters.py).
+    weights = adapter_receiver(weights, base_dir, adapters, cfg.rollout.lora_apply)
     grants = GrantDealer(spec.tickets_endpoint, holder_identity(spec.generator_id, spec.incarnation), curve=spec.curve)
     # Its prompts come from the run's one stream, at the positions it is granted.
     return GeneratorParts(engine=engine, tokenizer=tokenizer, task=task, scorer=scorer, sink=sink, weights=weights,

@@ -24,6 +24,11 @@ The base is kept in the dtype its files store it in (what the learner upcasts lo
 float32) and merged in float32 like the learner does: with float32 adapters on the wire (the
 default `weights.wire_dtype` for a float32 engine) the merged tensor is the learner's bit for bit.
 A float32 copy would cost twice the memory of a bf16 checkpoint for no gain in exactness.
+
+With rollout.lora_apply=vllm the generator's engine runs vLLM's LoRA path instead: `AdapterLoad`
+hands each checked push, under PEFT's names, to the engine's `load_adapter`, which replaces the one
+adapter every request runs through (asyncgrpo/rollout/engine.py). No base copy, no merge; the engine
+decodes through the adapter (docs/LORA.md measures both).
 """
 
 from __future__ import annotations
@@ -31,16 +36,25 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from asyncgrpo.learner.lora import PEFT_PREFIX, AdapterLayout
+from asyncgrpo.learner.lora import ADAPTER_WEIGHTS, EXPORTED_ADAPTER_DIR, PEFT_PREFIX, AdapterLayout, peft_name
 from asyncgrpo.schema import WeightsConfig
 from asyncgrpo.weights.base import TensorSpec, WeightReceiver, WeightTarget, model_spec
 
 LORA_PUSHES = ("adapter", "merged")
+# How a generator applies an adapter push (rollout.lora_apply): merged into its weights, or through
+# vLLM's LoRA path.
+LORA_APPLIES = ("merge", "vllm")
 _A, _B = ".lora_A.weight", ".lora_B.weight"
+
+
+class AdapterTarget(Protocol):
+    """An engine that runs every request through one adapter (`VLLMEngine` built with one)."""
+
+    def load_adapter(self, peft_tensors: dict[str, torch.Tensor]) -> None: ...
 
 
 def pushes_adapters(weights: WeightsConfig, lora_rank: int) -> bool:
@@ -85,6 +99,41 @@ def read_base(model_dir: str, names: Iterable[str]) -> dict[str, torch.Tensor]:
     return found
 
 
+def check_adapters(shapes: dict[str, tuple[int, int]], named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The push `named` by name, checked whole before anything is loaded: exactly the adapter names
+    of the layers `shapes` ([out, in] by module path), A [rank, in] and B [out, rank]; raises
+    ValueError (one line) otherwise."""
+    adapters = dict(named)
+    expected = {path + suffix for path in shapes for suffix in (_A, _B)}
+    if set(adapters) != expected:
+        odd = sorted(set(adapters) ^ expected)
+        raise ValueError(f"an adapter push must carry the {len(expected)} adapter tensors of this run's "
+                         f"learner.lora settings; {len(odd)} names differ (e.g. {odd[0]})")
+    for path, (out, inp) in shapes.items():
+        lora_a, lora_b = adapters[path + _A], adapters[path + _B]
+        if lora_a.shape[1] != inp or lora_b.shape[0] != out or lora_a.shape[0] != lora_b.shape[1]:
+            raise ValueError(f"adapter push: {path} has A {list(lora_a.shape)} and B {list(lora_b.shape)}, "
+                             f"not [rank, {inp}] and [{out}, rank]")
+    return adapters
+
+
+def initial_adapter(layout: AdapterLayout, start_dir: str, base_dir: str) -> dict[str, torch.Tensor]:
+    """The adapter a generator under vLLM's LoRA path starts from, under PEFT's names: a fresh run's
+    (B = 0, so the engine starts as the base model, as the learner does), or the one a resumed run's
+    starting directory `start_dir` holds (the learner's export: `adapter/adapter_model.safetensors`)."""
+    if Path(start_dir).resolve() == Path(base_dir).resolve():
+        return {peft_name(name): torch.zeros(shape) for name, shape, _ in adapter_spec(layout)}
+    from safetensors.torch import load_file
+
+    saved = Path(start_dir) / EXPORTED_ADAPTER_DIR / ADAPTER_WEIGHTS
+    if not saved.is_file():
+        raise FileNotFoundError(f"{start_dir} holds no {EXPORTED_ADAPTER_DIR}/{ADAPTER_WEIGHTS} to start vLLM's LoRA "
+                                "path from")
+    tensors = load_file(str(saved))
+    check_adapters(layout.shapes, push_names(tensors.items()))
+    return tensors
+
+
 def _layer_of(path: str) -> str:
     """The decoder layer a module path is in (`model.layers.3`): up to its first number."""
     parts = path.split(".")
@@ -102,20 +151,8 @@ class AdapterMerge:
         self._buffers: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The push `named` by name, checked whole before anything is loaded: exactly this run's
-        adapter names, A [rank, in] and B [out, rank]; raises ValueError (one line) otherwise."""
-        adapters = dict(named)
-        expected = {path + suffix for path in self.shapes for suffix in (_A, _B)}
-        if set(adapters) != expected:
-            odd = sorted(set(adapters) ^ expected)
-            raise ValueError(f"an adapter push must carry the {len(expected)} adapter tensors of this run's "
-                             f"learner.lora settings; {len(odd)} names differ (e.g. {odd[0]})")
-        for path, (out, inp) in self.shapes.items():
-            lora_a, lora_b = adapters[path + _A], adapters[path + _B]
-            if lora_a.shape[1] != inp or lora_b.shape[0] != out or lora_a.shape[0] != lora_b.shape[1]:
-                raise ValueError(f"adapter push: {path} has A {list(lora_a.shape)} and B {list(lora_b.shape)}, "
-                                 f"not [rank, {inp}] and [{out}, rank]")
-        return adapters
+        """The push `named` by name, checked whole (`check_adapters`)."""
+        return check_adapters(self.shapes, named)
 
     def merged_groups(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The merged weights of one push, a decoder layer at a time: each group's tensors are
@@ -165,27 +202,52 @@ class _MergingTarget:
             self.target.load_weights(group)
 
 
-class MergingReceiver:
-    """A backend's receiver (built from `adapter_spec`) whose `apply_newest` merges each adapter push
-    into the target; everything else is the receiver's own."""
+class AdapterLoad:
+    """Generator side under vLLM's LoRA path: each push, checked, to the engine's `load_adapter`."""
 
-    def __init__(self, receiver: WeightReceiver, merge: AdapterMerge) -> None:
-        self.receiver, self.merge = receiver, merge
+    def __init__(self, layout: AdapterLayout) -> None:
+        self.shapes = dict(layout.shapes)
 
-    def apply_newest(self, target: WeightTarget) -> int | None:
-        return self.receiver.apply_newest(self.merge.onto(target))
+    def onto(self, target: AdapterTarget) -> WeightTarget:
+        """`target` as a receiver loads into it: adapter pushes replace the engine's adapter."""
+        return _AdapterLoadingTarget(self, target)
+
+
+class _AdapterLoadingTarget:
+    def __init__(self, load: AdapterLoad, target: AdapterTarget) -> None:
+        self.load, self.target = load, target
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        adapters = check_adapters(self.load.shapes, named_tensors)
+        self.target.load_adapter({peft_name(name): tensor for name, tensor in adapters.items()})
+
+
+class AdapterReceiver:
+    """A backend's receiver (built from `adapter_spec`) whose `apply_newest` hands each adapter push
+    to the target through `how` (an `AdapterMerge` or an `AdapterLoad`); everything else is the
+    receiver's own."""
+
+    def __init__(self, receiver: WeightReceiver, how: AdapterMerge | AdapterLoad) -> None:
+        self.receiver, self.how = receiver, how
+
+    def apply_newest(self, target: Any) -> int | None:
+        return self.receiver.apply_newest(self.how.onto(target))
 
     def __getattr__(self, name: str) -> Any:  # shutdown_reason, newest_version, saves, poll, join, ...
         return getattr(self.receiver, name)
 
 
-def merging_receiver(receiver: WeightReceiver, base_dir: str, adapters: AdapterLayout | None) -> WeightReceiver:
+def adapter_receiver(receiver: WeightReceiver, base_dir: str, adapters: AdapterLayout | None,
+                     lora_apply: str) -> WeightReceiver:
     """`receiver` itself, or under adapter pushes (`adapters`, None: pushes carry the model) one that
-    merges onto `base_dir`'s weights (the run's model directory: not a resumed run's starting
-    directory, which holds merged weights)."""
+    applies them as rollout.lora_apply says (`lora_apply`): merged onto `base_dir`'s weights (the
+    run's model directory: not a resumed run's starting directory, which holds merged weights), or
+    loaded as the engine's adapter."""
     if adapters is None:
         return receiver
-    return MergingReceiver(receiver, AdapterMerge(base_dir, adapters))
+    if lora_apply == "vllm":
+        return AdapterReceiver(receiver, AdapterLoad(adapters))
+    return AdapterReceiver(receiver, AdapterMerge(base_dir, adapters))
 
 
 def adapter_fraction(spec: list[TensorSpec], full: list[TensorSpec]) -> float:

@@ -226,16 +226,45 @@ def test_fixed_staleness_trains_every_step_after_the_warm_up_exactly_k_versions_
     # ... and the merged adapters moved vLLM's log-probs well beyond that difference.
     assert probe["max_abs_change_since_start"] > 10 * max(probe["max_abs_diff_vs_learner"], 1e-4)
     # Each push carried the adapters (float32 on the wire), not the model.
+    adapter_bytes, model_bytes = push_bytes(summary["model_dir"], lora_rank=8)
+    assert [r["perf/push_bytes"] for r in records] == [0] * k + [adapter_bytes] * (steps - k)
+    assert adapter_bytes < model_bytes
+
+
+def push_bytes(model_dir: str, lora_rank: int) -> tuple[int, int]:
+    """A float32 push's bytes: of the rank-`lora_rank` adapters on every linear layer, of the model."""
     from asyncgrpo.learner.lora import adapter_layout
     from asyncgrpo.schema import LoraConfig
     from asyncgrpo.weights.adapters import adapter_spec
     from asyncgrpo.weights.base import model_spec
 
-    layout = adapter_layout(summary["model_dir"], LoraConfig(rank=8))
-    adapter_bytes = sum(math.prod(shape) * 4 for _, shape, _ in adapter_spec(layout))
-    model_bytes = sum(math.prod(shape) * 4 for _, shape, _ in model_spec(summary["model_dir"]))
-    assert [r["perf/push_bytes"] for r in records] == [0] * k + [adapter_bytes] * (steps - k)
-    assert adapter_bytes < model_bytes
+    layout = adapter_layout(model_dir, LoraConfig(rank=lora_rank))
+    return (sum(math.prod(shape) * 4 for _, shape, _ in adapter_spec(layout)),
+            sum(math.prod(shape) * 4 for _, shape, _ in model_spec(model_dir)))
+
+
+def test_lora_through_vllms_lora_path_loads_each_adapter_push_into_the_engine_which_then_matches_the_learner(
+        tmp_path):
+    # rollout.lora_apply=vllm: the generator's engine runs vLLM's LoRA path, each push replaces its
+    # adapter (no merge, no base copy); sampling and the end-of-run probe go through the adapter.
+    steps = 3
+    result = subprocess.run(
+        cli(tmp_path, f"train.max_steps={steps}", "eval.at_start=false", "eval.at_end=false", "learner.lora.rank=8",
+            "learner.lr=1e-2", "rollout.lora_apply=vllm"),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = tmp_path / "run"
+    assert "lora_apply: vllm" in (run_dir / "config.yaml").read_text()
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    probe = summary["probe"]
+    assert probe["generator_version"] == probe["learner_version"] == steps
+    assert probe["max_abs_diff_vs_learner"] < 1e-3
+    assert probe["max_abs_change_since_start"] > 10 * max(probe["max_abs_diff_vs_learner"], 1e-4)
+    adapter_bytes, _ = push_bytes(summary["model_dir"], lora_rank=8)
+    assert [r["perf/push_bytes"] for r in records] == [adapter_bytes] * steps
 
 
 def mean_k3(run_dir: Path) -> float:

@@ -17,7 +17,7 @@ from asyncgrpo.learner.lora import adapter_layout
 from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
 from asyncgrpo.weights import make_receiver, make_sender
-from asyncgrpo.weights.adapters import AdapterMerge, adapter_spec, merging_receiver
+from asyncgrpo.weights.adapters import AdapterMerge, adapter_spec, adapter_receiver
 from asyncgrpo.wire import Publisher, Subscriber
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def generator_main(endpoint: str, model_dir: str, address: dict, results: mp.Que
     receiver = make_receiver(cfg.weights, weights_backend(cfg), Subscriber(endpoint), model_dir, torch.device("cpu"),
                              adapters=layout, engine_dtype=cfg.rollout.dtype,
                              startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)
-    receiver = merging_receiver(receiver, model_dir, layout)
+    receiver = adapter_receiver(receiver, model_dir, layout, "merge")
     receiver.join({**address, "rank": 1})
     target, deadline = Recorder(), time.monotonic() + 60
     while receiver.newest_version < 1 and time.monotonic() < deadline:

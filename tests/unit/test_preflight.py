@@ -184,7 +184,7 @@ def test_lora_needs_no_optimizer_state_or_reference_copy_for_the_base():
     assert full["learner_rank_gib"] - adapters["learner_rank_gib"] == pytest.approx((12 + 4) * 10**8 / 2**30)
 
 
-def test_a_generator_merging_adapter_pushes_is_estimated_with_the_base_of_the_targeted_layers(tmp_path, tokenizer,
+def test_a_generator_merging_adapter_pushes_is_estimated_with_the_base_of_the_targeted_layers_and_vllm_lora_without(tmp_path, tokenizer,
                                                                                               capsys):
     from asyncgrpo.learner.lora import AdapterLayout
 
@@ -201,11 +201,12 @@ def test_a_generator_merging_adapter_pushes_is_estimated_with_the_base_of_the_ta
     common = [f"model.path={model}", "model.max_positions=1024", f"run_dir={tmp_path}/run"]
     reports = {}
     for name, extra in (("adapter", ["learner.lora.rank=8"]),
-                        ("merged", ["learner.lora.rank=8", "weights.lora_push=merged"])):
+                        ("merged", ["learner.lora.rank=8", "weights.lora_push=merged"]),
+                        ("vllm_lora", ["learner.lora.rank=8", "rollout.lora_apply=vllm"])):
         code, out, err = run_check(capsys, *common, *extra)
         assert code == 0, err
         reports[name] = json.loads(out[out.index("{"):])["memory_gib"]
-    assert reports["merged"]["merge_base_gib"] == 0
+    assert reports["merged"]["merge_base_gib"] == reports["vllm_lora"]["merge_base_gib"] == 0
     assert reports["adapter"]["merge_base_gib"] > 0
     assert reports["adapter"]["generator_gib"] - reports["merged"]["generator_gib"] == pytest.approx(
         reports["adapter"]["merge_base_gib"])

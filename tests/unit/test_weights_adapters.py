@@ -23,7 +23,8 @@ from asyncgrpo.weights import make_receiver, make_sender
 from asyncgrpo.weights.adapters import (
     AdapterMerge,
     adapter_spec,
-    merging_receiver,
+    initial_adapter,
+    adapter_receiver,
     push_names,
     pushed_spec,
     pushes_adapters,
@@ -88,7 +89,7 @@ def receiver_of(cfg, subscriber: Subscriber, base_dir: str):
     receiver = make_receiver(cfg.weights, weights_backend(cfg), subscriber, base_dir, torch.device("cpu"),
                              adapters=adapters, engine_dtype=cfg.rollout.dtype,
                              startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)
-    return merging_receiver(receiver, base_dir, adapters)
+    return adapter_receiver(receiver, base_dir, adapters, "merge")
 
 
 def cfg_of(rank: int = 4, targets: str = "[all-linear]", *more: str):
@@ -197,11 +198,11 @@ def test_only_an_adapter_pushing_run_wraps_the_generators_receiver_which_keeps_i
             return self.newest_version
 
     inner = Receiver()
-    assert merging_receiver(inner, base_dir, pushed_adapters(cfg_of(0), base_dir)) is inner
+    assert adapter_receiver(inner, base_dir, pushed_adapters(cfg_of(0), base_dir), "merge") is inner
     merged = cfg_of(4, "[all-linear]", "weights.lora_push=merged")
-    assert merging_receiver(inner, base_dir, pushed_adapters(merged, base_dir)) is inner
+    assert adapter_receiver(inner, base_dir, pushed_adapters(merged, base_dir), "merge") is inner
     cfg = cfg_of(4)
-    wrapped = merging_receiver(inner, base_dir, pushed_adapters(cfg, base_dir))
+    wrapped = adapter_receiver(inner, base_dir, pushed_adapters(cfg, base_dir), "merge")
     learner = policy(base_dir, cfg.learner.lora)
     inner.named = list(pushed_tensors(learner, adapters_only(cfg)))
     engine = Engine()
@@ -209,3 +210,81 @@ def test_only_an_adapter_pushing_run_wraps_the_generators_receiver_which_keeps_i
     assert wrapped.apply_newest(engine) == 3
     want = dict(learner.full_state_dict())
     assert engine.weights and all(torch.equal(engine.weights[name], want[name]) for name in engine.weights)
+
+
+# ---- rollout.lora_apply=vllm: pushes go to the engine's adapter (vLLM's LoRA path)
+
+
+class AdapterEngine:
+    """A fake engine under vLLM's LoRA path: the adapters it was handed, in PEFT's names."""
+
+    def __init__(self) -> None:
+        self.adapters: list[dict[str, torch.Tensor]] = []
+
+    def load_adapter(self, peft_tensors) -> None:
+        self.adapters.append({name: tensor.clone() for name, tensor in peft_tensors.items()})
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["rollout.lora_apply=vllm"], "rollout.lora_apply"),  # full fine-tuning has no adapter to load
+    (["learner.lora.rank=4", "weights.lora_push=merged", "rollout.lora_apply=vllm"], "rollout.lora_apply"),
+    (["learner.lora.rank=1024", "rollout.lora_apply=vllm"], "learner.lora.rank"),  # beyond vLLM's largest
+    (["rollout.lora_apply=peft"], "rollout.lora_apply"),
+])
+def test_vllms_lora_path_without_adapter_pushes_or_beyond_its_rank_is_refused_in_one_line(overrides, key):
+    with pytest.raises(ConfigError, match=key) as err:
+        load(overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_under_vllms_lora_path_the_receiver_hands_each_checked_push_to_the_engine_in_peft_names(base_dir):
+    class Receiver:
+        newest_version, shutdown_reason = 5, None
+
+        def apply_newest(self, target):
+            target.load_weights(self.named)
+            return self.newest_version
+
+    cfg = cfg_of(4, "[all-linear]", "rollout.lora_apply=vllm")
+    inner = Receiver()
+    wrapped = adapter_receiver(inner, base_dir, pushed_adapters(cfg, base_dir), cfg.rollout.lora_apply)
+    learner = policy(base_dir, cfg.learner.lora)
+    inner.named = list(pushed_tensors(learner, adapters_only(cfg)))
+    engine = AdapterEngine()
+    assert wrapped.apply_newest(engine) == 5 and wrapped.newest_version == 5
+    (loaded,) = engine.adapters
+    want = dict(learner.adapter_state_dict())
+    assert set(loaded) == set(want) and all(torch.equal(loaded[name], want[name]) for name in want)
+    inner.named = inner.named[:-1]  # a push of other adapters: refused whole, nothing loaded
+    with pytest.raises(ValueError, match="names differ"):
+        wrapped.apply_newest(engine)
+    assert len(engine.adapters) == 1
+
+
+def test_vllms_lora_path_starts_a_fresh_run_at_the_base_and_a_resumed_one_at_its_exported_adapter(base_dir, tmp_path):
+    from asyncgrpo.learner.export import export_adapter
+    from asyncgrpo.learner.lora import EXPORTED_ADAPTER_DIR, adapter_layout
+
+    cfg = cfg_of(4, "[all-linear]", "rollout.lora_apply=vllm")
+    layout = adapter_layout(base_dir, cfg.learner.lora)
+    fresh = initial_adapter(layout, base_dir, base_dir)
+    learner = policy(base_dir, cfg.learner.lora)
+    want = dict(learner.adapter_state_dict())
+    assert set(fresh) == set(want)
+    assert all(not t.any() and t.shape == want[name].shape for name, t in fresh.items())
+    resumed = tmp_path / "resume_step_3"  # as the driver's resume writes it (Learner.export_hf)
+    export_adapter(learner, cfg.learner.lora, base_dir, 0, resumed / EXPORTED_ADAPTER_DIR)
+    started = initial_adapter(layout, str(resumed), base_dir)
+    assert set(started) == set(want) and all(torch.equal(started[name], want[name]) for name in want)
+    with pytest.raises(FileNotFoundError, match="holds no adapter"):
+        initial_adapter(layout, str(tmp_path), base_dir)
+
+
+def test_an_engine_built_for_vllms_lora_path_is_not_shared_with_a_merging_run(tmp_path):
+    from asyncgrpo.driver.engine_pool import engine_key
+
+    merging = engine_key(load(["learner.lora.rank=8"]), str(tmp_path), [0], 0.0)
+    serving = engine_key(load(["learner.lora.rank=8", "rollout.lora_apply=vllm"]), str(tmp_path), [0], 0.0)
+    wider = engine_key(load(["learner.lora.rank=32", "rollout.lora_apply=vllm"]), str(tmp_path), [0], 0.0)
+    assert len({merging, serving, wider}) == 3
+    assert merging == engine_key(load(["learner.lora.rank=32"]), str(tmp_path), [0], 0.0)
