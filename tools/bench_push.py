@@ -7,6 +7,8 @@
     .venv/bin/python -m tools.bench_push --backends zmq-bf16,zmq-delta --lr 1e-6   # delta pushes vs full bf16
     .venv/bin/python -m tools.bench_push --sizes 100M --train-steps 20 --lr 1e-6   # real steps, delta bytes
     .venv/bin/python -m tools.bench_push --sizes qwen2.5-0.5b --backends zmq --lora-rank 16   # + adapter rows
+    .venv/bin/python -m tools.bench_push --sizes qwen2.5-0.5b --backends zmq --lora-rank 16 --adapter-only \
+        --lora-apply merge,vllm        # merged in place vs vLLM's LoRA path
 
 For each model size (random weights, Qwen2 architecture, float32, saved in Hugging Face format) and
 each weight backend (`weights.backend`: zmq chunks over a ZeroMQ socket, shm shared-memory slots;
@@ -36,7 +38,9 @@ over a bf16 wire, and reports each push's changed fraction and bytes against a f
 Adapter rows (`--lora-rank R`, R > 0): the same model trained as LoRA (rank R, every linear layer of
 the decoder layers, weights.lora_push=adapter): a push carries the adapters only and the generator
 merges them onto its copy of the base's targeted layers (asyncgrpo/weights/adapters.py), so its
-load time is the merge plus the engine's load. Each push perturbs what trains (all parameters, or
+load time is the merge plus the engine's load. With `--lora-apply vllm` (or `merge,vllm`: both, side
+by side) the generator's engine runs vLLM's LoRA path instead (rollout.lora_apply=vllm) and a load
+replaces its adapter (rows labelled `-vllm`). Each push perturbs what trains (all parameters, or
 the adapters), so every load changes the weights.
 
 Prints a table, then one JSON line.
@@ -88,22 +92,23 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
 
     from asyncgrpo.config import load
 
-    from asyncgrpo.composition import pushed_adapters, weights_backend
+    from asyncgrpo.composition import engine_adapter, pushed_adapters, weights_backend
     from asyncgrpo.rollout.engine import VLLMEngine
     from asyncgrpo.weights import make_receiver
     from asyncgrpo.weights.adapters import adapter_receiver
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
-    engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
-                        max_running_seqs=256, prefix_caching=True)
     cfg = load(overrides)
-    # As rollout/parts.py builds it: a LoRA run's adapter pushes are merged on the way into the engine
+    # As rollout/parts.py builds them: under rollout.lora_apply=vllm the engine runs vLLM's LoRA path.
+    engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
+                        max_running_seqs=256, prefix_caching=True, adapter=engine_adapter(cfg, model_dir, model_dir))
+    # A LoRA run's adapter pushes are merged on the way into the engine or loaded as its adapter
     # (else the receiver itself).
     adapters = pushed_adapters(cfg, model_dir)
     receiver = make_receiver(cfg.weights, weights_backend(cfg), Subscriber(weights_endpoint), model_dir,
                              torch.device("cpu"), adapters=adapters, engine_dtype=cfg.rollout.dtype,
                              startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)
-    receiver = adapter_receiver(receiver, model_dir, adapters, "merge")
+    receiver = adapter_receiver(receiver, model_dir, adapters, cfg.rollout.lora_apply)
     receiver.join({**join_address, "rank": 1})
     acks = Sender(acks_endpoint)
     acks.send(VersionAck(generator_id=0, version=0), timeout_s=60)  # ready
@@ -277,15 +282,18 @@ def print_train_rows(rows: list[dict]) -> None:
     print(json.dumps({"train_steps": rows}))
 
 
-def adapter_overrides(rank: int) -> tuple[str, ...]:
-    """An adapter row's settings: LoRA of rank `rank` on every linear layer, adapter-only pushes."""
+def adapter_overrides(rank: int, lora_apply: str) -> tuple[str, ...]:
+    """An adapter row's settings: LoRA of rank `rank` on every linear layer, adapter-only pushes,
+    applied by the generator as `lora_apply` says (rollout.lora_apply)."""
     return (f"learner.lora.rank={rank}", f"learner.lora.alpha={2 * rank}", "learner.lora.target_modules=[all-linear]",
-            "weights.lora_push=adapter")
+            "weights.lora_push=adapter", f"rollout.lora_apply={lora_apply}")
 
 
-def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int, lr: float) -> list[dict[str, float]]:
-    """The adapter rows (`--lora-rank`), labelled `<backend>+lora<rank>`, each with its bytes as a
-    fraction of the full push's (`full_over_adapter_bytes`, from the two tensor specs)."""
+def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int, lr: float,
+                 lora_applies: list[str]) -> list[dict[str, float]]:
+    """The adapter rows (`--lora-rank`), labelled `<backend>+lora<rank>` (merged in place) or
+    `<backend>+lora<rank>-vllm` (vLLM's LoRA path), each with its bytes as a fraction of the full
+    push's (`full_over_adapter_bytes`, from the two tensor specs)."""
     from asyncgrpo.learner.lora import adapter_layout
     from asyncgrpo.schema import LoraConfig
     from asyncgrpo.weights.adapters import adapter_fraction, adapter_spec
@@ -293,14 +301,15 @@ def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int, 
 
     rows = []
     for size in sizes:
+        with tempfile.TemporaryDirectory() as tmp:  # the shapes only: rebuilt to read the specs
+            build(size, Path(tmp))
+            fraction = adapter_fraction(adapter_spec(adapter_layout(tmp, LoraConfig(rank=rank))), model_spec(tmp))
         for backend in backends:
-            row = bench_size(size, backend, pushes, lr, adapter_overrides(rank))
-            row["backend"] = f"{backend}+lora{rank}"
-            with tempfile.TemporaryDirectory() as tmp:  # the shapes only: rebuilt to read the specs
-                build(size, Path(tmp))
-                fraction = adapter_fraction(adapter_spec(adapter_layout(tmp, LoraConfig(rank=rank))), model_spec(tmp))
-            row["full_over_adapter_bytes"] = 1 / fraction
-            rows.append(row)
+            for lora_apply in lora_applies:
+                row = bench_size(size, backend, pushes, lr, adapter_overrides(rank, lora_apply))
+                row["backend"] = f"{backend}+lora{rank}" + ("-vllm" if lora_apply == "vllm" else "")
+                row["full_over_adapter_bytes"] = 1 / fraction
+                rows.append(row)
     return rows
 
 
@@ -315,6 +324,8 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=4, help="--train-steps: groups of 4 samples per step")
     parser.add_argument("--lora-rank", type=int, default=0, help="> 0: also the adapter rows, LoRA of this rank")
     parser.add_argument("--adapter-only", action="store_true", help="with --lora-rank: the adapter rows alone")
+    parser.add_argument("--lora-apply", default="merge",
+                        help="with --lora-rank: how the generator applies adapter pushes, of merge, vllm (rollout.lora_apply)")
     args = parser.parse_args()
     if args.train_steps:
         print_train_rows([train_steps(size, args.train_steps, args.lr, args.groups) for size in args.sizes.split(",")])
@@ -323,14 +334,14 @@ def main() -> int:
     rows = [] if args.adapter_only else [bench_size(size, backend, args.pushes, args.lr) for size in sizes
                                          for backend in backends]
     if args.lora_rank > 0:
-        rows += adapter_rows(sizes, backends, args.pushes, args.lora_rank, args.lr)
+        rows += adapter_rows(sizes, backends, args.pushes, args.lora_rank, args.lr, args.lora_apply.split(","))
     print()
-    header = (f"{'model':<13} {'backend':<12} {'params':>12} {'MB/push':>8} {'changed':>7} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
+    header = (f"{'model':<13} {'backend':<17} {'params':>12} {'MB/push':>8} {'changed':>7} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
               f"{'load ms':>7} {'MB/s':>6} {'probe diff':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['size']:<13} {r['backend']:<12} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.2f} "
+        print(f"{r['size']:<13} {r['backend']:<17} {r['params']:>12,} {r['bytes_per_push'] / 1e6:>8.2f} "
               f"{r['changed_fraction_median']:>7.4f} {r['latency_ms_median']:>10.1f} "
               f"{r['latency_ms_max']:>7.1f} {r['learner_blocked_ms_median']:>10.1f} "
               f"{r['engine_load_ms_median']:>7.1f} {r['mb_per_s']:>6.0f} {r['probe_max_abs_diff']:>10.2e}")
