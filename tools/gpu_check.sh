@@ -5,7 +5,9 @@
 #   2. the NCCL weight broadcast (weights.backend=nccl) between learner rank 0 and a generator:
 #      needs two GPUs (NCCL puts one rank per GPU); skipped with a message on one;
 #   3. `asyncgrpo train` end to end on the GPU (vLLM and the learner sharing it) on the small
-#      full-vocabulary shape, with the vLLM-vs-learner probe as a check.
+#      full-vocabulary shape, with the vLLM-vs-learner probe as a check;
+#   4. the same run as LoRA (rank 16), the generator merging adapter pushes against serving them
+#      through vLLM's LoRA path (rollout.lora_apply=merge|vllm): samples/s and the probe of each.
 # Run from the repository root on a machine with the project installed (`make install`).
 #     bash tools/gpu_check.sh [OUT_DIR]
 set -euo pipefail
@@ -66,3 +68,18 @@ summary = json.load(open(f"{sys.argv[1]}/train/summary.json"))
 print(json.dumps({"check": "train_gpu", "status": summary["status"], "samples_per_s": summary["samples_per_s"],
                   "probe": summary["probe"], "learner_peak_gpu_mib": summary["learner"].get("peak_gpu_allocated_mib")}))
 EOF
+
+echo "== 4. LoRA on the GPU: adapters merged in place vs vLLM's LoRA path"
+for APPLY in merge vllm; do
+  $PY -m asyncgrpo.cli train run_dir="$OUT/lora_$APPLY" progress=false device=cuda model.path="$OUT/tiny-fullvocab" \
+      task.name=gsm8k data.train_files=[tests/data/gsm8k_sample.jsonl] data.chat_template=true task.eval_size=3 \
+      model.max_positions=512 rollout.max_new_tokens=256 rollout.kv_cache_gib=2 train.max_steps=10 \
+      "reward.terms=[{name:letters,kind:format,pattern:'[a-z]'}]" learner.lora.rank=16 learner.lora.alpha=32 \
+      rollout.lora_apply=$APPLY
+  $PY - "$OUT" "$APPLY" <<'EOF'
+import json, sys
+summary = json.load(open(f"{sys.argv[1]}/lora_{sys.argv[2]}/summary.json"))
+print(json.dumps({"check": f"lora_{sys.argv[2]}_gpu", "status": summary["status"],
+                  "samples_per_s": summary["samples_per_s"], "probe": summary["probe"]}))
+EOF
+done
