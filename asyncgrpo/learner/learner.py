@@ -317,14 +317,12 @@ class Learner:
     def export_hf(self, outdir: str | Path) -> str:
         """The current policy in Hugging Face format (every rank calls it; rank 0 writes)."""
         from asyncgrpo.learner.export import export_adapter, write_hf
-        from asyncgrpo.learner.lora import EXPORTED_ADAPTER_DIR
 
         named = list(self.policy.full_state_dict())
         if self.rank == 0:
             write_hf(named, self.model_dir, Path(outdir))
         if self.policy.loras:  # LoRA: the adapter directory too, beside the merged weights
-            export_adapter(self.policy, self.cfg.learner.lora, self.model_dir, self.rank,
-                           Path(outdir) / EXPORTED_ADAPTER_DIR)
+            export_adapter(self.policy, self.cfg.learner.lora, self.model_dir, self.rank, Path(outdir) / lora.EXPORTED_ADAPTER_DIR)
         return str(outdir)
 
     # ------------------------------------------------------------------------------- probes

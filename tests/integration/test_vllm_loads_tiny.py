@@ -8,14 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncgrpo.models.tiny import (
-    VLLM_CPU_ENGINE_KWARGS,
-    TinyModelSpec,
-    build_model,
-    save_model,
-)
-from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.schema import ModelConfig
+from tiny_models import save_scaled_tiny_model
+
+from asyncgrpo.models.tiny import VLLM_CPU_ENGINE_KWARGS
 
 # Engine in this process: starts faster than a separate engine-core process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -28,17 +23,7 @@ LOGPROB_TOLERANCE = 1e-3
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Random weights scaled up so the output distribution is far from uniform, which
-    makes a log-prob mismatch (rotary positions, attention, norms) visible."""
-    directory = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_char_tokenizer()
-    model = build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3, generator=generator)
-    save_model(model, tokenizer, directory)
-    return directory
+    return save_scaled_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import save_scaled_tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.lora import adapter_config, adapter_layout, merge_weight
-from asyncgrpo.models.tiny import TinyModelSpec, build_model, save_model
-from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.schema import ModelConfig
 from asyncgrpo.weights.adapters import AdapterLoad, adapter_spec, initial_adapter
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -27,16 +25,7 @@ LORA = ["learner.lora.rank=8", "learner.lora.alpha=16", "rollout.lora_apply=vllm
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Random weights scaled up, so that a log-prob mismatch shows (as test_vllm_loads_tiny's)."""
-    directory = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_char_tokenizer()
-    model = build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3, generator=generator)
-    save_model(model, tokenizer, directory)
-    return directory
+    return save_scaled_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

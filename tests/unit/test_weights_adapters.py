@@ -189,14 +189,18 @@ def test_an_adapter_push_over_real_zmq_sockets_lands_merged_in_the_engine(base_d
         publisher.close()
 
 
+class Receiver:
+    """A fake backend receiver whose newest push is `named`, at version 3."""
+
+    newest_version, shutdown_reason = 3, None
+    named: list = []
+
+    def apply_newest(self, target):
+        target.load_weights(self.named)
+        return self.newest_version
+
+
 def test_only_an_adapter_pushing_run_wraps_the_generators_receiver_which_keeps_its_own_state(base_dir):
-    class Receiver:
-        newest_version, shutdown_reason = 3, None
-
-        def apply_newest(self, target):
-            target.load_weights(self.named)
-            return self.newest_version
-
     inner = Receiver()
     assert adapter_receiver(inner, base_dir, pushed_adapters(cfg_of(0), base_dir), "merge") is inner
     merged = cfg_of(4, "[all-linear]", "weights.lora_push=merged")
@@ -238,20 +242,13 @@ def test_vllms_lora_path_without_adapter_pushes_or_beyond_its_rank_is_refused_in
 
 
 def test_under_vllms_lora_path_the_receiver_hands_each_checked_push_to_the_engine_in_peft_names(base_dir):
-    class Receiver:
-        newest_version, shutdown_reason = 5, None
-
-        def apply_newest(self, target):
-            target.load_weights(self.named)
-            return self.newest_version
-
     cfg = cfg_of(4, "[all-linear]", "rollout.lora_apply=vllm")
     inner = Receiver()
     wrapped = adapter_receiver(inner, base_dir, pushed_adapters(cfg, base_dir), cfg.rollout.lora_apply)
     learner = policy(base_dir, cfg.learner.lora)
     inner.named = list(pushed_tensors(learner, adapters_only(cfg)))
     engine = AdapterEngine()
-    assert wrapped.apply_newest(engine) == 5 and wrapped.newest_version == 5
+    assert wrapped.apply_newest(engine) == 3 and wrapped.newest_version == 3
     (loaded,) = engine.adapters
     want = dict(learner.adapter_state_dict())
     assert set(loaded) == set(want) and all(torch.equal(loaded[name], want[name]) for name in want)
