@@ -6,8 +6,10 @@
     bench_learner       learner step time and memory at world size 1 and 2
     bench_peer          asyncgrpo against TRL's GRPOTrainer, side by side
     bench_push          weight-push latency, zmq and shm
+    bench_lora          a LoRA run's generators: adapters merged vs vLLM's LoRA path, beside full FT
     bench_real          a step's anatomy at real model shapes
     bench_tail          the continuous generator against the call-batched one and sync, long completions
+    bench_env           environment latency hidden: the calculator tool with 0-200 ms per call, sync vs async
     bench_wire          the group stream against a Ray queue and memcpy
     chaos               each fault injected into a real run, checked (docs/RELIABILITY.md)
     soak                a long run with a generator killed every few minutes
