@@ -150,3 +150,25 @@ def test_an_adapter_push_of_other_names_is_refused_before_the_engine_changes(eng
     with pytest.raises(ValueError, match="names differ"):
         AdapterLoad(layout).onto(engine).load_weights(push[:-1])
     assert (engine.sequence_logprobs([token_ids], temperature=1.0)[0] == before).all()
+
+
+def test_a_pooled_engine_reset_for_the_next_run_serves_its_starting_adapter_over_the_base_again(
+        engine, layout, model_dir: Path) -> None:
+    # What rollout/parts.py does to a pooled engine before a run: the base model's weights reloaded
+    # (through the LoRA-wrapped layers), then the run's starting adapter. The engine held another
+    # base (an earlier run's model directory: here the weights halved) and another adapter.
+    from safetensors.torch import load_file
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    token_ids = tokenizer("37+48=85").input_ids
+    saved = load_file(str(model_dir / "model.safetensors"))
+    engine.load_weights([(name, 0.5 * tensor) for name, tensor in saved.items()])
+    AdapterLoad(layout).onto(engine).load_weights(random_push(layout, 6))
+    moved = torch.from_numpy(engine.sequence_logprobs([token_ids], temperature=1.0)[0])
+    engine.load_model_dir(str(model_dir))
+    engine.load_adapter(initial_adapter(layout, str(model_dir), str(model_dir)))
+    reset = torch.from_numpy(engine.sequence_logprobs([token_ids], temperature=1.0)[0])
+    zero = [(name, torch.zeros(shape)) for name, shape, _ in adapter_spec(layout)]
+    base = merged_logprobs(model_dir, layout, zero, token_ids)
+    assert (moved - base).abs().max() > 0.1, "the other base and adapter barely changed the model"
+    torch.testing.assert_close(reset, base, atol=LOGPROB_TOLERANCE, rtol=0)
