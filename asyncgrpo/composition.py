@@ -56,14 +56,11 @@ def pushed_adapters(cfg: Config, model_dir: str) -> AdapterLayout | None:
     return adapter_layout(model_dir, cfg.learner.lora) if pushes_adapters(cfg.weights, cfg.learner.lora.rank) else None
 
 
-def engine_adapter(cfg: Config, start_dir: str, base_dir: str) -> EngineAdapter | None:
-    """A generator engine's adapter under rollout.lora_apply=vllm (None otherwise): the adapters of
-    learner.lora on the model in `base_dir` (the run's model directory), starting from those a
-    resumed run's `start_dir` holds, or from none (B = 0) when it is `base_dir`."""
-    if cfg.rollout.lora_apply != "vllm":
-        return None
-    adapters = pushed_adapters(cfg, base_dir)
-    if adapters is None:
+def engine_adapter(cfg: Config, adapters: AdapterLayout | None, start_dir: str, base_dir: str) -> EngineAdapter | None:
+    """A generator engine's adapter under rollout.lora_apply=vllm (None otherwise): `adapters` (the
+    run's `pushed_adapters` on the model in `base_dir`, the run's model directory), starting from
+    those a resumed run's `start_dir` holds, or from none (B = 0) when it is `base_dir`."""
+    if cfg.rollout.lora_apply != "vllm" or adapters is None:
         return None
     from asyncgrpo.learner.lora import adapter_config
     from asyncgrpo.rollout.engine import EngineAdapter

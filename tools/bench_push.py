@@ -99,12 +99,13 @@ def generator_process(overrides: list[str], model_dir: str, weights_endpoint: st
     from asyncgrpo.wire import Sender, Subscriber, VersionAck
 
     cfg = load(overrides)
+    adapters = pushed_adapters(cfg, model_dir)
     # As rollout/parts.py builds them: under rollout.lora_apply=vllm the engine runs vLLM's LoRA path.
     engine = VLLMEngine(model_dir, seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25, gpu_memory_utilization=0.3,
-                        max_running_seqs=256, prefix_caching=True, adapter=engine_adapter(cfg, model_dir, model_dir))
+                        max_running_seqs=256, prefix_caching=True,
+                        adapter=engine_adapter(cfg, adapters, model_dir, model_dir))
     # A LoRA run's adapter pushes are merged on the way into the engine or loaded as its adapter
     # (else the receiver itself).
-    adapters = pushed_adapters(cfg, model_dir)
     receiver = make_receiver(cfg.weights, weights_backend(cfg), Subscriber(weights_endpoint), model_dir,
                              torch.device("cpu"), adapters=adapters, engine_dtype=cfg.rollout.dtype,
                              startup_timeout_s=cfg.wire.startup_timeout_s, timeout_s=cfg.wire.timeout_s)

@@ -270,14 +270,10 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         # "in_place" (CPU, in-process engine, weights kept unpacked) or "reload" (vLLM's reload).
         self.weight_load_path = "reload"
-        self._adapter_config: dict[str, Any] | None = None
-        self._lora_request = None  # what every request names under vLLM's LoRA path
+        # vLLM's LoRA path: the adapter's PEFT config, set once; None serves the model alone.
+        self._adapter_config: dict[str, Any] | None = None if adapter is None else dict(adapter.peft_config)
         if adapter is not None:
-            from vllm.lora.request import LoRARequest
-
-            self._adapter_config = dict(adapter.peft_config)
             self.load_adapter(adapter.initial)  # before any request names it
-            self._lora_request = LoRARequest("asyncgrpo-policy", POLICY_ADAPTER_ID, _POLICY_ADAPTER_PATH)
         if wants_in_place and self._in_place_loads_work(model_dir):
             self.weight_load_path = "in_place"
 
@@ -304,7 +300,7 @@ class VLLMEngine:
         else:
             sampling = [_sampling_params(n, limit, temperature, stop, seed=seed) for limit in max_tokens]
         requests = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request())
         return [[self._completion(out) for out in request.outputs] for request in outputs]
 
     @staticmethod
@@ -333,7 +329,7 @@ class VLLMEngine:
         params = _sampling_params(n, max_tokens, temperature, stop, output_kind=RequestOutputKind.FINAL_ONLY)
         try:
             self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), params,
-                                    lora_request=self._lora_request)
+                                    lora_request=self._lora_request())
         except VLLMValidationError as err:  # not a ValueError in vLLM 0.32
             raise ValueError(str(err)) from None
         self._submitted[request_id] = n
@@ -373,7 +369,7 @@ class VLLMEngine:
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=temperature, detokenize=False)
         requests = [TokensPrompt(prompt_token_ids=list(map(int, s))) for s in sequences]
-        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request())
         result = []
         for sequence, out in zip(sequences, outputs):
             values = [out.prompt_logprobs[i][int(sequence[i])].logprob for i in range(1, len(sequence))]
@@ -429,6 +425,14 @@ class VLLMEngine:
     def serves_adapter(self) -> bool:
         """Whether vLLM's LoRA path is on (every request through the adapter `load_adapter` sets)."""
         return self._adapter_config is not None
+
+    def _lora_request(self) -> Any:
+        """What every request names: the one adapter `load_adapter` replaces in place, or None."""
+        if self._adapter_config is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest("asyncgrpo-policy", POLICY_ADAPTER_ID, _POLICY_ADAPTER_PATH)
 
     def load_adapter(self, peft_tensors: dict[str, torch.Tensor]) -> None:
         """Replace the adapter every request runs through (PEFT's names, as adapter_model.safetensors

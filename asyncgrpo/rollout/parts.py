@@ -100,7 +100,8 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     base_dir = spec.base_model_dir or spec.model_dir
     # rollout.lora_apply=vllm: the engine holds the base model and the adapter apart (a resumed run's
     # starting directory holds merged weights and, in adapter/, the adapter they were merged from).
-    adapter = engine_adapter(cfg, spec.model_dir, base_dir)
+    adapters = pushed_adapters(cfg, base_dir)  # what a LoRA run's pushes carry; None for whole models
+    adapter = engine_adapter(cfg, adapters, spec.model_dir, base_dir)
     engine_dir = spec.model_dir if adapter is None else base_dir
     if engine is None:
         engine = VLLMEngine(
@@ -129,7 +130,6 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     subscriber = Subscriber(spec.weights_endpoint, cfg.wire.max_message_bytes, curve=spec.curve)
     # After the engine: on a GPU, vLLM has set up this process's device by now.
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-    adapters = pushed_adapters(cfg, base_dir)
     weights = make_receiver(cfg.weights, weights_backend(cfg), subscriber, spec.model_dir, device, adapters=adapters,
                             engine_dtype=cfg.rollout.dtype, startup_timeout_s=cfg.wire.startup_timeout_s,
                             timeout_s=cfg.wire.timeout_s)
