@@ -381,6 +381,24 @@ def run_all(modes: Sequence[Mode], repeats: int, out_dir: Path, tool: str,
     return runs
 
 
+def run_benchmark(tool: str, modes: Sequence[Mode], repeats: int, out_root: str,
+                  run_one: Callable[[Mode, int, Path], dict[str, Any]],
+                  summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                  print_table: Callable[[dict[str, Any]], None], header: dict[str, Any]) -> int:
+    """What every benchmark here does after parsing its arguments: `modes` run `repeats` times
+    (`run_all`, `run_one(mode, repeat, out_dir)`) into a new timestamped folder under `out_root`;
+    the result (`header`, `summarize(runs)`, the runs) printed as a table, written to
+    <out_dir>/<tool>.json and printed last as one JSON line."""
+    out_dir = Path(out_root) / time.strftime("%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = run_all(modes, repeats, out_dir, tool, lambda mode, repeat: run_one(mode, repeat, out_dir))
+    result = {**header, **summarize(runs), "runs": runs, "run_dir": str(out_dir)}
+    print_table(result)
+    (out_dir / f"{tool}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, steps: int, out: str) -> None:
     """--steps, --eta, --repeats, --out and the Hydra overrides, as the single-preset benchmarks
     (bench_tail, bench_env) take them; `check_run_arguments` refuses what cannot run."""
@@ -479,30 +497,17 @@ def main() -> int:
     sync, skipped = sync_modes(args.sync_configs if 0 in args.etas else [], device, generator_cores, learner_cores)
     modes = [*sync, *async_modes(args.etas, default_eta)]
 
-    out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    def run_one(mode: Mode, repeat: int) -> dict[str, Any]:
+    def run_one(mode: Mode, repeat: int, out_dir: Path) -> dict[str, Any]:
         run = run_once(mode, repeat, common, out_dir)
         print(f"[bench_async] {mode.label}: {run['samples_per_s']:.0f} samples/s, T_gen {run['t_gen_s'] * 1e3:.1f} ms, "
               f"T_learn {run['t_learn_s'] * 1e3:.1f} ms, step {run['step_s'] * 1e3:.1f} ms "
               f"({run['fraction_of_pipeline_limit']:.0%} of its pipeline limit)", file=sys.stderr, flush=True)
         return run
 
-    runs = run_all(modes, args.repeats, out_dir, "bench_async", run_one)
-    result = {
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "evals": args.evals,
-        **summarize(runs, default_eta, {m.label: m.overrides for m in modes}),
-        "sync_skipped": skipped,
-        "runs": runs,
-        "run_dir": str(out_dir),
-    }
-    print_table(result)
-    (out_dir / "bench_async.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
-    return 0
-
+    overrides = {m.label: m.overrides for m in modes}
+    return run_benchmark("bench_async", modes, args.repeats, args.out, run_one,
+                         lambda runs: {**summarize(runs, default_eta, overrides), "sync_skipped": skipped},
+                         print_table, {"steps": args.steps, "repeats": args.repeats, "evals": args.evals})
 
 if __name__ == "__main__":
     sys.exit(main())

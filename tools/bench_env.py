@@ -25,10 +25,8 @@ Prints a table, then, last, one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ from tools.bench_async import (
     add_run_arguments,
     check_run_arguments,
     fmt_spread,
-    run_all,
+    run_benchmark,
     run_figures,
     speedup,
     spread,
@@ -129,16 +127,9 @@ def main() -> int:
                         help="injected delay per environment step call, comma-separated (default: 0,50,200)")
     args = parser.parse_args()
     common = check_run_arguments(parser, args)
-    out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = run_all(modes_for(args.latencies_ms, args.eta), args.repeats, out_dir, "bench_env",
-                   lambda mode, repeat: run_once(mode, repeat, common, out_dir))
-    result = {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, "latencies_ms": args.latencies_ms,
-              **summarize(runs), "runs": runs, "run_dir": str(out_dir)}
-    print_table(result)
-    (out_dir / "bench_env.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
-    return 0
+    return run_benchmark("bench_env", modes_for(args.latencies_ms, args.eta), args.repeats, args.out,
+                         lambda mode, repeat, out_dir: run_once(mode, repeat, common, out_dir),
+                         summarize, print_table, {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, "latencies_ms": args.latencies_ms})
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ Prints a table, then, last, one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from tools.bench_async import (
     add_run_arguments,
     check_run_arguments,
     fmt_spread,
-    run_all,
+    run_benchmark,
     run_figures,
     speedup,
     spread,
@@ -101,16 +99,9 @@ def main() -> int:
     common = check_run_arguments(parser, args)
     if args.rank < 1:
         parser.error("--rank must be at least 1")
-    out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = run_all(modes_for(args.rank, args.eta), args.repeats, out_dir, "bench_lora",
-                   lambda mode, repeat: run_once(mode, repeat, common, out_dir))
-    result = {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, "rank": args.rank,
-              **summarize(runs), "runs": runs, "run_dir": str(out_dir)}
-    print_table(result)
-    (out_dir / "bench_lora.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
-    return 0
+    return run_benchmark("bench_lora", modes_for(args.rank, args.eta), args.repeats, args.out,
+                         lambda mode, repeat, out_dir: run_once(mode, repeat, common, out_dir),
+                         summarize, print_table, {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, "rank": args.rank})
 
 
 if __name__ == "__main__":

@@ -27,10 +27,8 @@ Prints a table, then, last, one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,7 @@ from tools.bench_async import (
     check_run_arguments,
     fmt_spread,
     parse_sync_configs,
-    run_all,
+    run_benchmark,
     run_figures,
     speedup,
     spread,
@@ -136,16 +134,10 @@ def main() -> int:
                                                 base.rollout.cpu_cores, base.learner.cpu_cores)
     sync, skipped = sync_modes(args.sync_configs, resolve_device(base.device), generator_cores, learner_cores)
     modes = [*sync, *async_modes(args.eta)]
-    out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = run_all(modes, args.repeats, out_dir, "bench_tail",
-                   lambda mode, repeat: run_once(mode, repeat, common, out_dir))
-    result = {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, **summarize(runs),
-              "sync_skipped": skipped, "runs": runs, "run_dir": str(out_dir)}
-    print_table(result)
-    (out_dir / "bench_tail.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
-    return 0
+    return run_benchmark("bench_tail", modes, args.repeats, args.out,
+                         lambda mode, repeat, out_dir: run_once(mode, repeat, common, out_dir),
+                         lambda runs: {**summarize(runs), "sync_skipped": skipped}, print_table,
+                         {"steps": args.steps, "eta": args.eta, "repeats": args.repeats})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ processes, no vLLM, no Ray."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -312,3 +313,28 @@ def test_the_generator_counts_the_loads_done_inside_its_waits():
     assert stats["gen_time/throttle_s"] >= stats["gen/weight_load_in_wait_s"]
     busy = ba.generator_busy_s(stats)
     assert stats["gen_time/generate_s"] + stats["gen/weight_load_s"] <= busy <= stats["gen/wall_s"]
+
+
+def test_run_benchmark_writes_every_run_and_the_summary_to_its_folder_and_prints_them_last_as_one_json_line(
+        tmp_path, capsys):
+    modes = [ba.Mode("a", 1, ("x=1",)), ba.Mode("b", 2, ("x=2",))]
+    seen: list[tuple[str, int, Path]] = []
+
+    def run_one(mode: ba.Mode, repeat: int, out_dir: Path) -> dict:
+        seen.append((mode.label, repeat, out_dir))
+        return {"mode": mode.label, "repeat": repeat, "samples_per_s": 10.0 * (repeat + 1)}
+
+    def summarize(runs: list[dict]) -> dict:
+        return {"modes": sorted({r["mode"] for r in runs}), "n": len(runs)}
+
+    tables: list[dict] = []
+    assert ba.run_benchmark("bench_x", modes, 2, str(tmp_path / "out"), run_one, summarize, tables.append,
+                            {"steps": 7}) == 0
+    out_dir = seen[0][2]
+    assert out_dir.parent == tmp_path / "out" and all(d == out_dir for _, _, d in seen)
+    assert sorted((label, repeat) for label, repeat, _ in seen) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads((out_dir / "bench_x.json").read_text()) == tables[0]
+    assert (last["steps"], last["modes"], last["n"], len(last["runs"])) == (7, ["a", "b"], 4, 4)
+    assert last["run_dir"] == str(out_dir)
+    assert len((out_dir / "runs.jsonl").read_text().splitlines()) == 4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from asyncgrpo.config import load
@@ -33,3 +35,18 @@ def test_x_merge_is_each_modes_samples_per_second_over_lora_merges_in_the_same_r
     assert modes[bl.FULL]["vs_merge"]["per_repeat"] == pytest.approx([1.5, 1.5])
     assert modes[bl.MERGE]["vs_merge"] is None
     assert modes[bl.MERGE]["samples_per_s"]["median"] == pytest.approx(210.0)
+
+
+def test_main_runs_each_mode_per_repeat_and_ends_with_the_comparison_as_one_json_line(tmp_path, monkeypatch, capsys):
+    def fake_run(mode, repeat, common, out_dir):
+        assert "train.max_steps=3" in common
+        speed = {bl.FULL: 180.0, bl.MERGE: 200.0, bl.VLLM: 120.0}[mode.label]
+        return {"mode": mode.label, "repeat": repeat, "samples_per_s": speed, "t_gen_s": 0.05,
+                "gen_tokens_per_s": 900.0, "weight_load_ms": 1.0, "accuracy_end": 0.5}
+
+    monkeypatch.setattr(bl, "run_once", fake_run)
+    monkeypatch.setattr("sys.argv", ["bench_lora", "--steps", "3", "--repeats", "2", "--out", str(tmp_path)])
+    assert bl.main() == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (result["rank"], result["repeats"], len(result["runs"])) == (8, 2, 6)
+    assert result["modes"][bl.VLLM]["vs_merge"]["median"] == pytest.approx(0.6)
