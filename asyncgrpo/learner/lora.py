@@ -34,8 +34,10 @@ from torch import nn
 from asyncgrpo.schema import LoraConfig
 
 # learner.lora.target_modules: this value targets every nn.Linear of the decoder layers (PEFT's
-# spelling; the LM head and the embeddings are never targeted).
+# spelling; like PEFT's, it leaves out the LM head, which is targeted only when named).
 ALL_LINEAR = "all-linear"
+# The LM head's module path in a causal LM (PEFT and vLLM name it so; not tied to the embeddings).
+OUTPUT_HEAD = "lm_head"
 # PEFT's prefix of a saved adapter tensor (its PeftModel wraps the model as base_model.model).
 PEFT_PREFIX = "base_model.model."
 ADAPTER_CONFIG = "adapter_config.json"
@@ -99,28 +101,48 @@ def decoder_linears(model: nn.Module) -> dict[str, nn.Linear]:
             if isinstance(module, (nn.Linear, LoraLinear))}
 
 
+def output_head(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The model's LM head (`OUTPUT_HEAD`) by its path, as a linear layer (or already wrapped one);
+    None when the model has none of that name."""
+    head = getattr(model, OUTPUT_HEAD, None)
+    return (OUTPUT_HEAD, head) if isinstance(head, (nn.Linear, LoraLinear)) else None
+
+
 def resolve_targets(model: nn.Module, lora: LoraConfig) -> dict[str, nn.Linear]:
-    """The layers `lora.target_modules` names (suffixes of module paths, as PEFT matches them), by
-    path; raises LoraError naming a suffix the decoder layers lack or a layer narrower than the rank."""
+    """The layers `lora.target_modules` names (suffixes of module paths in the decoder layers, as
+    PEFT matches them; `all-linear` for all of those; `lm_head` for the LM head, only when named),
+    by path in model order; raises LoraError naming a suffix the model lacks, an LM head tied to the
+    input embeddings, or a layer narrower than the rank."""
     linears = decoder_linears(model)
-    wanted = lora.target_modules
-    if wanted == ALL_LINEAR or wanted == [ALL_LINEAR]:
-        targets = linears
-    else:
-        names = [wanted] if isinstance(wanted, str) else list(wanted)
-        suffixes = target_suffixes(list(linears))
-        for name in names:
-            if not any(path == name or path.endswith("." + name) for path in linears):
-                raise LoraError(f"learner.lora.target_modules names {name!r}, which no linear layer of the model's "
-                                f"decoder layers is (it has {', '.join(suffixes)}; or use {ALL_LINEAR})")
-        targets = {path: m for path, m in linears.items()
-                   if any(path == name or path.endswith("." + name) for name in names)}
+    wanted = [lora.target_modules] if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    names = [name for name in wanted if name not in (ALL_LINEAR, OUTPUT_HEAD)]
+    suffixes = target_suffixes(list(linears))
+    for name in names:
+        if not any(path == name or path.endswith("." + name) for path in linears):
+            raise LoraError(f"learner.lora.target_modules names {name!r}, which no linear layer of the model's "
+                            f"decoder layers is (it has {', '.join(suffixes)}; or use {ALL_LINEAR}, or {OUTPUT_HEAD})")
+    targets = {path: m for path, m in linears.items()
+               if ALL_LINEAR in wanted or any(path == name or path.endswith("." + name) for name in names)}
+    if OUTPUT_HEAD in wanted:
+        targets.update(_head_target(model))
     for path, module in targets.items():
         narrowest = min(module.in_features, module.out_features)
         if lora.rank > narrowest:
             raise LoraError(f"learner.lora.rank={lora.rank} is larger than {path} ({module.out_features} x "
                             f"{module.in_features}) allows: at most {narrowest}")
     return targets
+
+
+def _head_target(model: nn.Module) -> dict[str, nn.Linear]:
+    head = output_head(model)
+    if head is None:
+        raise LoraError(f"learner.lora.target_modules names {OUTPUT_HEAD!r}, which this model does not have as a "
+                        "linear layer")
+    if getattr(model.config, "tie_word_embeddings", False):
+        # A merged update of a tied head would change the input embeddings too (vLLM shares the tensor).
+        raise LoraError(f"learner.lora.target_modules names {OUTPUT_HEAD!r}, which this model ties to its input "
+                        f"embeddings (tie_word_embeddings): adapt the decoder layers only")
+    return dict([head])
 
 
 def add_adapters(model: nn.Module, lora: LoraConfig) -> list[str]:

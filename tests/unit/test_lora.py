@@ -137,6 +137,7 @@ def test_vllm_reads_the_adapter_config_and_names():
     assert helper.r == 4 and helper.vllm_lora_scaling_factor == 2.0
     assert parse_fine_tuned_lora_name("base_model.model.model.layers.0.mlp.up_proj.lora_A.weight") == (
         "model.layers.0.mlp.up_proj", True)
+    assert parse_fine_tuned_lora_name("base_model.model.lm_head.lora_B.weight") == ("lm_head", False)
 
 
 @pytest.mark.parametrize("override, key", [
@@ -191,3 +192,35 @@ def test_the_driver_refuses_a_lora_checkpoint_of_another_base_before_ray_starts(
     check_adapter(load(["learner.lora.rank=8"]), resume, str(tmp_path / "base"))
     with pytest.raises(ResumeRefused, match="another base model"):
         check_adapter(load(["learner.lora.rank=8"]), resume, str(tmp_path / "other"))
+
+
+def test_the_lm_head_is_adapted_only_when_named_and_its_merged_weights_give_the_adapter_forwards_logits():
+    assert "lm_head" not in lora.lora_modules(adapted(targets=["all-linear"]))
+    model = adapted(rank=4, targets=["all-linear", "lm_head"])
+    assert list(lora.lora_modules(model))[-1] == "lm_head" and len(lora.lora_modules(model)) == 2 * 7 + 1
+    policy = policy_of(model)
+    named = dict(policy.adapter_state_dict())
+    assert named["base_model.model.lm_head.lora_A.weight"].shape == (4, 64)
+    assert named["base_model.model.lm_head.lora_B.weight"].shape == (61, 4)
+    plain = tiny(seed=1)
+    plain.load_state_dict(dict(policy.full_state_dict()), strict=False)
+    torch.testing.assert_close(logits(plain.eval()), logits(model), atol=1e-5, rtol=1e-5)
+    only_head = adapted(rank=4, targets=["lm_head"])
+    assert list(lora.lora_modules(only_head)) == ["lm_head"]
+    assert not torch.allclose(logits(only_head), logits(tiny()), atol=1e-3)  # the head's adapter acts
+    with lora.adapters_off(only_head):
+        torch.testing.assert_close(logits(only_head), logits(tiny()))
+    config = lora.adapter_config(LoraConfig(rank=4), list(lora.lora_modules(model)), "b")
+    assert "lm_head" in config["target_modules"]
+
+
+def test_an_lm_head_narrower_than_the_rank_or_tied_to_the_embeddings_is_refused():
+    with pytest.raises(lora.LoraError, match=r"rank=62 is larger than lm_head \(61 x 64\) allows: at most 61"):
+        lora.resolve_targets(tiny(), LoraConfig(rank=62, target_modules=["all-linear", "lm_head"]))
+    assert len(lora.resolve_targets(tiny(), LoraConfig(rank=61, target_modules=["all-linear", "lm_head"]))) == 15
+    tied = tiny()
+    tied.config.tie_word_embeddings = True
+    with pytest.raises(lora.LoraError, match="ties to its input embeddings") as err:
+        lora.resolve_targets(tied, LoraConfig(rank=4, target_modules=["lm_head"]))
+    assert "\n" not in str(err.value)
+    assert len(lora.resolve_targets(tied, LoraConfig(rank=4))) == 2 * 7  # the decoder layers alone still do
