@@ -127,3 +127,13 @@ def redirecting_judge():
     endpoint = _RedirectingJudge()
     yield endpoint
     endpoint.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_socket_directories_left_by_killed_processes():
+    """Tests that SIGKILL a learner leave its socket directories (a killed process runs no clean-up;
+    a run's start removes such leftovers, `remove_stale_ipc_dirs`): the suite removes them too."""
+    yield
+    from asyncgrpo.wire.sockets import remove_stale_ipc_dirs
+
+    remove_stale_ipc_dirs()
