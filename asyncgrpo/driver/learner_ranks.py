@@ -11,7 +11,6 @@ from typing import Any
 from asyncgrpo.driver.remote import get, remote_class
 from asyncgrpo.runtime.placement import node_resources
 from asyncgrpo.schema import Config
-from asyncgrpo.wire.network import free_port
 
 
 def master_address(pg: Any) -> str:
@@ -43,6 +42,7 @@ def place_learners(cfg: Config, gpus: float) -> Any:
 def start_learners(cfg: Config, model_dir: str, pg: Any, gpus: float, cores: list[list[int]], curve: Any) -> list[Any]:
     """Every rank's actor in its bundle of `pg`, once Ray has placed it; `cores`: each rank's,
     `curve`: rank 0's wire keys (it alone binds the sockets)."""
+    import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from asyncgrpo.learner.actor import LearnerActor
@@ -50,8 +50,13 @@ def start_learners(cfg: Config, model_dir: str, pg: Any, gpus: float, cores: lis
     world_size = cfg.learner.world_size
     get(pg.ready(), cfg.wire.startup_timeout_s,
         f"Ray placing {world_size} learner rank(s) of {learner_bundle(cfg, gpus)} (placement group)")
-    # One rank binds a port of its own choosing (no race); several must be told rank 0's beforehand.
-    master_addr, master_port = master_address(pg), free_port() if world_size > 1 else None
+    # Several ranks meet at a port rank 0 binds first and then posts (learner/rendezvous.py); the board
+    # lives as long as a handle to it: the ranks drop theirs once they have met.
+    master_addr, board = master_address(pg), None
+    if world_size > 1:
+        from asyncgrpo.learner.rendezvous import PortBoard
+
+        board = ray.remote(num_cpus=0)(PortBoard).remote()
     # Actors get absolute paths (checkpoints): their working directory need not be the driver's.
     actor_cfg = copy.deepcopy(cfg)
     actor_cfg.run_dir = str(Path(cfg.run_dir).resolve())
@@ -59,7 +64,7 @@ def start_learners(cfg: Config, model_dir: str, pg: Any, gpus: float, cores: lis
         remote_class(LearnerActor).options(
             num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=gpus, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
-        ).remote(actor_cfg, model_dir, rank, world_size, master_addr, master_port, cores[rank],
+        ).remote(actor_cfg, model_dir, rank, world_size, master_addr, board, cores[rank],
                  curve if rank == 0 else None)
         for rank in range(world_size)
     ]

@@ -4,6 +4,7 @@ replay queue with its generator registry and the weight sender (with their socke
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -51,29 +52,32 @@ def learner_device(cfg: Config) -> torch.device:
     return torch.device("cpu")
 
 
-def loopback_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
-    """The rendezvous store of ranks that all run on this node, listening on loopback only (a
-    TCPStore binds every interface unless handed a socket), with gloo's sockets on loopback too."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+def rank_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
+               listener: socket.socket | None = None) -> dist.TCPStore:
+    """A rank's rendezvous store: rank 0 serves it on `listener` (or on a socket it binds to
+    `host`:`port`: a TCPStore binds every interface unless handed a socket), the others connect."""
     if rank != 0:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-    return _listening_store(host, port, world_size, timeout)
+    if listener is None:
+        return _listening_store(host, port, world_size, timeout)
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
 
 
 def _listening_store(host: str, port: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
     """Rank 0's store on a socket bound to `host`:`port` (port 0: the kernel picks a free one as it
     binds, so no other process can take it in between)."""
     listener = listening_socket(host, port)
-    port = listener.getsockname()[1]
-    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
+    return rank_store(host, listener.getsockname()[1], 0, world_size, timeout, listener)
 
 
 def join_process_group(cfg: Config, device: torch.device, rank: int, world_size: int, master_addr: str,
-                       master_port: int | None) -> bool:
+                       master_port: int | None, listener: socket.socket | None = None) -> bool:
     """The learner ranks' default group; True if this call created it (a test running several
     learners in one process sets it up itself, and it is left to it). `master_port`: rank 0's
     rendezvous port, None for a single rank, which meets nobody: its store listens on loopback, on
-    a port the kernel picks as it binds (a port chosen beforehand may be taken meanwhile)."""
+    a port the kernel picks as it binds (a port chosen beforehand may be taken meanwhile).
+    `listener`: rank 0's socket already bound to `master_port` (learner/rendezvous.py); without
+    one, rank 0 binds `master_port` itself."""
     created = not dist.is_initialized()
     if created:
         backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=collective_timeout_s(cfg))
@@ -84,8 +88,10 @@ def join_process_group(cfg: Config, device: torch.device, rank: int, world_size:
             dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         elif master_port is None:
             raise ValueError(f"{world_size} learner ranks need rank 0's rendezvous port (master_port)")
-        elif is_loopback(master_addr):
-            store = loopback_store(master_addr, master_port, rank, world_size, timeout)
+        elif is_loopback(master_addr) or (rank == 0 and listener is not None):
+            if is_loopback(master_addr):  # a run on one node: gloo's sockets on loopback too
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            store = rank_store(master_addr, master_port, rank, world_size, timeout, listener)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:
             dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
@@ -148,12 +154,12 @@ def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
 
 def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, master_addr: str = "127.0.0.1",
                   master_port: int | None = None, cores: list[int] | None = None,
-                  curve: CurveServerKeys | None = None) -> LearnerParts:
+                  curve: CurveServerKeys | None = None, listener: socket.socket | None = None) -> LearnerParts:
     from transformers import AutoTokenizer
 
     pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
     device = learner_device(cfg)
-    owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port)
+    owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port, listener)
     policy = Policy.from_config(cfg, model_dir, device, rank, world_size, cfg.rollout.temperature)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     arguments: dict[str, Any] = {

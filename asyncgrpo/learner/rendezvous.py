@@ -1,0 +1,50 @@
+"""How several learner ranks find rank 0's rendezvous port without anyone choosing it beforehand.
+
+Rank 0 binds a listening socket on a port the kernel picks as it binds, posts that port on a
+`PortBoard` (a Ray actor with no CPU), and hands the socket to its TCPStore; the other ranks read
+the port from the board and connect. A port found free by the driver and bound later by rank 0
+could be taken in between (and on another node it was never checked at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from asyncgrpo.wire.network import listening_socket
+
+
+class PortBoard:
+    """Rank 0's rendezvous port, posted once; `port` waits until then (a Ray async actor)."""
+
+    def __init__(self) -> None:
+        self._port: int | None = None
+        self._posted = asyncio.Event()
+
+    async def post(self, port: int) -> None:
+        self._port = port
+        self._posted.set()
+
+    async def port(self) -> int:
+        await self._posted.wait()
+        assert self._port is not None
+        return self._port
+
+
+def meet_rank_zero(board: Any, rank: int, master_addr: str, timeout_s: float) -> tuple[int, socket.socket | None]:
+    """Rank 0: its listening socket on `master_addr`, bound and posted on `board`, with its port.
+    Any other rank: the port rank 0 posted (no socket); raises RuntimeError (one line) when none
+    is posted within `timeout_s`."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    if rank == 0:
+        listener = listening_socket(master_addr, 0)
+        port = listener.getsockname()[1]
+        ray.get(board.post.remote(port), timeout=timeout_s)
+        return port, listener
+    try:
+        return int(ray.get(board.port.remote(), timeout=timeout_s)), None
+    except GetTimeoutError:
+        raise RuntimeError(f"learner rank {rank}: rank 0 posted no rendezvous port within {timeout_s:.0f} s") from None
