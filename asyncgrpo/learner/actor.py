@@ -7,7 +7,6 @@ from typing import Any
 
 from asyncgrpo.learner.learner import Learner
 from asyncgrpo.learner.parts import learner_parts
-from asyncgrpo.learner.rendezvous import meet_rank_zero
 from asyncgrpo.schema import Config
 from asyncgrpo.wire.reach import this_node
 from asyncgrpo.wire.security import CurveServerKeys
@@ -17,10 +16,7 @@ class LearnerActor(Learner):
     def __init__(self, cfg: Config, model_dir: str, rank: int, world_size: int, master_addr: str,
                  port_board: Any | None, cores: list[int] | None, curve: CurveServerKeys | None) -> None:
         """`port_board`: where several ranks meet (learner/rendezvous.py); None for a single rank."""
-        master_port, listener = None, None
-        if port_board is not None:
-            master_port, listener = meet_rank_zero(port_board, rank, master_addr, cfg.wire.startup_timeout_s)
-        parts = learner_parts(cfg, model_dir, rank, world_size, master_addr, master_port, cores, curve, listener)
+        parts = learner_parts(cfg, model_dir, rank, world_size, master_addr, None, cores, curve, port_board)
         super().__init__(**parts.arguments)
         self._endpoints = parts.endpoints
 

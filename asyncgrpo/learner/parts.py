@@ -18,6 +18,7 @@ from asyncgrpo.composition import (collective_timeout_s, pushed_adapters, run_re
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing
+from asyncgrpo.learner.rendezvous import meet_rank_zero
 from asyncgrpo.learner.update import overlong_settings
 from asyncgrpo.queue.audit import TrainAudit
 from asyncgrpo.queue.filtering import SignalFilter
@@ -154,11 +155,16 @@ def make_dispatcher(cfg: Config, positions_end: int | None) -> Dispatcher:
 
 def learner_parts(cfg: Config, model_dir: str, rank: int, world_size: int, master_addr: str = "127.0.0.1",
                   master_port: int | None = None, cores: list[int] | None = None,
-                  curve: CurveServerKeys | None = None, listener: socket.socket | None = None) -> LearnerParts:
+                  curve: CurveServerKeys | None = None, port_board: Any | None = None) -> LearnerParts:
+    """Rank `rank`'s parts. Several ranks meet at `master_addr`:`master_port`, or, given a
+    `port_board` (learner/rendezvous.py), at the port rank 0 binds and posts there."""
     from transformers import AutoTokenizer
 
     pin_to_cores(cores or [], torch_threads=cfg.learner.torch_threads, set_num_threads=torch.set_num_threads)
     device = learner_device(cfg)
+    listener = None
+    if port_board is not None:
+        master_port, listener = meet_rank_zero(port_board, rank, master_addr, cfg.wire.startup_timeout_s)
     owns_group = join_process_group(cfg, device, rank, world_size, master_addr, master_port, listener)
     policy = Policy.from_config(cfg, model_dir, device, rank, world_size, cfg.rollout.temperature)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
