@@ -55,8 +55,8 @@ def learner_device(cfg: Config) -> torch.device:
 
 def rank_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
                listener: socket.socket | None = None) -> dist.TCPStore:
-    """A rank's rendezvous store: rank 0 serves it on `listener` (or on a socket it binds to
-    `host`:`port`: a TCPStore binds every interface unless handed a socket), the others connect."""
+    """A rank's rendezvous store at `host`:`port`: rank 0 serves it on `listener`, or on a socket it
+    binds there itself (a TCPStore binds every interface unless handed a socket); the others connect."""
     if rank != 0:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     if listener is None:
@@ -89,14 +89,11 @@ def join_process_group(cfg: Config, device: torch.device, rank: int, world_size:
             dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         elif master_port is None:
             raise ValueError(f"{world_size} learner ranks need rank 0's rendezvous port (master_port)")
-        elif is_loopback(master_addr) or (rank == 0 and listener is not None):
+        else:
             if is_loopback(master_addr):  # a run on one node: gloo's sockets on loopback too
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
             store = rank_store(master_addr, master_port, rank, world_size, timeout, listener)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        else:
-            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                    world_size=world_size, timeout=timeout)
     if dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise RuntimeError(f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
                            f"expected {rank} of {world_size}")
