@@ -2,7 +2,7 @@
 every seed with its run directory and overrides. docs/STUDIES.md describes the spec.
 
     Spec.load(path)     parse the spec and compose every cell's config before any run starts
-    Spec.runs(dir)      the runs, cell by cell (`RunPlan`: a cell at a seed, in its run directory)
+    Spec.runs(dir)      the runs, seed by seed (`RunPlan`: a cell at a seed, in its run directory)
 """
 
 from __future__ import annotations
@@ -225,12 +225,13 @@ class Spec:
                 for levels in itertools.product(*(f.levels for f in self.factors))]
 
     def runs(self, study_dir: str | Path, seeds: Sequence[int] | None = None) -> list[RunPlan]:
-        """Every cell x seed, cell by cell (all seeds of a cell, then the next cell)."""
+        """Every cell x seed, seed by seed (every cell at the first seed, then at the next): a study
+        stopped part-way has every cell at the same seeds, so its cells still compare paired."""
         root = Path(study_dir) / "runs"
         return [RunPlan(cell=cell, seed=seed, run_dir=root / cell.slug / f"seed_{seed}",
                         overrides=(*RUN_DEFAULTS, *self.base, *cell.overrides, f"seed={seed}"),
                         config_name=self.config_name, recording=self.recording(seed))
-                for cell in self.cells() for seed in (self.seeds if seeds is None else seeds)]
+                for seed in (self.seeds if seeds is None else seeds) for cell in self.cells()]
 
     def recording(self, seed: int) -> Path | None:
         """The recording a replay study's run with this "seed" (the recording's index) replays."""

@@ -48,13 +48,13 @@ def test_a_replay_study_runs_every_cell_on_every_recording_as_asyncgrpo_replay(t
     spec.check_configs()
     plans = spec.runs(tmp_path / "study")
     assert [(p.cell.values["correction"], p.seed, str(p.recording)) for p in plans] == [
-        ("bypass", 0, recordings[0]), ("bypass", 1, recordings[1]),
-        ("naive", 0, recordings[0]), ("naive", 1, recordings[1])]
-    command = run_command(plans[2], before=["ray.address=127.0.0.1:1"])
+        ("bypass", 0, recordings[0]), ("naive", 0, recordings[0]),
+        ("bypass", 1, recordings[1]), ("naive", 1, recordings[1])]
+    command = run_command(plans[1], before=["ray.address=127.0.0.1:1"])
     # A replay of its recording with the cell's overrides; no engine cluster (a replay starts no generator).
     assert command[:5] == [sys.executable, "-m", "asyncgrpo.cli", "replay", recordings[0]]
     assert "algo.mode='naive'" in command and "train.max_steps=5" in command and "seed=0" in command
-    assert f"run_dir='{plans[2].run_dir}'" in command and not any(a.startswith("ray.") for a in command)
+    assert f"run_dir='{plans[1].run_dir}'" in command and not any(a.startswith("ray.") for a in command)
     # A train study's command is unchanged.
     train = Spec.parse({"name": "t", "grid": {"algo.mode": ["naive"]}, "seeds": [3]}).runs(tmp_path)[0]
     assert run_command(train, before=["x=1"])[3:7] == ["train", "--config-name", "default", "x=1"]

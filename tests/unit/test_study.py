@@ -110,7 +110,7 @@ def test_spec_structure_errors_name_the_key(changes, named):
         Spec.parse(with_changes(**changes))
 
 
-def test_a_good_spec_gives_every_cell_in_grid_order_with_its_overrides_and_run_dirs(tmp_path):
+def test_a_good_spec_gives_every_cell_in_grid_order_seed_by_seed_with_its_overrides_and_run_dirs(tmp_path):
     spec = Spec.load(write_spec(tmp_path, GRID_SPEC))
     cells = spec.cells()
     assert [c.label for c in cells] == [
@@ -121,10 +121,12 @@ def test_a_good_spec_gives_every_cell_in_grid_order_with_its_overrides_and_run_d
                                   "algo.correction.is_level='token'", "algo.correction.is_threshold=2.0")
     assert spec.baseline_cell() == cells[0]
     plans = spec.runs(tmp_path / "s")
-    assert len(plans) == 12  # 4 cells x 3 seeds, the seeds of a cell together
-    assert plans[4].run_dir == tmp_path / "s" / "runs" / "train.fixed_staleness-0__mode-tis" / "seed_1"
+    # Every cell at one seed before the next seed: a study stopped part-way stays paired.
+    assert [(p.cell, p.seed) for p in plans] == [(c, s) for s in spec.seeds for c in cells]
+    assert len(plans) == 12
+    assert plans[5].run_dir == tmp_path / "s" / "runs" / "train.fixed_staleness-0__mode-tis" / "seed_1"
     # The study's run defaults come first, so the spec's base and cells override them; seed last.
-    assert plans[4].overrides == (*RUN_DEFAULTS, "train.max_steps=3", *cells[1].overrides, "seed=1")
+    assert plans[5].overrides == (*RUN_DEFAULTS, "train.max_steps=3", *cells[1].overrides, "seed=1")
 
 
 def test_grid_values_are_written_so_the_config_reads_them_back_as_given():
