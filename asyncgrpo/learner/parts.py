@@ -56,19 +56,14 @@ def learner_device(cfg: Config) -> torch.device:
 def rank_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
                listener: socket.socket | None = None) -> dist.TCPStore:
     """A rank's rendezvous store at `host`:`port`: rank 0 serves it on `listener`, or on a socket it
-    binds there itself (a TCPStore binds every interface unless handed a socket); the others connect."""
+    binds there itself (a TCPStore binds every interface unless handed a socket; port 0: the kernel
+    picks a free one as it binds, so no other process can take it in between); the others connect."""
     if rank != 0:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     if listener is None:
-        return _listening_store(host, port, world_size, timeout)
-    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
-
-
-def _listening_store(host: str, port: int, world_size: int, timeout: timedelta) -> dist.TCPStore:
-    """Rank 0's store on a socket bound to `host`:`port` (port 0: the kernel picks a free one as it
-    binds, so no other process can take it in between)."""
-    listener = listening_socket(host, port)
-    return rank_store(host, listener.getsockname()[1], 0, world_size, timeout, listener)
+        listener = listening_socket(host, port)
+    return dist.TCPStore(host, listener.getsockname()[1], world_size, is_master=True, timeout=timeout,
+                         master_listen_fd=listener.detach())
 
 
 def join_process_group(cfg: Config, device: torch.device, rank: int, world_size: int, master_addr: str,
@@ -82,18 +77,15 @@ def join_process_group(cfg: Config, device: torch.device, rank: int, world_size:
     created = not dist.is_initialized()
     if created:
         backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=collective_timeout_s(cfg))
-        if world_size == 1:
-            if is_loopback(master_addr):  # a run on one node: gloo's sockets on loopback too
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            store = _listening_store("127.0.0.1", 0, 1, timeout)
-            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
-        elif master_port is None:
+        if world_size > 1 and master_port is None:
             raise ValueError(f"{world_size} learner ranks need rank 0's rendezvous port (master_port)")
+        if is_loopback(master_addr):  # a run on one node: gloo's sockets on loopback too
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if world_size == 1:
+            store = rank_store("127.0.0.1", 0, 0, 1, timeout)
         else:
-            if is_loopback(master_addr):  # a run on one node: gloo's sockets on loopback too
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
             store = rank_store(master_addr, master_port, rank, world_size, timeout, listener)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     if dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise RuntimeError(f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
                            f"expected {rank} of {world_size}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from datetime import timedelta
 from typing import Any
 
 from asyncgrpo.wire.network import listening_socket
@@ -34,17 +35,40 @@ class PortBoard:
 
 def meet_rank_zero(board: Any, rank: int, master_addr: str, timeout_s: float) -> tuple[int, socket.socket | None]:
     """Rank 0: its listening socket on `master_addr`, bound and posted on `board`, with its port.
-    Any other rank: the port rank 0 posted (no socket); raises RuntimeError (one line) when none
-    is posted within `timeout_s`."""
+    Any other rank: the port rank 0 posted (no socket). Raises RuntimeError (one line) when the
+    board does not answer within `timeout_s` (rank 0's post, or the port the others wait for)."""
     import ray
     from ray.exceptions import GetTimeoutError
 
     if rank == 0:
         listener = listening_socket(master_addr, 0)
         port = listener.getsockname()[1]
-        ray.get(board.post.remote(port), timeout=timeout_s)
+        try:
+            ray.get(board.post.remote(port), timeout=timeout_s)
+        except GetTimeoutError:
+            listener.close()
+            raise RuntimeError(f"learner rank 0: the rendezvous board took no port within {timeout_s:.0f} s") from None
         return port, listener
     try:
         return int(ray.get(board.port.remote(), timeout=timeout_s)), None
     except GetTimeoutError:
         raise RuntimeError(f"learner rank {rank}: rank 0 posted no rendezvous port within {timeout_s:.0f} s") from None
+
+
+def spawner_store(timeout: timedelta, host: str = "127.0.0.1") -> Any:
+    """A rendezvous store for ranks this process is about to spawn, served here on a loopback port
+    the kernel picks as it binds (`store.port`): no port is chosen before it is held. Keep it
+    until the ranks have finished."""
+    import torch.distributed as dist
+
+    listener = listening_socket(host, 0)
+    return dist.TCPStore(host, listener.getsockname()[1], None, is_master=True, timeout=timeout,
+                         wait_for_workers=False, master_listen_fd=listener.detach())
+
+
+def join_spawner_store(port: int, rank: int, world_size: int, timeout: timedelta, host: str = "127.0.0.1") -> None:
+    """In a spawned rank: the gloo default group, met through the spawner's store at `port`."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
