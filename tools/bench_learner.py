@@ -18,11 +18,11 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -52,12 +52,16 @@ def make_groups(prompt_len: int, max_completion: int, seed: int, groups_per_step
 def rank_main(rank: int, world_size: int, port: int, model_dir: str, steps: int, warmup: int, out: str,
               overrides: list[str], shapes: list[str], groups_per_step: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    import torch.distributed as dist
+
     from asyncgrpo.config import load
     from asyncgrpo.learner.learner import Learner
+    from asyncgrpo.learner.rendezvous import join_spawner_store
     from asyncgrpo.runtime.timing import PhaseTimer
 
+    join_spawner_store(port, rank, world_size, timedelta(seconds=120))
     cfg = load(["learner.warmup_steps=0", *overrides])
-    learner = Learner.from_config(cfg, model_dir, rank=rank, world_size=world_size, master_port=port)
+    learner = Learner.from_config(cfg, model_dir, rank=rank, world_size=world_size)
     results = {}
     try:
         for shape in shapes:
@@ -77,22 +81,20 @@ def rank_main(rank: int, world_size: int, port: int, model_dir: str, steps: int,
                               "tokens_per_step": tokens / steps, "tokens_per_s": tokens / sum(times)}
     finally:
         learner.close()
+        dist.destroy_process_group()  # joined above, not by the learner
     results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(world_size: int, model_dir: str, steps: int, warmup: int, overrides: list[str], shapes: list[str],
         groups_per_step: int) -> dict:
     import torch.multiprocessing as mp
 
+    from asyncgrpo.learner.rendezvous import spawner_store
+
+    store = spawner_store(timedelta(seconds=120))  # held until the ranks are done
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(rank_main, args=(world_size, free_port(), model_dir, steps, warmup, out, overrides, shapes, groups_per_step),
+        mp.start_processes(rank_main, args=(world_size, store.port, model_dir, steps, warmup, out, overrides, shapes, groups_per_step),
                            nprocs=world_size, join=True, start_method="spawn")
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
     return {"world_size": world_size, **{shape: ranks[0][shape] for shape in shapes},

@@ -22,13 +22,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (another process may still take it before we bind)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def listening_socket(host: str, port: int = 0) -> socket.socket:
     """A TCP socket bound to `host`:`port` and listening (port 0: one the system chooses as it
     binds), to be held from the moment its port is advertised until a store takes it over: nothing

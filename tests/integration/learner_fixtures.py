@@ -94,13 +94,13 @@ def rank_main(rank: int, world_size: int, port: int, model_dir: str, runs: list[
 
     from asyncgrpo.config import load
     from asyncgrpo.learner.learner import Learner
+    from asyncgrpo.learner.rendezvous import join_spawner_store
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from datetime import timedelta
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=120))
+    join_spawner_store(port, rank, world_size, timedelta(seconds=120))
     try:
         batches = step_groups(num_steps)
         for index, (name, overrides) in enumerate(runs):

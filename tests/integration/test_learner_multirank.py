@@ -4,7 +4,7 @@ The update must not depend on the world size or on the micro-batch budget: advan
 denominators come from the whole step, gradients are summed over ranks.
 """
 
-import socket
+from datetime import timedelta
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ from learner_fixtures import (
 from asyncgrpo.config import load
 from asyncgrpo.learner.batch import collate, micro_batch_plan, rank_shares
 from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.rendezvous import spawner_store
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +37,6 @@ TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_one_rank(model_dir, overrides, steps=STEPS):
@@ -62,7 +57,8 @@ def two_ranks(model_dir, tmp_path_factory):
         ("budget12", BASE + ["learner.micro_batch_tokens=12"]),
         ("budget40", BASE + ["learner.micro_batch_tokens=40", "algo.kl.reference_on=cpu"]),
     ]
-    mp.start_processes(rank_main, args=(2, free_port(), model_dir, runs, STEPS, str(out), 1), nprocs=2,
+    store = spawner_store(timedelta(seconds=120))  # held until the ranks are done
+    mp.start_processes(rank_main, args=(2, store.port, model_dir, runs, STEPS, str(out), 1), nprocs=2,
                        join=True, start_method="spawn")
     return out, {name: torch.load(out / f"{name}.pt") for name, _ in runs}
 
