@@ -101,13 +101,6 @@ def decoder_linears(model: nn.Module) -> dict[str, nn.Linear]:
             if isinstance(module, (nn.Linear, LoraLinear))}
 
 
-def output_head(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """The model's LM head (`OUTPUT_HEAD`) by its path, as a linear layer (or already wrapped one);
-    None when the model has none of that name."""
-    head = getattr(model, OUTPUT_HEAD, None)
-    return (OUTPUT_HEAD, head) if isinstance(head, (nn.Linear, LoraLinear)) else None
-
-
 def resolve_targets(model: nn.Module, lora: LoraConfig) -> dict[str, nn.Linear]:
     """The layers `lora.target_modules` names (suffixes of module paths in the decoder layers, as
     PEFT matches them; `all-linear` for all of those; `lm_head` for the LM head, only when named),
@@ -134,15 +127,16 @@ def resolve_targets(model: nn.Module, lora: LoraConfig) -> dict[str, nn.Linear]:
 
 
 def _head_target(model: nn.Module) -> dict[str, nn.Linear]:
-    head = output_head(model)
-    if head is None:
+    """The model's LM head (`OUTPUT_HEAD`) by its path, as a linear layer (or already wrapped one)."""
+    head = getattr(model, OUTPUT_HEAD, None)
+    if not isinstance(head, (nn.Linear, LoraLinear)):
         raise LoraError(f"learner.lora.target_modules names {OUTPUT_HEAD!r}, which this model does not have as a "
                         "linear layer")
     if getattr(model.config, "tie_word_embeddings", False):
         # A merged update of a tied head would change the input embeddings too (vLLM shares the tensor).
         raise LoraError(f"learner.lora.target_modules names {OUTPUT_HEAD!r}, which this model ties to its input "
                         f"embeddings (tie_word_embeddings): adapt the decoder layers only")
-    return dict([head])
+    return {OUTPUT_HEAD: head}
 
 
 def add_adapters(model: nn.Module, lora: LoraConfig) -> list[str]:
