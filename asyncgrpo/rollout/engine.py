@@ -191,6 +191,21 @@ class EngineAdapter:
         return fitting[0]
 
 
+@dataclass(frozen=True)
+class _ServedAdapter:
+    """A LoRA engine's one adapter: its PEFT config (what `load_adapter` builds each push with) and
+    the request every generation names, built once rather than per request."""
+
+    peft_config: dict[str, Any]
+    request: Any  # vllm.lora.request.LoRARequest
+
+    @classmethod
+    def of(cls, adapter: EngineAdapter) -> _ServedAdapter:
+        from vllm.lora.request import LoRARequest
+
+        return cls(dict(adapter.peft_config), LoRARequest("asyncgrpo-policy", POLICY_ADAPTER_ID, _POLICY_ADAPTER_PATH))
+
+
 def _add_adapter_from_tensors(worker, adapter_id: int, tensors: dict[str, torch.Tensor],
                               peft_config: dict[str, Any]) -> int:
     # Runs inside the vLLM worker. vLLM 0.32 adds adapters only from files; this is what its
@@ -270,8 +285,8 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         # "in_place" (CPU, in-process engine, weights kept unpacked) or "reload" (vLLM's reload).
         self.weight_load_path = "reload"
-        # vLLM's LoRA path: the adapter's PEFT config, set once; None serves the model alone.
-        self._adapter_config: dict[str, Any] | None = None if adapter is None else dict(adapter.peft_config)
+        # vLLM's LoRA path: the adapter every request names, set once; None serves the model alone.
+        self._served: _ServedAdapter | None = None if adapter is None else _ServedAdapter.of(adapter)
         if adapter is not None:
             self.load_adapter(adapter.initial)  # before any request names it
         if wants_in_place and self._in_place_loads_work(model_dir):
@@ -424,22 +439,19 @@ class VLLMEngine:
     @property
     def serves_adapter(self) -> bool:
         """Whether vLLM's LoRA path is on (every request through the adapter `load_adapter` sets)."""
-        return self._adapter_config is not None
+        return self._served is not None
 
     def _lora_request(self) -> Any:
         """What every request names: the one adapter `load_adapter` replaces in place, or None."""
-        if self._adapter_config is None:
-            return None
-        from vllm.lora.request import LoRARequest
-
-        return LoRARequest("asyncgrpo-policy", POLICY_ADAPTER_ID, _POLICY_ADAPTER_PATH)
+        return None if self._served is None else self._served.request
 
     def load_adapter(self, peft_tensors: dict[str, torch.Tensor]) -> None:
         """Replace the adapter every request runs through (PEFT's names, as adapter_model.safetensors
         holds them): running sequences continue on it from the next step, as after `load_weights`."""
-        if self._adapter_config is None:
+        if self._served is None:
             raise RuntimeError("load_adapter on an engine built without an adapter (rollout.lora_apply=merge)")
-        self.llm.collective_rpc(_add_adapter_from_tensors, args=(POLICY_ADAPTER_ID, peft_tensors, self._adapter_config))
+        self.llm.collective_rpc(_add_adapter_from_tensors,
+                                args=(POLICY_ADAPTER_ID, peft_tensors, self._served.peft_config))
         self._forget_cached_prefixes()
 
     def _forget_cached_prefixes(self) -> None:
