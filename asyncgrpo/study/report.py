@@ -14,7 +14,7 @@ from asyncgrpo.study.pairing import pairing_section
 from asyncgrpo.study.plots import write_plots
 from asyncgrpo.study.results import RunResult, load_study, read_summary, runs_by_cell, value_at
 from asyncgrpo.study.spec import RUN_DEFAULTS, Cell, Spec
-from asyncgrpo.study.stats import CONFIDENCE, Estimate, is_number, mean_ci, paired_difference
+from asyncgrpo.study.stats import CONFIDENCE, Estimate, is_number, mean_ci, paired_difference, paired_ratio
 
 # results.csv, after the grid keys and `seed`; `status` and `run_dir` last.
 RESULT_COLUMNS = (
@@ -33,6 +33,8 @@ RUN_METRICS = (
 )
 DIFFERENCE_METRICS = (("eval_accuracy_end", "held-out acc. end"), ("eval_greedy_accuracy_end", "greedy end"),
                       ("accuracy_auc", "acc. AUC"))
+# Paired against the baseline as ratios, not differences: throughput on a shared machine.
+RATIO_METRICS = (("samples_per_s", "samples/s"), ("wall_s", "wall s"))
 # What the policy became beside its accuracy: per cell, and paired against the baseline.
 POLICY_METRICS = (
     ("greedy_accuracy_auc", "greedy AUC"), ("greedy_gap_end", "greedy - sampled end"),
@@ -156,7 +158,9 @@ def _differences_section(spec: Spec, results: list[RunResult]) -> list[str]:
     lines += [
         f"Baseline: {baseline.label}. For each seed both finished, the cell's value minus the baseline's on "
         f"that seed; the mean of those differences with its {round(100 * CONFIDENCE)}% t-interval over the n "
-        "pairs. An interval that excludes 0 is a difference the seeds support.",
+        "pairs. An interval that excludes 0 is a difference the seeds support. samples/s and wall clock are "
+        "compared as ratios (the cell's over the baseline's on the same seed, then their mean and interval): "
+        "an interval that excludes 1 is a difference the seeds support.",
         "",
     ]
     keys = spec.grid_keys()
@@ -164,6 +168,9 @@ def _differences_section(spec: Spec, results: list[RunResult]) -> list[str]:
         getters = [_row_value(column) for column, _ in metrics]
         rows = _difference_rows(by_cell, baseline, base_runs, getters)
         lines += [*_table([*keys, "n pairs", *(f"diff. {heading}" for _, heading in metrics)], rows), ""]
+    getters = [_row_value(column) for column, _ in RATIO_METRICS]
+    rows = _difference_rows(by_cell, baseline, base_runs, getters, compare=paired_ratio)
+    lines += [*_table([*keys, "n pairs", *(f"ratio {heading}" for _, heading in RATIO_METRICS)], rows), ""]
     return lines + _over_training(by_cell, baseline, base_runs, keys)
 
 
@@ -176,18 +183,19 @@ def _curve_value(name: str, step: float) -> Callable[[RunResult], float | None]:
 
 
 def _difference_rows(by_cell: list[tuple[Cell, list[RunResult]]], baseline: Cell, base_runs: list[RunResult],
-                     getters: list[Callable[[RunResult], float | None]], bold: bool = False) -> list[list[str]]:
+                     getters: list[Callable[[RunResult], float | None]], bold: bool = False,
+                     compare: Callable[..., Estimate] = paired_difference) -> list[list[str]]:
     """A row per cell but the baseline: its levels, the most pairs any value had, and per getter the
-    paired difference against the baseline with its interval."""
+    paired comparison against the baseline (`compare`: difference or ratio) with its interval."""
     rows = []
     for cell, runs in by_cell:
         if cell == baseline:
             continue
         diffs, n_pairs = [], 0
         for get in getters:
-            estimate = paired_difference({r.plan.seed: get(r) for r in runs}, {r.plan.seed: get(r) for r in base_runs})
+            estimate = compare({r.plan.seed: get(r) for r in runs}, {r.plan.seed: get(r) for r in base_runs})
             n_pairs = max(n_pairs, estimate.n)
-            diffs.append(_fmt_estimate(estimate, signed=True, bold=bold))
+            diffs.append(_fmt_estimate(estimate, signed=compare is paired_difference, bold=bold))
         rows.append([*cell.values.values(), str(n_pairs), *diffs])
     return rows
 

@@ -104,6 +104,15 @@ def paired_difference(cell: dict[int, float | None], baseline: dict[int, float |
     return mean_ci([float(cell[s]) - float(baseline[s]) for s in seeds], confidence)  # type: ignore[arg-type]
 
 
+def paired_ratio(cell: dict[int, float | None], baseline: dict[int, float | None],
+                 confidence: float = CONFIDENCE) -> Estimate:
+    """Mean of cell / baseline over the seeds both have a value for (the baseline's above 0), with
+    its t-interval: throughput compared as a ratio, which scales out how loaded the machine was while
+    a seed's runs ran (a study runs every cell at a seed before the next seed)."""
+    seeds = [s for s in cell if is_number(cell[s]) and is_number(baseline.get(s)) and float(baseline[s]) > 0]  # type: ignore[arg-type]
+    return mean_ci([float(cell[s]) / float(baseline[s]) for s in seeds], confidence)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class PairingGain:
     """A cell against the baseline over n pairs (recordings or seeds both have), estimated two ways:

@@ -30,7 +30,7 @@ from asyncgrpo.study.spec import (
     override_value,
     read_spec_file,
 )
-from asyncgrpo.study.stats import mean_ci, paired_difference, t_quantile
+from asyncgrpo.study.stats import mean_ci, paired_difference, paired_ratio, t_quantile
 
 GRID_SPEC = {
     "name": "demo",
@@ -178,6 +178,14 @@ def test_paired_difference_pairs_by_seed_and_skips_seeds_missing_on_either_side(
     assert estimate.half_width == pytest.approx(4.30265273 * 0.0577350269 / math.sqrt(3), rel=1e-6)
 
 
+def test_paired_ratio_divides_by_seed_and_skips_seeds_missing_or_zero_on_the_baseline():
+    cell = {0: 300.0, 1: 330.0, 2: 260.0, 3: 100.0}
+    base = {0: 200.0, 1: 300.0, 2: 200.0, 3: 0.0}  # seed 3's baseline has no throughput: no ratio
+    estimate = paired_ratio(cell, base)
+    assert estimate.n == 3 and estimate.mean == pytest.approx((1.5 + 1.1 + 1.3) / 3)
+    assert estimate.half_width == pytest.approx(4.30265273 * 0.2 / math.sqrt(3), rel=1e-6)  # s of 1.5, 1.1, 1.3
+
+
 def test_paired_interval_is_narrower_than_unpaired_when_seeds_shift_both_cells():
     # Each seed moves both cells by the same amount (its warm start): pairing removes it.
     base = {s: 0.1 * s for s in range(5)}
@@ -238,7 +246,7 @@ def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3,
         records.append({"step": steps, "eval/accuracy": end, "eval/greedy_accuracy": end + 0.2, "eval/when": "end"})
     (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"status": status, "steps": steps, "samples": 128 * steps, "wall_s": 60.0 + plan.seed,
-               "train_s": 20.0, "samples_per_s": 500.0 + plan.seed, "eval_accuracy_start": 0.1,
+               "train_s": 20.0, "samples_per_s": (500.0 + plan.seed) * (1 + 0.1 * staleness), "eval_accuracy_start": 0.1,
                "eval_greedy_accuracy_start": 0.3, "staleness_max": min(steps - 1, staleness)}
     if engines_reused is not None:
         summary["engines_reused"] = engines_reused
@@ -291,7 +299,7 @@ def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
     assert float(row["eval_accuracy_end"]) == pytest.approx(end)
     assert float(row["eval_greedy_accuracy_end"]) == pytest.approx(end + 0.2)
     assert float(row["accuracy_auc"]) == pytest.approx((0.1 + end) / 2)  # start and end evals only
-    assert float(row["samples_per_s"]) == 501.0 and float(row["wall_s"]) == 61.0 and float(row["train_s"]) == 20.0
+    assert float(row["samples_per_s"]) == pytest.approx(501.0 * 1.2) and float(row["wall_s"]) == 61.0 and float(row["train_s"]) == 20.0
     assert float(row["staleness_mean"]) == pytest.approx((0 + 1 + 2) / 3)  # warm-up steps 0, 1, then 2
     assert float(row["staleness_max"]) == 2
     assert float(row["clipfrac"]) == pytest.approx(0.02)
@@ -321,6 +329,10 @@ def test_report_gives_per_cell_means_with_intervals_and_paired_differences_again
     # Paired against staleness 0 bypass: the seed effect cancels, every difference is 0.01: s = 0, no width.
     line = next(x for x in differences.splitlines() if x.startswith("| 2 | tis | 3 |"))
     assert "+0.010 [0.010, 0.010]" in line
+    # samples/s paired as a ratio: (500 + seed) x 1.2 over (500 + seed) is 1.2 on every seed.
+    ratios = differences.split("| n pairs | ratio samples/s | ratio wall s |")[1]
+    line = next(x for x in ratios.splitlines() if x.startswith("| 2 | tis | 3 |"))
+    assert line.endswith("| 1.200 [1.200, 1.200] | 1.000 [1.000, 1.000] |")
     assert "Baseline: train.fixed_staleness=0 mode=bypass" in report
 
 
