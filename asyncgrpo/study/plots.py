@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.study.results import RunResult, runs_by_cell
+from asyncgrpo.study.results import RunResult, cell_estimates, runs_by_cell
 from asyncgrpo.study.spec import Cell, Factor, Spec, safe_name
-from asyncgrpo.study.stats import CONFIDENCE, mean_ci
+from asyncgrpo.study.stats import CONFIDENCE, mean_ci, pareto_front
 
 
 # More curves per cell, drawn as accuracy_vs_samples.png is, when some run has them: (RunResult.curves
@@ -29,8 +29,8 @@ CURVE_FIGURES = (
 def write_plots(spec: Spec, results: list[RunResult], out: Path) -> list[Path]:
     """accuracy_vs_samples.png and reward_vs_samples.png (a panel per combination of all factors
     but the last, a line per level of the last, bands over seeds), the same for each of
-    CURVE_FIGURES some run logged, and final_accuracy_vs_<key>.png for each factor. Nothing when no
-    run has finished."""
+    CURVE_FIGURES some run logged, final_accuracy_vs_<key>.png for each factor, and with two cells
+    or more accuracy_auc_vs_samples_per_s.png. Nothing when no run has finished."""
     if not any(r.finished for r in results):
         return []
     import matplotlib
@@ -50,6 +50,8 @@ def write_plots(spec: Spec, results: list[RunResult], out: Path) -> list[Path]:
     for factor in spec.factors:
         path = out / f"final_accuracy_vs_{safe_name(factor.key)}.png"
         written.append(_plot_factor(spec, by_cell, factor, path))
+    if len(cell_estimates(by_cell, "samples_per_s", "accuracy_auc")) >= 2:
+        written.append(_plot_front(spec, by_cell, out / "accuracy_auc_vs_samples_per_s.png"))
     return written
 
 
@@ -154,6 +156,29 @@ def _plot_factor(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]], factor
         ax.grid(True, alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=7)
+    return _save_figure(fig, path)
+
+
+def _plot_front(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]], path: Path) -> Path:
+    """Each cell at its mean samples/s and mean acc. AUC with both intervals as bars, the cells no
+    other beats in both joined by a line (the Pareto front of the means)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig.suptitle(f"{spec.name}: accuracy AUC vs samples/s (means over seeds, bars: {round(100 * CONFIDENCE)}% CI)")
+    palette = plt.get_cmap("tab10")
+    cells = cell_estimates(by_cell, "samples_per_s", "accuracy_auc")
+    points = [(x.mean, y.mean) for _, _, x, y in cells]
+    for i, (cell, n, x, y) in enumerate(cells):
+        ax.errorbar([x.mean], [y.mean], xerr=[x.half_width or 0.0], yerr=[y.half_width or 0.0], fmt="o", capsize=3,
+                    color=palette(i % 10), label=f"{cell.label} (n={n})")
+    front = sorted(points[i] for i in pareto_front(points))
+    if len(front) > 1:
+        ax.plot([x for x, _ in front], [y for _, y in front], "--", color="gray", label="front of the means")
+    ax.set_xlabel("samples/s (training loop)")
+    ax.set_ylabel("held-out sampled accuracy AUC")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
     return _save_figure(fig, path)
 
 

@@ -12,9 +12,24 @@ from pathlib import Path
 from asyncgrpo.runtime.files import write_atomic
 from asyncgrpo.study.pairing import pairing_section
 from asyncgrpo.study.plots import write_plots
-from asyncgrpo.study.results import RunResult, load_study, read_summary, runs_by_cell, value_at
+from asyncgrpo.study.results import (
+    RunResult,
+    cell_estimates,
+    load_study,
+    read_summary,
+    runs_by_cell,
+    value_at,
+)
 from asyncgrpo.study.spec import RUN_DEFAULTS, Cell, Spec
-from asyncgrpo.study.stats import CONFIDENCE, Estimate, is_number, mean_ci, paired_difference, paired_ratio
+from asyncgrpo.study.stats import (
+    CONFIDENCE,
+    Estimate,
+    is_number,
+    mean_ci,
+    paired_difference,
+    paired_ratio,
+    pareto_front,
+)
 
 # results.csv, after the grid keys and `seed`; `status` and `run_dir` last.
 RESULT_COLUMNS = (
@@ -132,6 +147,7 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
             estimates = [mean_ci([r.row[column] for r in runs]) for column, _ in metrics]
             rows.append([*cell.values.values(), str(len(runs)), *(_fmt_estimate(e) for e in estimates)])
         lines += [f"## {title}", "", *_table([*keys, "n", *(heading for _, heading in metrics)], rows), ""]
+    lines += _front_section(spec, results)
     lines += _differences_section(spec, results)
     if pairing := pairing_section(spec, results, _fmt_estimate):  # replay studies only
         lines += ["", *pairing]
@@ -172,6 +188,20 @@ def _differences_section(spec: Spec, results: list[RunResult]) -> list[str]:
     rows = _difference_rows(by_cell, baseline, base_runs, getters, compare=paired_ratio)
     lines += [*_table([*keys, "n pairs", *(f"ratio {heading}" for _, heading in RATIO_METRICS)], rows), ""]
     return lines + _over_training(by_cell, baseline, base_runs, keys)
+
+
+def _front_section(spec: Spec, results: list[RunResult]) -> list[str]:
+    """The cells on the front of mean samples/s and mean acc. AUC (plots/accuracy_auc_vs_samples_per_s.png)."""
+    cells = cell_estimates(runs_by_cell(spec, results), "samples_per_s", "accuracy_auc")
+    if len(cells) < 2:
+        return []
+    front = sorted(pareto_front([(x.mean, y.mean) for _, _, x, y in cells]), key=lambda i: cells[i][2].mean)
+    named = ", ".join(f"{cells[i][0].label} ({_fmt(cells[i][2].mean)} samples/s, acc. AUC {_fmt(cells[i][3].mean)})"
+                      for i in front)
+    return ["## Throughput and accuracy together", "",
+            "The cells no other cell beats in both mean samples/s and mean acc. AUC (the Pareto front of the "
+            f"means; their intervals are in the tables above), slowest first: {named}. "
+            "Figure: plots/accuracy_auc_vs_samples_per_s.png.", ""]
 
 
 def _row_value(column: str) -> Callable[[RunResult], float | None]:

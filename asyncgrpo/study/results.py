@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.study.spec import Cell, RunPlan, Spec, read_spec_file
-from asyncgrpo.study.stats import is_number
+from asyncgrpo.study.stats import Estimate, is_number, mean_ci
 
 FINISHED = "finished"  # summary.json's status of a run that reached its end
 # Curves kept per run, for the figures and the report's differences over training. Eval curves are
@@ -197,3 +197,14 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 def runs_by_cell(spec: Spec, results: list[RunResult]) -> list[tuple[Cell, list[RunResult]]]:
     """Each cell in grid order with its finished runs."""
     return [(cell, [r for r in results if r.finished and r.plan.cell == cell]) for cell in spec.cells()]
+
+
+def cell_estimates(by_cell: list[tuple[Cell, list[RunResult]]], x: str,
+                   y: str) -> list[tuple[Cell, int, Estimate, Estimate]]:
+    """Each cell whose finished runs logged both columns: its run count and the estimate of each over seeds."""
+    estimates = []
+    for cell, runs in by_cell:
+        ex, ey = mean_ci([r.row.get(x) for r in runs]), mean_ci([r.row.get(y) for r in runs])
+        if ex.mean is not None and ey.mean is not None:
+            estimates.append((cell, len(runs), ex, ey))
+    return estimates

@@ -159,3 +159,10 @@ def _variance(xs: Sequence[float]) -> float:
 def is_number(value: Any) -> bool:
     """A value that counts: a finite int or float (not a bool, NaN or a missing one)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both coordinates (higher or equal in both,
+    higher in one): the trade-offs worth having when both are wanted high (samples/s, accuracy)."""
+    return [i for i, (x, y) in enumerate(points)
+            if not any(ox >= x and oy >= y and (ox > x or oy > y) for ox, oy in points)]

@@ -30,7 +30,7 @@ from asyncgrpo.study.spec import (
     override_value,
     read_spec_file,
 )
-from asyncgrpo.study.stats import mean_ci, paired_difference, paired_ratio, t_quantile
+from asyncgrpo.study.stats import mean_ci, paired_difference, paired_ratio, pareto_front, t_quantile
 
 GRID_SPEC = {
     "name": "demo",
@@ -186,6 +186,22 @@ def test_paired_ratio_divides_by_seed_and_skips_seeds_missing_or_zero_on_the_bas
     assert estimate.half_width == pytest.approx(4.30265273 * 0.2 / math.sqrt(3), rel=1e-6)  # s of 1.5, 1.1, 1.3
 
 
+def test_pareto_front_keeps_the_points_no_other_beats_in_both_coordinates():
+    points = [(100.0, 0.30), (200.0, 0.25), (150.0, 0.20), (200.0, 0.20), (50.0, 0.30), (300.0, 0.10)]
+    # (150, 0.20) and (200, 0.20) lose to (200, 0.25); (50, 0.30) ties (100, 0.30) on accuracy and is slower.
+    assert pareto_front(points) == [0, 1, 5]
+    assert pareto_front([(1.0, 1.0), (1.0, 1.0)]) == [0, 1]  # equal points beat neither
+    assert pareto_front([]) == []
+
+
+def test_report_names_the_cells_on_the_front_of_samples_per_s_and_accuracy_auc(tmp_path):
+    run_study(Spec.parse(GRID_SPEC), tmp_path, runner=FakeRunner(), log=lambda _: None)
+    front = (tmp_path / "report.md").read_text().split("## Throughput and accuracy together")[1].split("##")[0]
+    # tis beats bypass in accuracy at equal samples/s; staleness 2 is faster (1.2x), staleness 0 more accurate.
+    assert ("slowest first: train.fixed_staleness=0 mode=tis (501 samples/s, acc. AUC 0.230), "
+            "train.fixed_staleness=2 mode=tis (601 samples/s, acc. AUC 0.210).") in front
+
+
 def test_paired_interval_is_narrower_than_unpaired_when_seeds_shift_both_cells():
     # Each seed moves both cells by the same amount (its warm start): pairing removes it.
     base = {s: 0.1 * s for s in range(5)}
@@ -308,7 +324,8 @@ def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
     bypass = next(r for r in rows if r["mode"] == "bypass")
     assert bypass["ess"] == ""  # no is/ess logged without algo.correction.is_level
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["accuracy_vs_samples.png", "entropy_vs_samples.png", "final_accuracy_vs_mode.png",
+    assert names == ["accuracy_auc_vs_samples_per_s.png", "accuracy_vs_samples.png", "entropy_vs_samples.png",
+                     "final_accuracy_vs_mode.png",
                      "final_accuracy_vs_train.fixed_staleness.png", "greedy_accuracy_vs_samples.png",
                      "greedy_gap_vs_samples.png", "length_vs_samples.png", "reward_vs_samples.png"]
 
