@@ -2,12 +2,11 @@
 the adapters and leave the base; a checkpoint resumes bit-exactly; the export is PEFT's adapter
 directory, and its merged model is what the learner pushes."""
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import socket
-
 import torch.multiprocessing as mp
 from learner_fixtures import (RESUME_LOSS_KEYS, full_grads, full_params, make_model_dir, max_abs_diff, rank_main,
                               step_groups, train_each)
@@ -16,6 +15,7 @@ from asyncgrpo.config import load
 from asyncgrpo.learner import lora
 from asyncgrpo.learner.export import checkpoint_weights, export_checkpoint
 from asyncgrpo.learner.learner import Learner
+from asyncgrpo.learner.rendezvous import spawner_store
 
 pytestmark = pytest.mark.slow
 
@@ -100,10 +100,8 @@ def test_two_lora_ranks_match_one(model_dir, tmp_path):
     """FSDP2 shards each decoder layer's frozen base and its adapters in one unit: the adapters'
     gradients, summed over two ranks, and so the step, equal one rank's."""
     overrides = [o for o in OVERRIDES if "dropout" not in o] + ["learner.grad_clip_norm=100"]  # no RNG, no clip
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(rank_main, args=(2, port, model_dir, [("lora2", overrides)], 2, str(tmp_path), 0), nprocs=2,
+    store = spawner_store(timedelta(seconds=120))  # held until the ranks are done
+    mp.start_processes(rank_main, args=(2, store.port, model_dir, [("lora2", overrides)], 2, str(tmp_path), 0), nprocs=2,
                        join=True, start_method="spawn")
     two = torch.load(tmp_path / "lora2.pt")
     one = Learner.from_config(load(overrides), model_dir)
