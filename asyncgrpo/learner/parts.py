@@ -18,7 +18,7 @@ from asyncgrpo.composition import (collective_timeout_s, pushed_adapters, run_re
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.publication import VersionRing
-from asyncgrpo.learner.rendezvous import meet_rank_zero
+from asyncgrpo.learner.rendezvous import meet_rank_zero, rank_store
 from asyncgrpo.learner.update import overlong_settings
 from asyncgrpo.queue.audit import TrainAudit
 from asyncgrpo.queue.filtering import SignalFilter
@@ -37,7 +37,7 @@ from asyncgrpo.schema import Config
 from asyncgrpo.tasks import run_stream_length
 from asyncgrpo.weights import make_sender, publication
 from asyncgrpo.wire import GrantRouter, Publisher, Receiver
-from asyncgrpo.wire.network import advertised, is_loopback, listening_socket
+from asyncgrpo.wire.network import advertised, is_loopback
 from asyncgrpo.wire.security import CurveServerKeys
 
 
@@ -51,19 +51,6 @@ def learner_device(cfg: Config) -> torch.device:
     if cfg.device == "cuda" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def rank_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
-               listener: socket.socket | None = None) -> dist.TCPStore:
-    """A rank's rendezvous store at `host`:`port`: rank 0 serves it on `listener`, or on a socket it
-    binds there itself (a TCPStore binds every interface unless handed a socket; port 0: the kernel
-    picks a free one as it binds, so no other process can take it in between); the others connect."""
-    if rank != 0:
-        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-    if listener is None:
-        listener = listening_socket(host, port)
-    return dist.TCPStore(host, listener.getsockname()[1], world_size, is_master=True, timeout=timeout,
-                         master_listen_fd=listener.detach())
 
 
 def join_process_group(cfg: Config, device: torch.device, rank: int, world_size: int, master_addr: str,

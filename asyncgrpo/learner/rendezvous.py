@@ -55,15 +55,27 @@ def meet_rank_zero(board: Any, rank: int, master_addr: str, timeout_s: float) ->
         raise RuntimeError(f"learner rank {rank}: rank 0 posted no rendezvous port within {timeout_s:.0f} s") from None
 
 
+def rank_store(host: str, port: int, rank: int, world_size: int | None, timeout: timedelta,
+               listener: socket.socket | None = None) -> Any:
+    """A rank's rendezvous store at `host`:`port`: rank 0 serves it on `listener`, or on a socket it
+    binds there itself (a TCPStore binds every interface unless handed a socket; port 0: the kernel
+    picks a free one as it binds, so no other process can take it in between); the others connect.
+    world_size None: rank 0 waits for nobody (a spawner's store, its ranks connecting later)."""
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    if listener is None:
+        listener = listening_socket(host, port)
+    return dist.TCPStore(host, listener.getsockname()[1], world_size, is_master=True, timeout=timeout,
+                         master_listen_fd=listener.detach())
+
+
 def spawner_store(timeout: timedelta, host: str = "127.0.0.1") -> Any:
     """A rendezvous store for ranks this process is about to spawn, served here on a loopback port
     the kernel picks as it binds (`store.port`): no port is chosen before it is held. Keep it
     until the ranks have finished."""
-    import torch.distributed as dist
-
-    listener = listening_socket(host, 0)
-    return dist.TCPStore(host, listener.getsockname()[1], None, is_master=True, timeout=timeout,
-                         wait_for_workers=False, master_listen_fd=listener.detach())
+    return rank_store(host, 0, 0, None, timeout)
 
 
 def join_spawner_store(port: int, rank: int, world_size: int, timeout: timedelta, host: str = "127.0.0.1") -> None:

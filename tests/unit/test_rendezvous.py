@@ -70,7 +70,7 @@ def test_two_ranks_meet_through_the_store_rank_zero_serves_on_its_bound_socket()
     import threading
     from datetime import timedelta
 
-    from asyncgrpo.learner.parts import rank_store
+    from asyncgrpo.learner.rendezvous import rank_store
     from asyncgrpo.wire.network import listening_socket
 
     listener = listening_socket("127.0.0.1")
@@ -89,7 +89,7 @@ def test_two_ranks_meet_through_the_store_rank_zero_serves_on_its_bound_socket()
 def test_a_single_rank_store_binds_a_loopback_port_the_kernel_picks():
     from datetime import timedelta
 
-    from asyncgrpo.learner.parts import rank_store
+    from asyncgrpo.learner.rendezvous import rank_store
 
     store = rank_store("127.0.0.1", 0, 0, 1, timedelta(seconds=30))
     assert store.port > 0
