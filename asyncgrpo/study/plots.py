@@ -12,7 +12,7 @@ from typing import Any
 
 from asyncgrpo.study.results import RunResult, cell_estimates, runs_by_cell
 from asyncgrpo.study.spec import Cell, Factor, Spec, safe_name
-from asyncgrpo.study.stats import CONFIDENCE, mean_ci, pareto_front
+from asyncgrpo.study.stats import CONFIDENCE, is_number, mean_ci, pareto_front
 
 
 # More curves per cell, drawn as accuracy_vs_samples.png is, when some run has them: (RunResult.curves
@@ -160,26 +160,46 @@ def _plot_factor(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]], factor
 
 
 def _plot_front(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]], path: Path) -> Path:
-    """Each cell at its mean samples/s and mean acc. AUC with both intervals as bars, the cells no
-    other beats in both joined by a line (the Pareto front of the means)."""
+    """Each cell at its mean samples/s and mean acc. AUC with both intervals as bars and each seed's
+    run as a faint dot, the cells no other beats in both joined by a line (the Pareto front of the
+    means). The axes span the runs, not the bars: with 2-3 seeds a t-interval is wider than the
+    whole study and would squash every point into one corner."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    fig.suptitle(f"{spec.name}: accuracy AUC vs samples/s (means over seeds, bars: {round(100 * CONFIDENCE)}% CI)")
+    fig.suptitle(f"{spec.name}: accuracy AUC vs samples/s (means over seeds, dots: runs, bars: "
+                 f"{round(100 * CONFIDENCE)}% CI, cut at the runs' range)", fontsize=10)
     palette = plt.get_cmap("tab10")
     cells = cell_estimates(by_cell, "samples_per_s", "accuracy_auc")
+    runs_of = {cell.label: runs for cell, runs in by_cell}
     points = [(x.mean, y.mean) for _, _, x, y in cells]
+    span_x, span_y = [x for x, _ in points], [y for _, y in points]
     for i, (cell, n, x, y) in enumerate(cells):
+        color = palette(i % 10)
+        seeds = [(r.row.get("samples_per_s"), r.row.get("accuracy_auc")) for r in runs_of[cell.label]]
+        seeds = [(sx, sy) for sx, sy in seeds if is_number(sx) and is_number(sy)]
+        ax.scatter([sx for sx, _ in seeds], [sy for _, sy in seeds], s=14, color=color, alpha=0.35, linewidths=0)
+        span_x += [sx for sx, _ in seeds]
+        span_y += [sy for _, sy in seeds]
         ax.errorbar([x.mean], [y.mean], xerr=[x.half_width or 0.0], yerr=[y.half_width or 0.0], fmt="o", capsize=3,
-                    color=palette(i % 10), label=f"{cell.label} (n={n})")
+                    color=color, label=f"{cell.label} (n={n})")
     front = sorted(points[i] for i in pareto_front(points))
     if len(front) > 1:
         ax.plot([x for x, _ in front], [y for _, y in front], "--", color="gray", label="front of the means")
+    ax.set_xlim(*_padded(span_x))
+    ax.set_ylim(*_padded(span_y))
     ax.set_xlabel("samples/s (training loop)")
     ax.set_ylabel("held-out sampled accuracy AUC")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return _save_figure(fig, path)
+
+
+def _padded(values: list[float], margin: float = 0.08) -> tuple[float, float]:
+    """The range of values widened by margin of its span on each side (a fixed pad when all are equal)."""
+    low, high = min(values), max(values)
+    pad = (high - low) * margin or max(abs(high) * margin, 1e-3)
+    return low - pad, high + pad
 
 
 def _save_figure(fig: Any, path: Path) -> Path:

@@ -202,6 +202,29 @@ def test_report_names_the_cells_on_the_front_of_samples_per_s_and_accuracy_auc(t
             "train.fixed_staleness=2 mode=tis (601 samples/s, acc. AUC 0.210).") in front
 
 
+def test_front_figure_draws_each_run_and_spans_the_runs_not_the_two_seed_intervals(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from asyncgrpo.study import plots
+
+    spec = Spec.parse(GRID_SPEC)
+    # Two seeds a cell: a t-interval (t = 12.7) many times wider than the spread of the runs.
+    values = [[(100.0, 0.20), (110.0, 0.22)], [(200.0, 0.25), (190.0, 0.24)], [(150.0, 0.10), (160.0, 0.12)]]
+    by_cell = [(cell, [SimpleNamespace(row={"samples_per_s": x, "accuracy_auc": y}) for x, y in runs])
+               for cell, runs in zip(spec.cells(), values)]
+    drawn = {}
+    monkeypatch.setattr(plots, "_save_figure", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    plots._plot_front(spec, by_cell, tmp_path / "front.png")
+    ax = drawn["fig"].axes[0]
+    dots = [c for c in ax.collections if c.get_offsets().shape[0] == 2]  # a scatter per cell, a dot per run
+    assert sorted(tuple(map(tuple, d.get_offsets().tolist())) for d in dots) == sorted(
+        tuple(runs) for runs in values)
+    low, high = ax.get_xlim()
+    assert 90 < low < 100 and 200 < high < 210  # the runs with a margin, not mean +- 12.7 s / sqrt(2)
+    low, high = ax.get_ylim()
+    assert 0.08 < low < 0.10 and 0.25 < high < 0.27
+
+
 def test_paired_interval_is_narrower_than_unpaired_when_seeds_shift_both_cells():
     # Each seed moves both cells by the same amount (its warm start): pairing removes it.
     base = {s: 0.1 * s for s in range(5)}
