@@ -68,18 +68,24 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean over n values with its confidence interval (no interval for n < 2)."""
+    """A mean over n values with its confidence interval (no interval for n < 2): mean +- half_width,
+    or `bounds` where the interval is not symmetric about the mean (a ratio's, `paired_ratio`)."""
 
     n: int
     mean: float | None
     half_width: float | None
+    bounds: tuple[float, float] | None = None
 
     @property
     def low(self) -> float | None:
+        if self.bounds is not None:
+            return self.bounds[0]
         return None if self.mean is None or self.half_width is None else self.mean - self.half_width
 
     @property
     def high(self) -> float | None:
+        if self.bounds is not None:
+            return self.bounds[1]
         return None if self.mean is None or self.half_width is None else self.mean + self.half_width
 
 
@@ -106,11 +112,18 @@ def paired_difference(cell: dict[int, float | None], baseline: dict[int, float |
 
 def paired_ratio(cell: dict[int, float | None], baseline: dict[int, float | None],
                  confidence: float = CONFIDENCE) -> Estimate:
-    """Mean of cell / baseline over the seeds both have a value for (the baseline's above 0), with
-    its t-interval: throughput compared as a ratio, which scales out how loaded the machine was while
-    a seed's runs ran (a study runs every cell at a seed before the next seed)."""
-    seeds = [s for s in cell if is_number(cell[s]) and is_number(baseline.get(s)) and float(baseline[s]) > 0]  # type: ignore[arg-type]
-    return mean_ci([float(cell[s]) / float(baseline[s]) for s in seeds], confidence)  # type: ignore[arg-type]
+    """The geometric mean of cell / baseline over the seeds both have a value above 0 for, with the
+    t-interval of the log-ratios exponentiated: throughput compared as a ratio, which scales out how
+    loaded the machine was while a seed's runs ran (a study runs every cell at a seed before the next
+    seed). On the log scale the interval stays above 0 and a cell's ratio to the baseline is the
+    inverse of the baseline's to the cell, which neither holds for a mean of ratios."""
+    seeds = [s for s in cell if is_number(cell[s]) and is_number(baseline.get(s))
+             and float(cell[s]) > 0 and float(baseline[s]) > 0]  # type: ignore[arg-type]
+    logs = mean_ci([math.log(float(cell[s]) / float(baseline[s])) for s in seeds], confidence)  # type: ignore[arg-type]
+    if logs.mean is None:
+        return logs
+    bounds = None if logs.half_width is None else (math.exp(logs.low), math.exp(logs.high))  # type: ignore[arg-type]
+    return Estimate(logs.n, math.exp(logs.mean), None, bounds)
 
 
 @dataclass(frozen=True)

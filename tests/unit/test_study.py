@@ -178,12 +178,25 @@ def test_paired_difference_pairs_by_seed_and_skips_seeds_missing_on_either_side(
     assert estimate.half_width == pytest.approx(4.30265273 * 0.0577350269 / math.sqrt(3), rel=1e-6)
 
 
-def test_paired_ratio_divides_by_seed_and_skips_seeds_missing_or_zero_on_the_baseline():
-    cell = {0: 300.0, 1: 330.0, 2: 260.0, 3: 100.0}
-    base = {0: 200.0, 1: 300.0, 2: 200.0, 3: 0.0}  # seed 3's baseline has no throughput: no ratio
+def test_paired_ratio_is_the_geometric_mean_by_seed_and_skips_seeds_missing_or_zero_on_either_side():
+    cell = {0: 300.0, 1: 330.0, 2: 260.0, 3: 100.0, 5: 0.0, 6: 50.0}
+    base = {0: 200.0, 1: 300.0, 2: 200.0, 3: 0.0, 4: 100.0, 5: 10.0}  # 3, 5: a zero; 4, 6: one side only
     estimate = paired_ratio(cell, base)
-    assert estimate.n == 3 and estimate.mean == pytest.approx((1.5 + 1.1 + 1.3) / 3)
-    assert estimate.half_width == pytest.approx(4.30265273 * 0.2 / math.sqrt(3), rel=1e-6)  # s of 1.5, 1.1, 1.3
+    logs = [math.log(1.5), math.log(1.1), math.log(1.3)]
+    mean, s = sum(logs) / 3, math.sqrt(sum((x - sum(logs) / 3) ** 2 for x in logs) / 2)
+    half = 4.30265273 * s / math.sqrt(3)
+    assert estimate.n == 3 and estimate.mean == pytest.approx(math.exp(mean))
+    assert (estimate.low, estimate.high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)), rel=1e-6)
+
+
+def test_paired_ratio_interval_stays_above_zero_and_inverts_with_the_sides_swapped():
+    # Ratios 0.5 and 4: a symmetric interval on their plain mean (2.25) would reach far below 0.
+    cell, base = {0: 50.0, 1: 400.0}, {0: 100.0, 1: 100.0}
+    forward, backward = paired_ratio(cell, base), paired_ratio(base, cell)
+    assert forward.low > 0 and forward.low < forward.mean < forward.high
+    assert forward.mean == pytest.approx(1 / backward.mean)
+    assert (forward.low, forward.high) == pytest.approx((1 / backward.high, 1 / backward.low))
+    assert paired_ratio({0: 2.0}, {0: 1.0}).low is None  # one pair: no interval
 
 
 def test_pareto_front_keeps_the_points_no_other_beats_in_both_coordinates():
@@ -223,6 +236,9 @@ def test_front_figure_draws_each_run_and_spans_the_runs_not_the_two_seed_interva
     assert 90 < low < 100 and 200 < high < 210  # the runs with a margin, not mean +- 12.7 s / sqrt(2)
     low, high = ax.get_ylim()
     assert 0.08 < low < 0.10 and 0.25 < high < 0.27
+    import matplotlib.pyplot as plt
+
+    plt.close(drawn["fig"])
 
 
 def test_paired_interval_is_narrower_than_unpaired_when_seeds_shift_both_cells():
@@ -285,7 +301,7 @@ def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3,
         records.append({"step": steps, "eval/accuracy": end, "eval/greedy_accuracy": end + 0.2, "eval/when": "end"})
     (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"status": status, "steps": steps, "samples": 128 * steps, "wall_s": 60.0 + plan.seed,
-               "train_s": 20.0, "samples_per_s": (500.0 + plan.seed) * (1 + 0.1 * staleness), "eval_accuracy_start": 0.1,
+               "train_s": 20.0 / (1 + 0.1 * staleness), "samples_per_s": (500.0 + plan.seed) * (1 + 0.1 * staleness), "eval_accuracy_start": 0.1,
                "eval_greedy_accuracy_start": 0.3, "staleness_max": min(steps - 1, staleness)}
     if engines_reused is not None:
         summary["engines_reused"] = engines_reused
@@ -338,7 +354,7 @@ def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
     assert float(row["eval_accuracy_end"]) == pytest.approx(end)
     assert float(row["eval_greedy_accuracy_end"]) == pytest.approx(end + 0.2)
     assert float(row["accuracy_auc"]) == pytest.approx((0.1 + end) / 2)  # start and end evals only
-    assert float(row["samples_per_s"]) == pytest.approx(501.0 * 1.2) and float(row["wall_s"]) == 61.0 and float(row["train_s"]) == 20.0
+    assert float(row["samples_per_s"]) == pytest.approx(501.0 * 1.2) and float(row["wall_s"]) == 61.0 and float(row["train_s"]) == pytest.approx(20.0 / 1.2)
     assert float(row["staleness_mean"]) == pytest.approx((0 + 1 + 2) / 3)  # warm-up steps 0, 1, then 2
     assert float(row["staleness_max"]) == 2
     assert float(row["clipfrac"]) == pytest.approx(0.02)
@@ -369,10 +385,11 @@ def test_report_gives_per_cell_means_with_intervals_and_paired_differences_again
     # Paired against staleness 0 bypass: the seed effect cancels, every difference is 0.01: s = 0, no width.
     line = next(x for x in differences.splitlines() if x.startswith("| 2 | tis | 3 |"))
     assert "+0.010 [0.010, 0.010]" in line
-    # samples/s paired as a ratio: (500 + seed) x 1.2 over (500 + seed) is 1.2 on every seed.
-    ratios = differences.split("| n pairs | ratio samples/s | ratio wall s |")[1]
+    # samples/s paired as a ratio: (500 + seed) x 1.2 over (500 + seed) is 1.2 on every seed; the
+    # training loop's seconds, 20 / 1.2 over 20.
+    ratios = differences.split("| n pairs | ratio samples/s | ratio train s |")[1]
     line = next(x for x in ratios.splitlines() if x.startswith("| 2 | tis | 3 |"))
-    assert line.endswith("| 1.200 [1.200, 1.200] | 1.000 [1.000, 1.000] |")
+    assert line.endswith("| 1.200 [1.200, 1.200] | 0.833 [0.833, 0.833] |")
     assert "Baseline: train.fixed_staleness=0 mode=bypass" in report
 
 
