@@ -45,9 +45,12 @@ def meet_rank_zero(board: Any, rank: int, master_addr: str, timeout_s: float) ->
         port = listener.getsockname()[1]
         try:
             ray.get(board.post.remote(port), timeout=timeout_s)
-        except GetTimeoutError:
+        except BaseException as error:  # the board's actor dead too: no socket left listening
             listener.close()
-            raise RuntimeError(f"learner rank 0: the rendezvous board took no port within {timeout_s:.0f} s") from None
+            if isinstance(error, GetTimeoutError):
+                raise RuntimeError(f"learner rank 0: the rendezvous board took no port within {timeout_s:.0f} s") \
+                    from None
+            raise
         return port, listener
     try:
         return int(ray.get(board.port.remote(), timeout=timeout_s)), None

@@ -60,6 +60,28 @@ def test_rank_zero_whose_post_is_not_taken_in_time_fails_in_one_line(monkeypatch
         meet_rank_zero(board, 0, "127.0.0.1", 3.0)
 
 
+def test_rank_zero_closes_its_listening_socket_when_the_board_is_dead(monkeypatch):
+    import ray
+    from ray.exceptions import RayActorError
+
+    opened: list[socket.socket] = []
+    real_socket = socket.socket
+
+    def recording_socket(*args, **kwargs):
+        opened.append(real_socket(*args, **kwargs))
+        return opened[-1]
+
+    def dead(ref, timeout=None):
+        raise RayActorError()
+
+    monkeypatch.setattr(socket, "socket", recording_socket)
+    monkeypatch.setattr(ray, "get", dead)
+    board = type("Board", (), {"post": _Call(lambda port: None)})()
+    with pytest.raises(RayActorError):
+        meet_rank_zero(board, 0, "127.0.0.1", 3.0)
+    assert len(opened) == 1 and opened[0].fileno() == -1  # closed, not left listening
+
+
 def test_a_rank_waiting_for_a_port_never_posted_fails_in_one_line(monkeypatch):
     board = _board_that_never_answers(monkeypatch)
     with pytest.raises(RuntimeError, match=r"^learner rank 2: rank 0 posted no rendezvous port within 3 s$"):
