@@ -201,10 +201,12 @@ def runs_by_cell(spec: Spec, results: list[RunResult]) -> list[tuple[Cell, list[
 
 def cell_estimates(by_cell: list[tuple[Cell, list[RunResult]]], x: str,
                    y: str) -> list[tuple[Cell, int, Estimate, Estimate]]:
-    """Each cell whose finished runs logged both columns: its run count and the estimate of each over seeds."""
+    """Each cell whose finished runs logged both columns: how many runs logged both, and the estimate
+    of each column over seeds."""
     estimates = []
     for cell, runs in by_cell:
         ex, ey = mean_ci([r.row.get(x) for r in runs]), mean_ci([r.row.get(y) for r in runs])
         if ex.mean is not None and ey.mean is not None:
-            estimates.append((cell, len(runs), ex, ey))
+            both = sum(1 for r in runs if is_number(r.row.get(x)) and is_number(r.row.get(y)))
+            estimates.append((cell, both, ex, ey))
     return estimates
