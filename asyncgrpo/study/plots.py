@@ -167,7 +167,7 @@ def _plot_front(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]], path: P
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    fig.suptitle(f"{spec.name}: accuracy AUC vs samples/s (means over seeds, dots: runs, bars: "
+    fig.suptitle(f"{spec.name}: accuracy AUC vs samples/s\n(means over seeds, dots: runs, bars: "
                  f"{round(100 * CONFIDENCE)}% CI, cut at the runs' range)", fontsize=10)
     palette = plt.get_cmap("tab10")
     cells = cell_estimates(by_cell, "samples_per_s", "accuracy_auc")
