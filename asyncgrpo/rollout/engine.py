@@ -285,11 +285,11 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         # "in_place" (CPU, in-process engine, weights kept unpacked) or "reload" (vLLM's reload).
         self.weight_load_path = "reload"
-        # vLLM's LoRA path: the adapter every request names, set once; None serves the model alone.
-        self._served: _ServedAdapter | None = None if adapter is None else _ServedAdapter.of(adapter)
-        self._max_lora_rank = 0 if adapter is None else adapter.max_lora_rank
+        # vLLM's LoRA path: the adapter every request names (`serve_adapter`); None serves the model alone.
+        self._served: _ServedAdapter | None = None
+        self._max_lora_rank = 0 if adapter is None else adapter.max_lora_rank  # the slot vLLM sized
         if adapter is not None:
-            self.load_adapter(adapter.initial)  # before any request names it
+            self.serve_adapter(adapter)  # before any request names it
         if wants_in_place and self._in_place_loads_work(model_dir):
             self.weight_load_path = "in_place"
 
@@ -447,11 +447,11 @@ class VLLMEngine:
         return None if self._served is None else self._served.request
 
     def serve_adapter(self, adapter: EngineAdapter) -> None:
-        """A pooled engine taken by another run: every request runs from now on through that run's
-        adapter, built with its PEFT config (alpha, target modules: another run may differ in them)
+        """A new engine, or a pooled one taken by another run: every request runs from now on through
+        that run's adapter, built with its PEFT config (alpha, target modules: another run may differ in them)
         and starting from its initial tensors. The engine's LoRA slot was sized when it was built; an
         adapter of a larger rank needs another engine (the pool's engine_key keeps ranks apart)."""
-        if self._served is None:
+        if not self._max_lora_rank:
             raise RuntimeError("serve_adapter on an engine built without an adapter (rollout.lora_apply=merge)")
         if int(adapter.peft_config["r"]) > self._max_lora_rank:
             raise ValueError(f"this engine holds adapters of rank <= {self._max_lora_rank}, not "
