@@ -17,6 +17,7 @@
     predict_cluster     the simulator on GPU clusters no one here can run
     dispatch_study      uneven generators under tickets against each alone, simulated
     probe_vllm_lora     vLLM's LoRA path vs merging adapters in place, measured (docs/LORA.md)
+    study_pairs         any two cells of finished studies paired by seed, within one study or across two
 
 gpu_check.sh, beside them, is the checks that need an NVIDIA GPU as one shell script.
 """
