@@ -15,14 +15,18 @@ from asyncgrpo.study.spec import Cell, Factor, Spec, safe_name
 from asyncgrpo.study.stats import CONFIDENCE, is_number, mean_ci, pareto_front
 
 
+ACCURACY_RANGE = (0.0, 1.0)  # a fraction of problems: its bands and bars are cut there
+GAP_RANGE = (-1.0, 1.0)  # a difference of two accuracies
+
 # More curves per cell, drawn as accuracy_vs_samples.png is, when some run has them: (RunResult.curves
-# name, what it is, file, markers at the points: the eval curves have a point per evaluation).
+# name, what it is, file, markers at the points: the eval curves have a point per evaluation, the
+# range the value cannot leave or None).
 CURVE_FIGURES = (
-    ("greedy_accuracy", "held-out greedy accuracy", "greedy_accuracy_vs_samples.png", True),
-    ("greedy_gap", "held-out greedy - sampled accuracy", "greedy_gap_vs_samples.png", True),
-    ("policy/entropy", "policy entropy (policy/entropy per step, nats/token)", "entropy_vs_samples.png", False),
+    ("greedy_accuracy", "held-out greedy accuracy", "greedy_accuracy_vs_samples.png", True, ACCURACY_RANGE),
+    ("greedy_gap", "held-out greedy - sampled accuracy", "greedy_gap_vs_samples.png", True, GAP_RANGE),
+    ("policy/entropy", "policy entropy (policy/entropy per step, nats/token)", "entropy_vs_samples.png", False, None),
     ("response/length_mean", "completion length (response/length_mean per step, tokens)",
-     "length_vs_samples.png", False),
+     "length_vs_samples.png", False, None),
 )
 
 
@@ -40,13 +44,14 @@ def write_plots(spec: Spec, results: list[RunResult], out: Path) -> list[Path]:
     by_cell = runs_by_cell(spec, results)
     written = [
         _plot_curves(spec, by_cell, lambda r: r.eval_curve, "held-out sampled accuracy", out / "accuracy_vs_samples.png",
-                     markers=True),
+                     markers=True, limits=ACCURACY_RANGE),
         _plot_curves(spec, by_cell, lambda r: r.reward_curve, "training reward (reward/mean per step)",
                      out / "reward_vs_samples.png", markers=False),
     ]
-    for name, what, file, markers in CURVE_FIGURES:
+    for name, what, file, markers, limits in CURVE_FIGURES:
         if any(r.curves.get(name) for _, runs in by_cell for r in runs):  # a run that logs none draws none
-            written.append(_plot_curves(spec, by_cell, _curve(name), what, out / file, markers=markers))
+            written.append(_plot_curves(spec, by_cell, _curve(name), what, out / file, markers=markers,
+                                        limits=limits))
     for factor in spec.factors:
         path = out / f"final_accuracy_vs_{safe_name(factor.key)}.png"
         written.append(_plot_factor(spec, by_cell, factor, path))
@@ -68,8 +73,11 @@ def _panels(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]]) -> dict[str
     return panels
 
 
-def _band(curves: list[list[tuple[float, float]]]) -> tuple[Any, Any, Any] | None:
-    """Seeds' curves on a shared x grid: mean and the CI's low and high (the mean alone for one seed)."""
+def _band(curves: list[list[tuple[float, float]]],
+          limits: tuple[float, float] | None = None) -> tuple[Any, Any, Any] | None:
+    """Seeds' curves on a shared x grid: mean and the CI's low and high (the mean alone for one seed),
+    the CI cut at `limits` (with 2 seeds t = 12.7 takes an accuracy's interval far below 0 and above 1,
+    and the axis with it, flattening every curve)."""
     import numpy as np
 
     curves = [c for c in curves if c]
@@ -83,24 +91,29 @@ def _band(curves: list[list[tuple[float, float]]]) -> tuple[Any, Any, Any] | Non
     mean = np.asarray([e.mean for e in estimates])
     low = np.asarray([e.low if e.low is not None else e.mean for e in estimates])
     high = np.asarray([e.high if e.high is not None else e.mean for e in estimates])
+    if limits is not None:
+        low, high = np.clip(low, *limits), np.clip(high, *limits)
     return grid, mean, (low, high)
 
 
 def _plot_curves(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]],
                  curve: Callable[[RunResult], list[tuple[float, float]]], what: str, path: Path,
-                 markers: bool) -> Path:
+                 markers: bool, limits: tuple[float, float] | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     panels = _panels(spec, by_cell)
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
-    fig.suptitle(f"{spec.name}: {what} vs samples (mean over seeds, band: {round(100 * CONFIDENCE)}% CI)")
+    cut = f", cut at {limits[0]:g} and {limits[1]:g}" if limits is not None else ""
+    # Two lines: one panel is 5.5 inches wide, and a long study name with the caption would not fit.
+    fig.suptitle(f"{spec.name}: {what} vs samples\n(mean over seeds, band: {round(100 * CONFIDENCE)}% CI{cut})",
+                 fontsize=10)
     palette = plt.get_cmap("tab10")
     for ax, (title, cells) in zip(axes.flat, panels.items()):
         drawn = False
         for i, (cell, runs) in enumerate(cells):
-            band = _band([curve(r) for r in runs])
+            band = _band([curve(r) for r in runs], limits)
             if band is None:
                 continue
             x, mean, (low, high) = band
@@ -133,22 +146,24 @@ def _plot_factor(spec: Spec, by_cell: list[tuple[Cell, list[RunResult]]], factor
         lines.setdefault(others or spec.name, {})[cell.levels[index][1].label] = runs
     labels = [level.label for level in factor.levels]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
-    fig.suptitle(f"{spec.name}: final held-out accuracy vs {factor.key} (mean over seeds, bars: "
-                 f"{round(100 * CONFIDENCE)}% CI)")
+    fig.suptitle(f"{spec.name}: final held-out accuracy vs {factor.key}\n(mean over seeds, bars: "
+                 f"{round(100 * CONFIDENCE)}% CI, cut at 0 and 1)", fontsize=10)
     palette = plt.get_cmap("tab10")
     width = 0.6 / max(1, len(lines))
     for ax, (column, what) in zip(axes.flat, (("eval_accuracy_end", "sampled"), ("eval_greedy_accuracy_end", "greedy"))):
         for i, (name, per_level) in enumerate(lines.items()):
-            xs, means, errors = [], [], []
+            xs, means, below, above = [], [], [], []
             for j, label in enumerate(labels):
                 estimate = mean_ci([r.row[column] for r in per_level.get(label, [])])
                 if estimate.mean is None:
                     continue
                 xs.append(j + (i - (len(lines) - 1) / 2) * width)  # side by side, not on top of each other
                 means.append(estimate.mean)
-                errors.append(estimate.half_width or 0.0)
+                half = estimate.half_width or 0.0  # cut at [0, 1], as the curves' bands are
+                below.append(min(half, max(0.0, estimate.mean - ACCURACY_RANGE[0])))
+                above.append(min(half, max(0.0, ACCURACY_RANGE[1] - estimate.mean)))
             if xs:
-                ax.errorbar(xs, means, yerr=errors, fmt="-o", capsize=3, color=palette(i % 10), label=name,
+                ax.errorbar(xs, means, yerr=[below, above], fmt="-o", capsize=3, color=palette(i % 10), label=name,
                             markersize=4)
         ax.set_xticks(range(len(labels)), labels, rotation=20 if max(map(len, labels)) > 6 else 0, fontsize=8)
         ax.set_xlabel(factor.key)

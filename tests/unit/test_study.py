@@ -241,6 +241,30 @@ def test_front_figure_draws_each_run_and_spans_the_runs_not_the_two_seed_interva
     plt.close(drawn["fig"])
 
 
+def test_accuracy_bands_over_two_seeds_stay_within_0_and_1_and_so_does_the_axis(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from asyncgrpo.study import plots
+
+    # Two seeds that part ways: 0.9 and 0.0 at the end, a t-interval (t = 12.7) from -5 to +6.
+    curves = [[(0.0, 0.15), (100.0, 0.9)], [(0.0, 0.15), (100.0, 0.0)]]
+    x, mean, (low, high) = plots._band(curves, plots.ACCURACY_RANGE)
+    assert mean[-1] == pytest.approx(0.45) and low[-1] == 0.0 and high[-1] == 1.0
+    assert plots._band(curves)[2][0][-1] < -1  # uncut without limits (a reward's or a length's band)
+
+    spec = Spec.parse(GRID_SPEC)
+    by_cell = [(cell, [SimpleNamespace(eval_curve=c) for c in curves]) for cell in spec.cells()[:1]]
+    drawn = {}
+    monkeypatch.setattr(plots, "_save_figure", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    plots._plot_curves(spec, by_cell, lambda r: r.eval_curve, "held-out sampled accuracy", tmp_path / "a.png",
+                       markers=True, limits=plots.ACCURACY_RANGE)
+    low, high = drawn["fig"].axes[0].get_ylim()
+    assert -0.1 < low <= 0.0 and 1.0 <= high < 1.1
+    import matplotlib.pyplot as plt
+
+    plt.close(drawn["fig"])
+
+
 def test_paired_interval_is_narrower_than_unpaired_when_seeds_shift_both_cells():
     # Each seed moves both cells by the same amount (its warm start): pairing removes it.
     base = {s: 0.1 * s for s in range(5)}
