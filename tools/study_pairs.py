@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.study.report import DIFFERENCE_METRICS, RATIO_METRICS
+from asyncgrpo.study.report import DIFFERENCE_METRICS, RATIO_METRICS, markdown_table
 from asyncgrpo.study.stats import Estimate, paired_difference, paired_ratio
 
 
@@ -129,12 +129,9 @@ def _fmt(estimate: dict[str, Any], ratio: bool) -> str:
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     header = ["A", "B", "pairs"] + [f"{name} A/B" for _, name in RATIO_METRICS] + [f"{name} A-B" for _, name in DIFFERENCE_METRICS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        cells = [row["a"], row["b"], str(len(row["seeds"]))]
-        cells += [_fmt(row[c], True) for c, _ in RATIO_METRICS] + [_fmt(row[c], False) for c, _ in DIFFERENCE_METRICS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return markdown_table(header, [
+        [row["a"], row["b"], str(len(row["seeds"]))] + [_fmt(row[c], True) for c, _ in RATIO_METRICS]
+        + [_fmt(row[c], False) for c, _ in DIFFERENCE_METRICS] for row in rows])
 
 
 def main(argv: list[str] | None = None) -> int:

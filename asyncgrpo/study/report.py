@@ -110,7 +110,8 @@ def _fmt_estimate(estimate: Estimate, signed: bool = False, bold: bool = False) 
     return text
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines: the header, its rule, a line per row (also tools/study_pairs.py's)."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
@@ -148,7 +149,7 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
         for cell, runs in runs_by_cell(spec, results):
             estimates = [mean_ci([r.row[column] for r in runs]) for column, _ in metrics]
             rows.append([*cell.values.values(), str(len(runs)), *(_fmt_estimate(e) for e in estimates)])
-        lines += [f"## {title}", "", *_table([*keys, "n", *(heading for _, heading in metrics)], rows), ""]
+        lines += [f"## {title}", "", *markdown_table([*keys, "n", *(heading for _, heading in metrics)], rows), ""]
     lines += _front_section(spec, results)
     lines += _differences_section(spec, results)
     if pairing := pairing_section(spec, results, _fmt_estimate):  # replay studies only
@@ -186,10 +187,10 @@ def _differences_section(spec: Spec, results: list[RunResult]) -> list[str]:
     for metrics in (DIFFERENCE_METRICS, POLICY_METRICS):
         getters = [_row_value(column) for column, _ in metrics]
         rows = _difference_rows(by_cell, baseline, base_runs, getters)
-        lines += [*_table([*keys, "n pairs", *(f"diff. {heading}" for _, heading in metrics)], rows), ""]
+        lines += [*markdown_table([*keys, "n pairs", *(f"diff. {heading}" for _, heading in metrics)], rows), ""]
     getters = [_row_value(column) for column, _ in RATIO_METRICS]
     rows = _difference_rows(by_cell, baseline, base_runs, getters, compare=paired_ratio)
-    lines += [*_table([*keys, "n pairs", *(f"ratio {heading}" for _, heading in RATIO_METRICS)], rows), ""]
+    lines += [*markdown_table([*keys, "n pairs", *(f"ratio {heading}" for _, heading in RATIO_METRICS)], rows), ""]
     return lines + _over_training(by_cell, baseline, base_runs, keys)
 
 
@@ -247,7 +248,7 @@ def _over_training(by_cell: list[tuple[Cell, list[RunResult]]], baseline: Cell, 
              "support a difference.", ""]
     for name, heading in OVER_TRAINING:
         rows = _difference_rows(by_cell, baseline, base_runs, [_curve_value(name, step) for step in steps], bold=True)
-        lines += [f"### {heading}", "", *_table([*keys, "n pairs", *(f"step {step:g}" for step in steps)], rows), ""]
+        lines += [f"### {heading}", "", *markdown_table([*keys, "n pairs", *(f"step {step:g}" for step in steps)], rows), ""]
     return lines
 
 
