@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.study.report import DIFFERENCE_METRICS, RATIO_METRICS, markdown_table
+from asyncgrpo.study.report import DIFFERENCE_METRICS, RATIO_METRICS, ROUNDING, markdown_table
 from asyncgrpo.study.stats import Estimate, paired_difference, paired_ratio
 
 
@@ -80,7 +80,13 @@ def cell_runs(side: str) -> dict[int, dict[str, str]]:
     path = results_path(study)
     factors, rows = read_rows(path)
     cell = parse_cell(cell_text, factors, str(path))
-    runs = {int(row["seed"]): row for row in rows if all(row[k] == v for k, v in cell.items())}
+    matching = [row for row in rows if all(row[k] == v for k, v in cell.items())]
+    runs = {int(row["seed"]): row for row in matching}
+    if len(runs) < len(matching):
+        seeds = sorted(int(row["seed"]) for row in matching)
+        twice = sorted({s for s in seeds if seeds.count(s) > 1})
+        raise PairError(f"{path}: cell {cell_text!r} has more than one finished run of seed(s) {twice}; "
+                        "which one to pair is not clear")
     if not runs:
         values = sorted({",".join(f"{k}={row[k]}" for k in factors) for row in rows})
         raise PairError(f"{path}: no finished run of cell {cell_text!r}; its cells: {values}")
@@ -123,7 +129,9 @@ def _fmt(estimate: dict[str, Any], ratio: bool) -> str:
     if estimate["low"] is None:
         return text
     text += " [" + ", ".join((("{:.2f}" if ratio else "{:+.3f}").format(v)) for v in (estimate["low"], estimate["high"])) + "]"
-    separated = estimate["low"] > 1 or estimate["high"] < 1 if ratio else estimate["low"] > 0 or estimate["high"] < 0
+    # The report's margin for float rounding: equal values paired are not exactly 0 apart (or 1x).
+    null = 1.0 if ratio else 0.0
+    separated = estimate["low"] > null + ROUNDING or estimate["high"] < null - ROUNDING
     return f"**{text}**" if separated else text
 
 
