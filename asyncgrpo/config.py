@@ -440,13 +440,16 @@ def _checkpoint_rules(cfg: Config) -> None:
 
 
 def _optimizer_rules(cfg: Config) -> None:
-    """learner.*: the learning rate, its schedule, the micro-batches."""
+    """learner.*: the learning rate, its schedule, the mini- and micro-batches."""
     learner = cfg.learner
     require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
     require(learner.lr_schedule in LR_SCHEDULES, "learner.lr_schedule", one_of(LR_SCHEDULES), learner.lr_schedule)
     require(0 <= learner.min_lr_ratio <= 1, "learner.min_lr_ratio", "must be in [0, 1]", learner.min_lr_ratio)
     require(learner.micro_batch_tokens >= 0, "learner.micro_batch_tokens", "must be >= 0", learner.micro_batch_tokens)
+    require(1 <= learner.mini_batches <= cfg.train.groups_per_step, "learner.mini_batches",
+            f"must be in [1, train.groups_per_step={cfg.train.groups_per_step}] (a mini-batch is whole groups)",
+            learner.mini_batches)
 
 
 def _lora_rules(cfg: Config) -> None:

@@ -292,6 +292,11 @@ class LearnerConfig:
     num_cpus_per_rank: float = 1.0
     # Tokens per rank per forward pass; 0 = the whole step in one pass.
     micro_batch_tokens: int = 0
+    # Optimizer steps per learner step (PPO's mini-batches; verl's ppo_mini_batch_size as a count):
+    # the step's groups dealt into this many shares, each its own loss mean and optimizer step. The
+    # step stays one policy version (one push), the proximal anchor of algo.mode=decoupled|naive is
+    # the weights before the first, and the lr schedule steps once. 1 = one step per batch.
+    mini_batches: int = 1
     # Fill micro-batches longest rows first, so rows of similar length share one (less padding).
     bucket_by_length: bool = True
     # Recompute each decoder layer's activations in the backward pass instead of storing them.

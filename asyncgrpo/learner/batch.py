@@ -151,6 +151,18 @@ _INT_FIELDS = ("input_ids", "attention_mask", "logit_index", "targets", "token_v
 _FLOAT_FIELDS = ("mask", "rollout_logp", "rewards", "truncated")
 
 
+def mini_batch_rows(group_index: Sequence[int], count: int) -> list[list[int]]:
+    """The rows of each of `count` mini-batches (learner.mini_batches): whole groups, dealt in turn
+    in order of first appearance (group j to mini-batch j mod count), so each mini-batch mixes the
+    batch's order (arrival, staleness) alike. Empty mini-batches (fewer groups than `count`) are left out.
+    """
+    slot: dict[int, int] = {}
+    rows: list[list[int]] = [[] for _ in range(max(1, count))]
+    for row, group in enumerate(group_index):
+        rows[slot.setdefault(int(group), len(slot) % len(rows))].append(row)
+    return [share for share in rows if share]
+
+
 def rank_shares(batch: Batch, world_size: int) -> list[list[int]]:
     """Whole groups, contiguous, to each rank, balanced by (unpadded) tokens.
 

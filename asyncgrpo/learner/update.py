@@ -1,13 +1,15 @@
-"""One optimizer step of GRPO on a batch: advantages, under algo.mode=decoupled|naive the proximal
-log-probs (one forward pass without gradient, before the gradient micro-batches), the loss over
-token-budget micro-batches with global denominators, gradient clipping, the optimizer and schedule
-steps. The loss itself, per mode, is asyncgrpo.algo's; this module only orchestrates, and reads the
-algo section into the loss's settings once per step (`loss_settings`).
+"""One learner step of GRPO on a batch: advantages, under algo.mode=decoupled|naive the proximal
+log-probs (one forward pass without gradient, before any optimizer step), then for each of
+learner.mini_batches shares of the groups the loss over token-budget micro-batches with that
+share's denominators, gradient clipping and an optimizer step; the schedule steps once. The loss
+itself, per mode, is asyncgrpo.algo's; this module only orchestrates, and reads the algo section
+into the loss's settings once per step (`loss_settings`).
 
-Every rank holds the whole batch: advantages and the loss denominators (the batch's global token
-and sequence counts) come from all of it, so the update depends neither on how the batch is split
-into micro-batches nor on the number of ranks. Each rank trains on its share of the groups; FSDP2
-sums the gradients over ranks.
+Every rank holds the whole batch: advantages and the loss denominators (a mini-batch's global token
+and sequence counts) come from all of it, so the update depends neither on how a mini-batch is
+split into micro-batches nor on the number of ranks. Each rank trains on its share of each
+mini-batch's groups; FSDP2 sums the gradients over ranks. A step is one policy version whatever
+learner.mini_batches: the weights are pushed after its last optimizer step.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from asyncgrpo import algo
-from asyncgrpo.learner.batch import Batch, micro_batch_plan, rank_shares
+from asyncgrpo.learner.batch import Batch, micro_batch_plan, mini_batch_rows, rank_shares
 from asyncgrpo.learner.metrics import TOKEN_AGE_BUCKETS, reduce_metrics
 from asyncgrpo.learner.policy import Policy
-from asyncgrpo.schema import Config
+from asyncgrpo.schema import Config, LearnerConfig
 
 
 @dataclass
@@ -67,6 +69,38 @@ class Divergence:
         return {**metrics, "divergence/capped_groups": float(flat[-1])}
 
 
+@dataclass
+class MiniBatch:
+    """A share of the step's whole groups that gets its own optimizer step (learner.mini_batches),
+    as this rank trains it: `indices` its micro-batches' rows in `batch` (as many as the busiest
+    rank's; those from `real` on are padding, a repeated row whose loss counts 0) and the denominators
+    of the whole mini-batch on every rank (verl's: each mini-batch's loss is its own mean)."""
+
+    batch: Batch
+    advantages: torch.Tensor  # [B_m], computed over the whole step's batch
+    indices: list[torch.Tensor]
+    real: int
+    global_tokens: float
+    global_seqs: float
+
+    @classmethod
+    def plan(cls, batch: Batch, advantages: torch.Tensor, rows: list[int], learner: LearnerConfig, rank: int,
+             world_size: int) -> "MiniBatch":
+        index = torch.tensor(rows, dtype=torch.int64, device=batch.rewards.device)
+        mini = batch.select(index)
+        lengths = mini.attention_mask.sum(1).tolist()
+        plans = [micro_batch_plan(lengths, share, learner.micro_batch_tokens, learner.bucket_by_length)
+                 for share in rank_shares(mini, world_size)]
+        mine = plans[rank]
+        # Each forward and backward is a collective under FSDP2: every rank runs as many micro-batches
+        # as the busiest one.
+        num_micro = max(1, max(len(plan) for plan in plans))
+        indices = [torch.tensor(mine[i] if i < len(mine) else [0], dtype=torch.int64, device=index.device)
+                   for i in range(num_micro)]
+        return cls(mini, advantages.index_select(0, index), indices, len(mine), float(mini.mask.sum()),
+                   float((mini.mask.sum(1) > 0).sum()))
+
+
 def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int, *, max_new_tokens: int,
            version: int | None = None) -> dict[str, float]:
     """Every rank calls it with the same batch; returns the step's loss and optimizer metrics.
@@ -86,58 +120,71 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
                                                                batch.truncated, overlong_settings(cfg, max_new_tokens))
     batch = dataclasses.replace(batch, mask=loss_mask)
     advantages = algo.group_advantages(rewards, batch.group_index, mode=cfg.algo.advantage)
-    global_tokens = float(batch.mask.sum())
-    global_seqs = float((batch.mask.sum(1) > 0).sum())
-    lengths = batch.attention_mask.sum(1).tolist()
-    learner = cfg.learner
-    plans = [micro_batch_plan(lengths, rows, learner.micro_batch_tokens, learner.bucket_by_length)
-             for rows in rank_shares(batch, world_size)]
-    mine = plans[rank]
-    # Each forward and backward is a collective under FSDP2: every rank runs as many micro-batches
-    # as the busiest one; a rank that runs out repeats a row with its loss multiplied by 0.
-    num_micro = max(1, max(len(plan) for plan in plans))
-    indices = [torch.tensor(mine[i] if i < len(mine) else [0], dtype=torch.int64, device=batch.rewards.device)
-               for i in range(num_micro)]
-    prox_logps, recompute_s = None, 0.0
+    minis = [MiniBatch.plan(batch, advantages, rows, cfg.learner, rank, world_size)
+             for rows in mini_batch_rows(batch.group_index.tolist(), cfg.learner.mini_batches)]
+    prox_logps: list[list[torch.Tensor] | None] = [None] * len(minis)
+    recompute_start = time.perf_counter()
     if settings.mode != "bypass":
-        # The anchor is the weights before this step's optimizer step (the only one per batch):
-        # computed once, up front, for every micro-batch.
-        recompute_start = time.perf_counter()
-        prox_logps = proximal_logprobs(policy, batch, indices)
-        recompute_s = time.perf_counter() - recompute_start
+        # The anchor is the weights before this step's first optimizer step: computed once, up
+        # front, for every micro-batch of every mini-batch (verl's and AReaL's old policy).
+        prox_logps = [proximal_logprobs(policy, mini.batch, mini.indices) for mini in minis]
+    recompute_s = time.perf_counter() - recompute_start if settings.mode != "bypass" else 0.0
     divergence = Divergence(version, cfg.train.divergence_cap, cfg.train.divergence_cap_action,
                             torch.zeros(TOKEN_AGE_BUCKETS + 1, 5, dtype=torch.float64, device=batch.rewards.device))
-    policy.optimizer.zero_grad(set_to_none=True)
     parts: list[tuple[float, dict[str, float]]] = []
+    loss_total = pg_total = grad_norm_total = optimizer_s = 0.0
+    for mini, prox in zip(minis, prox_logps):
+        policy.optimizer.zero_grad(set_to_none=True)
+        loss, pg = gradient_pass(policy, mini, prox, settings, divergence, parts)
+        loss_total, pg_total = loss_total + loss, pg_total + pg
+        optimizer_start = time.perf_counter()
+        grad_norm_total += optimizer_step(policy, cfg.learner.grad_clip_norm)
+        optimizer_s += time.perf_counter() - optimizer_start
+    # Each mini-batch's loss is its own mean: the step's is their mean (the ranks' shares add up).
+    metrics = reduce_metrics(parts, {"loss/total": loss_total / len(minis), "loss/pg": pg_total / len(minis)},
+                             world_size, policy.device)
+    metrics.update(overlong_metrics)  # every rank holds the whole batch: the same values everywhere
+    metrics.update(divergence.metrics(world_size))
+    metrics["optim/lr"] = policy.optimizer.param_groups[0]["lr"]
+    policy.scheduler.step()  # once per learner step, whatever learner.mini_batches: schedules count steps
+    metrics["time/optimizer_s"] = optimizer_s  # part of time/train_s
+    metrics["time/recompute_s"] = recompute_s  # part of time/train_s; 0 under bypass
+    metrics["optim/grad_norm"] = grad_norm_total / len(minis)
+    metrics["perf/micro_batches"] = sum(len(mini.indices) for mini in minis)
+    metrics["perf/mini_batches"] = len(minis)
+    return metrics
+
+
+def gradient_pass(policy: Policy, mini: MiniBatch, prox_logps: list[torch.Tensor] | None,
+                  settings: algo.LossSettings, divergence: Divergence,
+                  parts: list[tuple[float, dict[str, float]]]) -> tuple[float, float]:
+    """Forward and backward over `mini`'s micro-batches, gradients accumulated; each micro-batch's
+    metrics appended to `parts` (weighted by its tokens, 0 for padding). Returns this rank's shares
+    of the mini-batch's loss and policy loss (with global denominators the ranks' shares add up)."""
     loss_total = pg_total = 0.0
-    for i, index in enumerate(indices):
-        padding = i >= len(mine)
-        micro = batch.select(index)
+    for i, index in enumerate(mini.indices):
+        padding = i >= mini.real
+        micro = mini.batch.select(index)
         loss, metrics = micro_batch_loss(policy, micro, None if prox_logps is None else prox_logps[i],
-                                         advantages.index_select(0, index), settings, global_tokens, global_seqs,
-                                         None if padding else divergence)
+                                         mini.advantages.index_select(0, index), settings, mini.global_tokens,
+                                         mini.global_seqs, None if padding else divergence)
         (loss * 0.0 if padding else loss).backward()
         if padding:
             parts.append((0.0, metrics))
             continue
         loss_total += float(loss.detach())
-        pg_total += metrics["loss/pg"]  # with global denominators the shares add up
+        pg_total += metrics["loss/pg"]
         parts.append((float(micro.mask.sum()), metrics))
-    metrics = reduce_metrics(parts, {"loss/total": loss_total, "loss/pg": pg_total}, world_size, policy.device)
-    metrics.update(overlong_metrics)  # every rank holds the whole batch: the same values everywhere
-    metrics.update(divergence.metrics(world_size))
-    metrics["optim/lr"] = policy.optimizer.param_groups[0]["lr"]
-    optimizer_start = time.perf_counter()
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), learner.grad_clip_norm)
+    return loss_total, pg_total
+
+
+def optimizer_step(policy: Policy, grad_clip_norm: float) -> float:
+    """Clip the accumulated gradients and step the optimizer; returns the norm before clipping."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip_norm)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
     policy.optimizer.step()
-    policy.scheduler.step()
-    metrics["time/optimizer_s"] = time.perf_counter() - optimizer_start  # part of time/train_s
-    metrics["time/recompute_s"] = recompute_s  # part of time/train_s; 0 under bypass
-    metrics["optim/grad_norm"] = float(grad_norm)
-    metrics["perf/micro_batches"] = num_micro
-    return metrics
+    return float(grad_norm)
 
 
 def proximal_logprobs(policy: Policy, batch: Batch, indices: list[torch.Tensor]) -> list[torch.Tensor]:
