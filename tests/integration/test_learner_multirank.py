@@ -1,7 +1,7 @@
 """Two learner ranks as real processes (gloo, FSDP2) against one rank, on the same groups.
 
 The update must not depend on the world size or on the micro-batch budget: advantages and loss
-denominators come from the whole step, gradients are summed over ranks.
+denominators come from the whole step (or the whole mini-batch), gradients are summed over ranks.
 """
 
 from datetime import timedelta
@@ -50,12 +50,14 @@ def run_one_rank(model_dir, overrides, steps=STEPS):
 
 @pytest.fixture(scope="module")
 def two_ranks(model_dir, tmp_path_factory):
-    """Budgets 0, 12 and 40 tokens at world size 2 (the last with the reference kept on CPU)."""
+    """Budgets 0, 12 and 40 tokens at world size 2 (the last with the reference kept on CPU), and
+    two mini-batches (of 3 and 2 groups, split unevenly over the ranks) at budget 12."""
     out = tmp_path_factory.mktemp("ranks")
     runs = [
         ("budget0", BASE + ["learner.micro_batch_tokens=0"]),
         ("budget12", BASE + ["learner.micro_batch_tokens=12"]),
         ("budget40", BASE + ["learner.micro_batch_tokens=40", "algo.kl.reference_on=cpu"]),
+        ("mini2", BASE + ["learner.micro_batch_tokens=12", "learner.mini_batches=2"]),
     ]
     store = spawner_store(timedelta(seconds=120))  # held until the ranks are done
     mp.start_processes(rank_main, args=(2, store.port, model_dir, runs, STEPS, str(out), 1), nprocs=2,
@@ -63,11 +65,15 @@ def two_ranks(model_dir, tmp_path_factory):
     return out, {name: torch.load(out / f"{name}.pt") for name, _ in runs}
 
 
-def test_world_size_two_matches_one_for_every_micro_batch_budget(model_dir, two_ranks):
-    reference_metrics, reference_params, reference_grads = run_one_rank(model_dir, [])
+def test_world_size_two_matches_one_for_every_micro_batch_budget_and_mini_batch_count(model_dir, two_ranks):
+    one_step = run_one_rank(model_dir, [])
+    # One rank, one pass per mini-batch: the two-rank split must add up to it.
+    references = {"mini2": run_one_rank(model_dir, ["learner.mini_batches=2"])}
     _, results = two_ranks
     report = {}
     for name, result in results.items():
+        reference_metrics, reference_params, reference_grads = references.get(name, one_step)
+        assert result["metrics"][0]["perf/mini_batches"] == (2 if name == "mini2" else 1)
         for step, (got, want) in enumerate(zip(result["metrics"], reference_metrics)):
             for key in ("loss/total", "loss/pg", "loss/kl", "optim/grad_norm", "loss/clipfrac"):
                 assert got[key] == pytest.approx(want[key], abs=TOLERANCE, rel=TOLERANCE), (name, step, key)
@@ -78,7 +84,9 @@ def test_world_size_two_matches_one_for_every_micro_batch_budget(model_dir, two_
         assert worst < TOLERANCE, f"{name}: parameters differ by {worst:.3g}"
         assert worst_grad < 1e-6, f"{name}: gradients differ by {worst_grad:.3g}"
     # After two steps the policy has left the reference: the KL term was live.
-    assert reference_metrics[1]["loss/kl"] > 0
+    assert one_step[0][1]["loss/kl"] > 0
+    # Two optimizer steps a learner step move the policy elsewhere than one: the comparison above could tell.
+    assert max_abs_diff(references["mini2"][1], one_step[1]) > 10 * TOLERANCE
     print("world size 2 vs 1, max |difference| (params, last gradients):",
           {k: f"{p:.2e}, {g:.2e}" for k, (p, g) in report.items()})
 
