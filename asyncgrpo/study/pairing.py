@@ -19,6 +19,11 @@ PAIRING_METRICS = (("eval_accuracy_end", "held-out acc. end"), ("eval_greedy_acc
                    ("accuracy_auc", "acc. AUC"))
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines: the header, its rule, a line per row (report.md's and tools/study_pairs.py's)."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def pairing_section(spec: Spec, results: list[RunResult], fmt: Callable[[Estimate, bool], str]) -> list[str]:
     """report.md's lines for a replay study with a baseline; none for other studies. `fmt` writes an
     estimate as the rest of the report does (signed)."""
@@ -36,9 +41,8 @@ def pairing_section(spec: Spec, results: list[RunResult], fmt: Callable[[Estimat
         "((var(A) + var(B)) / n, Welch's degrees of freedom). `ratio` = (var(A) + var(B)) / var(A - B): how many "
         "times the independent runs per cell it would take to match the paired precision (inf: every pair "
         "differs by the same amount).", "",
-        "| " + " | ".join([*spec.grid_keys(), "metric", "n pairs", "paired", "unpaired", "ratio"]) + " |",
-        "|" + "---|" * (len(spec.grid_keys()) + 5),
     ]
+    rows = []
     for cell, runs in by_cell:
         if cell == baseline:
             continue
@@ -46,6 +50,7 @@ def pairing_section(spec: Spec, results: list[RunResult], fmt: Callable[[Estimat
             gain = pairing_gain({r.plan.seed: r.row[column] for r in runs},
                                 {r.plan.seed: r.row[column] for r in base_runs})
             ratio = "-" if gain.variance_ratio is None else f"{gain.variance_ratio:.2f}"
-            lines.append("| " + " | ".join([*cell.values.values(), heading, str(gain.n), fmt(gain.paired, True),
-                                            fmt(gain.unpaired, True), ratio]) + " |")
+            rows.append([*cell.values.values(), heading, str(gain.n), fmt(gain.paired, True),
+                         fmt(gain.unpaired, True), ratio])
+    lines += markdown_table([*spec.grid_keys(), "metric", "n pairs", "paired", "unpaired", "ratio"], rows)
     return [*lines, ""]

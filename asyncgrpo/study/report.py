@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asyncgrpo.runtime.files import write_atomic
-from asyncgrpo.study.pairing import pairing_section
+from asyncgrpo.study.pairing import markdown_table, pairing_section
 from asyncgrpo.study.plots import write_plots
 from asyncgrpo.study.results import (
     RunResult,
@@ -108,11 +108,6 @@ def _fmt_estimate(estimate: Estimate, signed: bool = False, bold: bool = False) 
         if bold and (estimate.low > ROUNDING or estimate.high < -ROUNDING):
             text = f"**{text}**"
     return text
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """A markdown table's lines: the header, its rule, a line per row (also tools/study_pairs.py's)."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
