@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo import __version__
 from asyncgrpo.config import probe_tolerance, set_resolved_device
 from asyncgrpo.composition import learner_wait_timeout_s
 from asyncgrpo.driver import TrainingFailed
@@ -36,6 +37,7 @@ from asyncgrpo.driver.prepare import (
 )
 from asyncgrpo.runtime.files import private_dir, write_atomic
 from asyncgrpo.runtime.interrupts import interrupts_deferred
+from asyncgrpo.runtime.provenance import code_identity
 from asyncgrpo.metrics import (
     MetricsSink,
     SampleLogger,
@@ -57,7 +59,7 @@ def train(cfg: Config) -> dict[str, Any]:
     private_dir(run_dir)
     refuse_used_run_dir(cfg, run_dir)
     keep_earlier_run_files(run_dir)
-    summary: dict[str, Any] = {"status": "starting", "run_dir": str(run_dir)}
+    summary: dict[str, Any] = {"status": "starting", "run_dir": str(run_dir), "code": code_identity(__version__)}
     metrics: MetricsSink | None = None
     started_ray = False
     # Everything from here on is inside the try: an interrupt at any point of the set-up (importing

@@ -37,9 +37,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo import __version__
 from asyncgrpo.config import replay_config
 from asyncgrpo.driver.replay_evaluation import ReplayEvaluator, evaluates
 from asyncgrpo.runtime.files import private_dir, write_atomic
+from asyncgrpo.runtime.provenance import code_identity
 from asyncgrpo.recording.source import RecordedSource, open_recording
 from asyncgrpo.recording.stream import RecordingError
 from asyncgrpo.schema import Config, ConfigError, to_yaml
@@ -72,7 +74,7 @@ def replay(directory: str | Path, overrides: Sequence[str], log: Callable[[str],
         "status": "starting", "run_dir": str(run_dir), "recording": str(recording.directory),
         "overrides": list(overrides), "model_dir": model_dir, "checkpoint": checkpoint,
         "recorded_steps": len(index.steps), "torn_tail_records": index.torn_records,
-        "torn_tail_bytes": index.torn_bytes,
+        "torn_tail_bytes": index.torn_bytes, "code": code_identity(__version__),
     }
     wall_start = time.monotonic()
     metrics = open_sinks(cfg, run_dir)

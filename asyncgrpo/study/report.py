@@ -31,7 +31,7 @@ from asyncgrpo.study.stats import (
     pareto_front,
 )
 
-# results.csv, after the grid keys and `seed`; `status` and `run_dir` last.
+# results.csv, after the grid keys and `seed`; `status`, `commit` and `run_dir` last.
 RESULT_COLUMNS = (
     "eval_accuracy_start", "eval_accuracy_end", "eval_greedy_accuracy_start", "eval_greedy_accuracy_end",
     "accuracy_auc", "greedy_accuracy_auc", "greedy_gap_end", "greedy_gap_auc", "steps", "samples", "samples_per_s",
@@ -74,8 +74,8 @@ def aggregate(study_dir: str | Path) -> list[Path]:
 
 
 def write_results_csv(spec: Spec, results: list[RunResult], path: Path) -> Path:
-    """A row per started run: the grid's values, the seed, `RESULT_COLUMNS`, status and run_dir."""
-    columns = [*spec.grid_keys(), "seed", *RESULT_COLUMNS, "status", "run_dir"]
+    """A row per started run: the grid's values, the seed, `RESULT_COLUMNS`, status, commit and run_dir."""
+    columns = [*spec.grid_keys(), "seed", *RESULT_COLUMNS, "status", "commit", "run_dir"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -125,6 +125,8 @@ def write_report(spec: Spec, results: list[RunResult], path: Path) -> Path:
         + _how_runs_ran(spec),
         "",
         (_replay_note() if spec.recordings is not None else _engines_note(finished)) + _overhead_note(finished) + ".",
+        "",
+        _code_note(finished),
         "",
         f"**Statistics**: per cell, the mean over seeds with a {percent}% confidence interval [low, high] = "
         f"mean +- t({(1 + CONFIDENCE) / 2:g}, n-1) s / sqrt(n) (Student's t, s the sample standard deviation); no "
@@ -294,3 +296,17 @@ def _overhead_note(finished: list[RunResult]) -> str:
     return (f"; each run spent {sum(overheads) / len(overheads):.0f} s on average outside its training loop "
             f"(start-up, warm start, evaluations, shutdown: {100 * sum(overheads) / sum(walls):.0f}% of the "
             "runs' wall clock)")
+
+
+def _code_note(finished: list[RunResult]) -> str:
+    """Which commits the finished runs ran (results.csv's `commit`, from each summary.json's `code`):
+    a study resumed across commits says so."""
+    counts: dict[str, int] = {}
+    for result in finished:
+        commit = result.row.get("commit") or "unknown (not run from a git checkout)"
+        counts[commit] = counts.get(commit, 0) + 1
+    if not counts:
+        return "**Code**: no finished run."
+    listed = ", ".join(f"{commit} ({n} run{'s' if n > 1 else ''})" for commit, n in counts.items())
+    return f"**Code**: the finished runs ran commit{'s' if len(counts) > 1 else ''} {listed}."
+

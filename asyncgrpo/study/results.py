@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.runtime.provenance import short_commit
 from asyncgrpo.study.spec import Cell, RunPlan, Spec, read_spec_file
 from asyncgrpo.study.stats import Estimate, is_number, mean_ci
 
@@ -96,6 +97,7 @@ def load_run_result(plan: RunPlan) -> RunResult | None:
         "wall_s": summary.get("wall_s"),
         "train_s": summary.get("train_s"),
         "status": summary.get("status", "unknown"),
+        "commit": short_commit(summary.get("code")),
         "run_dir": str(plan.run_dir),
     })
     by_step = {name: eval_points(run.evals, [], {}, name, x="step") for name in EVAL_CURVES}

@@ -329,6 +329,8 @@ def fabricate_run(plan: RunPlan, status: str = "finished", steps: int = 3,
                "eval_greedy_accuracy_start": 0.3, "staleness_max": min(steps - 1, staleness)}
     if engines_reused is not None:
         summary["engines_reused"] = engines_reused
+    # A study resumed on another commit: seed 2's runs ran "b..." with changes to tracked files.
+    summary["code"] = {"version": "0.1.0", "commit": ("b" if plan.seed == 2 else "a") * 40, "dirty": plan.seed == 2}
     if status == "finished":
         summary.update(eval_accuracy_end=end, eval_greedy_accuracy_end=end + 0.2)
     else:
@@ -370,7 +372,7 @@ def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
     outcome = run_study(spec, tmp_path, runner=FakeRunner(), log=lambda _: None)
     assert outcome.exit_code == 0 and len(outcome.ran) == 12
     rows = read_csv(tmp_path / "results.csv")
-    assert list(rows[0]) == ["train.fixed_staleness", "mode", "seed", *RESULT_COLUMNS, "status", "run_dir"]
+    assert list(rows[0]) == ["train.fixed_staleness", "mode", "seed", *RESULT_COLUMNS, "status", "commit", "run_dir"]
     assert len(rows) == 12
     row = next(r for r in rows if r["train.fixed_staleness"] == "2" and r["mode"] == "tis" and r["seed"] == "1")
     end = 0.30 - 0.04 + 0.05 + 0.01
@@ -384,6 +386,7 @@ def test_aggregate_writes_a_results_row_per_run_with_every_column(tmp_path):
     assert float(row["clipfrac"]) == pytest.approx(0.02)
     assert float(row["ess"]) == pytest.approx(0.92)
     assert row["status"] == "finished" and row["steps"] == "3" and row["samples"] == "384"
+    assert row["commit"] == "aaaaaaa" and next(r for r in rows if r["seed"] == "2")["commit"] == "bbbbbbb+dirty"
     bypass = next(r for r in rows if r["mode"] == "bypass")
     assert bypass["ess"] == ""  # no is/ess logged without algo.correction.is_level
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
@@ -398,6 +401,7 @@ def test_report_gives_per_cell_means_with_intervals_and_paired_differences_again
     report = (tmp_path / "report.md").read_text()
     assert "12 finished, 0 failed or interrupted, 0 not started" in report
     assert "Engines are not reused across runs" in report
+    assert "**Code**: the finished runs ran commits aaaaaaa (8 runs), bbbbbbb+dirty (4 runs)." in report
     # Cell staleness 2, tis: end accuracy 0.31 + 0.01 s over seeds 0, 1, 2: mean 0.32, s = 0.01.
     half = t_quantile(0.975, 2) * 0.01 / math.sqrt(3)
     accuracy, rest = report.split("## Training per cell")
