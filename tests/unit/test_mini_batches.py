@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from test_update_modes import groups
 
 from asyncgrpo.config import ConfigError, load
 from asyncgrpo.learner.batch import collate, mini_batch_rows
@@ -16,7 +17,6 @@ from asyncgrpo.learner.policy import Policy
 from asyncgrpo.learner.update import update
 from asyncgrpo.models.tiny import TinyModelSpec, build_model
 from asyncgrpo.models.tokenizer import build_char_tokenizer
-from asyncgrpo.wire import ScoredGroup
 
 
 @given(st.lists(st.integers(1, 6), min_size=1, max_size=12), st.integers(1, 15))
@@ -31,25 +31,6 @@ def test_mini_batches_deal_whole_groups_in_turn_and_hold_every_row_once(group_si
         assert share == sorted(share)  # the batch's order kept within a mini-batch
 
 
-def groups(num_groups: int = 4, samples: int = 4) -> list[ScoredGroup]:
-    """Completions of varied lengths with rollout log-probs far from the model's (stale samples)."""
-    rng = np.random.default_rng(0)
-    result = []
-    for g in range(num_groups):
-        lengths = rng.integers(1, 5, size=samples).astype(np.int32)
-        total = int(lengths.sum())
-        result.append(ScoredGroup(
-            generator_id=0, seq=g, prompt_id=g,
-            prompt_tokens=rng.integers(3, 60, size=5).astype(np.int32),
-            tokens=rng.integers(1, 60, size=total).astype(np.int32),
-            logprobs=-rng.uniform(0.5, 5.0, size=total).astype(np.float32),
-            versions=np.zeros(total, dtype=np.int32),
-            lengths=lengths,
-            rewards=(np.arange(samples) % 2).astype(np.float32),
-        ))
-    return result
-
-
 def new_policy(cfg, lr: float = 1e-3) -> Policy:
     tokenizer = build_char_tokenizer()
     model = build_model(TinyModelSpec.from_config(cfg.model), tokenizer, seed=0)
@@ -59,7 +40,7 @@ def new_policy(cfg, lr: float = 1e-3) -> Policy:
                   temperature=cfg.rollout.temperature)
 
 
-def train(policy: Policy, cfg, chosen: list[ScoredGroup]) -> dict[str, float]:
+def train(policy: Policy, cfg, chosen: list) -> dict[str, float]:
     batch = collate(chosen, build_char_tokenizer().pad_token_id)
     return update(policy, batch, cfg, rank=0, world_size=1, max_new_tokens=cfg.rollout.max_new_tokens)
 
@@ -72,7 +53,7 @@ def weights(policy: Policy) -> list[torch.Tensor]:
 def test_each_mini_batch_takes_an_optimizer_step_and_the_schedule_steps_once(count):
     cfg = load(["learner.warmup_steps=0", f"learner.mini_batches={count}"])
     policy = new_policy(cfg)
-    metrics = train(policy, cfg, groups())
+    metrics = train(policy, cfg, groups(4))
     adam_steps = {int(state["step"]) for state in policy.optimizer.state.values()}
     assert adam_steps == {count}
     assert policy.scheduler.last_epoch == 1
@@ -87,10 +68,10 @@ def test_under_bypass_two_mini_batches_are_two_steps_on_their_groups_alone(micro
     common = ["learner.warmup_steps=0", f"learner.micro_batch_tokens={micro_batch_tokens}"]
     cfg = load([*common, "learner.mini_batches=2"])
     together = new_policy(cfg)
-    metrics = train(together, cfg, groups())
+    metrics = train(together, cfg, groups(4))
     single = load(common)
     apart = new_policy(single)
-    everything = groups()
+    everything = groups(4)
     first = train(apart, single, everything[0::2])
     second = train(apart, single, everything[1::2])
     for a, b in zip(weights(together), weights(apart)):
@@ -105,9 +86,9 @@ def test_the_proximal_anchor_is_the_weights_before_the_first_mini_batch(mode):
     # With one optimizer step the trained policy is its anchor (ratio 1, nothing clipped); with two,
     # the second mini-batch trains weights that moved away from the anchor, so its clip can act.
     overrides = ["learner.warmup_steps=0", f"algo.mode={mode}", "algo.correction.is_level=token"]
-    one = train(new_policy(load(overrides), lr=0.05), load(overrides), groups())
+    one = train(new_policy(load(overrides), lr=0.05), load(overrides), groups(4))
     cfg = load([*overrides, "learner.mini_batches=2"])
-    two = train(new_policy(cfg, lr=0.05), cfg, groups())
+    two = train(new_policy(cfg, lr=0.05), cfg, groups(4))
     assert one["loss/approx_kl"] == pytest.approx(0.0, abs=1e-7) and one["loss/clipfrac"] == 0.0
     assert abs(two["loss/approx_kl"]) > 1e-4
     assert two["loss/clipfrac"] > 0.0
