@@ -303,10 +303,10 @@ def _code_note(finished: list[RunResult]) -> str:
     a study resumed across commits says so."""
     counts: dict[str, int] = {}
     for result in finished:
-        commit = result.row.get("commit") or "unknown (not run from a git checkout)"
+        commit = result.row.get("commit") or "not recorded"
         counts[commit] = counts.get(commit, 0) + 1
     if not counts:
         return "**Code**: no finished run."
     listed = ", ".join(f"{commit} ({n} run{'s' if n > 1 else ''})" for commit, n in counts.items())
-    return f"**Code**: the finished runs ran commit{'s' if len(counts) > 1 else ''} {listed}."
-
+    return (f"**Code** (summary.json's `code`; not recorded: a run from an installed package, without git, or "
+            f"from before the field existed): {listed}.")

@@ -401,7 +401,7 @@ def test_report_gives_per_cell_means_with_intervals_and_paired_differences_again
     report = (tmp_path / "report.md").read_text()
     assert "12 finished, 0 failed or interrupted, 0 not started" in report
     assert "Engines are not reused across runs" in report
-    assert "**Code**: the finished runs ran commits aaaaaaa (8 runs), bbbbbbb+dirty (4 runs)." in report
+    assert "from before the field existed): aaaaaaa (8 runs), bbbbbbb+dirty (4 runs)." in report
     # Cell staleness 2, tis: end accuracy 0.31 + 0.01 s over seeds 0, 1, 2: mean 0.32, s = 0.01.
     half = t_quantile(0.975, 2) * 0.01 / math.sqrt(3)
     accuracy, rest = report.split("## Training per cell")
