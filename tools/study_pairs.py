@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.study.report import DIFFERENCE_METRICS, RATIO_METRICS, ROUNDING, markdown_table
+from asyncgrpo.study.pairing import markdown_table
+from asyncgrpo.study.report import DIFFERENCE_METRICS, RATIO_METRICS, ROUNDING
 from asyncgrpo.study.stats import Estimate, paired_difference, paired_ratio
 
 

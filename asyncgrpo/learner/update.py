@@ -123,12 +123,13 @@ def update(policy: Policy, batch: Batch, cfg: Config, rank: int, world_size: int
     minis = [MiniBatch.plan(batch, advantages, rows, cfg.learner, rank, world_size)
              for rows in mini_batch_rows(batch.group_index.tolist(), cfg.learner.mini_batches)]
     prox_logps: list[list[torch.Tensor] | None] = [None] * len(minis)
-    recompute_start = time.perf_counter()
+    recompute_s = 0.0
     if settings.mode != "bypass":
         # The anchor is the weights before this step's first optimizer step: computed once, up
         # front, for every micro-batch of every mini-batch (verl's and AReaL's old policy).
+        recompute_start = time.perf_counter()
         prox_logps = [proximal_logprobs(policy, mini.batch, mini.indices) for mini in minis]
-    recompute_s = time.perf_counter() - recompute_start if settings.mode != "bypass" else 0.0
+        recompute_s = time.perf_counter() - recompute_start
     divergence = Divergence(version, cfg.train.divergence_cap, cfg.train.divergence_cap_action,
                             torch.zeros(TOKEN_AGE_BUCKETS + 1, 5, dtype=torch.float64, device=batch.rewards.device))
     parts: list[tuple[float, dict[str, float]]] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -301,10 +302,7 @@ def _overhead_note(finished: list[RunResult]) -> str:
 def _code_note(finished: list[RunResult]) -> str:
     """Which commits the finished runs ran (results.csv's `commit`, from each summary.json's `code`):
     a study resumed across commits says so."""
-    counts: dict[str, int] = {}
-    for result in finished:
-        commit = result.row.get("commit") or "not recorded"
-        counts[commit] = counts.get(commit, 0) + 1
+    counts = Counter(result.row.get("commit") or "not recorded" for result in finished)
     if not counts:
         return "**Code**: no finished run."
     listed = ", ".join(f"{commit} ({n} run{'s' if n > 1 else ''})" for commit, n in counts.items())
