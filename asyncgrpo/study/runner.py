@@ -391,13 +391,23 @@ def check_earlier_runs(plans: list[RunPlan]) -> None:
         except (OSError, json.JSONDecodeError):
             raise StudyError(f"{plan.run_dir}: a finished run without a readable {RUN_RECORD}: not a run of this "
                              "study; use another study_dir") from None
-        recorded = [f"--config-name {record.get('config_name')}", f"recording {record.get('recording')}",
-                    *(record.get("overrides") or [])]
-        planned = [f"--config-name {plan.config_name}", f"recording {_recording(plan)}", *plan.overrides]
+        recorded = {"--config-name": f"--config-name {record.get('config_name')}",
+                    "recording": f"recording {record.get('recording')}",
+                    **effective_overrides(record.get("overrides") or [])}
+        planned = {"--config-name": f"--config-name {plan.config_name}", "recording": f"recording {_recording(plan)}",
+                   **effective_overrides(plan.overrides)}
         if recorded != planned:
-            differing = sorted(set(recorded) ^ set(planned)) or ["their order"]
+            differing = sorted(set(recorded.values()) ^ set(planned.values()))
             raise StudyError(f"{plan.run_dir}: finished with other settings than the spec asks for now "
                              f"(differing: {', '.join(differing)}); use another study_dir, or remove that run")
+
+
+def effective_overrides(overrides: Sequence[str]) -> dict[str, str]:
+    """What a list of Hydra overrides sets, as {key: the override that sets it}: the last override of
+    a key wins, as when Hydra applies them, so two lists that set the same values in another order
+    (a key moved within the spec's base) compare equal and two whose repeated key ends on another
+    value do not. The prefix (+, ++, ~) stays in the override."""
+    return {override.partition("=")[0].lstrip("+~"): override for override in overrides}
 
 
 def _run_record(plan: RunPlan) -> dict[str, Any]:

@@ -19,7 +19,8 @@ import yaml
 
 from asyncgrpo.study.report import RESULT_COLUMNS, aggregate
 from asyncgrpo.study.results import accuracy_auc, tail_mean, value_at
-from asyncgrpo.study.runner import EXIT_INTERRUPTED, RUN_LOG, RUN_RECORD, StudyError, SubprocessRunner, run_study
+from asyncgrpo.study.runner import (EXIT_INTERRUPTED, RUN_LOG, RUN_RECORD, StudyError, SubprocessRunner,
+                                    effective_overrides, run_study)
 from asyncgrpo.study.spec import (
     RUN_DEFAULTS,
     STUDY_SPECS_DIR,
@@ -520,6 +521,36 @@ def test_a_rerun_whose_base_changed_is_refused_before_any_run(tmp_path):
     with pytest.raises(StudyError, match=r"finished with other settings.*train.max_steps=4"):
         run_study(Spec.parse(with_changes(base=["train.max_steps=4"])), tmp_path, runner=runner, log=lambda _: None)
     assert runner.calls == []
+
+
+def test_a_rerun_whose_base_sets_the_same_values_in_another_order_reuses_the_finished_runs(tmp_path):
+    base = ["train.max_steps=3", "learner.lr=5e-5", "model.cache_dir=/tmp/warm"]
+    run_study(Spec.parse(with_changes(base=base)), tmp_path, runner=FakeRunner(), log=lambda _: None)
+    runner = FakeRunner()
+    run_study(Spec.parse(with_changes(base=[base[2], base[0], base[1]])), tmp_path, runner=runner, log=lambda _: None)
+    assert runner.calls == []
+
+
+def test_a_rerun_where_a_repeated_key_ends_on_another_value_is_refused_naming_it(tmp_path):
+    run_study(Spec.parse(with_changes(base=["train.max_steps=3", "train.max_steps=5"])), tmp_path,
+              runner=FakeRunner(), log=lambda _: None)
+    runner = FakeRunner()
+    with pytest.raises(StudyError, match=r"differing: train.max_steps=3, train.max_steps=5\)"):
+        run_study(Spec.parse(with_changes(base=["train.max_steps=5", "train.max_steps=3"])), tmp_path,
+                  runner=runner, log=lambda _: None)
+    assert runner.calls == []
+
+
+@pytest.mark.parametrize("first, second, same", [
+    (["a=1", "b=2"], ["b=2", "a=1"], True),
+    (["a=1", "a=2"], ["a=2"], True),  # the last one wins, as in Hydra
+    (["a=1", "a=2"], ["a=2", "a=1"], False),
+    (["+a=1"], ["a=1"], False),  # adding a key is not setting one
+    (["a=1", "~a"], ["~a"], True),
+    (["a=1"], ["a=1", "b=2"], False),
+])
+def test_effective_overrides_compare_what_the_overrides_set_not_their_order(first, second, same):
+    assert (effective_overrides(first) == effective_overrides(second)) is same
 
 
 def test_ctrl_c_stops_the_study_and_still_writes_the_results_of_the_finished_runs(tmp_path):
