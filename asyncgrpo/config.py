@@ -639,6 +639,12 @@ def _task_rules(cfg: Config) -> None:
     if task.name in FILE_TASKS:
         require(bool(data.train_files), "data.train_files", f"must list at least one JSONL or Parquet file for task.name={task.name}",
                 data.train_files)
+    # A file named for a task that makes its own problems would be ignored: the run would train on
+    # something else than the user asked for.
+    for key, files in (("data.train_files", data.train_files), ("data.eval_files", data.eval_files)):
+        require(task.name in FILE_TASKS or not files, key,
+                f"is read only by task.name={'|'.join(FILE_TASKS)} (task.name={task.name} makes its own problems): "
+                "add task.name=files to train on these prompts", list(files))
     require(task.name not in ("countdown", "gsm8k") or bool(cfg.model.path), "model.path",
             f"must name a Hugging Face model directory for task.name={task.name}: the embedded tiny model has a "
             f"{cfg.model.max_positions}-token context and a character vocabulary, so every {task.name} prompt would be "

@@ -133,6 +133,8 @@ def test_settings_change_with_file_contents(tmp_path):
     (["task.name=gsm8k", "data.train_files=[x.jsonl]"], "model.path"),
     (["task.name=countdown"], "model.path"),
     (["data.epochs=-1"], "data.epochs"),
+    (["data.train_files=[x.jsonl]"], "data.train_files is read only by task.name=gsm8k|files"),
+    (["task.name=longtail", "data.eval_files=[x.jsonl]"], "data.eval_files is read only by"),
     (["data.prompt_template=no-placeholder"], "data.prompt_template"),
 ])
 def test_bad_task_and_data_config_names_the_key(overrides, key):
