@@ -357,6 +357,7 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"asyncgrpo: config error: {err}", file=sys.stderr)
         return 2
+    _warn_inert_settings(cfg)
     if args.cfg:
         from asyncgrpo.schema import to_yaml
 
@@ -365,6 +366,15 @@ def _train(args: argparse.Namespace) -> int:
     if cfg.check:
         return _check(cfg)
     return _run_training(cfg)
+
+
+def _warn_inert_settings(cfg: Config) -> None:
+    """One line naming the changed settings this run does not read (asyncgrpo/inert_settings.py)."""
+    from asyncgrpo.inert_settings import inert_settings
+
+    inert = inert_settings(cfg)
+    if inert:
+        print(f"asyncgrpo: warning: set but not read by this run: {'; '.join(inert)}", file=sys.stderr, flush=True)
 
 
 def _run_training(cfg: Config) -> int:

@@ -2,7 +2,7 @@
 (docs/ARCHITECTURE.md, "Config sections and their readers"; the table there is the one this test
 reads). A read is `cfg.<section>` or `<x>.cfg.<section>` (a `Config` is always called `cfg`), or importing one of the
 section's dataclasses from the schema (a part that takes a `WireConfig` reads the wire section).
-The composition roots (the entry points, config.py, composition.py, driver/, each process's factory:
+The composition roots (the entry points, config.py, inert_settings.py, composition.py, driver/, each process's factory:
 learner/parts.py, rollout/parts.py, and the simulator's model of a whole run, sim/settings.py) turn the config into parts and may read every section."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from asyncgrpo.schema import Config
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "asyncgrpo"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
-COMPOSITION_ROOT = ("cli.py", "train.py", "plot.py", "config.py", "schema.py", "composition.py", "driver/",
+COMPOSITION_ROOT = ("cli.py", "train.py", "plot.py", "config.py", "inert_settings.py", "schema.py", "composition.py", "driver/",
                     "learner/parts.py", "rollout/parts.py", "sim/settings.py")
 
 
