@@ -192,12 +192,25 @@ class Spec:
         if self.recordings is not None:
             return self._check_replays()
         configs = []
-        for plan in self.runs(Path(STUDY_DIR_ROOT) / self.name, seeds=self.seeds[:1]):
+        for plan in self._plans_to_check():
             try:
                 configs.append(load([*before, *plan.train_overrides()], config_name=self.config_name))
             except ConfigError as err:
                 raise SpecError(f"{self.source}: cell {plan.cell.label}: {err}") from None
         return configs
+
+    def _plans_to_check(self) -> list[RunPlan]:
+        """A run of each cell (its first seed's), or of each cell and recording for a replay study."""
+        return self.runs(Path(STUDY_DIR_ROOT) / self.name, seeds=None if self.recordings is not None else self.seeds[:1])
+
+    def inert_settings(self) -> list[str]:
+        """A line for each cell that changes settings its runs do not read (asyncgrpo/inert_settings.py):
+        a spec that sets them most likely meant them to act."""
+        from asyncgrpo.inert_settings import inert_settings
+
+        found = (f"cell {plan.cell.label}: set but not read by its runs: {'; '.join(inert)}"
+                 for plan, cfg in zip(self._plans_to_check(), self.check_configs()) if (inert := inert_settings(cfg)))
+        return list(dict.fromkeys(found))
 
     def _check_replays(self) -> list[Any]:
         """Every recording opens, and every cell's overrides compose with every recording's config
@@ -208,7 +221,7 @@ class Spec:
         from asyncgrpo.recording.stream import RecordingError
 
         configs = []
-        for plan in self.runs(Path(STUDY_DIR_ROOT) / self.name):
+        for plan in self._plans_to_check():
             try:
                 configs.append(replay_config(open_recording(plan.recording), plan.train_overrides()))
             except RecordingError as err:

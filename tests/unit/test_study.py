@@ -592,6 +592,19 @@ def test_the_cli_exit_codes_say_spec_error_and_dry_run_lists_the_runs(tmp_path, 
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
 
 
+def test_a_cell_that_sets_what_its_runs_do_not_read_is_warned_of_once_before_anything_runs(tmp_path, capsys):
+    from asyncgrpo.cli import main
+
+    grid = {"mode": {"bypass_tis": {"algo.mode": "bypass", "algo.correction.is_level": "token"},
+                     "tis": {"algo.mode": "decoupled", "algo.correction.is_level": "token"}}}
+    spec = write_spec(tmp_path, with_changes(grid=grid, baseline=None))
+    assert main(["study", str(spec), f"study_dir={tmp_path / 's'}", "--dry-run"]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert warnings == ["[study] warning: cell mode=bypass_tis: set but not read by its runs: "
+                        "algo.correction.is_level=token (algo.mode=bypass with algo.loss_type=ppo_clip: the ratio "
+                        "to the generator's log-probs is the correction)"]
+
+
 def test_the_subprocess_runner_passes_one_sigint_to_a_run_in_its_own_session(tmp_path, monkeypatch):
     """Ctrl-C reaches only the study (the run has its own session); the study passes one SIGINT on,
     waits for the run to write its summary and exit, then raises KeyboardInterrupt itself."""
