@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncgrpo.schema import Config
+from asyncgrpo.schema import Config, RewardTermConfig
 from asyncgrpo.tasks import FILE_TASKS
 
 # The task.* keys each built-in task reads beside task.eval_size (tasks/__init__.py, make_task).
@@ -109,6 +109,10 @@ RULES: tuple[InertWhen, ...] = (
 )
 
 
+# A reward term's field -> the kinds that read it (rewards/scorer.py, _build_term).
+TERM_FIELD_KINDS = {"pattern": ("format",), "tolerance": ("numeric", "math"), "fn": ("fn",)}
+
+
 def inert_settings(cfg: Config) -> list[str]:
     """The changed keys `cfg` does not read, each group with why: ["algo.kl.coef=0.05 (algo.kl.enabled=false)", ...]."""
     default = Config()
@@ -119,4 +123,16 @@ def inert_settings(cfg: Config) -> list[str]:
         changed = [f"{key}={_at(cfg, key)}" for key in rule.keys if _at(cfg, key) != _at(default, key)]
         if changed:
             found.append(f"{', '.join(changed)} ({rule.because(cfg)})")
+    return found + _inert_term_fields(cfg)
+
+
+def _inert_term_fields(cfg: Config) -> list[str]:
+    """A reward term's pattern, tolerance or fn set on a term of a kind that does not read it."""
+    default, found = RewardTermConfig(), []
+    for index, term in enumerate(cfg.reward.terms):
+        kind = term.kind or term.name
+        changed = [f"reward.terms[{index}].{name}={getattr(term, name)}" for name, kinds in TERM_FIELD_KINDS.items()
+                   if kind not in kinds and getattr(term, name) != getattr(default, name)]
+        if changed:
+            found.append(f"{', '.join(changed)} (a term of kind {kind})")
     return found

@@ -38,6 +38,8 @@ def quiet_load(overrides: list[str], config_name: str = "default") -> Config:
     (["log.wandb_mode=online"], "log.wandb_mode=online (log.wandb=false)"),
     (["data.chat_template=true"], "data.chat_template=True (task.name=arithmetic makes its own problems)"),
     (["task.longtail_max_digits=8"], "task.longtail_max_digits=8 (task.name=arithmetic)"),
+    (["reward.terms=[{name: exact, pattern: 'x+'}, {name: format, pattern: 'y'}]"],
+     "reward.terms[0].pattern=x+ (a term of kind exact)"),
 ])
 def test_a_changed_key_whose_feature_is_off_is_named_with_why(overrides, named):
     inert = inert_settings(quiet_load(overrides))
@@ -53,6 +55,7 @@ def test_a_changed_key_whose_feature_is_off_is_named_with_why(overrides, named):
     ["learner.lora.rank=4", "learner.lora.alpha=32"],
     ["weights.delta=true", "weights.full_every=5", "weights.backend=zmq", "weights.wire_dtype=bfloat16"],
     ["algo.kl.coef=0.001"],  # the default, typed out: not a change
+    ["reward.terms=[{name: n, kind: numeric, tolerance: 0.01}, {name: f, kind: format, pattern: 'y'}]"],
 ])
 def test_a_key_whose_feature_is_on_or_that_keeps_its_default_is_not_named(overrides):
     assert inert_settings(quiet_load(overrides)) == []
