@@ -33,6 +33,7 @@ def quiet_load(overrides: list[str], config_name: str = "default") -> Config:
     (["learner.lora.alpha=32", "learner.lora.target_modules=[q_proj]"],
      "learner.lora.alpha=32.0, learner.lora.target_modules=['q_proj'] (learner.lora.rank=0"),
     (["weights.full_every=5"], "weights.full_every=5 (weights.delta=false)"),
+    (["model.path=/models/any", "model.hidden_size=128"], "model.hidden_size=128 (model.path"),
     (["env.max_turns=6", "env.agent.fn=m:f"], "env.max_turns=6, env.agent.fn=m:f (no env.name"),
     (["reward.judge.base_url=http://127.0.0.1:1/v1"], "reward.judge.base_url=http://127.0.0.1:1/v1 (no reward term of kind judge)"),
     (["log.wandb_mode=online"], "log.wandb_mode=online (log.wandb=false)"),
@@ -55,6 +56,7 @@ def test_a_changed_key_whose_feature_is_off_is_named_with_why(overrides, named):
     ["learner.lora.rank=4", "learner.lora.alpha=32"],
     ["weights.delta=true", "weights.full_every=5", "weights.backend=zmq", "weights.wire_dtype=bfloat16"],
     ["algo.kl.coef=0.001"],  # the default, typed out: not a change
+    ["model.hidden_size=128"],
     ["reward.terms=[{name: n, kind: numeric, tolerance: 0.01}, {name: f, kind: format, pattern: 'y'}]"],
 ])
 def test_a_key_whose_feature_is_on_or_that_keeps_its_default_is_not_named(overrides):
