@@ -84,6 +84,10 @@ RULES: tuple[InertWhen, ...] = (
               lambda c: c.algo.mode == "bypass" and _ratio_loss(c),
               lambda c: f"algo.mode=bypass with algo.loss_type={c.algo.loss_type}: the ratio to the generator's "
                         "log-probs is the correction"),
+    InertWhen(("algo.correction.is_threshold", "algo.correction.is_batch_normalize"),
+              lambda c: c.algo.correction.is_level is None, lambda c: "algo.correction.is_level is unset: no IS weights"),
+    InertWhen(("algo.correction.rs_threshold",), lambda c: c.algo.correction.rs is None,
+              lambda c: "algo.correction.rs is unset: no rejection"),
     InertWhen(("algo.clip_c",), lambda c: c.algo.loss_type != "ppo_clip",
               lambda c: f"the dual clip is ppo_clip's; algo.loss_type={c.algo.loss_type}"),
     InertWhen(("algo.m2_threshold",), lambda c: c.algo.loss_type != "m2po",
@@ -120,13 +124,14 @@ TERM_FIELD_KINDS = {"pattern": ("format",), "tolerance": ("numeric", "math"), "f
 def inert_settings(cfg: Config) -> list[str]:
     """The changed keys `cfg` does not read, each group with why: ["algo.kl.coef=0.05 (algo.kl.enabled=false)", ...]."""
     default = Config()
-    found = []
+    found, named = [], set()  # a key two rules turn off is named once, by the first
     for rule in RULES:
         if not rule.applies(cfg):
             continue
-        changed = [f"{key}={_at(cfg, key)}" for key in rule.keys if _at(cfg, key) != _at(default, key)]
+        changed = [key for key in rule.keys if key not in named and _at(cfg, key) != _at(default, key)]
+        named.update(changed)
         if changed:
-            found.append(f"{', '.join(changed)} ({rule.because(cfg)})")
+            found.append(f"{', '.join(f'{key}={_at(cfg, key)}' for key in changed)} ({rule.because(cfg)})")
     return found + _inert_term_fields(cfg)
 
 

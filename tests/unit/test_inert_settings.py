@@ -25,6 +25,9 @@ def quiet_load(overrides: list[str], config_name: str = "default") -> Config:
     (["algo.kl.coef=0.05"], "algo.kl.coef=0.05 (algo.kl.enabled=false)"),
     (["algo.mode=naive", "algo.correction.is_level=token"], "algo.correction.is_level=token (algo.mode=naive"),
     (["algo.correction.is_level=token"], "algo.correction.is_level=token (algo.mode=bypass with algo.loss_type=ppo_clip"),
+    (["algo.mode=decoupled", "algo.correction.is_threshold=3.0"], "algo.correction.is_threshold=3.0 (algo.correction.is_level is unset"),
+    (["algo.mode=naive", "algo.correction.is_threshold=3.0"], "algo.correction.is_threshold=3.0 (algo.mode=naive"),  # once
+    (["algo.correction.rs_threshold=0.5"], "algo.correction.rs_threshold=0.5 (algo.correction.rs is unset"),
     (["algo.loss_type=gspo", "algo.clip_c=5"], "algo.clip_c=5.0 (the dual clip is ppo_clip's"),
     (["algo.m2_threshold=0.1"], "algo.m2_threshold=0.1 (algo.loss_type=ppo_clip)"),
     (["algo.norm_constant=100"], "algo.norm_constant=100"),
