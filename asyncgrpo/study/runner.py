@@ -478,7 +478,7 @@ def command(spec_path: str, arguments: Sequence[str], dry_run: bool = False, rep
                 log(str(path))
             return 0
         spec = Spec.load(find_spec(spec_path), extra_base=extra_base)
-        for line in spec.inert_settings():
+        for line in spec.unread:
             log(f"[study] warning: {line}")
         directory = Path(study_dir) if study_dir else default_study_dir(spec)
         if dry_run:

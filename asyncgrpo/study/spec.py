@@ -11,7 +11,7 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,8 @@ class Spec:
     source: str = "spec"  # the file it came from, for messages
     command: str = "train"  # COMMANDS
     recordings: list[str] | None = None  # `command: replay`: the recording directories, one per "seed"
+    # Set by `load`: a line per cell that changes settings its runs do not read (asyncgrpo/inert_settings.py).
+    unread: list[str] = field(default_factory=list)
 
     # -------------------------------------------------------------------------- loading
 
@@ -134,7 +136,7 @@ class Spec:
         value the config refuses fails here, before any run, in one line naming the cell.
         `extra_base` overrides (from the command line) are added after the spec's base."""
         spec = cls.parse(read_spec_file(path), source=str(path), extra_base=extra_base)
-        spec.check_configs()
+        spec.unread = spec.inert_settings(spec.check_configs())
         return spec
 
     @classmethod
@@ -203,13 +205,13 @@ class Spec:
         """A run of each cell (its first seed's), or of each cell and recording for a replay study."""
         return self.runs(Path(STUDY_DIR_ROOT) / self.name, seeds=None if self.recordings is not None else self.seeds[:1])
 
-    def inert_settings(self) -> list[str]:
-        """A line for each cell that changes settings its runs do not read (asyncgrpo/inert_settings.py):
-        a spec that sets them most likely meant them to act."""
+    def inert_settings(self, configs: Sequence[Any]) -> list[str]:
+        """A line for each cell whose config (`configs`, from check_configs) changes settings its runs do
+        not read (asyncgrpo/inert_settings.py): a spec that sets them most likely meant them to act."""
         from asyncgrpo.inert_settings import inert_settings
 
         found = (f"cell {plan.cell.label}: set but not read by its runs: {'; '.join(inert)}"
-                 for plan, cfg in zip(self._plans_to_check(), self.check_configs()) if (inert := inert_settings(cfg)))
+                 for plan, cfg in zip(self._plans_to_check(), configs) if (inert := inert_settings(cfg)))
         return list(dict.fromkeys(found))
 
     def _check_replays(self) -> list[Any]:

@@ -692,12 +692,13 @@ def test_aggregate_alone_rebuilds_the_results_from_the_run_directories(tmp_path)
     assert (tmp_path / "results.csv").read_text() == before
 
 
-def test_the_example_specs_in_configs_studies_load(tmp_path):
+def test_the_example_specs_in_configs_studies_load_and_set_nothing_their_runs_do_not_read(tmp_path):
     for path in sorted(STUDY_SPECS_DIR.glob("*.yaml")):
         data = read_spec_file(path)
         # A replay study's recordings exist only where they were made: its structure is checked.
         spec = Spec.parse(data, source=str(path)) if data.get("command") == "replay" else Spec.load(path)
         assert spec.cells() and spec.seeds
+        assert spec.unread == [], path
         if spec.baseline is not None:
             assert spec.baseline_cell() is not None
 
