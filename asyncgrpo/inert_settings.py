@@ -9,7 +9,8 @@ task that makes its own problems are refused instead (config.py, _task_rules): t
 train on other prompts than the user's.
 
 Each rule below was checked against the code that reads its keys: nothing else reads them while the
-condition holds.
+condition holds. Left out on purpose: algo.correction.is_* under algo.mode=bypass with a ratio loss
+(the weights do not reach the loss there, but they still give the is/* metrics, ESS included).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from asyncgrpo.schema import Config, RewardTermConfig
 from asyncgrpo.tasks import FILE_TASKS
 
 # The task.* keys each built-in task reads beside task.eval_size (tasks/__init__.py, make_task).
+JUDGE_WAIT_KEYS = ("concurrency", "timeout_s", "retries", "backoff_s")
 TASK_KEYS = {
     "arithmetic": ("num_digits",),
     "countdown": ("countdown_numbers", "countdown_max_number"),
@@ -64,13 +66,6 @@ def section_keys(section: str, *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _ratio_loss(cfg: Config) -> bool:
-    """A loss whose ratio the IS weights are not applied to (algo/losses.py; torch: imported late)."""
-    from asyncgrpo.algo.losses import RATIO_LOSS_TYPES
-
-    return cfg.algo.loss_type in RATIO_LOSS_TYPES
-
-
 def _judge_terms(cfg: Config) -> bool:
     return "judge" in [term.kind or term.name for term in cfg.reward.terms]
 
@@ -80,10 +75,6 @@ RULES: tuple[InertWhen, ...] = (
               lambda c: "algo.kl.enabled=false"),
     InertWhen(section_keys("algo.correction"), lambda c: c.algo.mode == "naive",
               lambda c: "algo.mode=naive applies no rollout correction"),
-    InertWhen(("algo.correction.is_level", "algo.correction.is_threshold", "algo.correction.is_batch_normalize"),
-              lambda c: c.algo.mode == "bypass" and _ratio_loss(c),
-              lambda c: f"algo.mode=bypass with algo.loss_type={c.algo.loss_type}: the ratio to the generator's "
-                        "log-probs is the correction"),
     InertWhen(("algo.correction.is_threshold", "algo.correction.is_batch_normalize"),
               lambda c: c.algo.correction.is_level is None, lambda c: "algo.correction.is_level is unset: no IS weights"),
     InertWhen(("algo.correction.rs_threshold",), lambda c: c.algo.correction.rs is None,
@@ -107,7 +98,10 @@ RULES: tuple[InertWhen, ...] = (
     InertWhen(("weights.full_every",), lambda c: not c.weights.delta, lambda c: "weights.delta=false"),
     InertWhen(section_keys("env", but=("env.name",)), lambda c: not c.env.name,
               lambda c: "no env.name: a rollout is one policy turn"),
-    InertWhen(section_keys("reward.judge"), lambda c: not _judge_terms(c),
+    # Not the judge's concurrency, timeout_s, retries and backoff_s: they size the generator's wait for
+    # any reward batch (rewards/scorer.py, calls_bound_s), judged or not.
+    InertWhen(section_keys("reward.judge", but=tuple(f"reward.judge.{key}" for key in JUDGE_WAIT_KEYS)),
+              lambda c: not _judge_terms(c),
               lambda c: "no reward term of kind judge"),
     InertWhen(("log.wandb_project", "log.wandb_mode"), lambda c: not c.log.wandb, lambda c: "log.wandb=false"),
     InertWhen(section_keys("data"), lambda c: c.task.name not in FILE_TASKS,

@@ -73,7 +73,7 @@ from asyncgrpo.algo.correction import rollout_correction
 from asyncgrpo.algo.settings import AGG_MODES, LossSettings
 
 # The losses whose ratio is taken against the old policy; `reinforce` ignores old_logp.
-RATIO_LOSS_TYPES = ("ppo_clip", "gspo", "cispo", "m2po")
+_RATIO_LOSS_TYPES = ("ppo_clip", "gspo", "cispo", "m2po")
 
 _LOG_RATIO_BOUND = 20.0
 # GSPO's token log-ratio ceiling, verl's (compute_policy_loss_gspo): a sequence whose log-ratio lies
@@ -387,7 +387,7 @@ def bypass_policy_loss(
         advantages,
         kept_mask,
         settings,
-        is_weights=None if settings.loss_type in RATIO_LOSS_TYPES else weights,
+        is_weights=None if settings.loss_type in _RATIO_LOSS_TYPES else weights,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
     )

@@ -391,23 +391,31 @@ def check_earlier_runs(plans: list[RunPlan]) -> None:
         except (OSError, json.JSONDecodeError):
             raise StudyError(f"{plan.run_dir}: a finished run without a readable {RUN_RECORD}: not a run of this "
                              "study; use another study_dir") from None
-        recorded = {"--config-name": f"--config-name {record.get('config_name')}",
-                    "recording": f"recording {record.get('recording')}",
-                    **effective_overrides(record.get("overrides") or [])}
-        planned = {"--config-name": f"--config-name {plan.config_name}", "recording": f"recording {_recording(plan)}",
-                   **effective_overrides(plan.overrides)}
+        recorded = (f"--config-name {record.get('config_name')}", f"recording {record.get('recording')}",
+                    override_settings(record.get("overrides") or []))
+        planned = (f"--config-name {plan.config_name}", f"recording {_recording(plan)}",
+                   override_settings(plan.overrides))
         if recorded != planned:
-            differing = sorted(set(recorded.values()) ^ set(planned.values()))
+            differing = sorted(set(_setting_texts(recorded)) ^ set(_setting_texts(planned))) or ["their order"]
             raise StudyError(f"{plan.run_dir}: finished with other settings than the spec asks for now "
                              f"(differing: {', '.join(differing)}); use another study_dir, or remove that run")
 
 
-def effective_overrides(overrides: Sequence[str]) -> dict[str, str]:
-    """What a list of Hydra overrides sets, as {key: the override that sets it}: the last override of
-    a key wins, as when Hydra applies them, so two lists that set the same values in another order
-    (a key moved within the spec's base) compare equal and two whose repeated key ends on another
-    value do not. The prefix (+, ++, ~) stays in the override."""
-    return {override.partition("=")[0].lstrip("+~"): override for override in overrides}
+def override_settings(overrides: Sequence[str]) -> dict[str, str] | tuple[str, ...]:
+    """What a list of Hydra overrides sets, for comparing two lists: {key: the override that sets it}
+    (the last of a repeated key wins, as in Hydra) where their order cannot matter otherwise, so
+    moving a key within a spec's base is no change; the list itself where it can (a key and one
+    inside it, `learner.lora={...}` and `learner.lora.alpha=32`, or a deletion `~key`)."""
+    keys = [override.partition("=")[0].strip().lstrip("+~") for override in overrides]
+    nested = any(inner.startswith((outer + ".", outer + "[")) for outer in keys for inner in keys)
+    if nested or any(override.lstrip().startswith("~") for override in overrides):
+        return tuple(overrides)
+    return dict(zip(keys, overrides))
+
+
+def _setting_texts(settings: tuple[Any, ...]) -> list[str]:
+    *header, overrides = settings
+    return [*header, *(overrides.values() if isinstance(overrides, dict) else overrides)]
 
 
 def _run_record(plan: RunPlan) -> dict[str, Any]:

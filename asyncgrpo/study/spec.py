@@ -210,6 +210,8 @@ class Spec:
         not read (asyncgrpo/inert_settings.py): a spec that sets them most likely meant them to act."""
         from asyncgrpo.inert_settings import inert_settings
 
+        if self.recordings is not None:
+            return []  # a replay's config is its recording's: what it sets, the spec did not
         found = (f"cell {plan.cell.label}: set but not read by its runs: {'; '.join(inert)}"
                  for plan, cfg in zip(self._plans_to_check(), configs) if (inert := inert_settings(cfg)))
         return list(dict.fromkeys(found))

@@ -22,7 +22,6 @@ def quiet_load(overrides: list[str], config_name: str = "default") -> Config:
 @pytest.mark.parametrize(("overrides", "named"), [
     (["algo.kl.coef=0.05"], "algo.kl.coef=0.05 (algo.kl.enabled=false)"),
     (["algo.mode=naive", "algo.correction.is_level=token"], "algo.correction.is_level=token (algo.mode=naive"),
-    (["algo.correction.is_level=token"], "algo.correction.is_level=token (algo.mode=bypass with algo.loss_type=ppo_clip"),
     (["algo.mode=decoupled", "algo.correction.is_threshold=3.0"], "algo.correction.is_threshold=3.0 (algo.correction.is_level is unset"),
     (["algo.mode=naive", "algo.correction.is_threshold=3.0"], "algo.correction.is_threshold=3.0 (algo.mode=naive"),  # once
     (["algo.correction.rs_threshold=0.5"], "algo.correction.rs_threshold=0.5 (algo.correction.rs is unset"),
@@ -57,6 +56,8 @@ def test_a_changed_key_whose_feature_is_off_is_named_with_why(overrides, named):
     ["learner.lora.rank=4", "learner.lora.alpha=32"],
     ["weights.delta=true", "weights.full_every=5", "weights.backend=zmq", "weights.wire_dtype=bfloat16"],
     ["algo.kl.coef=0.001"],  # the default, typed out: not a change
+    ["algo.correction.is_level=token"],  # under bypass's clip the weights give the is/* metrics only
+    ["reward.judge.timeout_s=600", "reward.judge.concurrency=1"],  # they size the wait for any reward batch
     ["model.hidden_size=128"],
     ["reward.terms=[{name: n, kind: numeric, tolerance: 0.01}, {name: f, kind: format, pattern: 'y'}]"],
 ])

@@ -20,7 +20,7 @@ import yaml
 from asyncgrpo.study.report import RESULT_COLUMNS, aggregate
 from asyncgrpo.study.results import accuracy_auc, tail_mean, value_at
 from asyncgrpo.study.runner import (EXIT_INTERRUPTED, RUN_LOG, RUN_RECORD, StudyError, SubprocessRunner,
-                                    effective_overrides, run_study)
+                                    override_settings, run_study)
 from asyncgrpo.study.spec import (
     RUN_DEFAULTS,
     STUDY_SPECS_DIR,
@@ -546,11 +546,14 @@ def test_a_rerun_where_a_repeated_key_ends_on_another_value_is_refused_naming_it
     (["a=1", "a=2"], ["a=2"], True),  # the last one wins, as in Hydra
     (["a=1", "a=2"], ["a=2", "a=1"], False),
     (["+a=1"], ["a=1"], False),  # adding a key is not setting one
-    (["a=1", "~a"], ["~a"], True),
+    (["a.b=1", "a.c=2"], ["a.c=2", "a.b=1"], True),
+    (["a={b:1}", "a.b=2"], ["a.b=2", "a={b:1}"], False),  # a key and one inside it: their order decides
+    (["r=[1]", "r[0]=2"], ["r[0]=2", "r=[1]"], False),
+    (["~a", "a=1"], ["a=1"], False),  # a deletion: compared as written
     (["a=1"], ["a=1", "b=2"], False),
 ])
-def test_effective_overrides_compare_what_the_overrides_set_not_their_order(first, second, same):
-    assert (effective_overrides(first) == effective_overrides(second)) is same
+def test_overrides_compare_by_what_they_set_and_by_their_order_only_where_it_matters(first, second, same):
+    assert (override_settings(first) == override_settings(second)) is same
 
 
 def test_ctrl_c_stops_the_study_and_still_writes_the_results_of_the_finished_runs(tmp_path):
@@ -595,14 +598,13 @@ def test_the_cli_exit_codes_say_spec_error_and_dry_run_lists_the_runs(tmp_path, 
 def test_a_cell_that_sets_what_its_runs_do_not_read_is_warned_of_once_before_anything_runs(tmp_path, capsys):
     from asyncgrpo.cli import main
 
-    grid = {"mode": {"bypass_tis": {"algo.mode": "bypass", "algo.correction.is_level": "token"},
+    grid = {"mode": {"naive_tis": {"algo.mode": "naive", "algo.correction.is_level": "token"},
                      "tis": {"algo.mode": "decoupled", "algo.correction.is_level": "token"}}}
     spec = write_spec(tmp_path, with_changes(grid=grid, baseline=None))
     assert main(["study", str(spec), f"study_dir={tmp_path / 's'}", "--dry-run"]) == 0
     warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
-    assert warnings == ["[study] warning: cell mode=bypass_tis: set but not read by its runs: "
-                        "algo.correction.is_level=token (algo.mode=bypass with algo.loss_type=ppo_clip: the ratio "
-                        "to the generator's log-probs is the correction)"]
+    assert warnings == ["[study] warning: cell mode=naive_tis: set but not read by its runs: "
+                        "algo.correction.is_level=token (algo.mode=naive applies no rollout correction)"]
 
 
 def test_the_subprocess_runner_passes_one_sigint_to_a_run_in_its_own_session(tmp_path, monkeypatch):
