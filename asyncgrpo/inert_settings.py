@@ -23,8 +23,9 @@ from typing import Any
 from asyncgrpo.schema import Config, RewardTermConfig
 from asyncgrpo.tasks import FILE_TASKS
 
-# The task.* keys each built-in task reads beside task.eval_size (tasks/__init__.py, make_task).
+# The reward.judge keys every run reads: they size the generator's wait for any reward batch.
 JUDGE_WAIT_KEYS = ("concurrency", "timeout_s", "retries", "backoff_s")
+# The task.* keys each built-in task reads beside task.eval_size (tasks/__init__.py, make_task).
 TASK_KEYS = {
     "arithmetic": ("num_digits",),
     "countdown": ("countdown_numbers", "countdown_max_number"),
