@@ -2,6 +2,10 @@
 
     step():  ack_wait -> gen_wait (take) -> record -> prepare -> train (update) -> push
 
+(Under train.fixed_staleness=k >= 1 the push after the update only keeps a copy of the new
+version; the one that fills the next step is sent right after the take, `push` time too, so the
+generators sample the next step while this one trains: learner/publication.py.)
+
 Rank 0's first phases wait for lagging engines and take the step's groups through `intake.GroupIntake`,
 which also keeps publishing the newest weights to a restarted generator until it loads them.
 
@@ -70,7 +74,7 @@ class Learner:
         # The newest version the generators can load: pushed, or the one they start from.
         self.pushed_version = 0
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
-        # train.fixed_staleness=k >= 1: the last k versions, published k steps late (rank 0 fills it).
+        # train.fixed_staleness=k >= 1: the versions made but not yet published, at most k (rank 0's).
         self._ring, self.max_new_tokens, self.publication = ring, max_new_tokens, publication
         self.intake = (GroupIntake(cfg, source, registry, weights, publication=publication, num_generators=num_generators,
                                    timeout_s=timeout_s) if source is not None else None)
@@ -104,7 +108,10 @@ class Learner:
         start = time.perf_counter()
         self._first_step_start = self._first_step_start or start
         groups = self._take_groups(timer) if self.rank == 0 else None
+        sent_after_take = self._publish_next_step(timer) if self.rank == 0 else 0
         metrics = self.train_on(groups, timer)
+        if self._ring is not None:
+            metrics["perf/push_bytes"] = sent_after_take
         if self.intake is not None:
             self.intake.rejoins.serve()
         self.idle_s += timer.seconds["ack_wait"] + timer.seconds["gen_wait"]
@@ -129,6 +136,16 @@ class Learner:
                 self.recorder.record_step(self.version, groups)
         self._last_taken = (self.version, groups)
         return groups
+
+    def _publish_next_step(self, timer: PhaseTimer) -> int:
+        """Rank 0, under train.fixed_staleness=k >= 1, once the step's groups are taken: publish the
+        held version that fills the next step (version + 1 - k), before this one trains."""
+        if self._ring is None or self.weights is None:
+            return 0
+        with timer("push"):
+            published, sent = self._ring.publish(self.version, self.weights.push)
+        self.pushed_version = self.pushed_version if published is None else published
+        return sent
 
     def _wait_for_generators(self) -> None:
         """The `ack_wait` phase; a wait counts in `learner/ack_waits`."""
@@ -169,17 +186,16 @@ class Learner:
 
     def push_weights(self, newest: bool = False) -> int:
         """Every rank calls it (the gather is a collective); rank 0 sends. Returns the bytes sent.
-        Under train.fixed_staleness=k >= 1 it publishes version v - k's weights (none in the first k
-        steps) and keeps v's; `newest` sends v's now (the end of the run)."""
+        Under train.fixed_staleness=k >= 1 it only keeps a copy of version v's weights (published
+        after step v + k - 1's take, by `_publish_next_step`); `newest` sends v's now (the end of the run)."""
         named = pushed_tensors(self.policy, self.publication.adapters_only)  # gathered lazily, as the sender takes each tensor
         if self.weights is None:
             for _ in named:  # every rank takes part in every gather
                 pass
             return 0
         if self._ring is not None and not newest:
-            published, sent = self._ring.publish(self.version, named, self.weights.push)
-            self.pushed_version = self.pushed_version if published is None else published
-            return sent
+            self._ring.hold(self.version, named)
+            return 0
         sent = self.weights.push(self.version, named)
         self.pushed_version = self.version
         return sent

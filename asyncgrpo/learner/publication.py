@@ -1,17 +1,24 @@
-"""Delayed weight publication, for `train.fixed_staleness=k`: at version v the learner publishes
-the weights of version v - k, labelled v - k, instead of its newest.
+"""Delayed weight publication, for `train.fixed_staleness=k`: once the learner at version v has
+taken step v's groups, and before it trains them, it publishes the weights of version v + 1 - k,
+labelled v + 1 - k, instead of its newest.
 
 Why this fixes staleness at k (docs/ALGORITHMS.md, Fixed staleness): the dispatcher
-(asyncgrpo/queue/dispatch.py) grants a slot of step u only to a generator holding w >= u - k. A group of
-step u is started before the learner takes step u, i.e. at a learner version <= u, when the newest
-published weights are at most u - k. So w = u - k exactly, for every step u >= k (the dispatcher's
-lower bound makes it exact on its own). The first k steps (and the first k after a resume: the
-checkpoint holds only its own version) are sampled by the starting weights, staleness u.
+(asyncgrpo/queue/dispatch.py) grants a generator holding w > the starting version only slots of
+step w + k. Version v + 1 - k fills step v + 1, the learner's next; step v's groups are all in hand
+when it is published, so no slot of step v or earlier is left for the older weights it replaces
+(the rule tests/unit/test_dispatch.py's interleavings check: nothing newer than u - k is loadable
+while step u is not taken). The first k steps (and the first k after a resume: the checkpoint holds
+only its own version) are sampled by the starting weights, staleness u.
 
-Rank 0 keeps CPU copies of the last k versions' state dicts in the dtype the weights travel in
-(`learner.parts.held_dtype`, which builds the ring): casting before the sender casts again changes
-nothing, and costs k pushes of memory (preflight's `memory_gib`). A version's copy is released once
-published.
+Why before training: the generators sample step v + 1 while the learner trains step v, so a
+fixed-staleness run overlaps generation and training by one step, as a version-bounded one does.
+Publishing after the update (v + 1 - k at version v + 1) would give the same versions to the same
+steps one phase later, and make every step wait for the update before its generation.
+
+Rank 0 keeps CPU copies of the versions made but not yet published, at most k, in the dtype the
+weights travel in (`learner.parts.held_dtype`, which builds the ring): casting before the sender
+casts again changes nothing, and costs k pushes of memory (preflight's `memory_gib`). A version's
+copy is released once published.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ def pushed_tensors(policy: Policy, adapters_only: bool) -> Iterator[tuple[str, t
 
 
 class VersionRing:
-    """The versions a learner with publication delay `delay` (>= 1) has made but not yet published."""
+    """The versions a learner with publication delay `delay` (>= 1) has made but not yet published:
+    `hold` after each update, `publish` after each take."""
 
     def __init__(self, delay: int, dtype: torch.dtype) -> None:
         if delay < 1:
@@ -53,22 +61,22 @@ class VersionRing:
     def versions(self) -> list[int]:
         return list(self._held)
 
-    def publish(self, version: int, named: Iterable[tuple[str, torch.Tensor]],
-                send: Callable[[int, NamedTensors], int]) -> tuple[int | None, int]:
-        """At learner version `version` with its weights `named`: `send` version - delay's weights,
-        if held (None during the warm-up), then keep a copy of `named`. Returns (the version sent
-        or None, the bytes `send` reported)."""
+    def hold(self, version: int, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Keep a copy of version `version`'s weights `named` (the update just made it)."""
         if self._held and version != max(self._held) + 1:
             # A skipped version would leave a hole that is published as nothing, k steps later.
             raise RuntimeError(f"delayed publication needs a push every step: version {version} after "
                                f"{max(self._held)} (weights.push_every_steps must be 1)")
-        due = version - self.delay
-        # Sent before this version is copied: at most `delay` copies are held at any time.
-        tensors = self._held.pop(due, None)
-        published, sent = (due, send(due, tensors)) if tensors is not None else (None, 0)
-        del tensors
         self._held[version] = [(name, self._copy(tensor)) for name, tensor in named]
-        return published, sent
+
+    def publish(self, taken_step: int, send: Callable[[int, NamedTensors], int]) -> tuple[int | None, int]:
+        """Step `taken_step`'s groups are all taken: `send` the weights of version
+        taken_step + 1 - delay, which fill the next step, if held (None during the warm-up: the
+        generators keep the starting weights). Returns (the version sent or None, the bytes `send`
+        reported)."""
+        due = taken_step + 1 - self.delay
+        tensors = self._held.pop(due, None)
+        return (due, send(due, tensors)) if tensors is not None else (None, 0)
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
         dtype = self.dtype if tensor.is_floating_point() else tensor.dtype

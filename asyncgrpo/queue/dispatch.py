@@ -21,8 +21,8 @@ the newest pushed weights is granted it: the push period is at most min_stalenes
 
 Under `train.fixed_staleness=k` (max_staleness = k) the contract's lower bound is granted too
 (s // G >= w + k): a generator holding w fills step w + k exactly, and every step u past the warm-up is sampled by
-version u - k (the learner publishes v - k at version v, so at version v the engines hold <= v - k
-and fill step v: no deadlock). The starting weights (version first_step: the run's, or a resumed
+version u - k (the learner publishes v + 1 - k only once step v is taken, so until then the engines
+hold <= v - k and fill step v: no deadlock). The starting weights (version first_step: the run's, or a resumed
 checkpoint's) fill steps first_step .. first_step + k.
 
 Groups finish out of order (a continuous generator sends each the moment its samples are done).
@@ -149,7 +149,7 @@ class Dispatcher:
         and the starting weights (w == first_step: the run's, or the resumed checkpoint's) the steps
         first_step .. first_step + max_staleness; weights older than those, none.
         The learner's delayed publication (learner/publication.py) already keeps every engine at or
-        below v - max_staleness; this bound makes exactness the dispatcher's own guarantee, so an
+        below u - max_staleness until step u is taken; this bound makes exactness the dispatcher's own guarantee, so an
         engine that came by newer weights anyway is kept from sampling a step fresher than k."""
         if not self.fixed_staleness:
             return 0

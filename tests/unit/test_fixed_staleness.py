@@ -1,6 +1,7 @@
 """train.fixed_staleness=k: the learner's delayed publication (asyncgrpo/learner/publication.py).
-At version v it publishes version v - k's weights, labelled v - k; at the end, the newest. The
-dispatcher's lower bound that goes with it is tested in tests/unit/test_dispatch.py."""
+Once step v's groups are taken, before they train, it publishes version v + 1 - k's weights,
+labelled v + 1 - k; at the end, the newest. The dispatcher's lower bound that goes with it is
+tested in tests/unit/test_dispatch.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from asyncgrpo.learner.parts import held_dtype, outside_sections, version_ring
 from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.driver.preflight import memory_estimate
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
+from asyncgrpo.runtime.timing import PhaseTimer
 from asyncgrpo.wire import VersionAck
 
 
@@ -58,21 +60,29 @@ def advance(learner: Learner) -> int:
     return learner.push_weights()
 
 
+def take_and_train(learner: Learner) -> int:
+    """One step's publishing as `Learner.step` does it: after the take, then the update and its
+    push. Returns the bytes published after the take."""
+    sent = learner._publish_next_step(PhaseTimer())
+    advance(learner)
+    return sent
+
+
 def labels_and_contents(learner: Learner) -> list[tuple[int, float, int]]:
     return [(v, float(t["w"][0]), int(t["step"][0])) for v, t in learner.weights.pushes]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_version_v_publishes_the_weights_of_version_v_minus_k_under_their_own_label(k):
+def test_the_take_of_step_v_publishes_the_weights_of_version_v_plus_1_minus_k_under_their_own_label(k):
     learner = learner_with(k)
     published = []
-    for _ in range(8):
-        sent = advance(learner)
+    for step in range(8):
+        sent = take_and_train(learner)
         published.append(learner.pushed_version)
-        assert (sent > 0) == (learner.version > k)  # nothing during the warm-up
-    # Version v >= k + 1 publishes v - k (k itself would publish version 0, which the generators start from).
-    assert labels_and_contents(learner) == [(v - k, v - k, v - k) for v in range(k + 1, 9)]
-    assert published == [max(0, v - k) for v in range(1, 9)]
+        assert (sent > 0) == (step + 1 - k >= 1)  # nothing during the warm-up
+    # Step v's take publishes v + 1 - k (version 0 is the one the generators start from: not sent again).
+    assert labels_and_contents(learner) == [(v + 1 - k, v + 1 - k, v + 1 - k) for v in range(k, 8)]
+    assert published == [max(0, v + 1 - k) for v in range(8)]
     assert learner._ring.versions == list(range(9 - k, 9))  # k copies held, no more
     # The end of the run: the true newest weights, then Shutdown.
     learner.finish()
@@ -80,13 +90,34 @@ def test_version_v_publishes_the_weights_of_version_v_minus_k_under_their_own_la
     assert learner.pushed_version == 8 and learner.weights.shutdowns == ["training finished"]
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_version_that_fills_the_next_step_is_published_before_this_step_trains(k):
+    # So the generators sample step v + 1 while the learner trains step v (the overlap).
+    learner = learner_with(k)
+    learner.version = learner.pushed_version = learner.policy.version = 10
+    learner._take_groups = lambda timer: []
+    seen_while_training = []
+
+    def train_on(groups, timer=None):
+        seen_while_training.append((learner.version, learner.pushed_version))
+        advance(learner)
+        return {"perf/samples": 1, "perf/tokens": 1, "reward/all_equal_frac": 0.0}
+
+    learner.train_on = train_on
+    for _ in range(6):
+        metrics = learner.step()
+    # Step v trains with v + 1 - k published (the resumed run's first k - 1 steps: its own weights, 10).
+    assert seen_while_training == [(v, max(10, v + 1 - k)) for v in range(10, 16)]
+    assert metrics["perf/push_bytes"] > 0 and metrics["time/push_s"] >= 0
+
+
 def test_the_held_copies_are_copies_not_views_of_the_live_weights():
     ring = VersionRing(1, torch.float32)
     live = torch.zeros(2)
     sent = []
-    ring.publish(1, [("w", live)], lambda v, named: sent.append((v, named)) or 8)
+    ring.hold(1, [("w", live)])
     live += 5  # the optimizer step changes the live tensor in place
-    assert ring.publish(2, [("w", live)], lambda v, named: sent.append((v, named)) or 8) == (1, 8)
+    assert ring.publish(1, lambda v, named: sent.append((v, named)) or 8) == (1, 8)
     assert sent[0][1][0][1].tolist() == [0.0, 0.0]
 
 
@@ -95,9 +126,9 @@ def test_copies_are_held_in_the_dtype_the_weights_travel_in():
     assert held_dtype(load(["rollout.dtype=bfloat16", "weights.wire_dtype=float32"])) == torch.float32
     assert held_dtype(load(["rollout.dtype=bfloat16", "weights.backend=nccl"])) == torch.float32
     ring = VersionRing(1, torch.bfloat16)
-    ring.publish(1, [("w", torch.tensor([1.0 + 2 ** -10])), ("i", torch.tensor([3]))], lambda v, n: 0)
+    ring.hold(1, [("w", torch.tensor([1.0 + 2 ** -10])), ("i", torch.tensor([3]))])
     sent = []
-    ring.publish(2, [("w", torch.ones(1)), ("i", torch.tensor([4]))], lambda v, n: sent.extend(n) or 1)
+    ring.publish(1, lambda v, n: sent.extend(n) or 1)
     (_, w), (_, i) = sent
     assert w.dtype == torch.bfloat16 and w.item() == 1.0  # rounded as the wire would round it
     assert i.dtype == torch.int64 and i.item() == 3
@@ -105,17 +136,17 @@ def test_copies_are_held_in_the_dtype_the_weights_travel_in():
 
 def test_a_skipped_version_fails_instead_of_publishing_a_hole():
     ring = VersionRing(2, torch.float32)
-    ring.publish(1, [("w", torch.zeros(1))], lambda v, n: 0)
+    ring.hold(1, [("w", torch.zeros(1))])
     with pytest.raises(RuntimeError, match="push every step"):
-        ring.publish(3, [("w", torch.zeros(1))], lambda v, n: 0)
+        ring.hold(3, [("w", torch.zeros(1))])
 
 
 def test_a_resumed_learner_warms_up_again_from_the_checkpoint_version():
     learner = learner_with(2)
     learner.version = learner.pushed_version = learner.policy.version = 10  # load_state_dict's effect
     for _ in range(4):
-        advance(learner)
-    assert [v for v, *_ in labels_and_contents(learner)] == [11, 12]  # 11 and 12: at versions 13 and 14
+        take_and_train(learner)
+    assert [v for v, *_ in labels_and_contents(learner)] == [11, 12]  # at the takes of steps 12 and 13
 
 
 def test_fixed_staleness_zero_and_off_push_the_newest_weights_directly():
@@ -129,7 +160,7 @@ def test_fixed_staleness_zero_and_off_push_the_newest_weights_directly():
 def test_the_metrics_report_the_published_version_and_the_backlog_behind_it():
     learner = learner_with(2)
     for _ in range(5):
-        advance(learner)  # version 5 publishes 3
+        take_and_train(learner)  # step 4's take published 3; version 5 now
     learner.source.put(VersionAck(0, 3))
     metrics = learner.intake.generator_metrics(learner.pushed_version)
     assert metrics["weights/published_version"] == 3 and metrics["weights/backlog"] == 0
