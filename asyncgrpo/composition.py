@@ -13,7 +13,7 @@ from asyncgrpo.learner.resume import DISPATCH_KEY, file_sha256
 from asyncgrpo.runtime.placement import spans_nodes
 from asyncgrpo.runtime.ray_cluster import local_cpus
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import FILE_TASKS, Task, make_task
+from asyncgrpo.tasks import FILE_TASKS, TASK_PARAMETERS, Task, make_task
 from asyncgrpo.wire.reach import resolve_wire_transport
 
 if TYPE_CHECKING:
@@ -92,14 +92,6 @@ def local_cluster_cpus(cfg: Config, address: str) -> int | None:
     return local_cpus(cfg.ray.num_cpus, actor_cpus)
 
 
-# Task parameters that change which problems a built-in task generates or holds out.
-_TASK_PARAMETERS = {
-    "arithmetic": ("num_digits", "eval_size"),
-    "countdown": ("countdown_numbers", "countdown_max_number", "eval_size"),
-    "longtail": ("longtail_min_digits", "longtail_max_digits", "longtail_exponent", "eval_size"),
-}
-
-
 def run_record(cfg: Config) -> dict[str, Any]:
     """The settings that define the generators' prompt streams, keyed by their config keys (so a
     difference names the key), which a checkpoint records and a resume is checked against
@@ -114,7 +106,7 @@ def run_record(cfg: Config) -> dict[str, Any]:
         "task.name": task.name,
         "seed": cfg.seed,  # seeds each built-in stream, and the shuffle of file tasks
     }
-    for name in _TASK_PARAMETERS.get(task.name, ("eval_size",)):
+    for name in (*TASK_PARAMETERS.get(task.name, ()), "eval_size"):
         record[f"task.{name}"] = getattr(task, name)
     if task.name in FILE_TASKS:
         files = [str(Path(p).expanduser().resolve()) for p in cfg.data.train_files]

@@ -21,18 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncgrpo.schema import Config, RewardTermConfig
-from asyncgrpo.tasks import FILE_TASKS
+from asyncgrpo.tasks import FILE_TASKS, TASK_PARAMETERS
 
 # The reward.judge keys every run reads: they size the generator's wait for any reward batch.
 JUDGE_WAIT_KEYS = ("concurrency", "timeout_s", "retries", "backoff_s")
-# The task.* keys each built-in task reads beside task.eval_size (tasks/__init__.py, make_task).
-TASK_KEYS = {
-    "arithmetic": ("num_digits",),
-    "countdown": ("countdown_numbers", "countdown_max_number"),
-    "longtail": ("longtail_min_digits", "longtail_max_digits", "longtail_exponent"),
-    "multiply": ("multiply_left_digits", "multiply_right_digits"),
-    "guess": ("guess_max",),
-}
 
 
 @dataclass(frozen=True)
@@ -108,7 +100,7 @@ RULES: tuple[InertWhen, ...] = (
     InertWhen(section_keys("data"), lambda c: c.task.name not in FILE_TASKS,
               lambda c: f"task.name={c.task.name} makes its own problems"),
     *(InertWhen(tuple(f"task.{key}" for key in keys), lambda c, task=task: c.task.name != task,
-                lambda c: f"task.name={c.task.name}") for task, keys in TASK_KEYS.items()),
+                lambda c: f"task.name={c.task.name}") for task, keys in TASK_PARAMETERS.items()),
 )
 
 

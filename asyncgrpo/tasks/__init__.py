@@ -20,12 +20,22 @@ from asyncgrpo.tasks.problem import Problem, Task
 if TYPE_CHECKING:
     from asyncgrpo.schema import Config
 
-__all__ = ["FILE_TASKS", "TASK_NAMES", "ArithmeticTask", "CountdownTask", "GuessTask", "LongtailTask", "MultiplyTask",
+__all__ = ["FILE_TASKS", "TASK_NAMES", "TASK_PARAMETERS", "ArithmeticTask", "CountdownTask", "GuessTask", "LongtailTask", "MultiplyTask",
            "Problem", "Task", "make_task", "run_stream"]
 
 # task.name: each is built by `make_task`; the file tasks read their problems from data.* files.
 TASK_NAMES = ("arithmetic", "countdown", "longtail", "multiply", "guess", "gsm8k", "files")
 FILE_TASKS = ("gsm8k", "files")
+# The task.* keys each built-in task's problems depend on beside task.eval_size (every task's), as
+# `make_task` reads them: a resume is checked against them (composition.run_record), and another
+# task's are named as unread (inert_settings).
+TASK_PARAMETERS = {
+    "arithmetic": ("num_digits",),
+    "countdown": ("countdown_numbers", "countdown_max_number"),
+    "longtail": ("longtail_min_digits", "longtail_max_digits", "longtail_exponent"),
+    "multiply": ("multiply_left_digits", "multiply_right_digits"),
+    "guess": ("guess_max",),
+}
 
 
 def make_task(cfg: Config, tokenizer: Any | None = None, *, tool: bool, context_tokens: int) -> Task:

@@ -8,9 +8,8 @@ import pytest
 
 from asyncgrpo import cli
 from asyncgrpo.config import CONFIG_DIR, load
-from asyncgrpo.inert_settings import RULES, TASK_KEYS, inert_settings
+from asyncgrpo.inert_settings import RULES, inert_settings
 from asyncgrpo.schema import Config
-from asyncgrpo.tasks import TASK_NAMES
 
 FILE_TASK_OVERRIDES = ["data.train_files=[x.jsonl]", "model.path=/models/any"]
 
@@ -74,10 +73,6 @@ def test_every_rule_names_keys_of_the_schema():
             for name in key.split("."):
                 assert hasattr(node, name), key
                 node = getattr(node, name)
-
-
-def test_every_task_is_either_a_file_task_or_has_its_parameters_listed():
-    assert set(TASK_KEYS) | {"gsm8k", "files"} == set(TASK_NAMES)
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml")))
