@@ -757,7 +757,7 @@ def _reward_rules(cfg: Config) -> None:
     names = [term.name for term in reward.terms]
     require(len(set(names)) == len(names), "reward.terms", "must have distinct names", names)
     for i, term in enumerate(reward.terms):
-        kind = term.kind or term.name
+        kind = term.resolved_kind
         require(kind in REWARD_KINDS, f"reward.terms[{i}].kind", one_of(REWARD_KINDS), kind)
         require(term.name not in RESERVED_TERM_NAMES and term.name.isidentifier(), f"reward.terms[{i}].name",
                 f"must be an identifier other than {', '.join(RESERVED_TERM_NAMES)} (it is logged as reward/<name>)",
@@ -765,14 +765,14 @@ def _reward_rules(cfg: Config) -> None:
         require(term.weight == term.weight, f"reward.terms[{i}].weight", "must be a number", term.weight)
         require(kind != "fn" or bool(term.fn or reward.fn), f"reward.terms[{i}].fn", "must be package.module:function (or set reward.fn)", term.fn)
         require(term.tolerance >= 0, f"reward.terms[{i}].tolerance", "must be >= 0", term.tolerance)
-    kinds = [term.kind or term.name for term in reward.terms]
+    kinds = [term.resolved_kind for term in reward.terms]
     require(not reward.fn or not reward.terms or "fn" in kinds, "reward.fn",
             "is set but no reward.terms entry has kind fn (with reward.terms set, add {name: fn} to use it)", reward.fn)
 
 
 def _judge_rules(cfg: Config) -> None:
     """reward.judge.*, when a reward term is the LLM judge: a URL the API key may travel to, limits, a parser."""
-    if "judge" not in [term.kind or term.name for term in cfg.reward.terms]:
+    if "judge" not in [term.resolved_kind for term in cfg.reward.terms]:
         return
     judge = cfg.reward.judge
     require(judge.base_url.startswith(("http://", "https://")), "reward.judge.base_url", "must be an http(s) URL", judge.base_url)

@@ -60,7 +60,7 @@ def section_keys(section: str, *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 
 def _judge_terms(cfg: Config) -> bool:
-    return "judge" in [term.kind or term.name for term in cfg.reward.terms]
+    return "judge" in [term.resolved_kind for term in cfg.reward.terms]
 
 
 RULES: tuple[InertWhen, ...] = (
@@ -126,7 +126,7 @@ def _inert_term_fields(cfg: Config) -> list[str]:
     """A reward term's pattern, tolerance or fn set on a term of a kind that does not read it."""
     default, found = RewardTermConfig(), []
     for index, term in enumerate(cfg.reward.terms):
-        kind = term.kind or term.name
+        kind = term.resolved_kind
         changed = [f"reward.terms[{index}].{name}={getattr(term, name)}" for name, kinds in TERM_FIELD_KINDS.items()
                    if kind not in kinds and getattr(term, name) != getattr(default, name)]
         if changed:

@@ -94,6 +94,11 @@ class RewardTermConfig:
     tolerance: float = 1e-6  # kind=numeric: absolute and relative
     pattern: str = ""  # kind=format: a regex the completion must contain (default: the task's answer format)
 
+    @property
+    def resolved_kind(self) -> str:
+        """The kind the term scores by: `kind`, or its name when kind is ""."""
+        return self.kind or self.name
+
 
 @dataclass
 class JudgeConfig:

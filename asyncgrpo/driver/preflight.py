@@ -156,7 +156,7 @@ def check_rewards(cfg: Config) -> dict[str, Any]:
         except RewardFnError as err:
             raise PreflightError(one_line(str(err), limit=1000)) from None
         report["functions"].append(path)
-    if any((term.kind or term.name) == "judge" for term in term_configs(cfg.reward)):
+    if any(term.resolved_kind == "judge" for term in term_configs(cfg.reward)):
         try:
             report["judge"] = probe_judge(cfg.reward.judge)
         except JudgeError as err:

@@ -153,7 +153,7 @@ def fn_paths(cfg: RewardConfig) -> list[tuple[str, str]]:
     """(config key, package.module:function) of every user function the terms call."""
     paths = []
     for index, term in enumerate(term_configs(cfg)):
-        if (term.kind or term.name) == "fn":
+        if term.resolved_kind == "fn":
             paths.append((f"reward.terms[{index}].fn", term.fn) if term.fn else ("reward.fn", cfg.fn))
     return paths
 
@@ -163,7 +163,7 @@ def build_terms(task: Task, cfg: RewardConfig) -> list[RewardTerm]:
 
 
 def _build_term(task: Task, cfg: RewardConfig, term: RewardTermConfig, index: int) -> RewardTerm:
-    kind = term.kind or term.name
+    kind = term.resolved_kind
     name, weight = term.name, float(term.weight)
     if kind == "task":
         return RewardTerm(name, weight, sync_fn=lambda p, c: task.score(c, p), cheap=not getattr(task, "score_is_slow", False),
