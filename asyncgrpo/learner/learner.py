@@ -3,8 +3,8 @@
     step():  ack_wait -> gen_wait (take) -> record -> prepare -> train (update) -> push
 
 (Under train.fixed_staleness=k >= 1 the push after the update only keeps a copy of the new
-version; the one that fills the next step is sent right after the take, `push` time too, so the
-generators sample the next step while this one trains: learner/publication.py.)
+version; the one that fills the next step is sent right after the take, timed as `push` too, so
+the generators sample the next step while this one trains: learner/publication.py.)
 
 Rank 0's first phases wait for lagging engines and take the step's groups through `intake.GroupIntake`,
 which also keeps publishing the newest weights to a restarted generator until it loads them.
@@ -34,7 +34,7 @@ from asyncgrpo.learner.intake import GroupIntake
 from asyncgrpo.learner.metrics import arrived_all_equal_fraction, batch_metrics, rate_metrics
 from asyncgrpo.learner.parts import learner_parts
 from asyncgrpo.learner.policy import Policy
-from asyncgrpo.learner.publication import VersionRing, pushed_tensors
+from asyncgrpo.learner.publication import VersionPublisher, VersionRing
 from asyncgrpo.learner.update import update
 from asyncgrpo.runtime.memory import peak_memory
 from asyncgrpo.metrics.samples import sample_records
@@ -71,11 +71,10 @@ class Learner:
         self._run_record: dict[str, Any] | None = None
         self._make_run_record = run_record
         self._adapter_record: dict[str, Any] | None = None
-        # The newest version the generators can load: pushed, or the one they start from.
-        self.pushed_version = 0
         self._save_started: float | None = None  # time.monotonic() at the start of the save under way
-        # train.fixed_staleness=k >= 1: the versions made but not yet published, at most k (rank 0's).
-        self._ring, self.max_new_tokens, self.publication = ring, max_new_tokens, publication
+        self.max_new_tokens = max_new_tokens
+        # train.fixed_staleness=k >= 1 (`ring`): versions published late, after each take.
+        self.publisher = VersionPublisher(policy, weights, publication, ring)
         self.intake = (GroupIntake(cfg, source, registry, weights, publication=publication, num_generators=num_generators,
                                    timeout_s=timeout_s) if source is not None else None)
         self.admission = AdmissionControl(cfg, source)  # train.staleness_control=divergence's bound, the cap's count
@@ -108,10 +107,7 @@ class Learner:
         start = time.perf_counter()
         self._first_step_start = self._first_step_start or start
         groups = self._take_groups(timer) if self.rank == 0 else None
-        sent_after_take = self._publish_next_step(timer) if self.rank == 0 else 0
         metrics = self.train_on(groups, timer)
-        if self._ring is not None:
-            metrics["perf/push_bytes"] = sent_after_take
         if self.intake is not None:
             self.intake.rejoins.serve()
         self.idle_s += timer.seconds["ack_wait"] + timer.seconds["gen_wait"]
@@ -119,7 +115,7 @@ class Learner:
         metrics.update(rate_metrics(metrics, self._busy_until - start))
         metrics.update({"learner/ack_waits": self.ack_waits, **timer.metrics()})
         if self.rank == 0:
-            metrics.update(self.intake.generator_metrics(self.pushed_version))
+            metrics.update(self.intake.generator_metrics(self.publisher.pushed_version))
             metrics.update(self.source.stats())
             self._filtered_seen, metrics["reward/all_equal_frac_arrived"] = arrived_all_equal_fraction(
                 metrics, self._filtered_seen, len(self._last_taken[1]))
@@ -131,21 +127,13 @@ class Learner:
             self._wait_for_generators()
         with timer("gen_wait"):
             groups = self.intake.take(self.version)
+        with timer("push"):  # under train.fixed_staleness: the version that fills the next step
+            self.publisher.after_take(self.version)
         if self.recorder is not None:
             with timer("record"):  # before training: the version is the one that took them
                 self.recorder.record_step(self.version, groups)
         self._last_taken = (self.version, groups)
         return groups
-
-    def _publish_next_step(self, timer: PhaseTimer) -> int:
-        """Rank 0, under train.fixed_staleness=k >= 1, once the step's groups are taken: publish the
-        held version that fills the next step (version + 1 - k), before this one trains."""
-        if self._ring is None or self.weights is None:
-            return 0
-        with timer("push"):
-            published, sent = self._ring.publish(self.version, self.weights.push)
-        self.pushed_version = self.pushed_version if published is None else published
-        return sent
 
     def _wait_for_generators(self) -> None:
         """The `ack_wait` phase; a wait counts in `learner/ack_waits`."""
@@ -164,10 +152,7 @@ class Learner:
         staleness = contract.staleness(batch.group_version_min, self.version)
         self.version += 1
         with timer("push"):
-            if self.version % self.publication.every_steps == 0:
-                metrics["perf/push_bytes"] = self.push_weights()
-                if self.weights is not None and self.publication.delta:
-                    metrics["perf/push_changed_frac"] = self.weights.changed_fraction
+            metrics.update(self.publisher.after_update(self.version))
         self.samples_consumed += batch.num_samples
         for value in staleness.tolist():
             self.staleness_histogram[value] = self.staleness_histogram.get(value, 0) + 1
@@ -184,21 +169,9 @@ class Learner:
 
     # ------------------------------------------------------------------------------- weights
 
-    def push_weights(self, newest: bool = False) -> int:
-        """Every rank calls it (the gather is a collective); rank 0 sends. Returns the bytes sent.
-        Under train.fixed_staleness=k >= 1 it only keeps a copy of version v's weights (published
-        after step v + k - 1's take, by `_publish_next_step`); `newest` sends v's now (the end of the run)."""
-        named = pushed_tensors(self.policy, self.publication.adapters_only)  # gathered lazily, as the sender takes each tensor
-        if self.weights is None:
-            for _ in named:  # every rank takes part in every gather
-                pass
-            return 0
-        if self._ring is not None and not newest:
-            self._ring.hold(self.version, named)
-            return 0
-        sent = self.weights.push(self.version, named)
-        self.pushed_version = self.version
-        return sent
+    def push_weights(self) -> int:
+        """Push the current weights now (every rank calls it); returns the bytes sent."""
+        return self.publisher.push(self.version)
 
     # ------------------------------------------------------------------------------- restarts
     # The driver calls these three on rank 0 from the actor's control group, i.e. on another
@@ -215,17 +188,14 @@ class Learner:
         version it must load before generating, which is published again until it acknowledges it,
         and the checkpoint save under way, if any."""
         self.source.rejoin(generator_id, incarnation)
-        newest = self.pushed_version
+        newest = self.publisher.pushed_version
         self.intake.rejoins.add(generator_id, newest)
         save = self.save_in_progress()
         return {"newest_version": newest, "save": None if save is None else {"version": save.version, "timeout_s": save.timeout_s}}
 
     def finish(self, reason: str = "training finished") -> dict[str, Any]:
         """Make sure the generators hold the final weights, then tell them to stop (every rank calls it)."""
-        # Under train.fixed_staleness the generators hold version - k: the final evaluation and the
-        # probe need the newest.
-        if self._ring is not None or self.version % self.publication.every_steps != 0:
-            self.push_weights(newest=True)
+        self.publisher.push_final(self.version)
         if self.weights is not None:
             self.weights.shutdown(reason)
         return self.summary()
@@ -260,7 +230,7 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = self.pushed_version = int(state["version"])  # generators start from its weights
+        self.version = self.publisher.pushed_version = int(state["version"])  # generators start from its weights
         self.samples_consumed = int(state["samples"])
         self.staleness_histogram = {int(k): int(v) for k, v in state["staleness_histogram"].items()}
         self.ack_waits = int(state["ack_waits"])

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asyncgrpo.schema import Config
+from asyncgrpo.weights import Publication
 
 if TYPE_CHECKING:
     from asyncgrpo.learner.policy import Policy
+    from asyncgrpo.weights.base import WeightSender
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -81,3 +82,67 @@ class VersionRing:
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
         dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
         return tensor.detach().to("cpu", dtype=dtype, copy=True)
+
+
+class VersionPublisher:
+    """What the generators can load, published by the learner: each new version as it is made
+    (every `publication.every_steps`), or under train.fixed_staleness=k >= 1 (`ring`) held, and
+    the version that fills the next step published after each take. Every rank calls `after_update`
+    and `push` (the gather is a collective); rank 0 alone has a `sender` (None elsewhere: nothing
+    is sent)."""
+
+    def __init__(self, policy: Policy, sender: WeightSender | None, publication: Publication,
+                 ring: VersionRing | None) -> None:
+        self.policy, self.sender, self.publication, self.ring = policy, sender, publication, ring
+        # The newest version the generators can load: pushed, or the one they start from.
+        self.pushed_version = 0
+        self._sent_after_take = 0
+
+    def after_take(self, taken_step: int) -> None:
+        """Rank 0, once step `taken_step`'s groups are taken and before they train: under a ring,
+        publish the held version that fills the next step."""
+        if self.ring is None or self.sender is None:
+            return
+        published, self._sent_after_take = self.ring.publish(taken_step, self.sender.push)
+        self.pushed_version = self.pushed_version if published is None else published
+
+    def after_update(self, version: int) -> dict[str, float]:
+        """At the new `version` (every rank): push it, or under a ring keep a copy. The push's
+        metrics; under a ring, those of the publication after this step's take."""
+        if version % self.publication.every_steps != 0:
+            return {}
+        if self.ring is None:
+            sent = self.push(version)
+        else:
+            sent, self._sent_after_take = self._sent_after_take, 0
+            named = pushed_tensors(self.policy, self.publication.adapters_only)
+            if self.sender is None:
+                _exhaust(named)
+            else:
+                self.ring.hold(version, named)
+        metrics = {"perf/push_bytes": sent}
+        if self.sender is not None and self.publication.delta:
+            metrics["perf/push_changed_frac"] = self.sender.changed_fraction
+        return metrics
+
+    def push(self, version: int) -> int:
+        """Push the policy's weights now, as `version` (every rank); returns the bytes sent."""
+        named = pushed_tensors(self.policy, self.publication.adapters_only)  # gathered lazily, as the sender takes each tensor
+        if self.sender is None:
+            _exhaust(named)
+            return 0
+        sent = self.sender.push(version, named)
+        self.pushed_version = version
+        return sent
+
+    def push_final(self, version: int) -> None:
+        """At the end of the run (every rank): make sure the generators can load `version`, the
+        newest (under a ring they hold an older one; the final evaluation and the probe need it)."""
+        if self.ring is not None or version % self.publication.every_steps != 0:
+            self.push(version)
+
+
+def _exhaust(named: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Take every tensor of a gather this rank does not send: every rank takes part in each."""
+    for _ in named:
+        pass

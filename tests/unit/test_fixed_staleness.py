@@ -14,7 +14,6 @@ from asyncgrpo.learner.parts import held_dtype, outside_sections, version_ring
 from asyncgrpo.learner.publication import VersionRing
 from asyncgrpo.driver.preflight import memory_estimate
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
-from asyncgrpo.runtime.timing import PhaseTimer
 from asyncgrpo.wire import VersionAck
 
 
@@ -54,18 +53,18 @@ def learner_with(k: int, *overrides: str) -> Learner:
 
 
 def advance(learner: Learner) -> int:
-    """What train_on does after the optimizer step: the next version, then the push."""
+    """What train_on does after the optimizer step: the next version, then its push. Returns the
+    bytes the step's metrics report."""
     learner.version += 1
     learner.policy.version = learner.version
-    return learner.push_weights()
+    return learner.publisher.after_update(learner.version).get("perf/push_bytes", 0)
 
 
 def take_and_train(learner: Learner) -> int:
     """One step's publishing as `Learner.step` does it: after the take, then the update and its
-    push. Returns the bytes published after the take."""
-    sent = learner._publish_next_step(PhaseTimer())
-    advance(learner)
-    return sent
+    push. Returns the bytes the step's metrics report."""
+    learner.publisher.after_take(learner.version)
+    return advance(learner)
 
 
 def labels_and_contents(learner: Learner) -> list[tuple[int, float, int]]:
@@ -78,37 +77,37 @@ def test_the_take_of_step_v_publishes_the_weights_of_version_v_plus_1_minus_k_un
     published = []
     for step in range(8):
         sent = take_and_train(learner)
-        published.append(learner.pushed_version)
+        published.append(learner.publisher.pushed_version)
         assert (sent > 0) == (step + 1 - k >= 1)  # nothing during the warm-up
     # Step v's take publishes v + 1 - k (version 0 is the one the generators start from: not sent again).
     assert labels_and_contents(learner) == [(v + 1 - k, v + 1 - k, v + 1 - k) for v in range(k, 8)]
     assert published == [max(0, v + 1 - k) for v in range(8)]
-    assert learner._ring.versions == list(range(9 - k, 9))  # k copies held, no more
+    assert learner.publisher.ring.versions == list(range(9 - k, 9))  # k copies held, no more
     # The end of the run: the true newest weights, then Shutdown.
     learner.finish()
     assert labels_and_contents(learner)[-1] == (8, 8, 8)
-    assert learner.pushed_version == 8 and learner.weights.shutdowns == ["training finished"]
+    assert learner.publisher.pushed_version == 8 and learner.weights.shutdowns == ["training finished"]
 
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_the_version_that_fills_the_next_step_is_published_before_this_step_trains(k):
     # So the generators sample step v + 1 while the learner trains step v (the overlap).
     learner = learner_with(k)
-    learner.version = learner.pushed_version = learner.policy.version = 10
-    learner._take_groups = lambda timer: []
+    learner.version = learner.publisher.pushed_version = learner.policy.version = 10
+    learner.intake.wait_for_generators = lambda version: False  # no generators here
+    learner.intake.take = lambda version: []  # the step's groups (none needed: training is faked)
     seen_while_training = []
 
     def train_on(groups, timer=None):
-        seen_while_training.append((learner.version, learner.pushed_version))
+        seen_while_training.append((learner.version, learner.publisher.pushed_version))
         advance(learner)
         return {"perf/samples": 1, "perf/tokens": 1, "reward/all_equal_frac": 0.0}
 
     learner.train_on = train_on
     for _ in range(6):
-        metrics = learner.step()
+        learner.step()
     # Step v trains with v + 1 - k published (the resumed run's first k - 1 steps: its own weights, 10).
     assert seen_while_training == [(v, max(10, v + 1 - k)) for v in range(10, 16)]
-    assert metrics["perf/push_bytes"] > 0 and metrics["time/push_s"] >= 0
 
 
 def test_the_held_copies_are_copies_not_views_of_the_live_weights():
@@ -143,7 +142,7 @@ def test_a_skipped_version_fails_instead_of_publishing_a_hole():
 
 def test_a_resumed_learner_warms_up_again_from_the_checkpoint_version():
     learner = learner_with(2)
-    learner.version = learner.pushed_version = learner.policy.version = 10  # load_state_dict's effect
+    learner.version = learner.publisher.pushed_version = learner.policy.version = 10  # load_state_dict's effect
     for _ in range(4):
         take_and_train(learner)
     assert [v for v, *_ in labels_and_contents(learner)] == [11, 12]  # at the takes of steps 12 and 13
@@ -152,7 +151,7 @@ def test_a_resumed_learner_warms_up_again_from_the_checkpoint_version():
 def test_fixed_staleness_zero_and_off_push_the_newest_weights_directly():
     for k in (0, -1):
         learner = learner_with(k)
-        assert learner._ring is None
+        assert learner.publisher.ring is None
         advance(learner)
         assert labels_and_contents(learner) == [(1, 1, 1)]
 
@@ -162,7 +161,7 @@ def test_the_metrics_report_the_published_version_and_the_backlog_behind_it():
     for _ in range(5):
         take_and_train(learner)  # step 4's take published 3; version 5 now
     learner.source.put(VersionAck(0, 3))
-    metrics = learner.intake.generator_metrics(learner.pushed_version)
+    metrics = learner.intake.generator_metrics(learner.publisher.pushed_version)
     assert metrics["weights/published_version"] == 3 and metrics["weights/backlog"] == 0
 
 

@@ -83,7 +83,7 @@ def test_the_learners_take_outlasts_wire_timeout_while_a_generator_restarts():
 def test_the_newest_weights_are_published_again_until_the_rejoined_generator_acknowledges_them():
     queue = queue_of()
     learner = learner_on(queue, timeout_s=5)
-    learner.version = learner.pushed_version = 4
+    learner.version = learner.publisher.pushed_version = 4
     learner.generator_down(0)
     assert learner.generator_rejoined(0, incarnation=1)["newest_version"] == 4
     learner.intake.rejoins.serve()
