@@ -1,6 +1,7 @@
-"""Delayed weight publication, for `train.fixed_staleness=k`: once the learner at version v has
-taken step v's groups, and before it trains them, it publishes the weights of version v + 1 - k,
-labelled v + 1 - k, instead of its newest.
+"""What the generators can load (`VersionPublisher`): the learner pushes each new version, every
+weights.push_every_steps; under `train.fixed_staleness=k` >= 1 publication is delayed (`VersionRing`):
+once the learner at version v has taken step v's groups, and before it trains them, it publishes
+the weights of version v + 1 - k, labelled v + 1 - k, instead of its newest.
 
 Why this fixes staleness at k (docs/ALGORITHMS.md, Fixed staleness): the dispatcher
 (asyncgrpo/queue/dispatch.py) grants a generator holding w > the starting version only slots of
