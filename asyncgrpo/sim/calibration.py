@@ -228,7 +228,8 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
         # Absent in runs from before the continuous engine: they called vLLM call by call.
         continuous=bool(get("rollout").get("continuous", False)),
         max_running_seqs=int(get("rollout").get("max_running_seqs", Settings.max_running_seqs)),
-        inflight_updates=bool(get("rollout").get("inflight_updates", False)))
+        inflight_updates=bool(get("rollout").get("inflight_updates", False)),
+        fixed_staleness=int(get("train").get("fixed_staleness", -1)))  # absent in older runs: off
     settings.check()
     return settings
 

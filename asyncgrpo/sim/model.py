@@ -106,7 +106,7 @@ class Model:
         # Slots granted to whichever generator asks (asyncgrpo/queue/dispatch.py, the real run's code).
         # No slot is granted that the queue could not hold, so no generator blocks on a full queue.
         self.dispatcher = Dispatcher(settings.groups_per_step, settings.max_staleness, settings.throttles,
-                                     settings.capacity_groups)
+                                     settings.capacity_groups, fixed_staleness=settings.fixed_staleness >= 0)
         self.queue: deque[SimGroup] = deque()
         # Kept up to date as groups enter and leave the queue, because whether anything queued is
         # too stale is asked after every event: walking a queue of thousands of groups each time
@@ -269,13 +269,18 @@ class Model:
             for group in self.take():
                 group_staleness = staleness(group.version, self.version)
                 self.staleness[group_staleness] = self.staleness.get(group_staleness, 0) + 1
+            if s.fixed_staleness >= 1 and self.version + 1 - s.fixed_staleness >= 1:
+                # The held version that fills the next step (the send's time is in the push below).
+                self.newest = self.version + 1 - s.fixed_staleness
+                self.loop.changed(VERSIONS)
             yield from self.busy(self.learner, "train", self.train_s(step), processes=s.world_size)
             self.version += 1
             self.loop.changed(VERSIONS)
             if self.version % s.push_every_steps == 0:
                 yield from self.busy(self.learner, "push", self.push_s(self.version // s.push_every_steps - 1))
-                self.newest = self.version
-                self.loop.changed(VERSIONS)
+                if s.fixed_staleness < 1:  # else held, published after a later take
+                    self.newest = self.version
+                    self.loop.changed(VERSIONS)
             yield from self.busy(self.learner, "other", self.cal.learner_other_s)
             self.steps_done += 1
             if self.steps_done == s.warmup_steps:

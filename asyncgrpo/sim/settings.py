@@ -10,6 +10,7 @@ from asyncgrpo.contract import (
     DROPPING_STALE_POLICIES,
     THROTTLING_STALE_POLICIES,
     call_sizes,
+    check_fixed_staleness,
     check_max_staleness,
     check_push_settings,
     check_stale_policy,
@@ -80,6 +81,10 @@ class Settings:
     # the run's gen/engine_step_fit and gen/group_lengths), or auto: steps where the calibration has
     # both and the run had no environment, calls otherwise (docs/SIMULATOR.md says why).
     engine: str = "auto"
+    # train.fixed_staleness=k >= 0 (max_staleness is then k): the dispatcher's lower bound too, and
+    # the learner publishes version v + 1 - k after step v's take instead of each new version after
+    # its update (asyncgrpo/learner/publication.py). -1 = off.
+    fixed_staleness: int = -1
 
     @property
     def throttles(self) -> bool:
@@ -123,6 +128,10 @@ class Settings:
         check_max_staleness(require, self.max_staleness)
         check_stale_policy(require, self.stale_policy)
         check_push_settings(require, self.push_every_steps, self.max_backlog_versions, self.max_staleness)
+        check_fixed_staleness(require, self.fixed_staleness, self.stale_policy, self.push_every_steps,
+                              self.inflight_updates)
+        require(self.fixed_staleness < 0 or self.max_staleness == self.fixed_staleness, "train.max_staleness",
+                f"must be train.fixed_staleness={self.fixed_staleness}, which sets it", self.max_staleness)
         require(self.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", self.groups_per_call)
         require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
         require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",
@@ -163,6 +172,7 @@ CONFIG_KEYS = {
     "rollout.continuous": "continuous",
     "rollout.max_running_seqs": "max_running_seqs",
     "rollout.inflight_updates": "inflight_updates",
+    "train.fixed_staleness": "fixed_staleness",
 }
 SIM_KEYS = {f"sim.{name}": name for name in (
     "steps", "seed", "warmup_steps", "replay", "scaling_efficiency", "push_latency_s", "weight_load_s", "generate_scale",
@@ -195,6 +205,8 @@ def apply_overrides(settings: Settings, overrides: list[str]) -> Settings:
                 changes[name] = text
         except (ValueError, KeyError):
             raise SimulationError(f"{key}={text!r} is not a {kind.split(' ')[0]}") from None
+    if changes.get("fixed_staleness", -1) >= 0 and "max_staleness" not in changes:
+        changes["max_staleness"] = changes["fixed_staleness"]  # as the config does
     result = replace(settings, **changes)
     result.check()
     return result

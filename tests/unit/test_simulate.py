@@ -162,6 +162,38 @@ def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_li
         with pytest.raises(SimulationError, match=match):
             apply_overrides(s, [f"sim.generator_speeds={bad}"])
 
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_fixed_staleness_overlaps_generation_with_training_and_trains_every_step_past_the_warm_up_k_stale(k):
+    # One generator: 1 s to generate a step, 2 s to train it. The version that fills step v + 1 is
+    # published at step v's take, so step v + 1 is generated while step v trains: 2 s a step.
+    cal, s = constant_run(generate_s=1.0, train_s=2.0, steps=30, warmup_steps=k + 1)
+    fixed = apply_overrides(s, [f"train.fixed_staleness={k}", f"queue.capacity_groups={(k + 1) * s.groups_per_step}"])
+    assert fixed.max_staleness == k  # as the config sets it
+    result = simulate(cal, fixed)
+    g = s.groups_per_step
+    assert result.staleness_histogram == {**{u: g for u in range(k)}, k: (s.steps - k) * g}
+    assert result.steady_samples_per_s == pytest.approx(s.samples_per_step / 2.0)
+
+
+def test_fixed_staleness_zero_alternates_generation_and_training_as_synchronous_grpo():
+    cal, s = constant_run(generate_s=1.0, train_s=2.0, steps=20)
+    result = simulate(cal, apply_overrides(s, ["train.fixed_staleness=0"]))
+    assert result.samples_per_s == pytest.approx(s.samples_per_step / 3.0)
+    assert result.staleness_histogram == {0: s.steps * s.groups_per_step}
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["train.fixed_staleness=2", "train.max_staleness=1"], "train.max_staleness must be train.fixed_staleness=2"),
+    (["train.fixed_staleness=2", "train.stale_policy=drop"], "train.stale_policy must throttle"),
+    (["train.fixed_staleness=1", "rollout.inflight_updates=true"], "rollout.inflight_updates must be false"),
+    (["train.fixed_staleness=-2"], "train.fixed_staleness must be -1"),
+])
+def test_fixed_staleness_refuses_in_one_line_what_the_config_refuses(overrides, match):
+    _, s = constant_run()
+    with pytest.raises(SimulationError, match=match):
+        apply_overrides(s, overrides)
+
+
 @pytest.mark.parametrize("key", ["rollout.dispatch=tickets", "rollout.generator_shares=10,6", "queue.full_policy=block"])
 def test_the_removed_dispatch_keys_are_unknown_overrides(key):
     _, s = constant_run()
@@ -207,6 +239,20 @@ def test_no_simulated_group_is_ever_trained_beyond_max_staleness(run):
     assert sum(result.staleness_histogram.values()) == s.steps * s.groups_per_step
     assert 0.0 <= result.learner_idle_frac <= 1.0 + 1e-9
     assert all(0.0 <= f <= 1.0 + 1e-9 for f in result.generator_idle_fracs)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_run(), st.integers(0, 4))
+def test_under_fixed_staleness_any_simulated_run_finishes_with_every_step_past_the_warm_up_exactly_k_stale(run, k):
+    calibration, s = run
+    s = replace(s, stale_policy="both", push_every_steps=1, max_staleness=k, fixed_staleness=k,
+                capacity_groups=max(s.capacity_groups, s.groups_per_step))
+    s.check()
+    result = simulate(calibration, s)  # no deadlock: every step is trained
+    warm_up = min(k, s.steps)
+    g = s.groups_per_step
+    assert result.staleness_histogram == {**{u: g for u in range(warm_up)},
+                                          **({k: (s.steps - k) * g} if s.steps > k else {})}
 
 
 def test_importing_the_simulator_loads_neither_torch_nor_zmq():
@@ -337,6 +383,13 @@ def test_a_runs_max_backlog_versions_is_simulated_and_older_runs_have_the_defaul
     assert settings.max_backlog_versions == 6
     with pytest.raises(SimulationError, match="weights.max_backlog_versions must be >= 1"):
         apply_overrides(settings, ["weights.max_backlog_versions=0"])
+
+
+def test_a_runs_fixed_staleness_is_simulated_and_older_runs_have_it_off(tmp_path):
+    run = fake_run(tmp_path)
+    assert Calibration.from_run(run).settings.fixed_staleness == -1
+    edit_config(run, "max_staleness: 1, stale_policy: both}", "max_staleness: 1, stale_policy: both, fixed_staleness: 1}")
+    assert Calibration.from_run(run).settings.fixed_staleness == 1
 
 
 def test_a_generators_waits_for_its_ticket_requests_answers_are_not_calibrated_as_busy_time(tmp_path):
