@@ -591,7 +591,8 @@ def _algo_rules(cfg: Config) -> None:
 def _fixed_staleness_rules(cfg: Config) -> None:
     """`train.fixed_staleness=k` (docs/ALGORITHMS.md, Fixed staleness): the throttle at
     max_staleness = k (the two admission bounds, asyncgrpo/contract.py), plus the learner publishing
-    the weights of version v + 1 - k once step v is taken, gives every group of
+    the weights of version v + 1 - k once step v is taken (for k >= 1; k = 0 pushes each version
+    after its update), gives every group of
     step u >= k exactly the weights of version u - k. So it sets train.max_staleness to k, and
     refuses what would break the argument."""
     t = cfg.train

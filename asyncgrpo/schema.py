@@ -387,9 +387,9 @@ class TrainConfig:
     max_staleness: int = 2  # policy versions
     stale_policy: str = "both"  # throttle | drop | both
     # k >= 0: every group is trained exactly k versions after the weights that sampled it (after a
-    # warm-up of k steps): the learner publishes the weights of version v + 1 - k once step v's
-    # groups are taken (so step v + 1 is generated while step v trains), and max_staleness is set
-    # to k. -1 = off.
+    # warm-up of k steps), and max_staleness is set to k. For k >= 1 the learner publishes the
+    # weights of version v + 1 - k once step v's groups are taken (so step v + 1 is generated while
+    # step v trains); k = 0 pushes each version after its update. -1 = off.
     fixed_staleness: int = -1
     # How the admission bound is set (docs/ALGORITHMS.md, Divergence-gated staleness): versions = it is
     # max_staleness; divergence = the learner moves it within [min_staleness, max_staleness], one version

@@ -100,8 +100,8 @@ class Learner:
         return records
 
     def step(self) -> dict[str, float]:
-        """One step: rank 0's `ack_wait`, `gen_wait` and `record`, then every rank's `prepare`,
-        `train` and `push`, each timed; only rank 0's metrics carry the queue's and the generators'
+        """One step: rank 0's `ack_wait`, `gen_wait` (and, under fixed staleness, `push`) and
+        `record`, then every rank's `prepare`, `train` and `push`, each timed; only rank 0's metrics carry the queue's and the generators'
         numbers."""
         timer = PhaseTimer()
         start = time.perf_counter()
@@ -122,7 +122,8 @@ class Learner:
         return metrics
 
     def _take_groups(self, timer: PhaseTimer) -> list[ScoredGroup]:
-        """Rank 0's phases before training: wait for lagging engines, take the step's groups, record them."""
+        """Rank 0's phases before training: wait for lagging engines, take the step's groups, publish
+        what fills the next step (fixed staleness), record them."""
         with timer("ack_wait"):
             self._wait_for_generators()
         with timer("gen_wait"):

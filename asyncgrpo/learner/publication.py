@@ -122,7 +122,7 @@ class VersionPublisher:
             else:
                 self.ring.hold(version, named)
         metrics = {"perf/push_bytes": sent}
-        if self.sender is not None and self.publication.delta:
+        if self.sender is not None and self.publication.delta and (sent or self.ring is None):
             metrics["perf/push_changed_frac"] = self.sender.changed_fraction
         return metrics
 

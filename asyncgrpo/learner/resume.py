@@ -121,7 +121,15 @@ def check_compatible(meta: dict[str, Any], current: Callable[[], dict[str, Any]]
             raise ResumeRefused(f"{why}; set {ALLOW_KEY}=true to resume it unchecked")
         log(f"[resume] warning: {why}; resuming unchecked ({ALLOW_KEY}=true)")
         return ["no run record"]
-    differences = record_differences(saved, current())
+    now = current()
+    # A task key the checkpoint's run did not record yet (tasks.TASK_PARAMETERS grew: multiply and
+    # guess before 2026-12-07): nothing to compare it with, so it is named, not refused.
+    unrecorded = [key for key in now if key.startswith("task.") and key not in saved
+                  and saved.get("task.name") == now.get("task.name")]
+    if unrecorded:
+        log(f"[resume] warning: {checkpoint}'s run record predates {', '.join(unrecorded)}: not checked")
+        saved = {**saved, **{key: now[key] for key in unrecorded}}
+    differences = record_differences(saved, now)
     if differences and not allow:
         raise ResumeRefused(f"{checkpoint} was written by a run with other prompt streams: {'; '.join(differences)}. "
                             f"Its generators' prompt positions would not mean the same prompts here; set "

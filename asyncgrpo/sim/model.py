@@ -269,18 +269,20 @@ class Model:
             for group in self.take():
                 group_staleness = staleness(group.version, self.version)
                 self.staleness[group_staleness] = self.staleness.get(group_staleness, 0) + 1
-            if s.fixed_staleness >= 1 and self.version + 1 - s.fixed_staleness >= 1:
-                # The held version that fills the next step (the send's time is in the push below).
-                self.newest = self.version + 1 - s.fixed_staleness
-                self.loop.changed(VERSIONS)
+            if s.fixed_staleness >= 1:
+                # The held version that fills the next step, sent before this one trains; the
+                # run's push time (the send and the copy kept after the update) is charged here.
+                yield from self.busy(self.learner, "push", self.push_s(step))
+                if self.version + 1 - s.fixed_staleness >= 1:
+                    self.newest = self.version + 1 - s.fixed_staleness
+                    self.loop.changed(VERSIONS)
             yield from self.busy(self.learner, "train", self.train_s(step), processes=s.world_size)
             self.version += 1
             self.loop.changed(VERSIONS)
-            if self.version % s.push_every_steps == 0:
+            if s.fixed_staleness < 1 and self.version % s.push_every_steps == 0:
                 yield from self.busy(self.learner, "push", self.push_s(self.version // s.push_every_steps - 1))
-                if s.fixed_staleness < 1:  # else held, published after a later take
-                    self.newest = self.version
-                    self.loop.changed(VERSIONS)
+                self.newest = self.version
+                self.loop.changed(VERSIONS)
             yield from self.busy(self.learner, "other", self.cal.learner_other_s)
             self.steps_done += 1
             if self.steps_done == s.warmup_steps:

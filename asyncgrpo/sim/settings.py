@@ -82,8 +82,8 @@ class Settings:
     # both and the run had no environment, calls otherwise (docs/SIMULATOR.md says why).
     engine: str = "auto"
     # train.fixed_staleness=k >= 0 (max_staleness is then k): the dispatcher's lower bound too, and
-    # the learner publishes version v + 1 - k after step v's take instead of each new version after
-    # its update (asyncgrpo/learner/publication.py). -1 = off.
+    # for k >= 1 the learner publishes version v + 1 - k after step v's take instead of each new
+    # version after its update (asyncgrpo/learner/publication.py). -1 = off.
     fixed_staleness: int = -1
 
     @property

@@ -48,7 +48,8 @@ class World:
     def __init__(self, generators: int, groups_per_step: int, max_staleness: int, fixed_staleness: bool = False,
                  first_step: int = 0) -> None:
         """`fixed_staleness`: the learner at version v publishes version v - max_staleness (none newer
-        than the starting weights `first_step` before that: learner/publication.py)."""
+        than the starting weights `first_step` before that). `step` takes and trains at once, so this
+        is learner/publication.py's rule: v + 1 - k published once step v is taken."""
         self.d = Dispatcher(groups_per_step, max_staleness, first_step=first_step, fixed_staleness=fixed_staleness)
         self.fixed, self.first_step, self.max_staleness = fixed_staleness, first_step, max_staleness
         self.gens = [Gen(i, loaded=first_step) for i in range(generators)]

@@ -5,13 +5,15 @@ tested in tests/unit/test_dispatch.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from asyncgrpo.config import load
 from asyncgrpo.learner.learner import Learner
 from asyncgrpo.learner.parts import held_dtype, outside_sections, version_ring
-from asyncgrpo.learner.publication import VersionRing
+from asyncgrpo.learner.publication import VersionPublisher, VersionRing
 from asyncgrpo.driver.preflight import memory_estimate
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.wire import VersionAck
@@ -142,7 +144,9 @@ def test_a_skipped_version_fails_instead_of_publishing_a_hole():
 
 def test_a_resumed_learner_warms_up_again_from_the_checkpoint_version():
     learner = learner_with(2)
-    learner.version = learner.publisher.pushed_version = learner.policy.version = 10  # load_state_dict's effect
+    learner.load_state_dict({"version": 10, "samples": 0, "staleness_histogram": {}, "ack_waits": 0, "idle_s": 0.0})
+    learner.policy.version = 10  # the checkpoint's weights
+    assert learner.publisher.pushed_version == 10  # the generators start from them
     for _ in range(4):
         take_and_train(learner)
     assert [v for v, *_ in labels_and_contents(learner)] == [11, 12]  # at the takes of steps 12 and 13
@@ -227,3 +231,38 @@ def test_preflight_counts_the_held_versions_on_rank_0():
     assert held["held_versions_gib"] == pytest.approx(3 * 4 * 10**8 / 2**30)
     assert held["learner_rank_gib"] - plain["learner_rank_gib"] == pytest.approx(held["held_versions_gib"])
     assert held["total_gib"] - plain["total_gib"] == pytest.approx(held["held_versions_gib"])  # rank 0 alone
+
+
+def test_a_rank_without_a_sender_takes_part_in_every_gather_under_delayed_publication():
+    # Every rank iterates each gather (a collective under FSDP2); only rank 0 has a sender.
+    class CountingPolicy(VersionedPolicy):
+        taken = 0
+
+        def full_state_dict(self):
+            for item in super().full_state_dict():
+                CountingPolicy.taken += 1
+                yield item
+
+    policy = CountingPolicy()
+    publisher = VersionPublisher(policy, None, learner_with(2).publisher.publication, VersionRing(2, torch.float32))
+    for version in range(1, 4):
+        publisher.after_take(version - 1)
+        assert publisher.after_update(version) == {"perf/push_bytes": 0}
+    assert CountingPolicy.taken == 3 * 2 and publisher.ring.versions == []
+    publisher.push_final(3)
+    assert CountingPolicy.taken == 4 * 2
+
+
+def test_under_delta_pushes_the_changed_fraction_is_reported_only_in_steps_that_sent():
+    learner = learner_with(2)
+    learner.publisher.publication = dataclasses.replace(learner.publisher.publication, delta=True)
+    learner.weights.changed_fraction = 0.25
+    reported = []
+    for _ in range(4):
+        learner.publisher.after_take(learner.version)
+        learner.version += 1
+        learner.policy.version = learner.version
+        reported.append(learner.publisher.after_update(learner.version))
+    assert reported == [{"perf/push_bytes": 0}, {"perf/push_bytes": 0}] + [
+        {"perf/push_bytes": reported[2]["perf/push_bytes"], "perf/push_changed_frac": 0.25}] * 2
+    assert reported[2]["perf/push_bytes"] > 0

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from asyncgrpo.composition import run_record
-from asyncgrpo.learner.resume import record_differences
+from asyncgrpo.learner.resume import ResumeRefused, check_compatible, record_differences
 from asyncgrpo.schema import Config, TaskConfig
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES, TASK_PARAMETERS, make_task
 
@@ -59,3 +59,19 @@ def test_a_resume_is_refused_when_a_listed_parameter_of_its_task_changed(task):
         other = config_of(task)
         setattr(other.task, key, changed(getattr(other.task, key)))
         assert [d.split("=")[0] for d in record_differences(saved, run_record(other))] == [f"task.{key}"]
+
+
+def test_a_checkpoint_whose_record_predates_a_tasks_parameters_resumes_with_them_named_not_checked():
+    # multiply and guess runs recorded only task.eval_size before TASK_PARAMETERS listed their keys.
+    cfg = config_of("multiply")
+    record = run_record(cfg)
+    older = {key: value for key, value in record.items() if not key.startswith("task.multiply_")}
+    lines: list[str] = []
+    assert check_compatible({"run": older}, lambda: record, False, "step_3", lines.append) == []
+    assert lines == ["[resume] warning: step_3's run record predates task.multiply_left_digits, "
+                     "task.multiply_right_digits: not checked"]
+    # Recorded, a changed value is refused as before.
+    other = config_of("multiply")
+    other.task.multiply_left_digits += 1
+    with pytest.raises(ResumeRefused, match="task.multiply_left_digits=4"):
+        check_compatible({"run": record}, lambda: run_record(other), False, "step_3", lines.append)
