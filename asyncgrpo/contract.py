@@ -110,6 +110,13 @@ def admission_floor(loaded_version: int, max_staleness: int, groups_per_step: in
     return first_slot(loaded_version + max_staleness, groups_per_step)
 
 
+def published_at_take(taken_step: int, fixed_staleness: int) -> int:
+    """Under fixed staleness k >= 1, the version published once step `taken_step`'s groups are taken
+    (before they train): taken_step + 1 - k, the one that fills the next step. The learner holds and
+    sends it (learner/publication.py) only if it made it in this run, i.e. newer than the start."""
+    return taken_step + 1 - fixed_staleness
+
+
 def engine_lag_bound(max_staleness: int, max_backlog_versions: int) -> int:
     """How many versions a live generator's engine may lag the learner before the learner waits
     for it (weights.max_backlog_versions): never less than max_staleness + 1, the lag at which the

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from asyncgrpo import contract
 from asyncgrpo.weights import Publication
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class VersionRing:
         taken_step + 1 - delay, which fill the next step, if held (None during the warm-up: the
         generators keep the starting weights). Returns (the version sent or None, the bytes `send`
         reported)."""
-        due = taken_step + 1 - self.delay
+        due = contract.published_at_take(taken_step, self.delay)
         tensors = self._held.pop(due, None)
         return (due, send(due, tensors)) if tensors is not None else (None, 0)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from asyncgrpo.contract import ack_floor, engine_lag_bound, staleness, trainable
+from asyncgrpo.contract import ack_floor, engine_lag_bound, published_at_take, staleness, trainable
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.sim.calibration import Calibration, GeneratorTimes, env_wait_per_call, histogram_mean
 from asyncgrpo.sim.engine import engine_generator
@@ -273,8 +273,9 @@ class Model:
                 # The held version that fills the next step, sent before this one trains; the
                 # run's push time (the send and the copy kept after the update) is charged here.
                 yield from self.busy(self.learner, "push", self.push_s(step))
-                if self.version + 1 - s.fixed_staleness >= 1:
-                    self.newest = self.version + 1 - s.fixed_staleness
+                published = published_at_take(self.version, s.fixed_staleness)
+                if published > 0:  # made in this run (version 0 is the one every generator starts from)
+                    self.newest = published
                     self.loop.changed(VERSIONS)
             yield from self.busy(self.learner, "train", self.train_s(step), processes=s.world_size)
             self.version += 1
