@@ -23,9 +23,6 @@ from typing import Any
 from asyncgrpo.schema import Config, RewardTermConfig
 from asyncgrpo.tasks import FILE_TASKS, TASK_PARAMETERS
 
-# The reward.judge keys every run reads: they size the generator's wait for any reward batch.
-JUDGE_WAIT_KEYS = ("concurrency", "timeout_s", "retries", "backoff_s")
-
 
 @dataclass(frozen=True)
 class InertWhen:
@@ -91,9 +88,7 @@ RULES: tuple[InertWhen, ...] = (
     InertWhen(("weights.full_every",), lambda c: not c.weights.delta, lambda c: "weights.delta=false"),
     InertWhen(section_keys("env", but=("env.name",)), lambda c: not c.env.name,
               lambda c: "no env.name: a rollout is one policy turn"),
-    # Not the judge's concurrency, timeout_s, retries and backoff_s: they size the generator's wait for
-    # any reward batch (rewards/scorer.py, calls_bound_s), judged or not.
-    InertWhen(section_keys("reward.judge", but=tuple(f"reward.judge.{key}" for key in JUDGE_WAIT_KEYS)),
+    InertWhen(section_keys("reward.judge"),
               lambda c: not _judge_terms(c),
               lambda c: "no reward term of kind judge"),
     InertWhen(("log.wandb_project", "log.wandb_mode"), lambda c: not c.log.wandb, lambda c: "log.wandb=false"),

@@ -257,12 +257,28 @@ class Scorer:
         return self.submit(problems, completions).result(timeout=timeout_s)
 
     def calls_bound_s(self, calls: int) -> float:
-        """The most `calls` reward calls may take: in waves of reward.judge.concurrency, each within
-        max(reward.timeout_s, a judge call's budget: judge.call_budget_s)."""
+        """The most `calls` completions' rewards may take, each term being called once per completion.
+        Each kind of call waits on its own limit: sync terms on reward.threads threads, each call
+        within reward.timeout_s from when a thread takes it; async user fns reward.concurrency at a
+        time within reward.timeout_s; each judge term reward.judge.concurrency at a time within a
+        judge call's budget (judge.call_budget_s). Summed, so generous: it only catches a hang.
+        Cheap terms run inline and add nothing."""
         from asyncgrpo.rewards.judge import call_budget_s
 
-        waves = -(-calls // max(1, self.cfg.judge.concurrency))
-        return waves * max(self.cfg.timeout_s, call_budget_s(self.cfg.judge))
+        def waves(in_flight: int) -> int:
+            return -(-calls // max(1, in_flight))
+
+        bound = 0.0
+        for term in self.terms:
+            if term.cheap:
+                continue
+            if term.judge is not None:
+                bound += waves(self.cfg.judge.concurrency) * call_budget_s(self.cfg.judge)
+            elif term.async_fn is not None:
+                bound += waves(self.cfg.concurrency) * float(self.cfg.timeout_s)
+            else:
+                bound += waves(self.cfg.threads) * float(self.cfg.timeout_s)
+        return bound
 
     def stats_snapshot(self) -> dict[str, int]:
         with self._stats_lock:

@@ -35,6 +35,9 @@ def quiet_load(overrides: list[str], config_name: str = "default") -> Config:
     (["model.path=/models/any", "model.hidden_size=128"], "model.hidden_size=128 (model.path"),
     (["env.max_turns=6", "env.agent.fn=m:f"], "env.max_turns=6, env.agent.fn=m:f (no env.name"),
     (["reward.judge.base_url=http://127.0.0.1:1/v1"], "reward.judge.base_url=http://127.0.0.1:1/v1 (no reward term of kind judge)"),
+    # The judge's limits size the generator's wait for rewards only where a term is a judge.
+    (["reward.judge.timeout_s=600", "reward.judge.concurrency=1"],
+     "reward.judge.concurrency=1, reward.judge.timeout_s=600.0 (no reward term of kind judge)"),
     (["log.wandb_mode=online"], "log.wandb_mode=online (log.wandb=false)"),
     (["data.chat_template=true"], "data.chat_template=True (task.name=arithmetic makes its own problems)"),
     (["task.longtail_max_digits=8"], "task.longtail_max_digits=8 (task.name=arithmetic)"),
@@ -56,7 +59,8 @@ def test_a_changed_key_whose_feature_is_off_is_named_with_why(overrides, named):
     ["weights.delta=true", "weights.full_every=5", "weights.backend=zmq", "weights.wire_dtype=bfloat16"],
     ["algo.kl.coef=0.001"],  # the default, typed out: not a change
     ["algo.correction.is_level=token"],  # under bypass's clip the weights give the is/* metrics only
-    ["reward.judge.timeout_s=600", "reward.judge.concurrency=1"],  # they size the wait for any reward batch
+    ["reward.terms=[{name: judge}]", "reward.judge.base_url=http://127.0.0.1:1/v1", "reward.judge.timeout_s=600",
+     "reward.judge.concurrency=1"],
     ["model.hidden_size=128"],
     ["reward.terms=[{name: n, kind: numeric, tolerance: 0.01}, {name: f, kind: format, pattern: 'y'}]"],
 ])

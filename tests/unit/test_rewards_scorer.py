@@ -399,3 +399,41 @@ def test_the_default_config_scores_exactly_as_before():
     scorer = Scorer(ARITHMETIC, cfg.reward)
     assert scorer.all_cheap and not scorer.report_terms and [t.name for t in scorer.terms] == ["task"]
     assert math.isclose(scorer.score([problem()], [["85"]])[0].rewards[0], 1.0)
+
+
+# ------------------------------------------------------------------ how long a batch's rewards may take
+
+
+def test_cheap_terms_alone_add_nothing_to_the_wait_for_rewards():
+    assert Scorer(ARITHMETIC, reward_cfg({"name": "task"}, {"name": "format"})).calls_bound_s(1000) == 0.0
+
+
+def test_sync_rewards_are_waited_for_in_waves_of_reward_threads(user_rewards):
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": "my_rewards:slow_sync"}, threads=4, timeout_s=30.0))
+    # 64 calls on 4 threads, each up to 30 s from when a thread takes it: 16 waves. A bound sized by
+    # the judge's concurrency (16) would have allowed 4 waves and failed a slow but working reward.
+    assert scorer.calls_bound_s(64) == 16 * 30.0
+    assert scorer.calls_bound_s(65) == 17 * 30.0
+
+
+def test_async_rewards_are_waited_for_in_waves_of_reward_concurrency(user_rewards):
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": "my_rewards:async_match"}, concurrency=8, timeout_s=5.0))
+    assert scorer.calls_bound_s(8) == 5.0
+    assert scorer.calls_bound_s(9) == 10.0
+
+
+def test_judge_calls_are_waited_for_in_waves_of_the_judges_concurrency_each_within_its_budget():
+    from asyncgrpo.rewards.judge import call_budget_s
+    from asyncgrpo.schema import JudgeConfig
+
+    judge = JudgeConfig(concurrency=4, timeout_s=2.0, retries=2, backoff_s=0.5)
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "judge"}, judge=judge, timeout_s=1.0))
+    assert call_budget_s(judge) == 2.0 * 3 + 0.5 * 4
+    assert scorer.calls_bound_s(9) == 3 * call_budget_s(judge)
+
+
+def test_every_slow_term_adds_its_own_waves_to_the_wait_for_rewards(user_rewards):
+    terms = ({"name": "judge"}, {"name": "fn", "fn": "my_rewards:slow_sync"}, {"name": "task"})
+    scorer = Scorer(ARITHMETIC, reward_cfg(*terms, threads=2, timeout_s=3.0))
+    judge_only = Scorer(ARITHMETIC, reward_cfg({"name": "judge"}, threads=2, timeout_s=3.0))
+    assert scorer.calls_bound_s(4) == judge_only.calls_bound_s(4) + 2 * 3.0
