@@ -50,6 +50,14 @@ if TYPE_CHECKING:
     from asyncgrpo.recording.source import Recording
 
 
+def _yaml_error(path: Path, err: Exception) -> str:
+    """A preset that is not YAML: where, and what the parser found there, on one line."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or not problem:
+        return f"{path}: {_one_line(err)}"
+    return f"{path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def _one_line(err: BaseException) -> str:
     """Hydra wraps the informative OmegaConf error; report that one, on one line, with its key."""
     cause = err.__cause__ or err
@@ -67,6 +75,7 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
          config_dir: str | Path | None = None, log: Callable[[str], None] | None = None) -> Config:
     """Compose defaults + `configs/<config_name>.yaml` + overrides into a validated `Config`.
     `log` takes the note of the "your model" profile (apply_model_profile); None = stderr."""
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -79,8 +88,12 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
             composed = compose(config_name=config_name, overrides=overrides)
         OmegaConf.resolve(composed)
         cfg: Config = OmegaConf.to_object(composed)  # type: ignore[assignment]
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
-        raise ConfigError(_one_line(err)) from None
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as err:
+        raise ConfigError(_yaml_error(directory / f"{config_name}.yaml", err) if isinstance(err, yaml.YAMLError)
+                          else _one_line(err)) from None
+    if not isinstance(cfg, Config):  # a preset without the schema in its defaults list composes to a plain dict
+        raise ConfigError(f"{directory / config_name}.yaml is not an asyncgrpo preset: it must start with "
+                          "`defaults: [asyncgrpo, _self_]` (see configs/longtail.yaml)")
     _refuse_other_max_staleness(cfg, overrides)
     apply_model_profile(cfg, _explicit_keys(overrides, directory / f"{config_name}.yaml"), log)
     validate(cfg)
@@ -317,7 +330,10 @@ def _rollout_rules(cfg: Config) -> None:
     require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", r.max_new_tokens)
     require(cfg.model.max_positions > r.max_new_tokens, "model.max_positions",
             f"must leave room for a prompt beside rollout.max_new_tokens={r.max_new_tokens}", cfg.model.max_positions)
-    require(r.temperature > 0, "rollout.temperature", "must be > 0 (log-probs of greedy sampling are not a distribution)", r.temperature)
+    require(0 < r.temperature < math.inf, "rollout.temperature",
+            "must be > 0 and finite (log-probs of greedy sampling are not a distribution)", r.temperature)
+    require(0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1] (a share of the GPU)",
+            r.gpu_memory_utilization)
     require(r.groups_per_call >= 0, "rollout.groups_per_call", "must be >= 0", r.groups_per_call)
     require(r.max_running_seqs >= r.samples_per_prompt, "rollout.max_running_seqs",
             f"must hold one group's rollout.samples_per_prompt={r.samples_per_prompt} sequences", r.max_running_seqs)
@@ -418,6 +434,10 @@ def _learner_rules(cfg: Config) -> None:
     """learner.*: the ranks, the precision the device allows, where the KL reference lives."""
     learner = cfg.learner
     require(learner.world_size >= 1, "learner.world_size", "must be >= 1", learner.world_size)
+    require(0 < learner.num_cpus_per_rank < math.inf, "learner.num_cpus_per_rank", "must be > 0 (Ray CPUs per rank)",
+            learner.num_cpus_per_rank)
+    require(learner.torch_threads >= 0, "learner.torch_threads", "must be >= 0 (0 = one per core the rank is pinned to)",
+            learner.torch_threads)
     require(learner.mixed_precision in MIXED_PRECISIONS, "learner.mixed_precision", one_of(MIXED_PRECISIONS),
             learner.mixed_precision)
     require(learner.mixed_precision == "fp32" or cfg.device != "cpu", "learner.mixed_precision",
@@ -442,7 +462,13 @@ def _checkpoint_rules(cfg: Config) -> None:
 def _optimizer_rules(cfg: Config) -> None:
     """learner.*: the learning rate, its schedule, the mini- and micro-batches."""
     learner = cfg.learner
-    require(learner.lr > 0, "learner.lr", "must be > 0", learner.lr)
+    require(0 < learner.lr < math.inf, "learner.lr", "must be > 0 and finite", learner.lr)
+    require(0 <= learner.weight_decay < math.inf, "learner.weight_decay", "must be >= 0 and finite", learner.weight_decay)
+    require(len(learner.betas) == 2 and all(0 <= beta < 1 for beta in learner.betas), "learner.betas",
+            "must be two numbers in [0, 1) (AdamW's beta1, beta2)", list(learner.betas))
+    # clip_grad_norm_ with a negative bound flips every gradient's sign and 0 zeroes them; inf = no clipping.
+    require(learner.grad_clip_norm > 0, "learner.grad_clip_norm", "must be > 0 (inf = no clipping)",
+            learner.grad_clip_norm)
     require(learner.warmup_steps >= 0, "learner.warmup_steps", "must be >= 0", learner.warmup_steps)
     require(learner.lr_schedule in LR_SCHEDULES, "learner.lr_schedule", one_of(LR_SCHEDULES), learner.lr_schedule)
     require(0 <= learner.min_lr_ratio <= 1, "learner.min_lr_ratio", "must be in [0, 1]", learner.min_lr_ratio)
@@ -569,7 +595,8 @@ def _algo_rules(cfg: Config) -> None:
     require(cfg.algo.advantage in ADVANTAGE_MODES, "algo.advantage", one_of(ADVANTAGE_MODES), cfg.algo.advantage)
     require(cfg.algo.loss_type in LOSS_TYPES, "algo.loss_type", one_of(LOSS_TYPES), cfg.algo.loss_type)
     require(cfg.algo.mode in MODES, "algo.mode", one_of(MODES), cfg.algo.mode)
-    require(cfg.algo.clip_low > 0 and cfg.algo.clip_high > 0, "algo.clip_low/clip_high", "must be > 0", (cfg.algo.clip_low, cfg.algo.clip_high))
+    require(cfg.algo.clip_low > 0, "algo.clip_low", "must be > 0", cfg.algo.clip_low)
+    require(0 < cfg.algo.clip_high < math.inf, "algo.clip_high", "must be > 0 and finite", cfg.algo.clip_high)
     require(clip_low_allowed(cfg.algo.clip_low, cfg.algo.loss_type), "algo.clip_low",
             "must be < 1 (exactly 1, no floor on the IS weight, only with algo.loss_type=cispo)", cfg.algo.clip_low)
     require(cfg.algo.clip_c > 1, "algo.clip_c", "must be > 1", cfg.algo.clip_c)
@@ -579,13 +606,46 @@ def _algo_rules(cfg: Config) -> None:
     require(cfg.algo.correction.is_level is None or cfg.algo.correction.is_level in IS_LEVELS, "algo.correction.is_level",
             f"must be null or one of {', '.join(IS_LEVELS)}", cfg.algo.correction.is_level)
     require(cfg.algo.kl.kind in KL_KINDS, "algo.kl.kind", one_of(KL_KINDS), cfg.algo.kl.kind)
-    require(cfg.algo.kl.coef >= 0, "algo.kl.coef", "must be >= 0", cfg.algo.kl.coef)
+    require(0 <= cfg.algo.kl.coef < math.inf, "algo.kl.coef", "must be >= 0 and finite", cfg.algo.kl.coef)
+    norm_constant = cfg.algo.norm_constant
+    require(norm_constant is None or 0 <= norm_constant < math.inf, "algo.norm_constant",
+            "must be null, 0 (both: rollout.max_new_tokens) or a finite number > 0", norm_constant)
+    _correction_rules(cfg)
     require(cfg.algo.overlong in OVERLONG_MODES, "algo.overlong", one_of(OVERLONG_MODES), cfg.algo.overlong)
     require(0 <= cfg.algo.overlong_buffer_tokens <= cfg.rollout.max_new_tokens, "algo.overlong_buffer_tokens",
             f"must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0 = a fifth of it)",
             cfg.algo.overlong_buffer_tokens)
     require(math.isfinite(cfg.algo.overlong_penalty) and cfg.algo.overlong_penalty >= 0, "algo.overlong_penalty",
             "must be a finite number >= 0", cfg.algo.overlong_penalty)
+
+
+def _correction_rules(cfg: Config) -> None:
+    """algo.correction.*: what the learner's rollout_correction would refuse at its first step."""
+    from asyncgrpo.algo.correction import check_correction_settings
+
+    c = cfg.algo.correction
+    try:
+        check_correction_settings(is_level=c.is_level, is_threshold=c.is_threshold, is_batch_normalize=c.is_batch_normalize,
+                                  rs=c.rs, rs_threshold=c.rs_threshold)
+    except ValueError as err:
+        raise ConfigError(f"algo.correction.{err}") from None
+
+
+def _model_rules(cfg: Config) -> None:
+    """model.*: the embedded model's sizes (a model.path brings its own) and its warm start."""
+    m = cfg.model
+    if m.path:
+        return
+    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        require(getattr(m, key) >= 1, f"model.{key}", "must be >= 1", getattr(m, key))
+    require(m.hidden_size % m.num_heads == 0, "model.hidden_size", f"must be a multiple of model.num_heads={m.num_heads}",
+            m.hidden_size)
+    require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", f"must be a multiple of model.num_kv_heads={m.num_kv_heads}",
+            m.num_heads)
+    require(0 < m.warmstart_target_accuracy <= 1, "model.warmstart_target_accuracy", "must be in (0, 1]",
+            m.warmstart_target_accuracy)
+    require(0 < m.warmstart_max_seconds < math.inf, "model.warmstart_max_seconds", "must be > 0 and finite",
+            m.warmstart_max_seconds)
 
 
 def _fixed_staleness_rules(cfg: Config) -> None:
@@ -634,6 +694,11 @@ def _task_rules(cfg: Config) -> None:
     require(task.eval_size >= 1, "task.eval_size", "must be >= 1", task.eval_size)
     require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0: at the start and the end only)",
             cfg.eval.every_steps)
+    if task.name == "arithmetic":
+        require(task.num_digits >= 1, "task.num_digits", "must be >= 1", task.num_digits)
+        problems = (10 ** task.num_digits - (0 if task.num_digits == 1 else 10 ** (task.num_digits - 1))) ** 2
+        require(task.eval_size < problems, "task.eval_size",
+                f"must be below the {problems} arithmetic problems of task.num_digits={task.num_digits}", task.eval_size)
     if task.name == "countdown":
         require(MIN_NUMBERS <= task.countdown_numbers <= MAX_NUMBERS, "task.countdown_numbers",
                 f"must be between {MIN_NUMBERS} and {MAX_NUMBERS}", task.countdown_numbers)
@@ -790,7 +855,7 @@ def _judge_rules(cfg: Config) -> None:
 
 def _run_rules(cfg: Config) -> None:
     """seed and device."""
-    require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
+    require(0 <= cfg.seed < 2**32, "seed", "must be in [0, 2**32)", cfg.seed)
     require(cfg.device in DEVICES, "device", one_of(DEVICES), cfg.device)
 
 
@@ -809,7 +874,7 @@ def _log_rules(cfg: Config) -> None:
 # The order of the checks: the first broken rule is the one reported. _fixed_staleness_rules runs
 # first because it sets train.max_staleness, which later rules read.
 VALIDATION_RULES: tuple[Callable[[Config], None], ...] = (
-    _fixed_staleness_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
+    _fixed_staleness_rules, _model_rules, _rollout_rules, _train_rules, _generator_cpu_rules, _learner_rules, _checkpoint_rules,
     _optimizer_rules, _lora_rules, _weights_rules, _delta_rules, _lora_apply_rules, _wire_rules, _end_of_run_rules, _wire_security_rules,
     _placement_rules, _divergence_control_rules,
     _algo_rules, _task_rules, _longtail_rules, _episode_task_rules, _data_rules, _env_rules, _reward_rules, _judge_rules, _run_rules,

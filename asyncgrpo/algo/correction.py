@@ -133,12 +133,7 @@ def rollout_correction(
         ValueError: unknown level or option, threshold <= 0, L > U, boolean or malformed threshold,
             wrong number of thresholds, shape mismatch, non-0/1 mask, NaN in an input.
     """
-    if is_level is not None:
-        check_choice("is_level", is_level, IS_LEVELS)
-    # An unused threshold is still validated so a bad config fails before IS is switched on.
-    is_bounds = None if is_level is None and is_threshold is None else _parse_bounds("is_threshold", is_threshold)
-    check_bool("is_batch_normalize", is_batch_normalize)
-    rs_bounds = _parse_rejection(rs, rs_threshold) if rs is not None else {}
+    is_bounds, rs_bounds = _parse_settings(is_level, is_threshold, is_batch_normalize, rs, rs_threshold)
     logp_train = check_token_tensor("logp_train", logp_train)
     logp_rollout = check_token_tensor("logp_rollout", logp_rollout)
     check_same_shape("logp_rollout", logp_rollout, "logp_train", logp_train)
@@ -162,6 +157,24 @@ def rollout_correction(
     if not bool(keep.any()):
         metrics = dict.fromkeys(metrics, 0.0)
     return weights, new_mask, metrics
+
+
+def check_correction_settings(*, is_level: str | None, is_threshold: float | str | None, is_batch_normalize: bool,
+                              rs: str | None, rs_threshold: float | str | None) -> None:
+    """Validate ``rollout_correction``'s settings without tensors (a config is refused before
+    anything starts). Raises ValueError naming the setting, as ``rollout_correction`` would."""
+    _parse_settings(is_level, is_threshold, is_batch_normalize, rs, rs_threshold)
+
+
+def _parse_settings(is_level: str | None, is_threshold: float | str | None, is_batch_normalize: bool,
+                    rs: str | None, rs_threshold: float | str | None) -> tuple[_Bounds | None, dict[str, _Bounds]]:
+    if is_level is not None:
+        check_choice("is_level", is_level, IS_LEVELS)
+    # An unused threshold is still validated so a bad config fails before IS is switched on.
+    is_bounds = None if is_level is None and is_threshold is None else _parse_bounds("is_threshold", is_threshold)
+    check_bool("is_batch_normalize", is_batch_normalize)
+    rs_bounds = _parse_rejection(rs, rs_threshold) if rs is not None else {}
+    return is_bounds, rs_bounds
 
 
 def _parse_number(name: str, text: str) -> float:

@@ -129,8 +129,34 @@ def latest(path: str | Path) -> Path:
     raise CheckpointError(f"no complete checkpoint (step_<N>/{MARKER}) in {path} or {path / 'checkpoints'}")
 
 
+# meta.json's keys every reader of a checkpoint relies on, and their types.
+META_KEYS: dict[str, type] = {"version": int, "world_size": int, "model_dir": str, "states": dict}
+
+
 def read_meta(checkpoint: str | Path) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / META).read_text())
+    """`checkpoint`'s meta.json, checked: a JSON object of this code's format with META_KEYS.
+    Raises CheckpointError in one line otherwise (a hand-edited or foreign meta.json: the manifest
+    only says the files are the ones the checkpoint was written with)."""
+    path = Path(checkpoint) / META
+    meta = _read_json_object(path)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{checkpoint}: checkpoint format {meta.get('format')!r}, this code reads {FORMAT}")
+    for key, kind in META_KEYS.items():
+        value = meta.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(f"{path}: {key!r} is {'missing' if value is None else repr(value)}, "
+                                  f"not of type {kind.__name__}: not a checkpoint this code wrote")
+    return meta
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is unreadable ({' '.join(str(err).split())})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return value
 
 
 def lineage_of(checkpoint: Path) -> str | None:
@@ -138,7 +164,7 @@ def lineage_of(checkpoint: Path) -> str | None:
     which its manifest check reports when it is loaded)."""
     try:
         lineage = read_meta(checkpoint).get("lineage")
-    except (OSError, ValueError, AttributeError):
+    except CheckpointError:
         return None
     return lineage.get("id") if isinstance(lineage, dict) else None
 
@@ -254,8 +280,8 @@ def _read_manifest(checkpoint: Path) -> dict[str, dict[str, Any]]:
     path = checkpoint / MANIFEST
     if not path.is_file():
         try:
-            written = read_meta(checkpoint).get("format")
-        except (OSError, ValueError, AttributeError):
+            written = _read_json_object(checkpoint / META).get("format")
+        except CheckpointError:
             written = None
         if isinstance(written, int) and written < FORMAT:
             raise CheckpointError(f"{checkpoint}: checkpoint format {written} has no {MANIFEST} (written before "
@@ -508,8 +534,6 @@ def load(path: Path, sharded: ShardedState, rank: int) -> dict[str, Any]:
     checkpoint = latest(path)
     verify(checkpoint)  # before DCP unpickles .metadata
     meta = read_meta(checkpoint)
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{checkpoint}: checkpoint format {meta.get('format')}, this code reads {FORMAT}")
     # Templates with this run's sharding; DCP reshards whatever world size wrote the checkpoint.
     state = sharded.state_dict()
     dcp.load(state, checkpoint_id=str(checkpoint / "dcp"))

@@ -118,14 +118,18 @@ def _read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     reader = FileSystemReader(str(Path(checkpoint) / "dcp"))
-    entries = reader.read_metadata().state_dict_metadata
+    try:
+        entries = reader.read_metadata().state_dict_metadata
+    except Exception as err:  # noqa: BLE001 - whatever the unpickler makes of a foreign file, one line
+        raise CheckpointError(f"{checkpoint}/dcp: its metadata is unreadable ({type(err).__name__}: "
+                              f"{' '.join(str(err).split())[:200]})") from None
     model = {
         key.removeprefix("model."): torch.empty(entry.size, dtype=entry.properties.dtype)
         for key, entry in entries.items()
         if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)
     }
     if not model:
-        raise ValueError(f"{checkpoint}: no model weights in the checkpoint")
+        raise CheckpointError(f"{checkpoint}: no model weights in the checkpoint")
     state = {"model": model}
     dcp.load(state, storage_reader=reader, no_dist=True)
     return state["model"]

@@ -181,3 +181,29 @@ def test_export_of_a_tampered_checkpoint_fails_in_one_line_naming_the_file(saved
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("asyncgrpo: export: ") and SHARD in err, err
     assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.tmp").exists()
+
+
+# A meta.json or DCP metadata that matches its manifest but is not what this code writes (edited by
+# hand, or the manifest rewritten over it): the manifest cannot tell, the readers must.
+@pytest.mark.parametrize(("meta", "said"), [
+    ("not json{", "meta.json is unreadable"),
+    ("[1, 2]", "meta.json is not a JSON object"),
+    ('{"format": 3}', "meta.json: 'version' is missing"),
+    ('{"format": 2, "version": 7}', "checkpoint format 2, this code reads 3"),
+])
+def test_a_foreign_meta_json_is_one_checkpoint_error_for_resume_and_export(saved, tmp_path, capsys, meta, said):
+    (saved / checkpoint.META).write_text(meta)
+    checkpoint.write_manifest(saved)
+    with pytest.raises(checkpoint.CheckpointError, match=said):
+        load_fresh(saved)
+    assert main(["export", str(saved), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and "\n" not in err and "Traceback" not in err
+
+
+def test_foreign_dcp_metadata_is_one_line_from_export_not_an_unpickling_traceback(saved, tmp_path, capsys):
+    (saved / "dcp" / ".metadata").write_bytes(b"garbage pickle")
+    checkpoint.write_manifest(saved)
+    assert main(["export", str(saved), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "its metadata is unreadable (UnpicklingError" in err and "\n" not in err

@@ -66,6 +66,32 @@ def test_overrides_apply():
         ("algo.m2_threshold=0", "algo.m2_threshold"),
         ("algo.m2_threshold=inf", "algo.m2_threshold"),
         ("train.probe_tolerance=-0.1", "train.probe_tolerance"),
+        # Values the learner, the engine or the warm start would only refuse (or misuse) once running.
+        ("learner.grad_clip_norm=-1", "learner.grad_clip_norm"),  # clip_grad_norm_ would flip every gradient
+        ("learner.grad_clip_norm=0", "learner.grad_clip_norm"),  # ... or zero them
+        ("learner.grad_clip_norm=nan", "learner.grad_clip_norm"),
+        ("learner.betas=[0.9]", "learner.betas"),
+        ("learner.betas=[0.9,1.5]", "learner.betas"),
+        ("learner.weight_decay=-1", "learner.weight_decay"),
+        ("learner.lr=inf", "learner.lr"),
+        ("learner.torch_threads=-4", "learner.torch_threads"),
+        ("learner.num_cpus_per_rank=0", "learner.num_cpus_per_rank"),
+        ("rollout.gpu_memory_utilization=7", "rollout.gpu_memory_utilization"),
+        ("rollout.temperature=inf", "rollout.temperature"),
+        ("algo.clip_high=inf", "algo.clip_high"),
+        ("algo.kl.coef=inf", "algo.kl.coef"),
+        ("algo.norm_constant=-1", "algo.norm_constant"),
+        ("algo.correction.rs=bogus", "algo.correction.rs"),
+        ("algo.correction.is_threshold=-1", "algo.correction.is_threshold"),
+        ("algo.correction.is_threshold='3_2'", "algo.correction.is_threshold"),  # L > U
+        ("model.hidden_size=0", "model.hidden_size"),
+        ("model.num_layers=-1", "model.num_layers"),
+        ("model.num_heads=3", "model.num_heads"),  # 64 is not a multiple of 3
+        ("model.num_kv_heads=3", "model.num_kv_heads"),
+        ("model.warmstart_target_accuracy=5", "model.warmstart_target_accuracy"),
+        ("task.num_digits=0", "task.num_digits"),
+        ("task.num_digits=1", "task.eval_size"),  # 500 held out of 100 problems
+        ("seed=99999999999999999999999", "seed"),
     ],
 )
 def test_bad_config_fails_with_one_line_naming_the_key(override, named_key):
@@ -277,3 +303,17 @@ def test_of_two_faults_the_one_checked_first_is_reported(overrides, first_key):
     with pytest.raises(ConfigError) as err:
         load(overrides)
     assert str(err.value).split(" ", 1)[0] == first_key, str(err.value)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("defaults: [asyncgrpo, _self_]\ntrain: {max_steps: [3\n", "line 3, column 1: expected ',' or ']'"),
+    ("defaults: [asyncgrpo, _self_]\ntrain:\n  max_steps: 3\n  max_steps: 4\n", "line 4, column 3: found duplicate key"),
+    ("train:\n  max_steps: 3\n", "is not an asyncgrpo preset: it must start with `defaults: [asyncgrpo, _self_]`"),
+    ("", "is not an asyncgrpo preset"),
+])
+def test_a_preset_that_is_not_yaml_or_not_a_preset_is_refused_in_one_line_naming_it(tmp_path, text, said):
+    (tmp_path / "mine.yaml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load([], config_name="mine", config_dir=tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / "mine.yaml") in message and said in message and "\n" not in message

@@ -53,7 +53,7 @@ def test_a_changed_key_whose_feature_is_off_is_named_with_why(overrides, named):
     ["algo.kl.enabled=true", "algo.kl.coef=0.05"],
     ["algo.mode=decoupled", "algo.correction.is_level=token"],
     ["algo.loss_type=reinforce", "algo.correction.is_level=token"],  # reinforce takes the IS weights
-    ["algo.mode=bypass", "algo.correction.rs=token_k1", "algo.correction.rs_threshold=0.5"],  # rejection acts under bypass
+    ["algo.mode=bypass", "algo.correction.rs=token_k1", "algo.correction.rs_threshold=2.0"],  # rejection acts under bypass
     ["algo.loss_type=m2po", "algo.m2_threshold=0.1"],
     ["learner.lora.rank=4", "learner.lora.alpha=32"],
     ["weights.delta=true", "weights.full_every=5", "weights.backend=zmq", "weights.wire_dtype=bfloat16"],
