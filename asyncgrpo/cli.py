@@ -425,12 +425,16 @@ def _config_error(message: str) -> int:
 
 
 def _plot(run_dirs: list[str], out: str | None) -> int:
+    from asyncgrpo.metrics.runs import RunReadError
     from asyncgrpo.plot import plot_runs
 
     try:
         paths = plot_runs(run_dirs, out)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, RunReadError) as err:
         print(f"asyncgrpo: plot: {err}", file=sys.stderr)
+        return 2
+    except (FileExistsError, NotADirectoryError) as err:  # --out (or a folder above it) is a file
+        print(f"asyncgrpo: plot: --out: {err.filename} is a file, not a directory", file=sys.stderr)
         return 2
     for path in paths:
         print(path)

@@ -7,6 +7,7 @@ Every panel copes with missing keys (old runs, runs with other options) by sayin
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,10 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path | None = None) -> 
     if not paths:
         raise ValueError("no run directory given")
     runs = [load_run(path, label) for path, label in zip(paths, run_labels(paths))]
+    for run in runs:
+        if run.skipped_lines:
+            lines = f"{run.skipped_lines} line{'s' if run.skipped_lines != 1 else ''}"
+            print(f"[plot] {run.path / 'metrics.jsonl'}: {lines} that are not step records skipped", file=sys.stderr)
     out = Path(out_dir) if out_dir else (paths[0] / "plots" if len(paths) == 1 else Path("plots_compare"))
     out.mkdir(parents=True, exist_ok=True)
     cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color") or ["C0"]

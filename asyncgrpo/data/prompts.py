@@ -81,7 +81,9 @@ def load_problems(
                 report.skip("missing_field", record.source, record.line,
                             f"no field {fields.prompt!r} (data.prompt_field; fields here: {', '.join(sorted(values)) or 'none'})")
                 continue
-            if isinstance(raw_prompt, bytes):
+            if isinstance(raw_prompt, bytes) or (isinstance(raw_prompt, str) and not _encodable(raw_prompt)):
+                # A JSON escape can make a str no UTF-8 holds (a lone surrogate, "\ud800"): the
+                # tokenizer and the wire could not carry it.
                 report.skip("bad_utf8", record.source, record.line, f"field {fields.prompt!r} is not UTF-8 text")
                 continue
             if not isinstance(raw_prompt, str) or not raw_prompt.strip():
@@ -95,6 +97,9 @@ def load_problems(
                                 f"no field {fields.answer!r} (data.answer_field; fields here: {', '.join(sorted(values))})")
                     continue
                 parsed = (parse_answer or _plain_answer)(raw_answer if isinstance(raw_answer, str) else str(raw_answer))
+                if parsed is not None and not _encodable(parsed):
+                    report.skip("bad_utf8", record.source, record.line, f"field {fields.answer!r} is not UTF-8 text")
+                    continue
                 if parsed is None:
                     report.skip("bad_answer", record.source, record.line,
                                 f"field {fields.answer!r} holds no usable reference answer: {str(raw_answer)[-60:]!r}")
@@ -127,6 +132,14 @@ def load_problems(
 def absolute_paths(paths: Sequence[str]) -> list[str]:
     """Paths as the driver sees them, so actors with another working directory find the same files."""
     return [str(Path(path).expanduser().resolve()) for path in paths]
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _plain_answer(text: str) -> str | None:

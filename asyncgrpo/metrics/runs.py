@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+class RunReadError(ValueError):
+    """A run directory's metrics.jsonl or summary.json cannot be read (one line naming the file)."""
+
+
 @dataclass
 class Run:
     """One run directory as read (`load_run`): `name` labels it in figures and tables."""
@@ -24,6 +28,9 @@ class Run:
     evals: list[dict[str, Any]] = field(default_factory=list)  # records with eval/accuracy
     summary: dict[str, Any] = field(default_factory=dict)
     num_generators: int = 1
+    # metrics.jsonl lines that are not a record (not JSON, not an object, a step that is not a
+    # number): skipped and counted. A run killed mid-write leaves one, its partial last line.
+    skipped_lines: int = 0
 
     def series(self, key: str, x: str = "samples") -> tuple[np.ndarray, np.ndarray]:
         """(x, y) over the step records that have both keys."""
@@ -58,19 +65,48 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of a metrics.jsonl and how many lines were not one (see Run.skipped_lines)."""
+    records: list[dict[str, Any]] = []
+    skipped = 0
     if not path.exists():
-        return records
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
+        return records, skipped
+    for raw in _read_bytes(path).splitlines():
+        if not raw.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a run killed mid-write leaves a partial last line
-    return records
+            record = json.loads(raw)
+        except ValueError:  # not UTF-8 or not JSON
+            skipped += 1
+            continue
+        if not isinstance(record, dict) or ("step" in record and not is_number(record["step"])):
+            skipped += 1
+            continue
+        records.append(record)
+    return records, skipped
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise RunReadError(f"{path}: {err.strerror or err}") from None
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """summary.json as a dict; {} if absent or cut short (written as the run ends)."""
+    if not path.exists():
+        return {}
+    data = _read_bytes(path)
+    try:
+        summary = json.loads(data)
+    except UnicodeDecodeError:
+        raise RunReadError(f"{path}: not UTF-8 text") from None
+    except ValueError:
+        return {}
+    if not isinstance(summary, dict):
+        raise RunReadError(f"{path}: not a JSON object")
+    return summary
 
 
 def latest_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -106,13 +142,8 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     path = Path(run_dir)
     if not (path / "metrics.jsonl").exists() and not (path / "summary.json").exists():
         raise FileNotFoundError(f"{path}: neither metrics.jsonl nor summary.json found; is this a run directory?")
-    records = _read_jsonl(path / "metrics.jsonl")
-    summary: dict[str, Any] = {}
-    if (path / "summary.json").exists():
-        try:
-            summary = json.loads((path / "summary.json").read_text())
-        except json.JSONDecodeError:
-            summary = {}
+    records, skipped = _read_jsonl(path / "metrics.jsonl")
+    summary = _read_summary(path / "summary.json")
     return Run(
         name=name or path.resolve().name,
         path=path,
@@ -120,4 +151,5 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
         evals=[r for r in records if "eval/accuracy" in r or "eval/greedy_accuracy" in r],
         summary=summary,
         num_generators=_num_generators(path),
+        skipped_lines=skipped,
     )

@@ -15,7 +15,7 @@ import yaml
 
 from asyncgrpo.contract import even_split
 from asyncgrpo.sim.envwaits import expected_rounds
-from asyncgrpo.sim.settings import Settings, SimulationError
+from asyncgrpo.sim.settings import MAX_STEPS, Settings, SimulationError
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,23 @@ class Calibration:
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> Calibration:
-        """Read config.yaml, metrics.jsonl and summary.json; a missing or unusable file is one line."""
-        path = Path(run_dir)
+        """Read config.yaml, metrics.jsonl and summary.json; a missing or unusable file is one line
+        (SimulationError), and so is a value of the wrong type or shape in any of them."""
+        try:
+            return cls._from_run(Path(run_dir))
+        except SimulationError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OSError) as err:
+            raise SimulationError(f"{run_dir}: a file of the run does not read as this version writes it "
+                                  f"({type(err).__name__}: {' '.join(str(err).split())[:200]})") from None
+
+    @classmethod
+    def _from_run(cls, path: Path) -> Calibration:
         config = _read_config(path)
         actors = read_actors(path / "actors.json")
         summary = _read_json(path / "summary.json")
         steps = _step_records(path, summary)
-        settings = _run_settings(config, steps=len(steps))
+        settings = _run_settings(config, steps=min(len(steps), MAX_STEPS))
         dispatch = recorded_dispatch(config, path / "config.yaml")
         reports = _generator_reports(path, summary, settings)
         first_step_wait = float(steps[0].get("time/ack_wait_s", 0.0)) + float(steps[0].get("time/gen_wait_s", 0.0))
@@ -311,7 +321,10 @@ def _env_times(report: dict[str, Any], sent: int, calls: int, call_groups: int, 
 def _generator_times(index: int, report: dict[str, Any], call_groups: int, first_step_groups: int,
                      first_step_wait_s: float, env: EnvShape) -> GeneratorTimes:
     def total(key: str) -> float:
-        return float(report.get(key, 0.0))
+        value = float(report.get(key, 0.0))
+        if not math.isfinite(value):
+            raise SimulationError(f"generator {index} reports {key}={value}: not a measurement")
+        return value
 
     sent = int(total("gen/groups_sent"))
     if sent <= 0:

@@ -3,6 +3,7 @@ sim.* knobs), the `key=value` overrides of `asyncgrpo simulate`, and the one-lin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -16,6 +17,10 @@ from asyncgrpo.contract import (
     check_stale_policy,
 )
 from asyncgrpo.schema import WeightsConfig
+
+
+# sim.steps at most: about a millisecond a step here, so minutes; rates settle within thousands.
+MAX_STEPS = 200_000
 
 
 class SimulationError(ValueError):
@@ -111,8 +116,8 @@ class Settings:
         except ValueError:
             raise SimulationError(f"sim.generator_speeds must be comma-separated numbers (got {self.generator_speeds!r})") \
                 from None
-        if len(values) != self.num_generators or min(values) <= 0:
-            raise SimulationError(f"sim.generator_speeds must give {self.num_generators} speeds > 0, one per generator "
+        if len(values) != self.num_generators or not all(0 < value < math.inf for value in values):
+            raise SimulationError(f"sim.generator_speeds must give {self.num_generators} finite speeds > 0, one per generator "
                                   f"(rollout.num_generators) (got {self.generator_speeds!r})")
         return values
 
@@ -136,17 +141,19 @@ class Settings:
         require(self.world_size >= 1, "learner.world_size", "must be >= 1", self.world_size)
         require(self.capacity_groups >= self.groups_per_step, "queue.capacity_groups",
                 f"must hold at least one step (train.groups_per_step={self.groups_per_step})", self.capacity_groups)
-        require(self.steps >= 1, "sim.steps", "must be >= 1", self.steps)
+        require(1 <= self.steps <= MAX_STEPS, "sim.steps", f"must be between 1 and {MAX_STEPS}", self.steps)
         require(self.warmup_steps >= 0, "sim.warmup_steps", "must be >= 0", self.warmup_steps)
         require(0 < self.scaling_efficiency <= 1, "sim.scaling_efficiency", "must be in (0, 1]",
                 self.scaling_efficiency)
+        # Finite: an infinite time would leave every simulated process blocked forever.
         for key, value in (("sim.push_latency_s", self.push_latency_s), ("sim.weight_load_s", self.weight_load_s)):
-            require(value is None or value >= 0, key, "must be >= 0 (or null: the run's)", value)
-        require(self.generate_scale > 0, "sim.generate_scale", "must be > 0", self.generate_scale)
-        require(self.train_scale > 0, "sim.train_scale", "must be > 0", self.train_scale)
-        require(self.generate_cv >= 0, "sim.generate_cv", "must be >= 0", self.generate_cv)
-        require(self.call_size_exponent >= 0, "sim.call_size_exponent", "must be >= 0", self.call_size_exponent)
-        require(self.env_latency_s >= 0, "env.latency_s", "must be >= 0", self.env_latency_s)
+            require(value is None or 0 <= value < math.inf, key, "must be >= 0 and finite (or null: the run's)", value)
+        require(0 < self.generate_scale < math.inf, "sim.generate_scale", "must be > 0 and finite", self.generate_scale)
+        require(0 < self.train_scale < math.inf, "sim.train_scale", "must be > 0 and finite", self.train_scale)
+        require(0 <= self.generate_cv < math.inf, "sim.generate_cv", "must be >= 0 and finite", self.generate_cv)
+        require(0 <= self.call_size_exponent < math.inf, "sim.call_size_exponent", "must be >= 0 and finite",
+                self.call_size_exponent)
+        require(0 <= self.env_latency_s < math.inf, "env.latency_s", "must be >= 0 and finite", self.env_latency_s)
         require(self.cores >= 0, "sim.cores", "must be >= 0 (0: every actor has processors of its own)", self.cores)
         require(self.max_running_seqs >= self.samples_per_prompt, "rollout.max_running_seqs",
                 f"must hold a group (rollout.samples_per_prompt={self.samples_per_prompt})", self.max_running_seqs)

@@ -43,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from asyncgrpo.metrics.runs import RunReadError
 from asyncgrpo.runtime.files import UnsafeDirectory, private_dir, write_atomic
 from asyncgrpo.runtime.interrupts import interrupts_deferred
 from asyncgrpo.study.cluster import (
@@ -497,7 +498,7 @@ def command(spec_path: str, arguments: Sequence[str], dry_run: bool = False, rep
                 log(f"{state:>8}  {plan.label}  ({plan.run_dir}{replays})")
             return 0
         outcome = run_study(spec, directory, log=log, keep_engines=keep_engines, concurrent=concurrent)
-    except (SpecError, StudyError) as err:
+    except (SpecError, StudyError, RunReadError) as err:  # RunReadError: a run's files, read for the report
         print(f"asyncgrpo: study: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before any run started (checking the spec) or after the results were written

@@ -280,12 +280,30 @@ class Spec:
         return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error (safe_load keeps the last):
+    a spec that names `cells` twice would silently run only the second grid."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"found duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_spec_file(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not UTF-8 text") from None
+    except OSError as err:
+        raise SpecError(f"{path}: {err.strerror or err}") from None
     except yaml.YAMLError as err:
         first = str(err).strip().splitlines()
         raise SpecError(f"{path}: not valid YAML: {' '.join(line.strip() for line in first[:3])}") from None

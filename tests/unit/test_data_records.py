@@ -64,6 +64,17 @@ def test_bad_records_are_skipped_and_counted_with_their_lines(tmp_path):
     assert "kept 2 of 9" in line and "bad_utf8=1 (mixed.jsonl:4)" in line and "\n" not in line
 
 
+def test_a_lone_surrogate_escape_no_utf8_can_hold_is_a_counted_bad_utf8_record(tmp_path):
+    path = write_lines(tmp_path / "escapes.jsonl", [
+        b'{"question": "\\ud800", "answer": "2"}',             # 1 a lone surrogate in the prompt
+        b'{"question": "1+1=", "answer": "\\udfff"}',           # 2 ... in the answer
+        b'{"question": "\\ud83d\\ude00 2+2=", "answer": "4"}',  # 3 a surrogate pair: one character, kept
+    ])
+    problems, report = load(path)
+    assert [p.answer for p in problems] == ["4"]
+    assert report.skipped == {"bad_utf8": 2} and report.examples["bad_utf8"] == ["escapes.jsonl:1", "escapes.jsonl:2"]
+
+
 def test_only_the_first_few_lines_are_kept_per_reason(tmp_path):
     path = write_lines(tmp_path / "many.jsonl", [b"{}"] * 12 + [json.dumps({"question": "q", "answer": "a"}).encode()])
     _, report = load(path)

@@ -131,3 +131,35 @@ def test_the_audit_figure_draws_every_panel_from_audit_keys_and_says_no_data_wit
     missing.clear()
     paths = plot.plot_runs([audited])
     assert missing == [] and audited / "plots" / "audit.png" in paths
+
+
+def test_lines_that_are_not_step_records_are_skipped_and_counted_not_a_traceback(tmp_path, capsys):
+    run = make_run(tmp_path / "r", steps=5)
+    torn = load_run(run).skipped_lines  # make_run ends with a torn line, as a killed run does
+    with (run / "metrics.jsonl").open("ab") as f:
+        f.write(b'\n5\n[1]\n{"step": {}, "eval/accuracy": 0.5}\n\xff\xfe garbage\n')
+    assert load_run(run).skipped_lines == torn + 4
+    assert len(load_run(run).steps) == 5
+    assert cli.main(["plot", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert f"{torn + 4} lines that are not step records skipped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda run: (run / "summary.json").write_text("[1, 2]"), "summary.json: not a JSON object"),
+    (lambda run: (run / "summary.json").write_bytes(b'{"a": "\xff"}'), "summary.json: not UTF-8 text"),
+    (lambda run: ((run / "metrics.jsonl").unlink(), (run / "metrics.jsonl").mkdir()), "metrics.jsonl: Is a directory"),
+])
+def test_an_unreadable_run_file_is_one_line_naming_it(tmp_path, capsys, make, said):
+    run = make_run(tmp_path / "r", steps=5)
+    make(run)
+    assert cli.main(["plot", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and "\n" not in err
+
+
+def test_an_out_directory_that_is_a_file_is_one_line(tmp_path, capsys):
+    run = make_run(tmp_path / "r", steps=5)
+    (tmp_path / "taken").write_text("")
+    assert cli.main(["plot", str(run), "--out", str(tmp_path / "taken")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"asyncgrpo: plot: --out: {tmp_path / 'taken'} is a file, not a directory"

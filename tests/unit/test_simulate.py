@@ -157,8 +157,9 @@ def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_li
     cal, s = constant_run(generate_s=2.0, train_s=0.5, max_staleness=0, steps=10)
     half = simulate(cal, replace(s, generator_speeds="0.5"))
     assert half.samples_per_s == pytest.approx(s.samples_per_step / (4.0 + 0.5))
-    for bad, match in [("1,x", "comma-separated numbers"), ("1,1", "must give 1 speeds > 0"),
-                       ("0", "must give 1 speeds > 0")]:
+    for bad, match in [("1,x", "comma-separated numbers"), ("1,1", "must give 1 finite speeds > 0"),
+                       ("0", "must give 1 finite speeds > 0"), ("nan", "must give 1 finite speeds > 0"),
+                       ("inf", "must give 1 finite speeds > 0")]:
         with pytest.raises(SimulationError, match=match):
             apply_overrides(s, [f"sim.generator_speeds={bad}"])
 

@@ -157,5 +157,31 @@ def test_a_run_without_an_environment_calibrates_and_simulates_as_before(tmp_pat
 
 def test_a_negative_latency_is_one_line(tmp_path):
     cal = Calibration.from_run(fake_run(tmp_path))
-    with pytest.raises(SimulationError, match=r"^env.latency_s must be >= 0 \(got -0.1\)$"):
+    with pytest.raises(SimulationError, match=r"^env.latency_s must be >= 0 and finite \(got -0.1\)$"):
         apply_overrides(cal.settings, ["env.latency_s=-0.1"])
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("env.latency_s=inf", "env.latency_s must be >= 0 and finite"),
+    ("sim.generate_scale=inf", "sim.generate_scale must be > 0 and finite"),
+    ("sim.push_latency_s=inf", "sim.push_latency_s must be >= 0 and finite"),
+    ("sim.steps=10000000000", "sim.steps must be between 1 and 200000"),
+])
+def test_an_infinite_time_or_an_endless_simulation_is_one_line_not_a_stuck_or_endless_run(tmp_path, override, said):
+    cal = Calibration.from_run(fake_run(tmp_path))
+    with pytest.raises(SimulationError, match=said):
+        apply_overrides(cal.settings, [override])
+
+
+@pytest.mark.parametrize(("file", "text", "said"), [
+    ("summary.json", "[1, 2]", "does not read as this version writes it (AttributeError"),
+    ("summary.json", b"\xff\xfe", "does not read as this version writes it (UnicodeDecodeError"),
+    ("metrics.jsonl", "5\n", "does not read as this version writes it (TypeError"),
+])
+def test_a_malformed_run_file_is_one_simulation_error_not_a_traceback(tmp_path, file, text, said):
+    run = fake_run(tmp_path)
+    target = run / file
+    target.write_bytes(text) if isinstance(text, bytes) else target.write_text(text)
+    with pytest.raises(SimulationError) as err:
+        Calibration.from_run(run)
+    assert said in str(err.value) and "\n" not in str(err.value)

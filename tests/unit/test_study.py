@@ -68,6 +68,18 @@ def test_spec_with_an_unknown_top_level_key_fails_in_one_line_naming_it(tmp_path
     assert "unknown key 'seed'" in message and str(tmp_path / "spec.yaml") in message and "\n" not in message
 
 
+@pytest.mark.parametrize(("text", "named"), [
+    (b"name: a\nname: b\nseeds: [0]\n", "found duplicate key 'name'"),  # safe_load would keep 'b' silently
+    (b"grid:\n  algo.mode: [bypass]\n  algo.mode: [naive]\n", "found duplicate key 'algo.mode'"),
+    (b"name: \xff\xfe\n", "not UTF-8 text"),
+])
+def test_a_spec_with_a_key_given_twice_or_not_utf8_fails_in_one_line(tmp_path, text, named):
+    (tmp_path / "spec.yaml").write_bytes(text)
+    with pytest.raises(SpecError) as err:
+        read_spec_file(tmp_path / "spec.yaml")
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("grid, named", [({}, "grid must be a non-empty mapping"),
                                          ({"train.fixed_staleness": []}, "grid.train.fixed_staleness: empty list"),
                                          ({"mode": {}}, "grid.mode: no levels")])
