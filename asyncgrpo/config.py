@@ -33,7 +33,7 @@ from asyncgrpo.queue.bound_control import DIVERGENCE_METRICS, STALENESS_CONTROLS
 from asyncgrpo.runtime.resources import DEVICES, parse_cores
 from asyncgrpo.envs import ENV_NAMES, ENV_ON_ERROR
 from asyncgrpo.learner.resume import RESUME_AUTO
-from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, key_transport_error
+from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, http_url_error, key_transport_error
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
 from asyncgrpo.composition import actors_span_nodes, use_curve, weights_backend, wire_transport
@@ -50,6 +50,26 @@ if TYPE_CHECKING:
     from asyncgrpo.recording.source import Recording
 
 
+def _check_preset(path: Path) -> None:
+    """A preset file (absent: Hydra names it) must be YAML holding a mapping with a defaults list;
+    without one, every override would be refused as an unknown key, which would not say why."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_bytes()) if path.is_file() else {"defaults": None}
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_error(path, err)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: {err}") from None
+    if not isinstance(data, dict) or "defaults" not in data:
+        raise ConfigError(_not_a_preset(path))
+
+
+def _not_a_preset(path: Path) -> str:
+    return (f"{path} is not an asyncgrpo preset: it must start with `defaults: [asyncgrpo, _self_]` "
+            "(see configs/longtail.yaml)")
+
+
 def _yaml_error(path: Path, err: Exception) -> str:
     """A preset that is not YAML: where, and what the parser found there, on one line."""
     mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
@@ -63,6 +83,8 @@ def _one_line(err: BaseException) -> str:
     cause = err.__cause__ or err
     lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
     message = lines[0] if lines else type(cause).__name__
+    if message.endswith(":") and len(lines) > 1:  # "...raised while composing config:" then what was wrong
+        message = f"{message} {lines[1]}"
     key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), "")
     # A key the schema lacks, from an override or (a line further down) from a preset file.
     missing = next((line for line in lines if line.startswith("Key '") and " not in " in line), None)
@@ -83,6 +105,7 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
     register()
     overrides = checked_overrides(overrides or [])
     directory = Path(config_dir or CONFIG_DIR).expanduser().resolve()
+    _check_preset(directory / f"{config_name}.yaml")
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
             composed = compose(config_name=config_name, overrides=overrides)
@@ -91,9 +114,8 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as err:
         raise ConfigError(_yaml_error(directory / f"{config_name}.yaml", err) if isinstance(err, yaml.YAMLError)
                           else _one_line(err)) from None
-    if not isinstance(cfg, Config):  # a preset without the schema in its defaults list composes to a plain dict
-        raise ConfigError(f"{directory / config_name}.yaml is not an asyncgrpo preset: it must start with "
-                          "`defaults: [asyncgrpo, _self_]` (see configs/longtail.yaml)")
+    if not isinstance(cfg, Config):  # a defaults list without the schema composes to a plain dict
+        raise ConfigError(_not_a_preset(directory / f"{config_name}.yaml"))
     _refuse_other_max_staleness(cfg, overrides)
     apply_model_profile(cfg, _explicit_keys(overrides, directory / f"{config_name}.yaml"), log)
     validate(cfg)
@@ -799,8 +821,8 @@ def _env_rules(cfg: Config) -> None:
     require(env.name != "http" or bool(env.http.base_url), "env.http.base_url", "must be set for env.name=http",
             env.http.base_url)
     if env.name == "http":
-        require(env.http.base_url.startswith(("http://", "https://")), "env.http.base_url", "must be an http(s) URL",
-                env.http.base_url)
+        url_error = http_url_error(env.http.base_url)
+        require(url_error is None, "env.http.base_url", f"must be an http(s) URL ({url_error})", env.http.base_url)
         insecure = key_transport_error(env.http.base_url, env.http.api_key_env, "env.http.api_key_env")
         require(insecure is None, "env.http.base_url", insecure or "", env.http.base_url)
     require(env.name != "agent" or ":" in env.agent.fn or "." in env.agent.fn, "env.agent.fn",
@@ -828,7 +850,10 @@ def _reward_rules(cfg: Config) -> None:
         require(term.name not in RESERVED_TERM_NAMES and term.name.isidentifier(), f"reward.terms[{i}].name",
                 f"must be an identifier other than {', '.join(RESERVED_TERM_NAMES)} (it is logged as reward/<name>)",
                 term.name)
-        require(term.weight == term.weight, f"reward.terms[{i}].weight", "must be a number", term.weight)
+        require(math.isfinite(term.weight), f"reward.terms[{i}].weight", "must be a finite number", term.weight)
+        if kind == "format" and term.pattern:
+            require(_regex_error(term.pattern) is None, f"reward.terms[{i}].pattern",
+                    f"must be a regular expression ({_regex_error(term.pattern)})", term.pattern)
         require(kind != "fn" or bool(term.fn or reward.fn), f"reward.terms[{i}].fn", "must be package.module:function (or set reward.fn)", term.fn)
         require(term.tolerance >= 0, f"reward.terms[{i}].tolerance", "must be >= 0", term.tolerance)
     kinds = [term.resolved_kind for term in reward.terms]
@@ -841,7 +866,8 @@ def _judge_rules(cfg: Config) -> None:
     if "judge" not in [term.resolved_kind for term in cfg.reward.terms]:
         return
     judge = cfg.reward.judge
-    require(judge.base_url.startswith(("http://", "https://")), "reward.judge.base_url", "must be an http(s) URL", judge.base_url)
+    url_error = http_url_error(judge.base_url)
+    require(url_error is None, "reward.judge.base_url", f"must be an http(s) URL ({url_error})", judge.base_url)
     insecure = key_transport_error(judge.base_url, judge.api_key_env, "reward.judge.api_key_env")
     require(insecure is None, "reward.judge.base_url", insecure or "", judge.base_url)
     require(judge.concurrency >= 1, "reward.judge.concurrency", "must be >= 1", judge.concurrency)
@@ -851,6 +877,19 @@ def _judge_rules(cfg: Config) -> None:
     require(judge.max_score > 0, "reward.judge.max_score", "must be > 0", judge.max_score)
     require(judge.parser in JUDGE_PARSERS or judge.parser.startswith(REGEX_PARSER_PREFIX), "reward.judge.parser",
             f"must be one of {', '.join(JUDGE_PARSERS)} or {REGEX_PARSER_PREFIX}<pattern>", judge.parser)
+    if judge.parser.startswith(REGEX_PARSER_PREFIX):
+        pattern = judge.parser[len(REGEX_PARSER_PREFIX):]
+        error = _regex_error(pattern) or (None if re.compile(pattern).groups >= 1 else "it has no group: group 1 is the score")
+        require(error is None, "reward.judge.parser", f"must hold a regular expression with a group ({error})", judge.parser)
+
+
+def _regex_error(pattern: str) -> str | None:
+    """Why `pattern` is not a regular expression, None if it is."""
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        return str(err)
+    return None
 
 
 def _run_rules(cfg: Config) -> None:

@@ -36,7 +36,11 @@ class PromptFormat:
             raise DataError("data.chat_template=true but the tokenizer has no chat template (use a chat/instruct model)")
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
             {"role": "user", "content": text}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as err:  # noqa: BLE001 - a broken template raises whatever jinja makes of it
+            raise DataError(f"data.chat_template=true but the model's chat template does not render: "
+                            f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

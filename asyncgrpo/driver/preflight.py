@@ -179,9 +179,23 @@ def check_environment(cfg: Config) -> dict[str, Any]:
     return {"name": spec.name, "stop": list(spec.stop)}
 
 
+def check_agent_template(cfg: Config, model_dir: str) -> None:
+    """env.name=agent renders every request through env.agent.chat_template (or the tokenizer's own):
+    render one here, so a missing or broken template is one line, not every episode refused."""
+    from transformers import AutoTokenizer
+
+    from asyncgrpo.envs.agent import Refused, render
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        render(tokenizer, cfg.env.agent.chat_template, [{"role": "user", "content": "1+1="}], generation_prompt=True)
+    except Refused as err:
+        raise PreflightError(f"env.name=agent: {err}") from None
+
+
 def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     """The report; raises ModelDirError or PreflightError (one line) when the settings cannot work."""
-    from asyncgrpo.models.check import check_model_dir
+    from asyncgrpo.models.check import ModelDirError, check_model_dir, weights_error
     from asyncgrpo.learner.lora import LoraError, check_model
     from asyncgrpo.composition import pushed_adapters
     from asyncgrpo.weights.adapters import pushed_spec
@@ -190,6 +204,12 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     # model is our own Qwen2.
     architectures = None if cfg.model.path else EMBEDDED_ARCHITECTURES
     info = check_model_dir(model_dir, cfg.model.max_positions, supported_architectures=architectures)
+    # check=true sizes a model from its config alone (docs/MODELS.md: a shape needs no weights); a run loads them.
+    missing_weights = weights_error(model_dir)
+    if missing_weights and not cfg.check:
+        raise ModelDirError(f"{model_dir}: {missing_weights}")
+    if cfg.env.name == "agent":
+        check_agent_template(cfg, model_dir)
     try:  # learner.lora.target_modules against the model's layers, and the rank against their widths
         lora_targets = check_model(cfg.learner.lora, model_dir)
     except LoraError as err:
@@ -204,7 +224,8 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     merging = adapters if cfg.rollout.lora_apply == "merge" else None
     memory = memory_estimate(cfg, info.num_parameters, info.vocab_size, push["bytes_per_push"], push["backend"],
                              merge_base_bytes(merging, info.dtype))
-    report = {"model": info.to_dict(), "push": push, "kv_cache": kv, "memory_gib": memory}
+    report = {"model": {**info.to_dict(), "weights": missing_weights or "present"}, "push": push, "kv_cache": kv,
+              "memory_gib": memory}
     if lora_targets:
         report["lora"] = {"rank": cfg.learner.lora.rank, "layers": len(lora_targets)}
     if push["backend"] == "shm":
@@ -305,7 +326,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"model      {model['path']}: {model['architecture']}, {model['num_parameters']:,} parameters, "
         f"vocab {model['vocab_size']:,} (tokenizer {model['tokenizer_size']:,}), {model['num_layers']} layers, "
-        f"context {model['max_positions']:,}",
+        f"context {model['max_positions']:,}"
+        + ("" if model.get("weights", "present") == "present" else f"; weights: {model['weights']} (a run needs them)"),
         f"push       {push['bytes_per_push'] / 1e6:,.1f} MB in {push['wire_dtype']} over {push['backend']}"
         + (f", {push['chunks_per_push']} chunk(s)" if push["backend"] == "zmq" else "") + ", "
         f"largest tensor {push['largest_tensor']} {push['largest_tensor_bytes'] / 1e6:,.1f} MB",

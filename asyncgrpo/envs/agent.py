@@ -39,6 +39,9 @@ from asyncgrpo.envs.calls import EnvCallError
 from asyncgrpo.envs.http import json_extras
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rewards.user_fn import load_reward_fn
+
+# How `AgentEnvironment` calls the user's agent (`reset`): its signature must take these.
+AGENT_CALL = ("fn(problem, base_url, api_key)", (({}, "http://127.0.0.1:1/v1", "key"), {}))
 from asyncgrpo.schema import ConfigError, EnvConfig
 from asyncgrpo.tasks.problem import Problem
 
@@ -400,7 +403,7 @@ def agent_spec(cfg: EnvConfig) -> EnvironmentSpec:
     """The agent of env.agent.fn, one `AgentEnvironment` per episode (the server starts with the
     first). Raises ConfigError (one line) when the function cannot be loaded."""
     try:
-        fn = load_reward_fn(cfg.agent.fn, key="env.agent.fn")
+        fn = load_reward_fn(cfg.agent.fn, key="env.agent.fn", call=AGENT_CALL)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     template, wait_s = cfg.agent.chat_template, cfg.timeout_s

@@ -98,6 +98,46 @@ def _meta_summary(path: Path, config) -> tuple[int, str, tuple[int, ...]]:
     return num_parameters, name, tuple(tensor.shape)
 
 
+def weights_error(path: str | Path) -> str | None:
+    """Why the directory holds no loadable weights, or None: no *.safetensors or pytorch_model*.bin,
+    a shard its index names that is not there, or a safetensors file whose header does not read
+    (a cut or foreign file). Reads only each file's header, not its tensors."""
+    directory = Path(path).expanduser()
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            return f"{index.name} does not read ({type(err).__name__})"
+        missing = [name for name in shards if not (directory / name).is_file()]
+        if missing:
+            return f"{index.name} names {len(missing)} missing shard(s), {missing[0]} first"
+        files = [directory / name for name in shards]
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None if any(directory.glob("pytorch_model*.bin")) else "no weights (*.safetensors or pytorch_model*.bin)"
+    for file in files:
+        problem = _safetensors_header_error(file)
+        if problem:
+            return f"{file.name}: {problem}"
+    return None
+
+
+def _safetensors_header_error(file: Path) -> str | None:
+    """A safetensors file starts with an 8-byte little-endian header length and that many bytes of JSON."""
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or length <= 0 or 8 + length > size:
+                return f"not a safetensors file ({size} bytes; header length {length})"
+            header = json.loads(f.read(length))
+    except (OSError, ValueError) as err:
+        return f"its safetensors header does not read ({type(err).__name__})"
+    return None if isinstance(header, dict) else "its safetensors header is not a JSON object"
+
+
 def check_model_dir(
     path: str | Path,
     max_positions_needed: int | None,

@@ -44,10 +44,19 @@ class Recording:
 
     def starting_point(self) -> tuple[str, str | None]:
         """(model_dir, checkpoint or None): the recording run's starting weights, which must still be there."""
+        from asyncgrpo.models.check import ModelDirError, check_model_dir, weights_error
+
         model_dir, checkpoint = self.header["model_dir"], self.header.get("checkpoint")
-        if not Path(model_dir).is_dir():
-            raise RecordingError(f"{self.directory}: the recording run's starting model {model_dir} is gone; "
+        if not model_dir or not Path(model_dir).is_dir():
+            raise RecordingError(f"{self.directory}: the recording run's starting model {model_dir!r} is gone; "
                                  "a replay must start from the weights the recorded groups were trained from")
+        try:
+            check_model_dir(model_dir, None)
+        except ModelDirError as err:
+            raise RecordingError(f"{self.directory}: the recording run's starting model: {err}") from None
+        missing = weights_error(model_dir)
+        if missing:
+            raise RecordingError(f"{self.directory}: the recording run's starting model {model_dir}: {missing}")
         if checkpoint and not Path(checkpoint).is_dir():
             raise RecordingError(f"{self.directory}: the recording starts from the checkpoint {checkpoint}, "
                                  "which is gone (train.keep_checkpoints may have pruned it)")

@@ -273,4 +273,6 @@ def read_header(directory: Path) -> dict[str, Any]:
                              f"decodes schema {SCHEMA_VERSION}")
     if type(header.get("start_version")) is not int or not isinstance(header.get("model_dir"), str):
         raise RecordingError(f"{path}: start_version or model_dir missing")
+    if not isinstance(header.get("checkpoint"), (str, type(None))):
+        raise RecordingError(f"{path}: checkpoint must be a path or null (got {header['checkpoint']!r})")
     return header

@@ -165,6 +165,20 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return scheme, (parts.hostname or "").lower(), port
 
 
+def http_url_error(url: str) -> str | None:
+    """Why `url` is not an http(s) URL with a host and a valid port (what a request needs), or None."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises on a port that is not a number in 0-65535
+    except ValueError as err:
+        return str(err)
+    if parts.scheme.lower() not in ("http", "https"):
+        return "not http:// or https://"
+    if not parts.hostname:
+        return "no host"
+    return None if port is None or port > 0 else "port 0"
+
+
 def same_origin(url: str, other: str) -> bool:
     return origin(url) == origin(other) and origin(url)[2] is not None
 

@@ -377,10 +377,14 @@ def test_two_generators_read_one_finite_stream_and_train_each_prompt_once_per_ep
 
 
 def test_a_reward_that_always_fails_stops_the_run_naming_its_first_error(tmp_path):
-    # json.loads(prompt, completion, answer=None) raises TypeError on every call: a reward outage,
-    # which reward.on_error=zero alone would train through on zero rewards.
-    result = subprocess.run(cli(tmp_path, "reward.fn=json:loads", "train.max_steps=50", "eval.at_start=false"),
-                            capture_output=True, text=True, timeout=900)
+    # A reward that raises on every call: an outage (its service is gone), which reward.on_error=zero
+    # alone would train through on zero rewards.
+    (tmp_path / "outage_reward.py").write_text(
+        "def reward(prompt, completion, answer=None, **extra):\n"
+        "    raise TypeError('loads() takes 1 positional argument but 2 were given')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(cli(tmp_path, "reward.fn=outage_reward:reward", "train.max_steps=50", "eval.at_start=false"),
+                            capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 1, result.stderr[-4000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] < 50

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from asyncgrpo.config import PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32, load, probe_tolerance
@@ -317,3 +319,32 @@ def test_a_preset_that_is_not_yaml_or_not_a_preset_is_refused_in_one_line_naming
         load([], config_name="mine", config_dir=tmp_path)
     message = str(err.value)
     assert str(tmp_path / "mine.yaml") in message and said in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["reward.judge.base_url='http://[::1/v1'"], "reward.judge.base_url must be an http(s) URL (Invalid IPv6 URL)"),
+    (["reward.judge.base_url='http://127.0.0.1:abc/v1'"], "reward.judge.base_url must be an http(s) URL (Port could"),
+    (["reward.judge.base_url=http:///v1"], "reward.judge.base_url must be an http(s) URL (no host)"),
+    (["reward.judge.parser='regex:(['"], "reward.judge.parser must hold a regular expression with a group (unterminated"),
+    (["reward.judge.parser='regex:[0-9]+'"], "reward.judge.parser must hold a regular expression with a group (it has no group"),
+])
+def test_a_judge_url_or_score_pattern_no_request_could_use_is_refused_naming_the_key(overrides, said):
+    with pytest.raises(ConfigError) as err:
+        load(["reward.terms=[{name: j, kind: judge}]", "reward.judge.base_url=http://127.0.0.1:1/v1", *overrides])
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("terms", "said"), [
+    ("[{name: t, kind: task, weight: inf}]", "reward.terms[0].weight must be a finite number"),
+    ("[{name: f, kind: format, pattern: '(['}]", "reward.terms[0].pattern must be a regular expression (unterminated"),
+])
+def test_a_reward_term_that_would_fail_every_call_is_refused_naming_it(terms, said):
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load([f"reward.terms={terms}"])
+
+
+def test_a_preset_value_of_the_wrong_type_says_what_was_wrong_on_one_line(tmp_path):
+    (tmp_path / "mine.yaml").write_text("defaults: [asyncgrpo, _self_]\nlearner:\n  lr: banana\n")
+    with pytest.raises(ConfigError) as err:
+        load([], config_name="mine", config_dir=tmp_path)
+    assert "learner.lr" in str(err.value) and "Value 'banana' of type 'str' could not be converted to Float" in str(err.value)

@@ -42,6 +42,15 @@ def test_chat_template_without_one_in_the_tokenizer_fails_clearly():
         PromptFormat(template="{prompt}", chat_template=True, system_prompt="").render("x", build_char_tokenizer())
 
 
+@pytest.mark.parametrize("template", ["{% if %}", "{{ messages[5]['content'] }}", "{{ raise_exception('no system') }}"])
+def test_a_chat_template_that_does_not_render_is_one_data_error_naming_the_setting(template):
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = template
+    with pytest.raises(DataError, match="data.chat_template=true but the model's chat template does not render: ") as err:
+        PromptFormat(template="{prompt}", chat_template=True, system_prompt="").render("x", tokenizer)
+    assert "\n" not in str(err.value)
+
+
 @settings(max_examples=60, deadline=None)
 @given(size=st.integers(1, 60), seed=st.integers(0, 10**6), epochs=st.integers(1, 3))
 def test_each_epoch_streams_every_item_once_in_the_same_seeded_order_again(size, seed, epochs):

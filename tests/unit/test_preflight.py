@@ -220,3 +220,58 @@ def test_the_push_plan_counts_the_dtype_its_backend_pushes_in():
     nccl = push_plan(load(["rollout.dtype=bfloat16", "weights.backend=nccl"]), spec)
     assert (zmq["wire_dtype"], zmq["bytes_per_push"]) == ("bfloat16", 32)
     assert (nccl["wire_dtype"], nccl["bytes_per_push"]) == ("float32", 64)  # nccl broadcasts float32
+
+
+# ----------------------------------------------------------------------------- the weights' files
+
+
+def test_check_names_a_model_without_weights_that_a_run_would_refuse(tmp_path, tokenizer, capsys, monkeypatch):
+    from asyncgrpo.models.check import ModelDirError
+    from asyncgrpo.driver.preflight import preflight
+
+    model = shape_dir(tmp_path / "m", "tiny-fullvocab", tokenizer)
+    code, out, _ = run_check(capsys, f"model.path={model}", "model.max_positions=2048", "rollout.kv_cache_gib=1")
+    assert code == 0 and "weights: no weights (*.safetensors or pytorch_model*.bin) (a run needs them)" in out
+    cfg = load([f"model.path={model}", "model.max_positions=2048", "rollout.kv_cache_gib=1"])
+    with pytest.raises(ModelDirError, match=r"no weights \(\*.safetensors or pytorch_model\*.bin\)$"):
+        preflight(cfg, str(model))
+
+
+def test_weights_are_found_by_their_files_and_a_cut_or_foreign_safetensors_file_is_named(tmp_path):
+    from safetensors.torch import save_file
+
+    from asyncgrpo.models.check import weights_error
+
+    assert weights_error(tmp_path) == "no weights (*.safetensors or pytorch_model*.bin)"
+    save_file({"w": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    assert weights_error(tmp_path) is None
+    whole = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(whole[:20])  # cut inside its header
+    assert weights_error(tmp_path).startswith("model.safetensors: not a safetensors file (20 bytes")
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 8 + b"junk")
+    assert weights_error(tmp_path).startswith("model.safetensors: not a safetensors file")
+    (tmp_path / "model.safetensors").write_bytes(whole)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"w": "model.safetensors", "v": "model-00002-of-00002.safetensors"}}))
+    assert weights_error(tmp_path) == ("model.safetensors.index.json names 1 missing shard(s), "
+                                       "model-00002-of-00002.safetensors first")
+    (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    assert weights_error(tmp_path) is None
+
+
+@pytest.mark.parametrize(("template", "said"), [
+    ("", "tokenizer.chat_template is not set"),  # the embedded model has none of its own
+    ("{% if %}", "TemplateSyntaxError"),
+])
+def test_an_agent_run_whose_chat_template_cannot_render_a_request_is_refused_by_the_check(
+        tmp_path, capsys, monkeypatch, template, said):
+    (tmp_path / "my_agent.py").write_text("def agent(problem, base_url, api_key):\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_check(capsys, "env.name=agent", "env.agent.fn=my_agent:agent",
+                             f"env.agent.chat_template='{template}'")
+    assert code == 2 and "env.name=agent: cannot render the messages with the chat template" in err and said in err
+    code, _, err = run_check(capsys, "env.name=agent", "env.agent.fn=my_agent:agent",
+                             "env.agent.chat_template='{% for m in messages %}{{ m.content }}{% endfor %}'")
+    assert code == 0, err

@@ -90,10 +90,20 @@ def test_a_judge_key_that_is_unset_or_refused_is_one_line(models_endpoint, monke
     assert check_rewards(cfg)["judge"]["status"] == 200
 
 
-def test_reward_functions_that_import_pass_and_are_reported():
-    cfg = load(["reward.terms=[{name: task}, {name: mine, kind: fn, fn: 'asyncgrpo.rewards.verifiers:exact_match'}]"])
-    assert check_rewards(cfg) == {"functions": ["asyncgrpo.rewards.verifiers:exact_match"]}
+def test_reward_functions_that_import_pass_and_are_reported(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text("def concise(prompt, completion, answer=None, **extra):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load(["reward.terms=[{name: task}, {name: mine, kind: fn, fn: 'my_rewards:concise'}]"])
+    assert check_rewards(cfg) == {"functions": ["my_rewards:concise"]}
     assert check_rewards(load([])) == {"functions": []}  # the default: nothing to import, no judge
+
+
+def test_a_function_of_another_signature_is_refused_by_the_check_not_failed_at_every_call():
+    # verifiers.exact_match(completion, answer) is a verifier, not a reward function: called as
+    # fn(prompt, completion, answer=...) it would raise at every completion.
+    cfg = load(["reward.terms=[{name: task}, {name: mine, kind: fn, fn: 'asyncgrpo.rewards.verifiers:exact_match'}]"])
+    with pytest.raises(PreflightError, match=r"cannot be called as fn\(prompt, completion, answer=None, \*\*extra\)"):
+        check_rewards(cfg)
 
 
 def test_the_probe_refuses_a_redirect_to_another_origin_and_the_key_never_reaches_it(redirecting_judge, monkeypatch):

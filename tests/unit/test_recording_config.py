@@ -117,3 +117,19 @@ def test_replay_with_a_bad_override_exits_2_in_one_line(tmp_path, capsys):
     make_recording(tmp_path)
     assert "config error: algo.mode must be one of" in replay_refusal(capsys, str(tmp_path), "algo.mode=nope")
     assert "unknown config key" in replay_refusal(capsys, str(tmp_path), "algo.nope=1")
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"checkpoint": 5}, "checkpoint must be a path or null (got 5)"),
+    ({"model_dir": ""}, "the recording run's starting model '' is gone"),
+    ({"model_dir": "EMPTY"}, "the recording run's starting model: model directory EMPTY: no config.json"),
+])
+def test_a_recording_header_whose_starting_point_is_not_a_model_exits_2_in_one_line(tmp_path, capsys, change, said):
+    recording = tmp_path / "recording"
+    make_recording(recording)
+    (tmp_path / "empty").mkdir()
+    header_path = recording / HEADER_FILE
+    header = json.loads(header_path.read_text())
+    change = {key: str(tmp_path / "empty") if value == "EMPTY" else value for key, value in change.items()}
+    header_path.write_text(json.dumps({**header, **change}))
+    assert said.replace("EMPTY", str(tmp_path / "empty")) in replay_refusal(capsys, str(recording))

@@ -437,3 +437,46 @@ def test_every_slow_term_adds_its_own_waves_to_the_wait_for_rewards(user_rewards
     scorer = Scorer(ARITHMETIC, reward_cfg(*terms, threads=2, timeout_s=3.0))
     judge_only = Scorer(ARITHMETIC, reward_cfg({"name": "judge"}, threads=2, timeout_s=3.0))
     assert scorer.calls_bound_s(4) == judge_only.calls_bound_s(4) + 2 * 3.0
+
+
+# ------------------------------------------------------------------ a reward function's signature
+
+SIGNATURES = '''
+import sys
+def no_args(): return 1.0
+def two_args(prompt, completion): return 1.0
+def with_extra(prompt, completion, answer=None, **extra): return 1.0
+def answer_positional(prompt, completion, answer): return 1.0
+def everything(*args, **kwargs): return 1.0
+class NeedsAnArgument:
+    def __init__(self, x): pass
+'''
+
+
+@pytest.fixture()
+def signatures(tmp_path, monkeypatch):
+    (tmp_path / "signatures.py").write_text(SIGNATURES)
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["with_extra", "answer_positional", "everything"])
+def test_a_reward_function_that_takes_prompt_completion_and_answer_loads(signatures, name):
+    assert callable(load_reward_fn(f"signatures:{name}"))
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("no_args", "no_args() cannot be called as fn(prompt, completion, answer=None, **extra) (too many positional"),
+    ("two_args", "two_args(prompt, completion) cannot be called as fn(prompt, completion, answer=None, **extra) "
+                 "(got an unexpected keyword argument 'answer')"),
+    ("NeedsAnArgument", "NeedsAnArgument(x) cannot be called as"),
+])
+def test_a_reward_function_whose_signature_cannot_take_the_call_is_refused_at_load(signatures, name, said):
+    with pytest.raises(RewardFnError) as err:
+        load_reward_fn(f"signatures:{name}")
+    assert said in str(err.value) and str(err.value).startswith(f"reward.fn='signatures:{name}': ")
+
+
+def test_a_module_that_exits_on_import_is_a_load_error_not_the_end_of_the_process(signatures):
+    with pytest.raises(RewardFnError, match=r"cannot import 'exits_on_import' \(SystemExit: 3\)"):
+        load_reward_fn("exits_on_import:f")
