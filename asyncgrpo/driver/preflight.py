@@ -1,6 +1,7 @@
 """Before anything heavy starts: does this config fit this model and this machine?
 
-`preflight(cfg, model_dir)` checks the model directory (asyncgrpo/models/check.py), plans a weight
+`preflight(cfg, model_dir)` checks the model directory (asyncgrpo/models/check.py; its weights' files
+only by their headers, and a run only: check=true sizes a shape without weights), plans a weight
 push (chunks, bytes on the wire, the largest tensor), sizes vLLM's KV cache against one call's
 sequences and estimates each actor's peak memory. `check_rewards(cfg)` imports every user reward
 function and probes the judge endpoint. `asyncgrpo train ... check=true` prints the report and
@@ -306,7 +307,7 @@ def check_shared_memory(cfg: Config, needed: int) -> None:
 @contextmanager
 def model_dir_for_check(cfg: Config) -> Iterator[str]:
     """model.path, or for the embedded model an untrained copy of its shape in a temporary
-    directory (the check reads shapes and the tokenizer, never weights; the warm start is not run)."""
+    directory (the check reads shapes and the tokenizer, not the weights; the warm start is not run)."""
     if cfg.model.path:
         yield str(Path(cfg.model.path).expanduser())
         return

@@ -1,5 +1,5 @@
 """`asyncgrpo train ... check=true` on every preset, with model.path pointed at a local directory of
-the preset's model shape (config and tokenizer only: the check never reads weights), and the
+the preset's model shape (config and tokenizer only: the check needs no weights), and the
 one-line refusals of settings that cannot work."""
 
 from __future__ import annotations
