@@ -14,6 +14,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from asyncgrpo import __version__
@@ -434,7 +435,10 @@ def _plot(run_dirs: list[str], out: str | None) -> int:
         print(f"asyncgrpo: plot: {err}", file=sys.stderr)
         return 2
     except (FileExistsError, NotADirectoryError) as err:  # --out (or a folder above it) is a file
-        print(f"asyncgrpo: plot: --out: {err.filename} is a file, not a directory", file=sys.stderr)
+        blocking = Path(err.filename or out or ".")
+        while not blocking.exists() and blocking != blocking.parent:  # the error names the path it was making
+            blocking = blocking.parent
+        print(f"asyncgrpo: plot: --out: {blocking} is a file, not a directory", file=sys.stderr)
         return 2
     for path in paths:
         print(path)

@@ -55,8 +55,10 @@ def _check_preset(path: Path) -> None:
     without one, every override would be refused as an unknown key, which would not say why."""
     import yaml
 
+    from asyncgrpo.runtime.strict_yaml import load_yaml
+
     try:
-        data = yaml.safe_load(path.read_bytes()) if path.is_file() else {"defaults": None}
+        data = load_yaml(path.read_bytes()) if path.is_file() else {"defaults": None}
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_error(path, err)) from None
     except (OSError, UnicodeDecodeError) as err:
@@ -70,12 +72,13 @@ def _not_a_preset(path: Path) -> str:
             "(see configs/longtail.yaml)")
 
 
-def _yaml_error(path: Path, err: Exception) -> str:
-    """A preset that is not YAML: where, and what the parser found there, on one line."""
+def _yaml_error(path: Path | None, err: Exception) -> str:
+    """A preset that is not YAML: where (`path`, None: not known), and what the parser found there, on one line."""
     mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    where = f"{path}, " if path is not None else ""
     if mark is None or not problem:
-        return f"{path}: {_one_line(err)}"
-    return f"{path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
+        return f"{where}{_one_line(err)}"
+    return f"{where}line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def _one_line(err: BaseException) -> str:
@@ -111,9 +114,11 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
             composed = compose(config_name=config_name, overrides=overrides)
         OmegaConf.resolve(composed)
         cfg: Config = OmegaConf.to_object(composed)  # type: ignore[assignment]
-    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as err:
-        raise ConfigError(_yaml_error(directory / f"{config_name}.yaml", err) if isinstance(err, yaml.YAMLError)
-                          else _one_line(err)) from None
+    except yaml.YAMLError as err:  # the preset itself parsed (_check_preset): a file of its defaults list
+        raise ConfigError(f"a config in the defaults list of {directory / config_name}.yaml: "
+                          f"{_yaml_error(None, err)}") from None
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        raise ConfigError(_one_line(err)) from None
     if not isinstance(cfg, Config):  # a defaults list without the schema composes to a plain dict
         raise ConfigError(_not_a_preset(directory / f"{config_name}.yaml"))
     _refuse_other_max_staleness(cfg, overrides)
@@ -660,10 +665,10 @@ def _model_rules(cfg: Config) -> None:
         return
     for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
         require(getattr(m, key) >= 1, f"model.{key}", "must be >= 1", getattr(m, key))
-    require(m.hidden_size % m.num_heads == 0, "model.hidden_size", f"must be a multiple of model.num_heads={m.num_heads}",
-            m.hidden_size)
-    require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", f"must be a multiple of model.num_kv_heads={m.num_kv_heads}",
+    require(m.hidden_size % m.num_heads == 0, "model.num_heads", f"must divide model.hidden_size={m.hidden_size}",
             m.num_heads)
+    require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"must divide model.num_heads={m.num_heads}",
+            m.num_kv_heads)
     require(0 < m.warmstart_target_accuracy <= 1, "model.warmstart_target_accuracy", "must be in (0, 1]",
             m.warmstart_target_accuracy)
     require(0 < m.warmstart_max_seconds < math.inf, "model.warmstart_max_seconds", "must be > 0 and finite",

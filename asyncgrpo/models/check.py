@@ -98,6 +98,10 @@ def _meta_summary(path: Path, config) -> tuple[int, str, tuple[int, ...]]:
     return num_parameters, name, tuple(tensor.shape)
 
 
+# The safetensors format's own limit on a header (its Rust reader refuses larger ones).
+SAFETENSORS_MAX_HEADER = 100_000_000
+
+
 def weights_error(path: str | Path) -> str | None:
     """Why the directory holds no loadable weights, or None: no *.safetensors or pytorch_model*.bin,
     a shard its index names that is not there, or a safetensors file whose header does not read
@@ -109,6 +113,8 @@ def weights_error(path: str | Path) -> str | None:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             return f"{index.name} does not read ({type(err).__name__})"
+        if not all(isinstance(name, str) and name for name in shards):
+            return f"{index.name}: its weight_map must name shard files"
         missing = [name for name in shards if not (directory / name).is_file()]
         if missing:
             return f"{index.name} names {len(missing)} missing shard(s), {missing[0]} first"
@@ -130,7 +136,7 @@ def _safetensors_header_error(file: Path) -> str | None:
         size = file.stat().st_size
         with file.open("rb") as f:
             length = int.from_bytes(f.read(8), "little")
-            if size < 8 or length <= 0 or 8 + length > size:
+            if size < 8 or not 0 < length <= SAFETENSORS_MAX_HEADER or 8 + length > size:
                 return f"not a safetensors file ({size} bytes; header length {length})"
             header = json.loads(f.read(length))
     except (OSError, ValueError) as err:

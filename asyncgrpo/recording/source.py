@@ -4,6 +4,7 @@ recorded step per take."""
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,8 +51,8 @@ class Recording:
         if not model_dir or not Path(model_dir).is_dir():
             raise RecordingError(f"{self.directory}: the recording run's starting model {model_dir!r} is gone; "
                                  "a replay must start from the weights the recorded groups were trained from")
-        try:
-            check_model_dir(model_dir, None)
+        try:  # its architecture was checked when the recording ran: vLLM's registry is not asked again
+            check_model_dir(model_dir, None, supported_architectures=_declared_architectures(model_dir))
         except ModelDirError as err:
             raise RecordingError(f"{self.directory}: the recording run's starting model: {err}") from None
         missing = weights_error(model_dir)
@@ -113,3 +114,12 @@ class RecordedSource(OfflineSource):
 
     def close(self) -> None:
         self._file.close()
+
+
+def _declared_architectures(model_dir: str) -> list[str]:
+    """config.json's architectures ([] if it does not read: check_model_dir names why)."""
+    try:
+        architectures = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []

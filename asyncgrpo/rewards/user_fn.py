@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -12,17 +13,27 @@ class RewardFnError(ValueError):
     """The reward function cannot be loaded; the message names the config key and the path."""
 
 
-# How a reward function is called (scorer.py): its signature must take these, or it fails every call.
-REWARD_CALL = "fn(prompt, completion, answer=None, **extra)"
-_REWARD_ARGS: tuple[tuple[Any, ...], dict[str, Any]] = (("prompt", "completion"), {"answer": None})
+@dataclass(frozen=True)
+class Call:
+    """How a loaded function is called, for checking its signature at load: `described` for the
+    message, sample `args` and `kwargs`; `more_keywords`: the call passes further keyword arguments
+    (a reward function's **extra, a record's other fields), so a parameter left unbound by these but
+    passable by keyword may be filled by them."""
+
+    described: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    more_keywords: bool
 
 
-def load_reward_fn(path: str, key: str = "reward.fn",
-                   call: tuple[str, tuple[tuple[Any, ...], dict[str, Any]]] = (REWARD_CALL, _REWARD_ARGS)
-                   ) -> Callable[..., Any]:
-    """Import `path`, a callable whose signature takes `call` (a description, and sample positional and
-    keyword arguments; by default a reward function's: fn(prompt, completion, answer=None, **extra) -> float).
-    Raises RewardFnError, one line naming `key`, for anything else, a module that exits on import included."""
+# How the scorer calls a reward function (rewards/scorer.py).
+REWARD_CALL = Call("fn(prompt, completion, answer=None, **extra)", ("prompt", "completion"), {"answer": None}, True)
+
+
+def load_reward_fn(path: str, key: str = "reward.fn", call: Call = REWARD_CALL) -> Callable[..., Any]:
+    """Import `path`, a callable whose signature takes `call` (by default a reward function's:
+    fn(prompt, completion, answer=None, **extra) -> float). Raises RewardFnError, one line naming
+    `key`, for anything else, a module that exits on import included."""
     module_name, sep, attribute = path.partition(":")
     if not sep:
         module_name, _, attribute = path.rpartition(".")
@@ -39,16 +50,29 @@ def load_reward_fn(path: str, key: str = "reward.fn",
         fn = getattr(fn, part)
     if not callable(fn):
         raise RewardFnError(f"{key}={path!r}: {attribute!r} is not callable")
-    described, (args, kwargs) = call
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins and C callables have none to check
-        return fn
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as err:
-        raise RewardFnError(f"{key}={path!r}: {attribute}{signature} cannot be called as {described} ({err})") from None
+    problem = signature_problem(fn, call)
+    if problem:
+        signature, why = problem
+        raise RewardFnError(f"{key}={path!r}: {attribute}{signature} cannot be called as {call.described} ({why})")
     return fn
+
+
+def signature_problem(fn: Callable[..., Any], call: Call) -> tuple[str, str] | None:
+    """Why `fn` cannot take `call` (its signature, the reason), or None; None too where it has no
+    signature to read (some builtins). The signature is fn's own, not that of what a decorator wraps."""
+    try:
+        signature = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None
+    try:
+        bound = signature.bind_partial(*call.args, **call.kwargs)
+    except TypeError as err:
+        return str(signature), str(err)
+    fillable = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) if call.more_keywords else ()
+    missing = [p.name for p in signature.parameters.values()
+               if p.name not in bound.arguments and p.default is inspect.Parameter.empty
+               and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD, *fillable)]
+    return (str(signature), f"missing a required argument: {missing[0]!r}") if missing else None
 
 
 def is_async_fn(fn: Callable[..., Any]) -> bool:

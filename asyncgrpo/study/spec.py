@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from asyncgrpo.runtime.strict_yaml import load_yaml
 from asyncgrpo.schema import CONFIG_DIR, ConfigError
 
 # ------------------------------------------------------------------------------------------ defaults
@@ -170,8 +171,9 @@ class Spec:
         recordings = _parse_recordings(data, command, fail)
         seeds = data.get("seeds") if recordings is None else list(range(len(recordings)))
         if (not isinstance(seeds, list) or not seeds
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
-            raise fail(f"seeds must be a non-empty list of integers >= 0 (got {seeds!r})")
+                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32 for s in seeds)):
+            # The config's own range (config._run_rules): checked for every seed, not only the first's cell.
+            raise fail(f"seeds must be a non-empty list of integers in [0, 2**32) (got {seeds!r})")
         if len(set(seeds)) != len(seeds):
             raise fail(f"seeds must be distinct (got {seeds!r})")
         config_name = data.get("config_name") or "default"
@@ -280,26 +282,12 @@ class Spec:
         return data
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, but a key given twice in one mapping is an error (safe_load keeps the last):
-    a spec that names `cells` twice would silently run only the second grid."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"found duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_spec_file(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        return load_yaml(path.read_text())
     except UnicodeDecodeError:
         raise SpecError(f"{path}: not UTF-8 text") from None
     except OSError as err:

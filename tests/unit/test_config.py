@@ -348,3 +348,11 @@ def test_a_preset_value_of_the_wrong_type_says_what_was_wrong_on_one_line(tmp_pa
     with pytest.raises(ConfigError) as err:
         load([], config_name="mine", config_dir=tmp_path)
     assert "learner.lr" in str(err.value) and "Value 'banana' of type 'str' could not be converted to Float" in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "key"), [("model.num_heads=3", "model.num_heads"),
+                                               ("model.num_kv_heads=3", "model.num_kv_heads")])
+def test_a_head_count_that_does_not_divide_is_named_itself(override, key):
+    with pytest.raises(ConfigError) as err:
+        load([override])
+    assert str(err.value).startswith(f"{key} must divide ")

@@ -618,11 +618,14 @@ def test_a_paced_generator_sleeps_out_each_call_to_its_seconds_per_group(monkeyp
 
 
 def test_the_generators_wait_for_rewards_is_the_wire_timeout_beyond_what_the_rewards_may_take():
+    from asyncgrpo.rewards.judge import call_budget_s
+
     cfg = config()
     judged = dataclasses.replace(cfg.reward, terms=[RewardTermConfig(name="judge")])
     scorer, samples = Scorer(TASK, judged), cfg.rollout.samples_per_prompt
-    assert score_timeout_s(scorer, samples, cfg.wire.timeout_s) == cfg.wire.timeout_s + scorer.calls_bound_s(samples)
-    assert scorer.calls_bound_s(samples) > 0
+    assert samples <= cfg.reward.judge.concurrency  # one wave: every call within one call's budget
+    assert score_timeout_s(scorer, samples, cfg.wire.timeout_s) == cfg.wire.timeout_s + call_budget_s(cfg.reward.judge)
+    assert score_timeout_s(Scorer(TASK, cfg.reward), samples, cfg.wire.timeout_s) == cfg.wire.timeout_s  # inline rewards
 
 
 # --------------------------------------------------------------------------- periodic evaluation

@@ -163,3 +163,11 @@ def test_an_out_directory_that_is_a_file_is_one_line(tmp_path, capsys):
     assert cli.main(["plot", str(run), "--out", str(tmp_path / "taken")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == f"asyncgrpo: plot: --out: {tmp_path / 'taken'} is a file, not a directory"
+
+
+def test_an_out_directory_below_a_file_names_the_file(tmp_path, capsys):
+    run = make_run(tmp_path / "r", steps=5)
+    (tmp_path / "taken").write_text("")
+    assert cli.main(["plot", str(run), "--out", str(tmp_path / "taken" / "plots")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"asyncgrpo: plot: --out: {tmp_path / 'taken'} is a file, not a directory"

@@ -442,6 +442,7 @@ def test_every_slow_term_adds_its_own_waves_to_the_wait_for_rewards(user_rewards
 # ------------------------------------------------------------------ a reward function's signature
 
 SIGNATURES = '''
+import functools
 import sys
 def no_args(): return 1.0
 def two_args(prompt, completion): return 1.0
@@ -450,6 +451,15 @@ def answer_positional(prompt, completion, answer): return 1.0
 def everything(*args, **kwargs): return 1.0
 class NeedsAnArgument:
     def __init__(self, x): pass
+def record_fields(prompt, completion, answer, numbers, target): return 1.0  # countdown's fields by name
+def keyword_only(prompt, completion, *, answer=None, numbers, target): return 1.0
+def inject_context(f):
+    @functools.wraps(f)  # the wrapper's own signature is what is called
+    def wrapper(*args, **kwargs): return f("context", *args, **kwargs)
+    return wrapper
+@inject_context
+def decorated(context, prompt, completion, answer=None, **extra): return 1.0
+def positional_only(prompt, completion, answer, /): return 1.0
 '''
 
 
@@ -460,7 +470,8 @@ def signatures(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
 
-@pytest.mark.parametrize("name", ["with_extra", "answer_positional", "everything"])
+@pytest.mark.parametrize("name", ["with_extra", "answer_positional", "everything", "record_fields", "keyword_only",
+                                  "decorated"])
 def test_a_reward_function_that_takes_prompt_completion_and_answer_loads(signatures, name):
     assert callable(load_reward_fn(f"signatures:{name}"))
 
@@ -470,6 +481,7 @@ def test_a_reward_function_that_takes_prompt_completion_and_answer_loads(signatu
     ("two_args", "two_args(prompt, completion) cannot be called as fn(prompt, completion, answer=None, **extra) "
                  "(got an unexpected keyword argument 'answer')"),
     ("NeedsAnArgument", "NeedsAnArgument(x) cannot be called as"),
+    ("positional_only", "('answer' parameter is positional only, but was passed as a keyword)"),
 ])
 def test_a_reward_function_whose_signature_cannot_take_the_call_is_refused_at_load(signatures, name, said):
     with pytest.raises(RewardFnError) as err:

@@ -72,12 +72,18 @@ def test_spec_with_an_unknown_top_level_key_fails_in_one_line_naming_it(tmp_path
     (b"name: a\nname: b\nseeds: [0]\n", "found duplicate key 'name'"),  # safe_load would keep 'b' silently
     (b"grid:\n  algo.mode: [bypass]\n  algo.mode: [naive]\n", "found duplicate key 'algo.mode'"),
     (b"name: \xff\xfe\n", "not UTF-8 text"),
+    (b"? [1, 2]\n: x\n", "found unhashable key"),
 ])
 def test_a_spec_with_a_key_given_twice_or_not_utf8_fails_in_one_line(tmp_path, text, named):
     (tmp_path / "spec.yaml").write_bytes(text)
     with pytest.raises(SpecError) as err:
         read_spec_file(tmp_path / "spec.yaml")
     assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_spec_may_merge_a_yaml_anchor_and_override_a_merged_key(tmp_path):
+    (tmp_path / "spec.yaml").write_text("shared: &shared {a: 1, b: 2}\nmerged:\n  <<: *shared\n  b: 3\n")
+    assert read_spec_file(tmp_path / "spec.yaml")["merged"] == {"a": 1, "b": 3}
 
 
 @pytest.mark.parametrize("grid, named", [({}, "grid must be a non-empty mapping"),
