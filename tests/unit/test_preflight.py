@@ -255,7 +255,11 @@ def test_weights_are_found_by_their_files_and_a_cut_or_foreign_safetensors_file_
         {"weight_map": {"w": "model.safetensors", "v": "model-00002-of-00002.safetensors"}}))
     assert weights_error(tmp_path) == ("model.safetensors.index.json names 1 missing shard(s), "
                                        "model-00002-of-00002.safetensors first")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": 5}}))
+    assert weights_error(tmp_path) == "model.safetensors.index.json: its weight_map must name shard files"
     (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "model.safetensors").write_bytes((200_000_000).to_bytes(8, "little") + b"{}")  # a foreign length
+    assert weights_error(tmp_path).startswith("model.safetensors: not a safetensors file")
     (tmp_path / "model.safetensors").unlink()
     (tmp_path / "pytorch_model.bin").write_bytes(b"x")
     assert weights_error(tmp_path) is None

@@ -120,6 +120,7 @@ def test_base_contradicting_a_cell_fails_naming_the_cell(tmp_path):
     ({"base": ["run_dir=x"]}, "base: run_dir is set by the study"),
     ({"seeds": []}, "seeds must be a non-empty list"),
     ({"seeds": [1, 1]}, "seeds must be distinct"),
+    ({"seeds": [0, 2**32]}, r"seeds must be a non-empty list of integers in \[0, 2\*\*32\)"),  # every seed, not the first
     ({"baseline": {"train.fixed_staleness": 5, "mode": "bypass"}}, r"baseline: train.fixed_staleness=5 is not one"),
     ({"baseline": {"mode": "bypass"}}, "missing: train.fixed_staleness"),
     ({"name": "a b"}, "name must be"),
