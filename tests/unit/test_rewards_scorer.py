@@ -409,11 +409,12 @@ def test_cheap_terms_alone_add_nothing_to_the_wait_for_rewards():
 
 
 def test_sync_rewards_are_waited_for_in_waves_of_reward_threads(user_rewards):
-    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": "my_rewards:slow_sync"}, threads=4, timeout_s=30.0))
-    # 64 calls on 4 threads, each up to 30 s from when a thread takes it: 16 waves. A bound sized by
-    # the judge's concurrency (16) would have allowed 4 waves and failed a slow but working reward.
-    assert scorer.calls_bound_s(64) == 16 * 30.0
-    assert scorer.calls_bound_s(65) == 17 * 30.0
+    scorer = Scorer(ARITHMETIC, reward_cfg({"name": "fn", "fn": "my_rewards:slow_sync"}, threads=4, timeout_s=120.0))
+    # 64 calls on 4 threads, each up to 120 s from when a thread takes it: 16 waves, 1,920 s. A bound
+    # sized by the judge (16 calls at a time, each within its default budget of 124 s) allowed 496 s
+    # and failed such a slow but working reward as a hang.
+    assert scorer.calls_bound_s(64) == 16 * 120.0
+    assert scorer.calls_bound_s(65) == 17 * 120.0
 
 
 def test_async_rewards_are_waited_for_in_waves_of_reward_concurrency(user_rewards):
