@@ -37,8 +37,9 @@ from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, http_url
 from asyncgrpo.rewards.metrics import RESERVED_TERM_NAMES
 from asyncgrpo.rewards.scorer import ON_ERROR_POLICIES, REWARD_KINDS
 from asyncgrpo.composition import actors_span_nodes, use_curve, weights_backend, wire_transport
-from asyncgrpo.schema import CONFIG_DIR, Config, ConfigError, register
+from asyncgrpo.schema import CONFIG_DIR, SEED_LIMIT, Config, ConfigError, register
 from asyncgrpo.tasks import FILE_TASKS, TASK_NAMES
+from asyncgrpo.tasks.arithmetic import ArithmeticTask
 from asyncgrpo.tasks.countdown import MAX_NUMBERS, MIN_NUMBERS
 from asyncgrpo.tasks.guess import MAX_MAX_NUMBER as GUESS_MAX, MIN_MAX_NUMBER as GUESS_MIN, GuessTask
 from asyncgrpo.tasks.longtail import MAX_DIGITS as LONGTAIL_MAX_DIGITS, MIN_DIGITS as LONGTAIL_MIN_DIGITS
@@ -50,21 +51,25 @@ if TYPE_CHECKING:
     from asyncgrpo.recording.source import Recording
 
 
-def _check_preset(path: Path) -> None:
-    """A preset file (absent: Hydra names it) must be YAML holding a mapping with a defaults list;
-    without one, every override would be refused as an unknown key, which would not say why."""
+def _read_preset(path: Path) -> dict[str, Any]:
+    """The preset file as written ({} if absent: Hydra names it). It must be YAML holding a mapping
+    with a defaults list; without one, every override would be refused as an unknown key, which
+    would not say why."""
     import yaml
 
     from asyncgrpo.runtime.strict_yaml import load_yaml
 
+    if not path.is_file():
+        return {}
     try:
-        data = load_yaml(path.read_bytes()) if path.is_file() else {"defaults": None}
+        data = load_yaml(path.read_bytes())
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_error(path, err)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: {err}") from None
     if not isinstance(data, dict) or "defaults" not in data:
         raise ConfigError(_not_a_preset(path))
+    return data
 
 
 def _not_a_preset(path: Path) -> str:
@@ -108,13 +113,13 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
     register()
     overrides = checked_overrides(overrides or [])
     directory = Path(config_dir or CONFIG_DIR).expanduser().resolve()
-    _check_preset(directory / f"{config_name}.yaml")
+    preset = _read_preset(directory / f"{config_name}.yaml")
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
             composed = compose(config_name=config_name, overrides=overrides)
         OmegaConf.resolve(composed)
         cfg: Config = OmegaConf.to_object(composed)  # type: ignore[assignment]
-    except yaml.YAMLError as err:  # the preset itself parsed (_check_preset): a file of its defaults list
+    except yaml.YAMLError as err:  # the preset itself parsed (_read_preset): a file of its defaults list
         raise ConfigError(f"a config in the defaults list of {directory / config_name}.yaml: "
                           f"{_yaml_error(None, err)}") from None
     except (HydraException, OmegaConfBaseException, ValueError) as err:
@@ -122,7 +127,7 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
     if not isinstance(cfg, Config):  # a defaults list without the schema composes to a plain dict
         raise ConfigError(_not_a_preset(directory / f"{config_name}.yaml"))
     _refuse_other_max_staleness(cfg, overrides)
-    apply_model_profile(cfg, _explicit_keys(overrides, directory / f"{config_name}.yaml"), log)
+    apply_model_profile(cfg, _explicit_keys(overrides, preset), log)
     validate(cfg)
     return cfg
 
@@ -131,11 +136,10 @@ def load(overrides: list[str] | None = None, config_name: str = "default",
 PROFILE_KEYS = ("model.max_positions", "rollout.max_new_tokens", "learner.micro_batch_tokens", "learner.lr")
 
 
-def _explicit_keys(overrides: list[str], preset: Path) -> set[str]:
-    """The dotted keys the command line or the preset file itself sets: a value there is the user's
-    choice even when it equals the schema's default (a preset's own defaults list is not followed)."""
-    import yaml
-
+def _explicit_keys(overrides: list[str], preset: dict[str, Any]) -> set[str]:
+    """The dotted keys the command line or the preset file itself (`preset`, as read) sets: a value
+    there is the user's choice even when it equals the schema's default (a preset's own defaults
+    list is not followed)."""
     keys = {line.partition("=")[0].lstrip("+~").strip() for line in overrides}
 
     def walk(node: Any, prefix: str) -> None:
@@ -145,12 +149,7 @@ def _explicit_keys(overrides: list[str], preset: Path) -> set[str]:
             if isinstance(value, dict):
                 walk(value, key + ".")
 
-    try:
-        data = yaml.safe_load(preset.read_text()) if preset.is_file() else None
-    except (OSError, yaml.YAMLError):
-        data = None  # composing read it already; a preset it could not read failed there
-    if isinstance(data, dict):
-        walk(data, "")
+    walk(preset, "")
     return keys
 
 
@@ -723,7 +722,7 @@ def _task_rules(cfg: Config) -> None:
             cfg.eval.every_steps)
     if task.name == "arithmetic":
         require(task.num_digits >= 1, "task.num_digits", "must be >= 1", task.num_digits)
-        problems = (10 ** task.num_digits - (0 if task.num_digits == 1 else 10 ** (task.num_digits - 1))) ** 2
+        problems = ArithmeticTask(num_digits=task.num_digits, eval_size=1).num_problems
         require(task.eval_size < problems, "task.eval_size",
                 f"must be below the {problems} arithmetic problems of task.num_digits={task.num_digits}", task.eval_size)
     if task.name == "countdown":
@@ -856,9 +855,9 @@ def _reward_rules(cfg: Config) -> None:
                 f"must be an identifier other than {', '.join(RESERVED_TERM_NAMES)} (it is logged as reward/<name>)",
                 term.name)
         require(math.isfinite(term.weight), f"reward.terms[{i}].weight", "must be a finite number", term.weight)
-        if kind == "format" and term.pattern:
-            require(_regex_error(term.pattern) is None, f"reward.terms[{i}].pattern",
-                    f"must be a regular expression ({_regex_error(term.pattern)})", term.pattern)
+        pattern_error = _regex_error(term.pattern) if kind == "format" and term.pattern else None
+        require(pattern_error is None, f"reward.terms[{i}].pattern", f"must be a regular expression ({pattern_error})",
+                term.pattern)
         require(kind != "fn" or bool(term.fn or reward.fn), f"reward.terms[{i}].fn", "must be package.module:function (or set reward.fn)", term.fn)
         require(term.tolerance >= 0, f"reward.terms[{i}].tolerance", "must be >= 0", term.tolerance)
     kinds = [term.resolved_kind for term in reward.terms]
@@ -883,23 +882,22 @@ def _judge_rules(cfg: Config) -> None:
     require(judge.parser in JUDGE_PARSERS or judge.parser.startswith(REGEX_PARSER_PREFIX), "reward.judge.parser",
             f"must be one of {', '.join(JUDGE_PARSERS)} or {REGEX_PARSER_PREFIX}<pattern>", judge.parser)
     if judge.parser.startswith(REGEX_PARSER_PREFIX):
-        pattern = judge.parser[len(REGEX_PARSER_PREFIX):]
-        error = _regex_error(pattern) or (None if re.compile(pattern).groups >= 1 else "it has no group: group 1 is the score")
+        error = _regex_error(judge.parser[len(REGEX_PARSER_PREFIX):], groups=1)
         require(error is None, "reward.judge.parser", f"must hold a regular expression with a group ({error})", judge.parser)
 
 
-def _regex_error(pattern: str) -> str | None:
-    """Why `pattern` is not a regular expression, None if it is."""
+def _regex_error(pattern: str, groups: int = 0) -> str | None:
+    """Why `pattern` is not a regular expression with at least `groups` groups, None if it is."""
     try:
-        re.compile(pattern)
+        compiled = re.compile(pattern)
     except re.error as err:
         return str(err)
-    return None
+    return None if compiled.groups >= groups else "it has no group: group 1 is the score"
 
 
 def _run_rules(cfg: Config) -> None:
     """seed and device."""
-    require(0 <= cfg.seed < 2**32, "seed", "must be in [0, 2**32)", cfg.seed)
+    require(0 <= cfg.seed < SEED_LIMIT, "seed", "must be in [0, 2**32)", cfg.seed)
     require(cfg.device in DEVICES, "device", one_of(DEVICES), cfg.device)
 
 

@@ -567,10 +567,14 @@ class LogConfig:
     audit_reservoir_groups: int = 4096
 
 
+# seed is below this: the engines' sampling seeds derive from it, and numpy's take 32 bits.
+SEED_LIMIT = 2**32
+
+
 @dataclass
 class Config:
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
-    seed: int = 0
+    seed: int = 0  # in [0, SEED_LIMIT)
     # Continue from a checkpoint: a checkpoint directory (step_<N>) or a run directory (its newest
     # complete checkpoint); empty = a fresh run. auto = the newest complete checkpoint in
     # run_dir/checkpoints if there is one, else a fresh run: a restarted job (a preemption, a crash)

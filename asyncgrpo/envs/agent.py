@@ -39,11 +39,11 @@ from asyncgrpo.envs.calls import EnvCallError
 from asyncgrpo.envs.http import json_extras
 from asyncgrpo.rewards.errors import one_line
 from asyncgrpo.rewards.user_fn import Call, load_reward_fn
+from asyncgrpo.schema import ConfigError, EnvConfig
+from asyncgrpo.tasks.problem import Problem
 
 # How `AgentEnvironment` calls the user's agent (`reset`): its signature must take this.
 AGENT_CALL = Call("fn(problem, base_url, api_key)", ({}, "http://127.0.0.1:1/v1", "key"), {}, more_keywords=False)
-from asyncgrpo.schema import ConfigError, EnvConfig
-from asyncgrpo.tasks.problem import Problem
 
 # The model name /v1/models lists and every answer carries (a request's "model" is ignored).
 MODEL_NAME = "asyncgrpo-policy"

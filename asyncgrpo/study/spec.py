@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from asyncgrpo.runtime.strict_yaml import load_yaml
-from asyncgrpo.schema import CONFIG_DIR, ConfigError
+from asyncgrpo.schema import CONFIG_DIR, SEED_LIMIT, ConfigError
 
 # ------------------------------------------------------------------------------------------ defaults
 # The spec's keys, and what the study itself sets for every run.
@@ -171,7 +171,7 @@ class Spec:
         recordings = _parse_recordings(data, command, fail)
         seeds = data.get("seeds") if recordings is None else list(range(len(recordings)))
         if (not isinstance(seeds, list) or not seeds
-                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32 for s in seeds)):
+                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < SEED_LIMIT for s in seeds)):
             # The config's own range (config._run_rules): checked for every seed, not only the first's cell.
             raise fail(f"seeds must be a non-empty list of integers in [0, 2**32) (got {seeds!r})")
         if len(set(seeds)) != len(seeds):
