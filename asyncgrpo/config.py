@@ -30,7 +30,7 @@ from asyncgrpo.contract import (
     one_of,
 )
 from asyncgrpo.queue.bound_control import DIVERGENCE_METRICS, STALENESS_CONTROLS
-from asyncgrpo.runtime.resources import DEVICES, parse_cores
+from asyncgrpo.runtime.resources import DEVICES, cpu_head_size_error, parse_cores
 from asyncgrpo.envs import ENV_NAMES, ENV_ON_ERROR
 from asyncgrpo.learner.resume import RESUME_AUTO
 from asyncgrpo.rewards.judge import JUDGE_PARSERS, REGEX_PARSER_PREFIX, http_url_error, key_transport_error
@@ -668,6 +668,10 @@ def _model_rules(cfg: Config) -> None:
             m.num_heads)
     require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"must divide model.num_heads={m.num_heads}",
             m.num_kv_heads)
+    if cfg.device == "cpu" and m.hidden_size % m.num_heads == 0:
+        head_size_error = cpu_head_size_error(m.hidden_size // m.num_heads)
+        require(head_size_error is None, "model.num_heads",
+                f"gives model.hidden_size / model.num_heads = {head_size_error}", m.num_heads)
     require(0 < m.warmstart_target_accuracy <= 1, "model.warmstart_target_accuracy", "must be in (0, 1]",
             m.warmstart_target_accuracy)
     require(0 < m.warmstart_max_seconds < math.inf, "model.warmstart_max_seconds", "must be > 0 and finite",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncgrpo.contract import call_sizes
+from asyncgrpo.runtime.resources import cpu_head_size_error
 from asyncgrpo.schema import Config
 
 if TYPE_CHECKING:
@@ -220,6 +221,9 @@ def preflight(cfg: Config, model_dir: str) -> dict[str, Any]:
     push = push_plan(cfg, pushed_spec(model_dir, adapters))
     config = _text_config(model_dir)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_size_error = cpu_head_size_error(head_dim) if cfg.device == "cpu" else None
+    if head_size_error:
+        raise PreflightError(f"{model_dir}: {head_size_error}")
     kv = kv_cache_plan(cfg, config.num_hidden_layers, config.num_key_value_heads, head_dim)
     # A merging generator keeps the base of the targeted layers; vLLM's LoRA path keeps none.
     merging = adapters if cfg.rollout.lora_apply == "merge" else None

@@ -60,7 +60,7 @@ SHAPES: dict[str, ModelShape] = {
                                                   "(for config checks; 30 GB to write)",
                    vocab_size=152_064, hidden_size=3_584, num_layers=28, num_heads=28, num_kv_heads=4,
                    intermediate_size=18_944, max_positions=32_768, tie_word_embeddings=False),
-        # vLLM's CPU attention needs head_dim >= 32; 64 here.
+        # head_dim 64: one of the sizes vLLM's CPU attention runs (runtime/resources.py).
         ModelShape(name="tiny-fullvocab", description="Qwen2.5's 151,936-token vocabulary, small widths, for tests",
                    vocab_size=151_936, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2,
                    intermediate_size=256, max_positions=2_048),

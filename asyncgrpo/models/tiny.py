@@ -37,7 +37,8 @@ class TinyModelSpec:
     """Sizes of a tiny Qwen2: the model.* keys of the same names (no defaults here: config's are the
     only ones; `from_config(ModelConfig())` gives the default model).
 
-    vLLM's CPU attention needs head_dim = hidden_size / num_heads >= 32.
+    On CPU, head_dim = hidden_size / num_heads must be a size vLLM's CPU attention runs (config refuses
+    others: runtime/resources.py CPU_ATTENTION_HEAD_SIZES).
     """
 
     hidden_size: int

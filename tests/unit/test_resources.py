@@ -1,6 +1,6 @@
 import pytest
 
-from asyncgrpo.runtime.resources import parse_cores, plan_cores
+from asyncgrpo.runtime.resources import CPU_ATTENTION_HEAD_SIZES, cpu_head_size_error, parse_cores, plan_cores
 
 
 def test_parse_cores():
@@ -23,3 +23,14 @@ def test_explicit_spec():
     assert generators == [[0], [1]] and learners == [[2, 3]]
     with pytest.raises(ValueError):
         plan_cores(2, 1, "0", "1", available=[0, 1])
+
+
+def test_the_cpu_head_sizes_are_the_installed_vllm_cpu_attention_backends():
+    backend = pytest.importorskip("vllm.v1.attention.backends.cpu_attn").CPUAttentionBackend
+    assert list(CPU_ATTENTION_HEAD_SIZES) == backend.get_supported_head_sizes()
+
+
+def test_a_head_size_vllm_cpu_attention_cannot_run_is_named_with_the_sizes_it_can():
+    assert cpu_head_size_error(64) is None
+    assert cpu_head_size_error(16) == (
+        "head_dim 16: vLLM's CPU attention runs only head_dim 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512")
