@@ -5,7 +5,8 @@ connections, timeouts, answers that are not the protocol, the bearer key, a serv
 The server plays guess-the-number: /reset takes the problem (its answer is the number), each /step
 answers "higher", "lower" or "correct" (reward 1, done). `fail` queues what the next requests of a
 route get instead (an HTTP status, "drop" to close the connection unanswered, "garbage" for a body
-that is not JSON, "fields" for JSON without the protocol's fields); `delay_s` holds every answer.
+that is not JSON, "fields" for JSON without the protocol's fields, a dict for that answer); `delay_s`
+holds every answer.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ class GuessServer:
             return
         if failure == "garbage":
             self._send(request, 200, b"<html>not json</html>")
+            return
+        if isinstance(failure, dict):
+            self._send(request, 200, json.dumps(failure).encode())
             return
         if failure == "fields":
             self._send(request, 200, json.dumps({"observation": 7, "reward": "high"}).encode())
@@ -295,6 +299,13 @@ def test_an_info_answer_outside_the_protocol_is_one_line_naming_the_url(server):
     server.fail["/info"] = [404]
     with pytest.raises(ConfigError, match="HTTP 404"):
         http_spec(env_config(server.base_url))
+
+
+def test_an_info_answer_without_stop_texts_is_refused_since_no_turn_would_call_the_server(server):
+    server.fail["/info"] = [{"stop": [], "name": "silent"}]
+    with pytest.raises(ConfigError, match=r"GET /info must answer \{\"stop\": \[one or more non-empty texts\]"):
+        http_spec(env_config(server.base_url))
+    assert http_spec(env_config(server.base_url)).stop == (STOP,)
 
 
 def test_close_never_raises_when_the_server_is_gone(server):
