@@ -147,21 +147,22 @@ def export_checkpoint(checkpoint: str | Path, outdir: str | Path, merged: str | 
     model_files = path / "model_files"
     if not model_files.is_dir():
         model_files = Path(meta["model_dir"])
-    record = (meta.get("states") or {}).get("lora")
-    if record is None:
+    try:  # before any weights are read
+        adapter = lora.read_adapter_record(meta["states"], path)
+    except lora.LoraError as err:
+        raise CheckpointError(str(err)) from None
+    if adapter is None:
         if merged is not None:
             raise CheckpointError(f"{path} is a full fine-tuning checkpoint: it is the whole model already "
                                   "(--merged is for a LoRA checkpoint)")
         return write_hf(_read_weights(path).items(), model_files, outdir)
+    settings, base_sha256 = adapter
     adapters = _read_weights(path)
-    settings = LoraConfig(rank=int(record["learner.lora.rank"]), alpha=float(record["learner.lora.alpha"]),
-                          dropout=float(record["learner.lora.dropout"]),
-                          target_modules=record["learner.lora.target_modules"])
     paths = sorted({name.removesuffix(".lora_A.weight") for name in adapters if name.endswith(".lora_A.weight")})
     written = write_adapter(((lora.peft_name(n), t) for n, t in adapters.items()),
                             lora.adapter_config(settings, paths, str(meta["model_dir"])), outdir)
     if merged is not None:
-        write_hf(merged_checkpoint(adapters, settings, meta["model_dir"], record["base_sha256"]).items(),
+        write_hf(merged_checkpoint(adapters, settings, meta["model_dir"], base_sha256).items(),
                  model_files, merged)
     return written
 

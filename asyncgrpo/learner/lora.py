@@ -225,9 +225,40 @@ def adapter_record(lora: LoraConfig, model_dir: str | Path) -> dict[str, Any]:
     return {**settings_record(lora), "base_sha256": base_digest(model_dir)}
 
 
+def read_adapter_record(states: dict[str, Any], checkpoint: str | Path) -> tuple[LoraConfig, str] | None:
+    """A checkpoint's adapter record (states["lora"], `adapter_record`'s) as the LoRA settings and the
+    base model's digest; None for full fine-tuning. Raises LoraError (one line) for a record this
+    code did not write (a hand-edited meta.json)."""
+    record = states.get("lora")
+    if record is None:
+        return None
+
+    def field(key: str, kinds: tuple[type, ...]) -> Any:
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise LoraError(f"{checkpoint}: meta.json's LoRA record has {key}={value!r}, not of type "
+                            f"{' or '.join(kind.__name__ for kind in kinds)}: it was not written by asyncgrpo")
+        return value
+
+    if not isinstance(record, dict):
+        raise LoraError(f"{checkpoint}: meta.json's LoRA record is {type(record).__name__}, not an object: "
+                        "it was not written by asyncgrpo")
+    targets = field("learner.lora.target_modules", (str, list))
+    if isinstance(targets, list) and not all(isinstance(name, str) for name in targets):
+        raise LoraError(f"{checkpoint}: meta.json's LoRA record has learner.lora.target_modules={targets!r}, "
+                        "not module names: it was not written by asyncgrpo")
+    settings = LoraConfig(rank=field("learner.lora.rank", (int,)), alpha=float(field("learner.lora.alpha", (int, float))),
+                          dropout=float(field("learner.lora.dropout", (int, float))), target_modules=targets)
+    if settings.rank < 1:
+        raise LoraError(f"{checkpoint}: meta.json's LoRA record has learner.lora.rank={settings.rank}, not >= 1: "
+                        "it was not written by asyncgrpo")
+    return settings, field("base_sha256", (str,))
+
+
 def check_adapter_resume(states: dict[str, Any], lora: LoraConfig, model_dir: str | Path, checkpoint: str) -> None:
     """Raise LoraError (one line) unless the checkpoint's adapter record matches this run: both full
     fine-tuning, or the same LoRA settings on a base model with the same weight files."""
+    read_adapter_record(states, checkpoint)  # a record this code wrote, or one line
     saved = states.get("lora")
     if lora.rank == 0 and saved is None:
         return

@@ -207,3 +207,36 @@ def test_foreign_dcp_metadata_is_one_line_from_export_not_an_unpickling_tracebac
     assert main(["export", str(saved), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip()
     assert "its metadata is unreadable (UnpicklingError" in err and "\n" not in err
+
+
+GOOD_LORA_RECORD = {"learner.lora.rank": 4, "learner.lora.alpha": 8.0, "learner.lora.dropout": 0.0,
+                    "learner.lora.target_modules": ["q_proj"], "base_sha256": "0" * 64}
+
+
+@pytest.mark.parametrize(("record", "said"), [
+    ([4, 8.0], "LoRA record is list, not an object"),
+    ({**GOOD_LORA_RECORD, "learner.lora.rank": "4"}, "learner.lora.rank='4', not of type int"),
+    ({**GOOD_LORA_RECORD, "learner.lora.rank": 0}, "learner.lora.rank=0, not >= 1"),
+    ({**GOOD_LORA_RECORD, "learner.lora.alpha": None}, "learner.lora.alpha=None, not of type int or float"),
+    ({**GOOD_LORA_RECORD, "learner.lora.target_modules": [1]}, "learner.lora.target_modules=[1], not module names"),
+    ({k: v for k, v in GOOD_LORA_RECORD.items() if k != "base_sha256"}, "base_sha256=None, not of type str"),
+])
+def test_a_foreign_lora_record_in_meta_json_is_one_line_from_export_before_any_weights_are_read(
+        saved, tmp_path, capsys, no_unpickling, record, said):
+    meta = json.loads((saved / checkpoint.META).read_text())
+    meta["states"]["lora"] = record
+    (saved / checkpoint.META).write_text(json.dumps(meta))
+    checkpoint.write_manifest(saved)
+    assert main(["export", str(saved), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and "\n" not in err and "not written by asyncgrpo" in err
+
+
+def test_the_lora_record_a_checkpoint_keeps_reads_back_as_its_settings_and_base_digest():
+    from asyncgrpo.learner import lora
+    from asyncgrpo.schema import LoraConfig
+
+    settings = LoraConfig(rank=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "v_proj"])
+    states = {"lora": {**lora.settings_record(settings), "base_sha256": "ab" * 32}}
+    assert lora.read_adapter_record(json.loads(json.dumps(states)), "ckpt") == (settings, "ab" * 32)
+    assert lora.read_adapter_record({}, "ckpt") is None
