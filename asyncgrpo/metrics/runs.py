@@ -65,8 +65,9 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The records of a metrics.jsonl and how many lines were not one (see Run.skipped_lines)."""
+def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of a metrics.jsonl (objects whose step, if any, is a number) and how many lines
+    were not one (see Run.skipped_lines); no records for no file, RunReadError for an unreadable one."""
     records: list[dict[str, Any]] = []
     skipped = 0
     if not path.exists():
@@ -142,7 +143,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     path = Path(run_dir)
     if not (path / "metrics.jsonl").exists() and not (path / "summary.json").exists():
         raise FileNotFoundError(f"{path}: neither metrics.jsonl nor summary.json found; is this a run directory?")
-    records, skipped = _read_jsonl(path / "metrics.jsonl")
+    records, skipped = read_records(path / "metrics.jsonl")
     summary = _read_summary(path / "summary.json")
     return Run(
         name=name or path.resolve().name,

@@ -247,17 +247,15 @@ def _run_settings(config: dict[str, Any], steps: int) -> Settings:
 def _step_records(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """This run's step records: a resumed run's metrics.jsonl also holds the earlier run's steps,
     which its summary's generator totals do not cover."""
-    from asyncgrpo.metrics.runs import latest_steps
+    from asyncgrpo.metrics.runs import RunReadError, latest_steps, read_records
 
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise SimulationError(f"{path} not found; is this a run directory?")
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a run killed mid-write leaves a partial last line
+    try:  # a run killed mid-write leaves a partial last line: skipped, as plot skips it
+        records, _ = read_records(path)
+    except RunReadError as err:
+        raise SimulationError(str(err)) from None
     resumed_at = int(summary.get("resumed_at_step") or 0)
     steps = [r for r in latest_steps([r for r in records if "time/train_s" in r]) if int(r["step"]) > resumed_at]
     if not steps:
