@@ -185,7 +185,7 @@ class EnvConfig:
     # Policy turns per episode at most; the episode ends after the last one whatever it wrote.
     max_turns: int = 4
     # One environment call (reset or step), from when a thread takes it; beyond it the call counts
-    # as an error (env/errors_timeout).
+    # as an error (gen/env_errors_timeout).
     timeout_s: float = 10.0
     # Environment calls in flight per generator: a call waiting on a tool or a service holds a thread,
     # so latency is hidden only while every episode waiting can wait at once (a generator runs up to
@@ -194,7 +194,7 @@ class EnvConfig:
     # A call that raises, times out or answers something that is not an EnvStep: zero = the episode
     # ends there and its reward is 0 (its tokens so far are still trained, against the group's
     # others); drop_group = the group is not sent (its slot goes to another prompt). Counted either
-    # way, per cause (env/errors_*).
+    # way, per cause (gen/env_errors_*).
     on_error: str = "zero"  # zero | drop_group
     # Beyond this share of failed environment calls over the last error_window_steps learner steps
     # (and the one in progress) the run fails with the first error: an environment that is down

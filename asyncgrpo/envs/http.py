@@ -12,7 +12,7 @@ wait); any other 4xx and an answer that is not the protocol's JSON fail at once,
 request would get the same answer. One call (reset or step) never takes longer than
 env.timeout_s, the generator's limit on it: tries are cut to the time left and a wait that would
 end past it is not started. A failure raises `EnvCallError`, whose `cause` (timeout | http | invalid
-| connection) the generator counts (env/errors_<cause>, asyncgrpo/envs/calls.py).
+| connection) the generator counts (gen/env_errors_<cause>, asyncgrpo/envs/calls.py).
 
 The bearer token comes from the variable named by env.http.api_key_env; config validation refuses
 it over plain http:// to a host other than loopback, and so does `http_spec`. Redirects are never
