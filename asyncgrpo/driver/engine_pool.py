@@ -19,7 +19,7 @@ from typing import Any
 
 from asyncgrpo.driver import TrainingFailed
 from asyncgrpo.driver.remote import control, get, remote_class
-from asyncgrpo.rollout.spec import GeneratorSpec
+from asyncgrpo.rollout.spec import GeneratorSpec, engine_settings
 from asyncgrpo.schema import Config
 
 # Every pool's actors live in this Ray namespace, apart from the runs' own (anonymous) ones.
@@ -48,8 +48,7 @@ def engine_key(cfg: Config, model_dir: str, cores: list[int] | None, gpus: float
             model[name] = {k: v for k, v in fields.items() if k not in PROVENANCE_FIELDS}
     r = cfg.rollout
     settings = {
-        "model": model, "max_model_len": cfg.model.max_positions, "dtype": r.dtype, "kv_cache_gib": r.kv_cache_gib,
-        "gpu_memory_utilization": r.gpu_memory_utilization, "device": cfg.device, "cores": cores, "gpus": gpus,
+        "model": model, **engine_settings(cfg), "device": cfg.device, "cores": cores, "gpus": gpus,
         "num_cpus": r.num_cpus_per_generator, "node_resource": r.node_resource,
         # vLLM's LoRA path is built into the engine, for adapters of at most its rank.
         "lora_apply": r.lora_apply, "lora_rank": cfg.learner.lora.rank if r.lora_apply == "vllm" else 0,

@@ -19,7 +19,7 @@ from asyncgrpo.rewards.scorer import Scorer
 from asyncgrpo.rollout.engine import Completion, FinishedGroup, VLLMEngine
 from asyncgrpo.rollout.episodes import EpisodeSettings
 from asyncgrpo.rollout.sink import GroupSink, with_faults
-from asyncgrpo.rollout.spec import GeneratorSpec
+from asyncgrpo.rollout.spec import GeneratorSpec, engine_settings
 from asyncgrpo.rollout.tickets import PositionedPrompts, TicketClient
 from asyncgrpo.runtime.resources import pin_to_cores
 from asyncgrpo.schema import Config
@@ -104,17 +104,7 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     adapter = engine_adapter(cfg, adapters, spec.model_dir, base_dir)
     engine_dir = spec.model_dir if adapter is None else base_dir
     if engine is None:
-        engine = VLLMEngine(
-            engine_dir,
-            seed=spec.seed,
-            max_model_len=cfg.model.max_positions,
-            dtype=cfg.rollout.dtype,
-            kv_cache_gib=cfg.rollout.kv_cache_gib,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            max_running_seqs=cfg.rollout.max_running_seqs,
-            prefix_caching=not cfg.rollout.inflight_updates,
-            adapter=adapter,
-        )
+        engine = VLLMEngine(engine_dir, seed=spec.seed, adapter=adapter, **engine_settings(cfg))
     else:
         engine.abort()  # a run that stopped mid-generation left requests (it aborts them: to be sure)
         engine.load_model_dir(engine_dir)

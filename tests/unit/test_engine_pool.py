@@ -39,6 +39,8 @@ def test_runs_differing_only_in_seed_algorithm_and_model_path_share_an_engine(tm
     (["rollout.kv_cache_gib=0.5"], {}, [0]),
     (["model.max_positions=64"], {}, [0]),
     (["rollout.num_cpus_per_generator=2"], {}, [0]),
+    (["rollout.max_running_seqs=64"], {}, [0]),  # vLLM's max_num_seqs
+    (["rollout.inflight_updates=true"], {}, [0]),  # prefix caching, off with in-flight loads
     ([], {"num_hidden_layers": 3}, [0]),
     ([], {}, [1]),
 ])
