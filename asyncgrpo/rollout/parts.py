@@ -104,7 +104,8 @@ def build_parts(cfg: Config, spec: GeneratorSpec, engine: VLLMEngine | None = No
     adapter = engine_adapter(cfg, adapters, spec.model_dir, base_dir)
     engine_dir = spec.model_dir if adapter is None else base_dir
     if engine is None:
-        engine = VLLMEngine(engine_dir, seed=spec.seed, adapter=adapter, **engine_settings(cfg))
+        engine = VLLMEngine(engine_dir, seed=spec.seed, adapter=adapter, max_model_len=cfg.model.max_positions,
+                            **engine_settings(cfg.rollout))
     else:
         engine.abort()  # a run that stopped mid-generation left requests (it aborts them: to be sure)
         engine.load_model_dir(engine_dir)

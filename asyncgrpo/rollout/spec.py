@@ -15,16 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncgrpo.contract import call_sizes
-from asyncgrpo.schema import Config
+from asyncgrpo.schema import Config, RolloutConfig
 from asyncgrpo.wire.security import CurveClientKeys
 
 
-def engine_settings(cfg: Config) -> dict[str, Any]:
-    """The VLLMEngine arguments the config fixes when an engine is built (the model directory, seed
-    and adapter aside): a pooled engine serves a later run only where they are the same
-    (driver/engine_pool.engine_key), since a reset does not rebuild the engine."""
-    r = cfg.rollout
-    return {"max_model_len": cfg.model.max_positions, "dtype": r.dtype, "kv_cache_gib": r.kv_cache_gib,
+def engine_settings(r: RolloutConfig) -> dict[str, Any]:
+    """The VLLMEngine arguments rollout.* fixes when an engine is built (beside the model's
+    directory and context, the seed and the adapter): a pooled engine serves a later run only where
+    they are the same (driver/engine_pool.engine_key), since a reset does not rebuild the engine."""
+    return {"dtype": r.dtype, "kv_cache_gib": r.kv_cache_gib,
             "gpu_memory_utilization": r.gpu_memory_utilization, "max_running_seqs": r.max_running_seqs,
             # Off with in-flight loads: a prefix cached under older weights would serve requests
             # admitted after a load, and no version would record it.
