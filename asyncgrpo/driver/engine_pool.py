@@ -48,7 +48,8 @@ def engine_key(cfg: Config, model_dir: str, cores: list[int] | None, gpus: float
             model[name] = {k: v for k, v in fields.items() if k not in PROVENANCE_FIELDS}
     r = cfg.rollout
     settings = {
-        "model": model, "max_model_len": cfg.model.max_positions, **engine_settings(r), "device": cfg.device, "cores": cores, "gpus": gpus,
+        "model": model, "max_model_len": cfg.model.max_positions, **engine_settings(r),
+        "device": cfg.device, "cores": cores, "gpus": gpus,
         "num_cpus": r.num_cpus_per_generator, "node_resource": r.node_resource,
         # vLLM's LoRA path is built into the engine, for adapters of at most its rank.
         "lora_apply": r.lora_apply, "lora_rank": cfg.learner.lora.rank if r.lora_apply == "vllm" else 0,

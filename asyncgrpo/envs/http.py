@@ -241,7 +241,8 @@ def fetch_info(client: HttpClient) -> tuple[str, tuple[str, ...]]:
     stop = info.get("stop") if isinstance(info, dict) else None
     # An empty list would never call the server: turns end only at eos or the token budget, which end the episode.
     if not isinstance(stop, list) or not stop or not all(isinstance(text, str) and text for text in stop):
-        raise ConfigError(f"{where}: GET /info must answer {{\"stop\": [one or more non-empty texts], \"name\": text}}, "
+        raise ConfigError(f"{where}: GET /info must answer "
+                          f"{{\"stop\": [one or more non-empty texts], \"name\": text}}, "
                           f"got {one_line(repr(info), MAX_BODY_CHARS)}")
     name = info.get("name")
     return (name if isinstance(name, str) and name else "http"), tuple(stop)

@@ -247,7 +247,8 @@ def read_adapter_record(states: dict[str, Any], checkpoint: str | Path) -> tuple
     if isinstance(targets, list) and not all(isinstance(name, str) for name in targets):
         raise LoraError(f"{checkpoint}: meta.json's LoRA record has learner.lora.target_modules={targets!r}, "
                         "not module names: it was not written by asyncgrpo")
-    settings = LoraConfig(rank=field("learner.lora.rank", (int,)), alpha=float(field("learner.lora.alpha", (int, float))),
+    settings = LoraConfig(rank=field("learner.lora.rank", (int,)),
+                          alpha=float(field("learner.lora.alpha", (int, float))),
                           dropout=float(field("learner.lora.dropout", (int, float))), target_modules=targets)
     if settings.rank < 1:
         raise LoraError(f"{checkpoint}: meta.json's LoRA record has learner.lora.rank={settings.rank}, not >= 1: "
