@@ -80,11 +80,12 @@ import json
 import math
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tools import check_overrides, fresh_dir, load_config
 
 # ------------------------------------------------------------------ limits from a run's own busy time
 
@@ -332,6 +333,9 @@ def parse_sync_configs(text: str) -> list[str]:
     unknown = [k for k in keys if k not in SYNC_CONFIGS]
     if unknown:
         raise argparse.ArgumentTypeError(f"--sync-configs: unknown {unknown}; choose from {', '.join(SYNC_CONFIGS)}")
+    if repeated := sorted({k for i, k in enumerate(keys) if k in keys[:i]}):
+        # Two modes of one label would share one run folder (r<repeat>_<label>).
+        raise argparse.ArgumentTypeError(f"--sync-configs: {', '.join(repeated)} given twice")
     return keys
 
 
@@ -389,8 +393,7 @@ def run_benchmark(tool: str, modes: Sequence[Mode], repeats: int, out_root: str,
     (`run_all`, `run_one(mode, repeat, out_dir)`) into a new timestamped folder under `out_root`;
     the result (`header`, `summarize(runs)`, the runs) printed as a table, written to
     <out_dir>/<tool>.json and printed last as one JSON line."""
-    out_dir = Path(out_root) / time.strftime("%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = fresh_dir(out_root)
     runs = run_all(modes, repeats, out_dir, tool, lambda mode, repeat: run_one(mode, repeat, out_dir))
     result = {**header, **summarize(runs), "runs": runs, "run_dir": str(out_dir)}
     print_table(result)
@@ -413,9 +416,21 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
     """The overrides every run of a single-preset benchmark takes (`add_run_arguments`)."""
     if args.repeats < 1 or args.steps < 1 or args.eta < 1:
         parser.error("--repeats, --steps and --eta must be at least 1")
+    check_overrides(parser, args.overrides)
     # Held-out accuracy at the end is a figure here; the export is not, and costs time.
     return ["train.export_at_end=false", "eval.at_start=false", "train.max_train_minutes=0", *args.overrides,
             f"train.max_steps={args.steps}"]
+
+
+def check_modes(parser: argparse.ArgumentParser, modes: Sequence[Mode], common: Sequence[str],
+                config_name: str = "default") -> None:
+    """Before anything runs: there is a mode, and every mode's overrides compose as its run will
+    compose them (`train_run`), or parser.error naming the first mode that cannot run (the
+    user's overrides against a mode's own, e.g. train.fixed_staleness against its max_staleness)."""
+    if not modes:
+        parser.error("no modes to run (every mode asked for was left out or cannot run here)")
+    for mode in modes:
+        load_config(parser, [*common, *mode.overrides, "progress=false"], config_name, what=f"mode {mode.label!r}")
 
 
 def fmt_spread(s: dict[str, float] | None, fmt: str, scale: float = 1.0) -> str:
@@ -463,7 +478,7 @@ def print_table(result: dict[str, Any]) -> None:
     print()
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_async", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=300, help="learner steps per run")
@@ -477,11 +492,11 @@ def main() -> int:
                         help="held-out accuracy at the start and end of each run (off by default: time)")
     parser.add_argument("--out", default="runs/bench_async")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run, e.g. seed=1")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeats < 1 or args.steps < 1:
         parser.error("--repeats and --steps must be at least 1")
+    check_overrides(parser, args.overrides)
 
-    from asyncgrpo.config import load
     from asyncgrpo.runtime.resources import plan_cores
     from asyncgrpo.driver.prepare import resolve_device
 
@@ -489,13 +504,14 @@ def main() -> int:
     # the evaluations unless asked for. The caller's overrides come after and win.
     bench = ["train.export_at_end=false", *([] if args.evals else ["eval.at_start=false", "eval.at_end=false"])]
     common = [*bench, *args.overrides, f"train.max_steps={args.steps}"]
-    base = load(common)
+    base = load_config(parser, common)
     default_eta = base.train.max_staleness
     device = resolve_device(base.device)
     generator_cores, learner_cores = plan_cores(base.rollout.num_generators, base.learner.world_size,
                                                 base.rollout.cpu_cores, base.learner.cpu_cores)
     sync, skipped = sync_modes(args.sync_configs if 0 in args.etas else [], device, generator_cores, learner_cores)
     modes = [*sync, *async_modes(args.etas, default_eta)]
+    check_modes(parser, modes, common)
 
     def run_one(mode: Mode, repeat: int, out_dir: Path) -> dict[str, Any]:
         run = run_once(mode, repeat, common, out_dir)

@@ -42,7 +42,7 @@ And the dropped groups against "tickets, equal".
 Prints a table (median [min-max] per mode), then, last, one JSON line: {slowdown, base_slowdown, pace_s, steps, repeats,
 modes: mode -> {samples_per_s, of_sum_alone, of_capacity, dropped, sent_slow_frac (the slowed
 generator's fraction of the groups sent), learner_idle_frac}, each {median, min, max}, runs: every
-run's figures}.
+run's figures, run_dir: the new <--out>/<date-time> folder the runs went to}.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tools import check_overrides, finite_float, fresh_dir, load_config
 from tools.bench_async import generator_busy_s, read_jsonl, spread
 
 MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator slowed)
@@ -63,6 +64,8 @@ MODES: dict[str, tuple[list[str], bool]] = {  # label -> (overrides, generator s
     "tickets": (["rollout.num_generators=2"], True),
     "tickets, equal": (["rollout.num_generators=2"], False),
 }
+# What the tool sets in every run: an override of one would replace it (the user's come last).
+RESERVED_KEYS = ("run_dir", "train.max_steps", "rollout.groups_per_call", "rollout.num_generators")
 DROP_KEYS = ("queue/dropped_stale", "queue/dropped_full", "queue/dropped_unheld")
 
 
@@ -88,17 +91,21 @@ def failpoints(label: str, slowdown: float, base: float, pace_s: float) -> dict[
     return {"generator_pace_s": {g: pace_s * factors.get(g, 1.0) for g in ids}}
 
 
+def train_overrides(label: str, steps: int, groups_per_call: int, extra: list[str]) -> list[str]:
+    """A run's overrides but its run_dir: what the tool sets (RESERVED_KEYS among them), then `extra`."""
+    # One call size everywhere: alone, a generator's call would otherwise be a whole step.
+    return [f"train.max_steps={steps}", f"rollout.groups_per_call={groups_per_call}",
+            "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
+            "train.export_at_end=false", *MODES[label][0], *extra]
+
+
 def run(label: str, repeat: int, slowdown: float, base: float, pace_s: float, steps: int, groups_per_call: int,
         out: Path, extra: list[str]) -> dict[str, Any]:
-    overrides, _ = MODES[label]
     run_dir = out / f"r{repeat}_{''.join(c if c.isalnum() else '_' for c in label)}"
     faults = failpoints(label, slowdown, base, pace_s)
     env = {**os.environ, "ASYNCGRPO_FAULTS": json.dumps(faults)} if faults else dict(os.environ)
-    # One call size everywhere: alone, a generator's call would otherwise be a whole step.
-    args = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}", f"train.max_steps={steps}",
-            f"rollout.groups_per_call={groups_per_call}",
-            "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
-            "train.export_at_end=false", *overrides, *extra]
+    args = [sys.executable, "-m", "asyncgrpo.cli", "train", f"run_dir={run_dir}",
+            *train_overrides(label, steps, groups_per_call, extra)]
     print(f"[bench_dispatch] repeat {repeat}, {label}", file=sys.stderr, flush=True)
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -159,12 +166,12 @@ def cell(s: dict[str, float] | None, fmt: str) -> str:
     return "-" if s is None else f"{s['median']:{fmt}} [{s['min']:{fmt}}-{s['max']:{fmt}}]"
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_dispatch", description=__doc__.splitlines()[0])
-    parser.add_argument("--slowdown", type=float, default=2.0, help="generator 1's slowdown factor (>= 1)")
-    parser.add_argument("--base-slowdown", type=float, default=1.0,
+    parser.add_argument("--slowdown", type=finite_float, default=2.0, help="generator 1's slowdown factor (>= 1)")
+    parser.add_argument("--base-slowdown", type=finite_float, default=1.0,
                         help="every generator's slowdown factor (>= 1), generator 1's on top of --slowdown")
-    parser.add_argument("--pace-s", type=float, default=0.0,
+    parser.add_argument("--pace-s", type=finite_float, default=0.0,
                         help="seconds per group of generator 0's vLLM calls (generator 1: times --slowdown); "
                              "replaces the proportional slowdown (default 0: off)")
     parser.add_argument("--steps", type=int, default=40)
@@ -173,19 +180,31 @@ def main() -> int:
                              "what each of two generators would ask for), so that alone and together make "
                              "calls of one size")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/bench_dispatch"))
-    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench_dispatch"),
+                        help="the runs go to a new OUT/<date-time> folder (default: /tmp/bench_dispatch)")
+    parser.add_argument("overrides", nargs="*",
+                        help=f"config overrides for every run (not {', '.join(RESERVED_KEYS)}: set here)")
+    args = parser.parse_args(argv)
     if args.slowdown < 1 or args.base_slowdown < 1 or min(args.steps, args.repeats, args.groups_per_call) < 1:
         parser.error("--slowdown and --base-slowdown must be >= 1, --steps, --repeats and --groups-per-call >= 1")
     if args.pace_s < 0 or (args.pace_s > 0 and args.base_slowdown != 1):
         parser.error("--pace-s must be >= 0, and is not combined with --base-slowdown")
+    check_overrides(parser, args.overrides, RESERVED_KEYS, "bench_dispatch")
+    for label in MODES:  # as each run's `asyncgrpo train` will compose them
+        load_config(parser, train_overrides(label, args.steps, args.groups_per_call, args.overrides), what=label)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = fresh_dir(args.out)
+    print(f"[bench_dispatch] runs in {out}", file=sys.stderr, flush=True)
     labels = list(MODES)
     runs = []
     for repeat in range(args.repeats):
         for label in labels[repeat % len(labels):] + labels[:repeat % len(labels)]:
             runs.append(run(label, repeat, args.slowdown, args.base_slowdown, args.pace_s, args.steps,
-                            args.groups_per_call, args.out, args.overrides))
+                            args.groups_per_call, out, args.overrides))
     of_sum_alone(runs)
     modes = summarize(runs)
     print(f"{'mode':<16} {'samples/s':>22} {'of sum alone':>20} {'of capacity':>20} {'dropped':>12} "
@@ -197,7 +216,7 @@ def main() -> int:
     print(json.dumps({"slowdown": args.slowdown, "base_slowdown": args.base_slowdown, "pace_s": args.pace_s,
                       "steps": args.steps,
                       "groups_per_call": args.groups_per_call, "repeats": args.repeats, "modes": modes,
-                      "runs": runs}))
+                      "runs": runs, "run_dir": str(out)}))
     return 0
 
 

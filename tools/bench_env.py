@@ -33,6 +33,7 @@ from typing import Any
 from tools.bench_async import (
     Mode,
     add_run_arguments,
+    check_modes,
     check_run_arguments,
     fmt_spread,
     run_benchmark,
@@ -116,18 +117,23 @@ def parse_latencies(text: str) -> list[int]:
     values = [int(part) for part in text.split(",") if part.strip()]
     if not values or any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"latencies must be milliseconds >= 0, comma-separated, got {text!r}")
+    if repeated := sorted({v for i, v in enumerate(values) if v in values[:i]}):
+        # Two modes of one label ("sync 50 ms") would share one run folder.
+        raise argparse.ArgumentTypeError(f"latency {', '.join(map(str, repeated))} ms given twice in {text!r}")
     return values
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_env", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser, steps=20, out="runs/bench_env")
     parser.add_argument("--latencies-ms", type=parse_latencies, default=[0, 50, 200],
                         help="injected delay per environment step call, comma-separated (default: 0,50,200)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     common = check_run_arguments(parser, args)
-    return run_benchmark("bench_env", modes_for(args.latencies_ms, args.eta), args.repeats, args.out,
+    modes = modes_for(args.latencies_ms, args.eta)
+    check_modes(parser, modes, common, "calculator")
+    return run_benchmark("bench_env", modes, args.repeats, args.out,
                          lambda mode, repeat, out_dir: run_once(mode, repeat, common, out_dir),
                          summarize, print_table, {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, "latencies_ms": args.latencies_ms})
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import check_overrides, list_type, load_config, nonnegative_int, positive_int
+
 SHAPES = {"default": (6, 5), "long": (8, 24)}  # prompt tokens, max completion tokens
 GROUPS_PER_STEP, SAMPLES = 16, 8
 
@@ -117,25 +119,36 @@ def build_model_dir(size: str, model_dir: Path) -> None:
     save_model(build_model(TinyModelSpec.from_config(ModelConfig()), tokenizer, seed=0), tokenizer, model_dir)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from tools.bench_push import model_sizes
+
     parser = argparse.ArgumentParser(prog="python -m tools.bench_learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per shape")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--world-sizes", default="1,2")
-    parser.add_argument("--size", default="tiny",
+    parser.add_argument("--steps", type=positive_int, default=40, help="timed steps per shape")
+    parser.add_argument("--warmup", type=nonnegative_int, default=5)
+    parser.add_argument("--world-sizes", type=list_type(positive_int), default="1,2")
+    parser.add_argument("--size", default="tiny", choices=model_sizes(),
                         help="tiny (the embedded default's model) or a random-weight shape of tools.bench_push "
                              "(100M, qwen2.5-0.5b), built in a child process so its memory is not counted")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
-    parser.add_argument("--groups", type=int, default=GROUPS_PER_STEP, help=f"groups of {SAMPLES} samples per step")
+    parser.add_argument("--shapes", type=list_type(choices=SHAPES), default=",".join(SHAPES),
+                        help=f"of {', '.join(SHAPES)}")
+    parser.add_argument("--groups", type=positive_int, default=GROUPS_PER_STEP,
+                        help=f"groups of {SAMPLES} samples per step")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. learner.micro_batch_tokens=256 "
                                                      "or learner.lora.rank=16")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_overrides(parser, args.overrides)
+    load_config(parser, ["learner.warmup_steps=0", *args.overrides])  # as each rank will (rank_main)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     with tempfile.TemporaryDirectory() as model_dir:
         build_model_dir(args.size, Path(model_dir))
-        shapes = args.shapes.split(",")
-        results = [run(int(w), model_dir, args.steps, args.warmup, args.overrides, shapes, args.groups)
-                   for w in args.world_sizes.split(",")]
+        shapes = args.shapes
+        results = [run(w, model_dir, args.steps, args.warmup, args.overrides, shapes, args.groups)
+                   for w in args.world_sizes]
 
     print(f"{'world size':>10} {'shape':>8} {'tokens/step':>12} {'step ms (median)':>17} {'of which train ms':>18} "
           f"{'tokens/s':>9} {'peak RSS per rank (MiB)':>24}")

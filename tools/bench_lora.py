@@ -29,6 +29,7 @@ from typing import Any
 from tools.bench_async import (
     Mode,
     add_run_arguments,
+    check_modes,
     check_run_arguments,
     fmt_spread,
     run_benchmark,
@@ -90,16 +91,18 @@ def print_table(result: dict[str, Any]) -> None:
     print("median [min-max] over repeats; x merge: samples/s over LoRA merge's in the same repeat\n")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_lora", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser, steps=200, out="runs/bench_lora")
     parser.add_argument("--rank", type=int, default=8, help="the LoRA modes' learner.lora.rank (default: 8)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     common = check_run_arguments(parser, args)
     if args.rank < 1:
         parser.error("--rank must be at least 1")
-    return run_benchmark("bench_lora", modes_for(args.rank, args.eta), args.repeats, args.out,
+    modes = modes_for(args.rank, args.eta)
+    check_modes(parser, modes, common)
+    return run_benchmark("bench_lora", modes, args.repeats, args.out,
                          lambda mode, repeat, out_dir: run_once(mode, repeat, common, out_dir),
                          summarize, print_table, {"steps": args.steps, "eta": args.eta, "repeats": args.repeats, "rank": args.rank})
 

@@ -61,6 +61,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.schema import SEED_LIMIT
+from tools import comma_list, fresh_dir, positive_float, positive_int
+
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMS = ("asyncgrpo", "trl")
 # The accuracy the learning rate is chosen by and the headline figures use: the exact expectation of
@@ -77,14 +80,12 @@ QUICK = {"steps": 4, "eval_every": 2, "seeds": "0", "lrs": "1e-4"}
 
 
 def parse_list(text: str, kind: type) -> list:
-    """'1e-4,2e-4' -> [0.0001, 0.0002]; empty items are refused rather than skipped."""
+    """'1e-4,2e-4' -> [0.0001, 0.0002]; empty items are refused rather than skipped, and so is a
+    value given twice (its runs would be one run)."""
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
         raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
-    try:
-        return [kind(item) for item in items]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    return comma_list(text, kind)
 
 
 @dataclass(frozen=True)
@@ -648,14 +649,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=0,
                         help="checkpoint and evaluate every this many steps (default: a quarter of --steps)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="which systems to run (both for the ratios)")
-    parser.add_argument("--trl-threads", type=int, default=1,
+    parser.add_argument("--trl-threads", type=positive_int, default=1,
                         help="torch threads of the TRL process (1: fastest measured on the shared 2-core machine)")
     parser.add_argument("--trl-generation", choices=("auto", "vllm", "transformers"), default="auto",
                         help="TRL's generation: colocated vLLM, or transformers' generate; auto = TRL's faster one "
                              "measured for the device (transformers on CPU, vLLM on a GPU)")
     parser.add_argument("--trl-is-correction", action="store_true",
                         help="keep TRL's vLLM importance-sampling correction (an extra forward per step)")
-    parser.add_argument("--run-timeout-s", type=float, default=1200.0, help="bound on each run's wall clock")
+    parser.add_argument("--run-timeout-s", type=positive_float, default=1200.0, help="bound on each run's wall clock")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke configuration: {QUICK['steps']} steps, seed {QUICK['seeds']}, lr {QUICK['lrs']}")
     parser.add_argument("--out", default="runs/bench_peer")
@@ -666,9 +667,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.steps, args.seeds, args.lrs = QUICK["steps"], QUICK["seeds"], QUICK["lrs"]
         args.eval_every = args.eval_every or QUICK["eval_every"]
-    args.seeds = parse_list(args.seeds, int)
-    args.lrs = parse_list(args.lrs, float)
-    args.systems = parse_list(args.systems, str)
+    for option, kind in (("seeds", int), ("lrs", float), ("systems", str)):
+        try:
+            setattr(args, option, parse_list(getattr(args, option), kind))
+        except argparse.ArgumentTypeError as err:
+            parser.error(f"--{option}: {err}")
+    if bad := [seed for seed in args.seeds if not 0 <= seed < SEED_LIMIT]:
+        parser.error(f"--seeds: {bad[0]} is not in [0, 2**32)")
+    if bad := [lr for lr in args.lrs if not 0 < lr < math.inf]:
+        parser.error(f"--lrs: {bad[0]} is not a learning rate (finite, > 0)")
     if unknown := set(args.systems) - set(SYSTEMS):
         parser.error(f"--systems: unknown {', '.join(sorted(unknown))} (choose from {', '.join(SYSTEMS)})")
     if args.steps < 1:
@@ -686,11 +693,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
         # Aggregate an earlier run again (its runs.jsonl and info.json), e.g. after a change here.
         out_dir = Path(args.report)
-        info = json.loads((out_dir / "info.json").read_text())
-        runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
+        try:
+            info = json.loads((out_dir / "info.json").read_text())
+            runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
+        except (OSError, ValueError) as err:
+            print(f"bench_peer: --report {out_dir}: not a bench_peer run's folder ({err})", file=sys.stderr)
+            return 2
         return finish(out_dir, info, runs)
-    out_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from asyncgrpo.config import load
+    from asyncgrpo.schema import ConfigError
+
+    # Before anything runs: every seed's and every learning rate's config composes (`measure`'s overrides).
+    try:
+        for seed, lr in dict.fromkeys([*((seed, args.lrs[0]) for seed in args.seeds),
+                                       *((args.seeds[0], lr) for lr in args.lrs)]):
+            load([*args.overrides, f"seed={seed}", f"learner.lr={lr}", f"train.max_steps={args.steps}"],
+                 log=lambda line: None)
+    except ConfigError as err:
+        print(f"bench_peer: {err}", file=sys.stderr)
+        return 2
+    out_dir = fresh_dir(args.out)
     info = measure(args, out_dir)
     runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
     return finish(out_dir, info, runs)

@@ -58,11 +58,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools import list_type, nonnegative_int, positive_float, positive_int
+
 SIZES = {
     # name: (hidden, layers, heads, kv_heads, intermediate)
     "tiny": (64, 2, 2, 2, 192),
     "100M": (1024, 8, 16, 16, 2816),
 }
+BACKENDS = ("zmq", "shm", "zmq-bf16", "zmq-delta")
+LORA_APPLY = ("merge", "vllm")
+
+
+def model_sizes() -> list[str]:
+    """What `build` makes: a SIZES entry or an `asyncgrpo make-model` shape."""
+    from asyncgrpo.models.shapes import SHAPES
+
+    return [*SIZES, *(name for name in SHAPES if name not in SIZES)]
 
 
 def build(size: str, directory: Path) -> int:
@@ -314,28 +325,39 @@ def adapter_rows(sizes: list[str], backends: list[str], pushes: int, rank: int, 
     return rows
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_push", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="tiny,100M")
-    parser.add_argument("--pushes", type=int, default=10)
-    parser.add_argument("--backends", default="zmq,shm", help="of zmq, shm, zmq-bf16, zmq-delta")
-    parser.add_argument("--lr", type=float, default=1e-4, help="each weight moves by +-lr between pushes")
-    parser.add_argument("--train-steps", type=int, default=0, help="measure real steps' deltas instead (see above)")
-    parser.add_argument("--groups", type=int, default=4, help="--train-steps: groups of 4 samples per step")
-    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: also the adapter rows, LoRA of this rank")
+    parser.add_argument("--sizes", type=list_type(choices=model_sizes()), default="tiny,100M",
+                        help=f"of {', '.join(model_sizes())}")
+    parser.add_argument("--pushes", type=positive_int, default=10)
+    parser.add_argument("--backends", type=list_type(choices=BACKENDS), default="zmq,shm",
+                        help=f"of {', '.join(BACKENDS)}")
+    parser.add_argument("--lr", type=positive_float, default=1e-4, help="each weight moves by +-lr between pushes")
+    parser.add_argument("--train-steps", type=nonnegative_int, default=0,
+                        help="measure real steps' deltas instead (see above)")
+    parser.add_argument("--groups", type=positive_int, default=4, help="--train-steps: groups of 4 samples per step")
+    parser.add_argument("--lora-rank", type=nonnegative_int, default=0,
+                        help="> 0: also the adapter rows, LoRA of this rank")
     parser.add_argument("--adapter-only", action="store_true", help="with --lora-rank: the adapter rows alone")
-    parser.add_argument("--lora-apply", default="merge",
+    parser.add_argument("--lora-apply", type=list_type(choices=LORA_APPLY), default="merge",
                         help="with --lora-rank: how the generator applies adapter pushes, of merge, vllm (rollout.lora_apply)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.adapter_only and args.lora_rank < 1:
+        parser.error("--adapter-only measures the adapter rows: it needs --lora-rank >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.train_steps:
-        print_train_rows([train_steps(size, args.train_steps, args.lr, args.groups) for size in args.sizes.split(",")])
+        print_train_rows([train_steps(size, args.train_steps, args.lr, args.groups) for size in args.sizes])
         return 0
-    sizes, backends = args.sizes.split(","), args.backends.split(",")
+    sizes, backends = args.sizes, args.backends
     rows = [] if args.adapter_only else [bench_size(size, backend, args.pushes, args.lr) for size in sizes
                                          for backend in backends]
     if args.lora_rank > 0:
-        rows += adapter_rows(sizes, backends, args.pushes, args.lora_rank, args.lr, args.lora_apply.split(","))
+        rows += adapter_rows(sizes, backends, args.pushes, args.lora_rank, args.lr, args.lora_apply)
     print()
     header = (f"{'model':<13} {'backend':<17} {'params':>12} {'MB/push':>8} {'changed':>7} {'latency ms':>10} {'max ms':>7} {'blocked ms':>10} "
               f"{'load ms':>7} {'MB/s':>6} {'probe diff':>10}")

@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from tools import fresh_dir, list_type, positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
 TEMPLATE = ("{prompt}\\nSolve the problem step by step. Write the arithmetic of every step on its own line, "
@@ -112,23 +114,34 @@ def print_table(row: dict) -> None:
           f"(estimated {estimate['generator_gib']:.1f}); vLLM vs learner log-probs {row['probe_max_abs_diff']:.1e}")
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from asyncgrpo.models.shapes import SHAPES
+
     parser = argparse.ArgumentParser(prog="python -m tools.bench_real", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="qwen2.5-0.5b-2l,qwen2.5-0.5b")
-    parser.add_argument("--steps", type=int, default=3, help="learner steps per shape (the first is not measured)")
-    parser.add_argument("--new-tokens", type=int, default=256, help="rollout.max_new_tokens")
-    parser.add_argument("--groups", type=int, default=2, help="train.groups_per_step")
-    parser.add_argument("--samples", type=int, default=4, help="rollout.samples_per_prompt")
-    parser.add_argument("--micro-batch-tokens", type=int, default=1024)
+    parser.add_argument("--shapes", type=list_type(choices=SHAPES), default="qwen2.5-0.5b-2l,qwen2.5-0.5b",
+                        help=f"of {', '.join(SHAPES)}")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="learner steps per shape, at least 2 (the first is not measured)")
+    parser.add_argument("--new-tokens", type=positive_int, default=256, help="rollout.max_new_tokens")
+    parser.add_argument("--groups", type=positive_int, default=2, help="train.groups_per_step")
+    parser.add_argument("--samples", type=positive_int, default=4, help="rollout.samples_per_prompt")
+    parser.add_argument("--micro-batch-tokens", type=positive_int, default=1024)
     parser.add_argument("--models", default="runs/bench_real/models")
-    parser.add_argument("--out", default="runs/bench_real")
-    args = parser.parse_args()
-    models, out = Path(args.models).resolve(), Path(args.out).resolve()
-    rows = [run(shape, make_model(shape, models), out, args) for shape in args.shapes.split(",")]
+    parser.add_argument("--out", default="runs/bench_real", help="the runs go to a new OUT/<date-time> folder")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step is not measured")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    models, out = Path(args.models).resolve(), fresh_dir(Path(args.out).resolve())
+    rows = [run(shape, make_model(shape, models), out, args) for shape in args.shapes]
     for row in rows:
         print_table(row)
-    print(json.dumps({"shapes": rows, "settings": vars(args)}))
+    print(json.dumps({"shapes": rows, "settings": vars(args), "run_dir": str(out)}))
     return 0
 
 

@@ -37,6 +37,7 @@ from tools.bench_async import (
     Mode,
     add_run_arguments,
     best_sync_mode,
+    check_modes,
     check_run_arguments,
     fmt_spread,
     parse_sync_configs,
@@ -47,6 +48,7 @@ from tools.bench_async import (
     sync_modes,
     train_run,
 )
+from tools import load_config
 
 BATCHED, CONTINUOUS = "call-batched", "continuous"
 TOKEN_AGES = ("0", "1", "2", "3", "4plus")
@@ -116,24 +118,24 @@ def print_table(result: dict[str, Any]) -> None:
     print()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_tail", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser, steps=30, out="runs/bench_tail")
     parser.add_argument("--sync-configs", type=parse_sync_configs, default=list(SYNC_CONFIGS),
                         help=f"which sync pinnings to run (default: all of {','.join(SYNC_CONFIGS)})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     common = check_run_arguments(parser, args)
 
-    from asyncgrpo.config import load
     from asyncgrpo.driver.prepare import resolve_device
     from asyncgrpo.runtime.resources import plan_cores
 
-    base = load(common, config_name="longtail")
+    base = load_config(parser, common, "longtail")
     generator_cores, learner_cores = plan_cores(base.rollout.num_generators, base.learner.world_size,
                                                 base.rollout.cpu_cores, base.learner.cpu_cores)
     sync, skipped = sync_modes(args.sync_configs, resolve_device(base.device), generator_cores, learner_cores)
     modes = [*sync, *async_modes(args.eta)]
+    check_modes(parser, modes, common, "longtail")
     return run_benchmark("bench_tail", modes, args.repeats, args.out,
                          lambda mode, repeat, out_dir: run_once(mode, repeat, common, out_dir),
                          lambda runs: {**summarize(runs), "sync_skipped": skipped}, print_table,

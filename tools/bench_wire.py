@@ -36,6 +36,7 @@ import zmq
 
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
 from asyncgrpo.wire import Receiver, ScoredGroup, Sender, encode_group, example_group
+from tools import positive_float, positive_int
 
 SAMPLES_PER_GROUP = 8
 SHAPES = {"small": 512, "large": 8192}
@@ -221,13 +222,17 @@ def _us(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e6:,.0f}"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_wire", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply the number of timed groups")
-    parser.add_argument("--repeat", type=int, default=1,
+    parser.add_argument("--scale", type=positive_float, default=1.0, help="multiply the number of timed groups")
+    parser.add_argument("--repeat", type=positive_int, default=1,
                         help="time each path this many times; rates and CPU times reported are the medians")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     import ray
 

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.contract import staleness
+from tools import check_overrides, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,6 +69,11 @@ BASE_OVERRIDES = ("model.warmstart_max_seconds=5", "progress=false", "eval.at_st
                   "train.export_at_end=false", f"train.steps_per_call={STEPS_PER_CALL}", "log.samples_every_steps=0")
 # --set: overrides for every run, before each scenario's own (which win).
 EXTRA_OVERRIDES: list[str] = []
+# What --set may not name: where each run writes (set by `Train`, and --set comes after), whether it
+# resumes, and the train.* settings the checks assume (MAX_STALENESS, GROUPS_PER_STEP,
+# STEPS_PER_CALL; runs that end at their train.max_steps).
+RESERVED_KEYS = ("run_dir", "wire.record_dir", "resume", "train.max_steps", "train.max_train_minutes",
+                 "train.max_staleness", "train.groups_per_step", "train.steps_per_call")
 # The default's train.max_staleness and train.groups_per_step, which every scenario keeps (one
 # generator: its share of a step is all of it).
 MAX_STALENESS, GROUPS_PER_STEP = 2, 16
@@ -1249,7 +1255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every run (repeatable), before each scenario's own")
     args = parser.parse_args(argv)
-    EXTRA_OVERRIDES[:] = args.set
+    check_overrides(parser, args.set, RESERVED_KEYS, "chaos")
     if args.list:
         for scenario in SCENARIOS:
             print(f"{scenario.name}\n  fault:    {scenario.fault}\n  expected: {scenario.expected}")
@@ -1259,6 +1265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in by_name]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: {', '.join(by_name)}")
+    load_config(parser, [*BASE_OVERRIDES, *args.set], what="--set")
+    EXTRA_OVERRIDES[:] = args.set
     out = Path(args.out or REPO / "runs" / "chaos" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

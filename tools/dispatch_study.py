@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import replace
 from typing import Any
 
 from asyncgrpo.sim.calibration import Calibration
 from asyncgrpo.sim.model import simulate
 from asyncgrpo.sim.settings import Settings, SimulationError
+from tools import comma_list, nonnegative_int, positive_float, positive_int
 
 
 def samples_per_s(calibration: Calibration, settings: Settings, seeds: int) -> list[float]:
@@ -72,7 +74,7 @@ def table(rows: list[dict[str, Any]], speeds: list[float]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.dispatch_study", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a finished run to calibrate from (asyncgrpo simulate's RUN_DIR)")
     parser.add_argument("--speeds", default="1,0.5", help="relative speed of each generator (default 1,0.5)")
@@ -82,20 +84,24 @@ def main() -> None:
     parser.add_argument("--cv", type=float, default=0.3, help="coefficient of variation of each call's time")
     parser.add_argument("--steps", type=int, default=200, help="learner steps per simulation")
     parser.add_argument("--train-scale", type=float, default=1.0, help="x the learner's step time (default 1)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
-        speeds = [float(s) for s in args.speeds.split(",")]
-        etas = [int(e) for e in args.etas.split(",")]
-        calls = [int(c) for c in args.calls.split(",")]
+        speeds = comma_list(args.speeds, positive_float, unique=False, what="--speeds")  # one per generator
+        etas = comma_list(args.etas, nonnegative_int, what="--etas")
+        calls = comma_list(args.calls, positive_int, what="--calls")
+        if args.seeds < 1:
+            raise ValueError(f"--seeds must be at least 1 (got {args.seeds})")
         calibration = Calibration.from_run(args.run_dir)
         calibration = replace(calibration, settings=replace(calibration.settings, replay=False, warmup_steps=1))
         rows = study(calibration, speeds, etas, calls, args.seeds, args.cv, args.steps, args.train_scale)
-    except (ValueError, SimulationError) as err:
-        raise SystemExit(f"dispatch_study: {err}") from None
+    except (argparse.ArgumentTypeError, ValueError, SimulationError) as err:
+        print(f"dispatch_study: {err}", file=sys.stderr)
+        return 2
     print(table(rows, speeds))
     print(json.dumps({"run_dir": args.run_dir, "speeds": speeds, "seeds": args.seeds, "cv": args.cv,
                       "steps": args.steps, "train_scale": args.train_scale, "rows": rows}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

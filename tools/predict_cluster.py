@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -66,6 +67,8 @@ from asyncgrpo.contract import admission_limit
 from asyncgrpo.sim.calibration import Calibration
 from asyncgrpo.sim.model import Result, rounded, simulate
 from asyncgrpo.sim.settings import Settings, SimulationError
+from tools import (comma_list, finite_float, nonnegative_float, nonnegative_int, positive_float,
+                             positive_int)
 
 
 @dataclass(frozen=True)
@@ -87,11 +90,13 @@ class Anatomy:
         if not (0 < self.generation_frac < 1 and 0 <= self.push_frac < 1 and self.learner_frac > 0):
             raise SimulationError(f"generation {self.generation_frac} + push {self.push_frac} must leave the "
                                   f"learner's train a positive part of the step")
-        if self.weight_load_frac < 0 or self.weight_load_frac >= self.generation_frac:
+        if not 0 <= self.weight_load_frac < self.generation_frac:  # NaN too
             raise SimulationError(f"weight load {self.weight_load_frac} must be >= 0 and below the generation "
                                   f"part {self.generation_frac}")
-        if self.step_s <= 0:
-            raise SimulationError(f"step seconds must be > 0 (got {self.step_s})")
+        if not 0 < self.step_s < math.inf:
+            raise SimulationError(f"step seconds must be > 0 and finite (got {self.step_s})")
+        if self.reference_generators < 1:
+            raise SimulationError(f"the reference size must be at least 1 generator (got {self.reference_generators})")
 
 
 # --------------------------------------------------------------------- steady-state figures
@@ -331,23 +336,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generators", default="8,16,32,64,128,256", help="cluster sizes (default: 8,...,256)")
     parser.add_argument("--etas", default="0,1,2,4", help="train.max_staleness values (default: 0,1,2,4)")
     parser.add_argument("--exponents", default="1.0,0.5", help="sim.call_size_exponent values (default: 1.0,0.5)")
-    parser.add_argument("--reference-generators", type=int, default=8, help="where the anatomy holds (default: 8)")
-    parser.add_argument("--generation-frac", type=float, default=0.77, help="of the reference synchronous step")
-    parser.add_argument("--push-frac", type=float, default=0.03, help="of the reference synchronous step")
-    parser.add_argument("--weight-load-frac", type=float, default=0.0, help="a generator's load per version")
-    parser.add_argument("--step-s", type=float, default=100.0, help="the reference synchronous step's seconds")
-    parser.add_argument("--groups-per-step", type=int, default=512, help="train.groups_per_step (default: 512)")
-    parser.add_argument("--generate-cv", type=float, default=0.3, help="sim.generate_cv (default: 0.3)")
+    parser.add_argument("--reference-generators", type=positive_int, default=8,
+                        help="where the anatomy holds (default: 8)")
+    parser.add_argument("--generation-frac", type=finite_float, default=0.77, help="of the reference synchronous step")
+    parser.add_argument("--push-frac", type=finite_float, default=0.03, help="of the reference synchronous step")
+    parser.add_argument("--weight-load-frac", type=finite_float, default=0.0, help="a generator's load per version")
+    parser.add_argument("--step-s", type=positive_float, default=100.0, help="the reference synchronous step's seconds")
+    parser.add_argument("--groups-per-step", type=positive_int, default=512,
+                        help="train.groups_per_step (default: 512)")
+    parser.add_argument("--generate-cv", type=nonnegative_float, default=0.3, help="sim.generate_cv (default: 0.3)")
     parser.add_argument("--steps", type=int, default=48, help="learner steps per simulation (default: 48)")
     parser.add_argument("--skip", type=int, default=8, help="first steps left out of the figures (default: 8)")
     parser.add_argument("--fit-steps", type=int, default=200, help="steps of the fit's simulations (default: 200)")
     parser.add_argument("--seed", type=int, default=0, help="sim.seed")
     args = parser.parse_args(argv)
     try:
-        generators = [int(n) for n in args.generators.split(",")]
-        etas = [int(e) for e in args.etas.split(",")]
-        exponents = [float(e) for e in args.exponents.split(",")]
-    except ValueError as err:
+        generators = comma_list(args.generators, positive_int)
+        etas = comma_list(args.etas, nonnegative_int)
+        exponents = comma_list(args.exponents, finite_float)
+    except argparse.ArgumentTypeError as err:
         parser.error(f"a comma-separated list of numbers was expected ({err})")
     anatomy = Anatomy(reference_generators=args.reference_generators, step_s=args.step_s,
                       generation_frac=args.generation_frac, push_frac=args.push_frac,

@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tools import list_type, positive_float, positive_int
+
 # The decoder's linear layers a PEFT adapter targets: module -> its parent in a Qwen2 layer.
 TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
            "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
@@ -672,31 +674,43 @@ def print_report(results: list[dict[str, Any]], tolerance: float) -> None:
         print("weight transfer (ipc): " + "; ".join(f"{k}: {v}" for k, v in r["weight_transfer_ipc"].items()))
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from tools.bench_push import model_sizes
+
     parser = argparse.ArgumentParser(prog="python -m tools.probe_vllm_lora", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="tiny", help="tiny (the embedded default), 100M, or a make-model shape")
+    parser.add_argument("--sizes", type=list_type(choices=model_sizes()), default="tiny",
+                        help="tiny (the embedded default), 100M, or a make-model shape")
     parser.add_argument("--rank", type=int, default=16, choices=(8, 16), help="rank of the cost and throughput probes")
-    parser.add_argument("--b-scale", type=float, default=0.05, help="std of the random B matrices")
-    parser.add_argument("--versions", type=int, default=6, help="adapter versions added one after another")
-    parser.add_argument("--max-loras", type=int, default=2, help="vLLM's max_loras: distinct adapters in a batch")
-    parser.add_argument("--max-cpu-loras", type=int, default=4, help="vLLM's max_cpu_loras: adapters kept loaded")
-    parser.add_argument("--sequences", type=int, default=8, help="sequences of the log-prob parity check")
-    parser.add_argument("--prompts", type=int, default=64, help="prompts of the throughput workload")
-    parser.add_argument("--max-tokens", type=int, default=24, help="tokens decoded per prompt")
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions of the throughput workload")
-    parser.add_argument("--kv-cache-gib", type=float, default=0.25)
+    parser.add_argument("--b-scale", type=positive_float, default=0.05, help="std of the random B matrices")
+    parser.add_argument("--versions", type=positive_int, default=6, help="adapter versions added one after another")
+    parser.add_argument("--max-loras", type=positive_int, default=2,
+                        help="vLLM's max_loras: distinct adapters in a batch")
+    parser.add_argument("--max-cpu-loras", type=positive_int, default=4,
+                        help="vLLM's max_cpu_loras: adapters kept loaded")
+    parser.add_argument("--sequences", type=positive_int, default=8, help="sequences of the log-prob parity check")
+    parser.add_argument("--prompts", type=positive_int, default=64, help="prompts of the throughput workload")
+    parser.add_argument("--max-tokens", type=positive_int, default=24, help="tokens decoded per prompt")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="repetitions of the throughput workload")
+    parser.add_argument("--kv-cache-gib", type=positive_float, default=0.25)
     parser.add_argument("--merged-load", default="in_place", choices=("in_place", "reload"),
                         help="the merged engine's load path: in_place (the CPU default: linear weights kept as "
                              "tensors, torch's GEMM) or reload (vLLM's reload_weights, its packed CPU GEMM; GPU's path)")
     parser.add_argument("--lora-gemm", default="vllm", choices=("vllm", "torch"),
                         help="the LoRA engine's base GEMM: vllm (its packed CPU kernel) or torch (linear weights "
                              "kept as tensors, as VLLMEngine's in-place path patches it)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.max_cpu_loras < args.max_loras:
+        parser.error("--max-cpu-loras must be at least --max-loras (vLLM keeps the batch's adapters loaded)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from asyncgrpo.schema import TrainConfig
 
     tolerance = TrainConfig().probe_tolerance
-    results = [dict(probe_size(size, args), rank=args.rank) for size in args.sizes.split(",")]
+    results = [dict(probe_size(size, args), rank=args.rank) for size in args.sizes]
     print_report(results, tolerance)
     worst = max(max(p["lora_vs_hf"], p["merged_vs_hf"]) for r in results for p in r["parity"])
     print()

@@ -101,7 +101,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.contract import admission_limit
-from tools import chaos
+from tools import chaos, check_overrides, positive_float
 from tools.chaos import Context, RunResult, ScenarioError
 
 REPO = chaos.REPO
@@ -113,6 +113,10 @@ END_MARGIN_S = 20.0
 RUN_MARGIN_S = 15 * 60.0
 UNREACHABLE_STEPS = 10**9  # the disturbed run's train.max_steps: its time bound stops it
 POLL_S = chaos.POLL_S
+# The shortest interval between kills taken: each kill waits for its restart (seconds at least), and a
+# shorter one would round to 0 s in the schedule.
+MIN_KILL_EVERY_S = 1.0
+MAX_KILLS = 100_000  # the schedule is a list: bounded (the run's own restarts bound it long before)
 # Keys the soak sets itself for each run.
 RESERVED_KEYS = ("run_dir", "seed", "resume", "train.max_steps", "train.max_train_minutes", "wire.record_dir",
                  "rollout.max_restarts", "eval.at_start", "eval.at_end")
@@ -221,8 +225,8 @@ def sent_received_lost(sent_last: int, received: int, lost: int, replaced_receiv
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=30.0, help="training minutes of the disturbed run")
-    parser.add_argument("--kill-every-minutes", type=float, default=5.0, help="minutes between generator kills")
+    parser.add_argument("--minutes", type=positive_float, default=30.0, help="training minutes of the disturbed run")
+    parser.add_argument("--kill-every-minutes", type=positive_float, default=5.0, help="minutes between generator kills")
     parser.add_argument("--out", default="", help="directory for every run (default: runs/soak/<date-time>)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (failed ones are kept anyway)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the disturbed run and the first undisturbed one")
@@ -231,18 +235,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "run's final accuracy must be within (1: the evaluation's sampling noise only)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args(argv)
-    if not (args.minutes > 0 and args.kill_every_minutes > 0):
-        parser.error("--minutes and --kill-every-minutes must be > 0")
     if args.references < 1:
         parser.error("--references must be >= 1")
+    if args.kill_every_minutes * 60 < MIN_KILL_EVERY_S:
+        parser.error(f"--kill-every-minutes {args.kill_every_minutes:g}: kills at least {MIN_KILL_EVERY_S:g} s apart "
+                     f"({MIN_KILL_EVERY_S / 60:.4g} min), a generator's restart takes longer")
+    if (args.minutes * 60 - END_MARGIN_S) / (args.kill_every_minutes * 60) > MAX_KILLS:
+        parser.error(f"--minutes {args.minutes:g} with a kill every {args.kill_every_minutes:g} min: more than "
+                     f"{MAX_KILLS} kills")
+    if not kill_schedule(args.minutes, args.kill_every_minutes):
+        parser.error(f"--minutes {args.minutes:g} with a kill every {args.kill_every_minutes:g} min schedules no kill "
+                     f"(the last must come {END_MARGIN_S:g} s before the end): nothing would be disturbed")
+    check_overrides(parser, args.overrides, RESERVED_KEYS, "the soak")
     for override in args.overrides:
-        key, equals, value = override.partition("=")
-        key = key.lstrip("+~")
-        if not equals or not key:
-            parser.error(f"{override!r}: overrides are key=value")
-        if key in RESERVED_KEYS:
-            parser.error(f"{key} is set by the soak itself (reserved: {', '.join(RESERVED_KEYS)})")
-        if key == "learner.lr_schedule" and value != "constant":
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "learner.lr_schedule" and value != "constant":
             parser.error(f"{override}: a schedule tied to train.max_steps would differ between the two runs")
     return args
 

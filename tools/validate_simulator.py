@@ -64,19 +64,25 @@ from typing import Any
 from asyncgrpo.sim.calibration import Calibration, Measured
 from asyncgrpo.sim.model import Result, simulate, uses_engine_steps
 from asyncgrpo.sim.settings import SimulationError
+from tools import list_type, load_config, nonnegative_int, positive_int
 
 TOLERANCE = 0.15  # the issue's bar: predicted samples/s within 15% of measured
 COLUMNS = ("cross", "same_generators", "own")
 
 
+def train_overrides(generators: int, eta: int, steps: int, extra: list[str]) -> list[str]:
+    """A grid run's overrides but its run_dir."""
+    groups_per_step = 16  # the default's; the queue must hold (eta + 1) steps with several generators
+    return [f"train.max_steps={steps}", f"train.max_staleness={eta}",
+            f"rollout.num_generators={generators}", f"train.groups_per_step={groups_per_step}",
+            f"queue.capacity_groups={max(64, (eta + 1) * groups_per_step)}",
+            "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
+            "train.export_at_end=false", *extra]
+
+
 def train(run_dir: Path, generators: int, eta: int, steps: int, extra: list[str]) -> float:
     """A real run into `run_dir`; returns its wall seconds."""
-    groups_per_step = 16  # the default's; the queue must hold (eta + 1) steps with several generators
-    overrides = [f"run_dir={run_dir}", f"train.max_steps={steps}", f"train.max_staleness={eta}",
-                 f"rollout.num_generators={generators}", f"train.groups_per_step={groups_per_step}",
-                 f"queue.capacity_groups={max(64, (eta + 1) * groups_per_step)}",
-                 "model.warmstart_max_seconds=5", "progress=false", "eval.at_start=false", "eval.at_end=false",
-                 "train.export_at_end=false", *extra]
+    overrides = [f"run_dir={run_dir}", *train_overrides(generators, eta, steps, extra)]
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "asyncgrpo.cli", "train", *overrides], capture_output=True, text=True,
                           check=False)
@@ -236,12 +242,14 @@ def predict(source: Calibration, target: Calibration, cores: int) -> dict[str, A
     return prediction(target.measured, simulate(source, replace(target.settings, cores=cores)), source.run_dir)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.validate_simulator", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--etas", default="0,1,2,4", help="train.max_staleness values (default: 0,1,2,4)")
-    parser.add_argument("--generators", default="1,2", help="rollout.num_generators values (default: 1,2)")
-    parser.add_argument("--steps", type=int, default=40, help="learner steps per run (default: 40)")
+    parser.add_argument("--etas", type=list_type(nonnegative_int), default="0,1,2,4",
+                        help="train.max_staleness values (default: 0,1,2,4)")
+    parser.add_argument("--generators", type=list_type(positive_int), default="1,2",
+                        help="rollout.num_generators values (default: 1,2)")
+    parser.add_argument("--steps", type=positive_int, default=40, help="learner steps per run (default: 40)")
     parser.add_argument("--reference", default="1,2", help="GENERATORS,ETA of the run every cross prediction "
                                                            "is calibrated from; trained too if not in the grid "
                                                            "(default: 1,2)")
@@ -265,7 +273,7 @@ def main() -> int:
     parser.add_argument("--tail-reference", default="", help="with --bench-tail: the mode each repeat's runs are "
                                                              "predicted from (default: the bench's sync baseline)")
     parser.add_argument("overrides", nargs="*", help="further `asyncgrpo train` overrides for every run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.cores != "auto" and not (args.cores.isdigit()):
@@ -280,12 +288,13 @@ def main() -> int:
     except ValueError:
         parser.error(f"--reference is GENERATORS,ETA (got {args.reference!r})")
     reference_key = (reference_generators, reference_run_eta)
-    grid = [(int(g), int(e)) for g in args.generators.split(",") for e in args.etas.split(",")]
+    grid = [(g, e) for g in args.generators for e in args.etas]
     needed = grid + ([reference_key] if not args.reference_dir and reference_key not in grid else [])
+    check_grid(parser, args, needed, extra)
 
     rounds = []
     for repeat in range(args.repeats):
-        out = Path(args.out) / f"r{repeat}" if args.repeats > 1 else Path(args.out)
+        out = round_dir(args.out, repeat, args.repeats)
         order = needed[repeat % len(needed):] + needed[:repeat % len(needed)]
         outcome = one_round(args, out, order, grid, reference_key, extra)
         if outcome is None:
@@ -305,6 +314,26 @@ def main() -> int:
     print(json.dumps({"repeats": args.repeats, "runs": combined, "rounds": rounds,
                       "worst": {column: worst(combined, column) for column in COLUMNS}}))
     return 0 if combined else 1
+
+
+def check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, needed: list[tuple[int, int]],
+               extra: list[str]) -> None:
+    """Before anything trains: every run's overrides compose, and no run would train into a folder an
+    earlier one left (`asyncgrpo train` refuses it: --reuse simulates finished ones instead)."""
+    for generators, eta in needed:
+        load_config(parser, train_overrides(generators, eta, args.steps, extra), what=f"g{generators}_eta{eta}")
+    held = [str(run_dir) for run_dir in (round_dir(args.out, repeat, args.repeats) / f"g{g}_eta{e}"
+                                         for repeat in range(args.repeats) for g, e in needed)
+            if run_dir.exists() and any(run_dir.iterdir()) and not (args.reuse and finished(run_dir))]
+    if held:
+        what = "an unfinished run" if args.reuse else "a run (--reuse simulates a finished one)"
+        parser.error(f"{held[0]} already holds {what}"
+                     f"{f', and {len(held) - 1} more run folder(s) too' if len(held) > 1 else ''}: pass another --out")
+
+
+def round_dir(out: str, repeat: int, repeats: int) -> Path:
+    """Where round `repeat`'s runs go."""
+    return Path(out) / f"r{repeat}" if repeats > 1 else Path(out)
 
 
 def one_round(args: argparse.Namespace, out: Path, order: list[tuple[int, int]], grid: list[tuple[int, int]],
@@ -458,6 +487,10 @@ def validate_bench_env(bench_dir: Path, reference_ms: int, cores: str) -> int:
     runs = read_bench_runs(bench_dir, "bench_env")
     if runs is None:
         return 1
+    if not any(run["latency_ms"] == reference_ms for run in runs):
+        print(f"{bench_dir}: no run at --env-reference-ms {reference_ms} to predict from (latencies: "
+              f"{', '.join(map(str, sorted({run['latency_ms'] for run in runs})))} ms)", file=sys.stderr)
+        return 2
     rows = predict_bench_runs(env_references(runs, reference_ms), cores, lambda run, target: {
         "mode": run["mode"], "kind": run["kind"], "latency_ms": run["latency_ms"],
         "env_latency_s": target.settings.env_latency_s})
@@ -511,7 +544,7 @@ def validate_bench_tail(bench_dir: Path, reference_mode: str, cores: str) -> int
     if not pairs:
         print(f"{bench_dir}: no run of mode {reference_mode!r} to predict from (modes: "
               f"{', '.join(sorted({run['mode'] for run in runs}))})", file=sys.stderr)
-        return 1
+        return 2
     rows = predict_bench_runs(pairs, cores, lambda run, target: {
         "mode": run["mode"], "kind": run["mode"], "latency_ms": 0,
         "engine_steps": uses_engine_steps(target, target.settings)})

@@ -282,6 +282,34 @@ def test_arguments_parse_and_refuse_nonsense():
         ba.parse_sync_configs("default,gpu")
 
 
+def test_a_sync_config_named_twice_is_refused_two_modes_would_share_a_run_folder():
+    with pytest.raises(argparse.ArgumentTypeError, match="twice"):
+        ba.parse_sync_configs("default,default")
+    assert ba.parse_sync_configs(",") == []  # no sync mode: still a choice
+
+
+def refused_before_any_run(main, argv: list[str], monkeypatch, capsys) -> str:
+    """`main(argv)` exits 2 with one error line, and nothing ran (run_benchmark is where runs start)."""
+    monkeypatch.setattr(ba, "run_benchmark", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["trian.max_steps=3"], "trian"),  # a typo: one line, not a traceback
+    (["--etas", "2,4", "train.fixed_staleness=2"], "mode 'async eta=4'"),  # a mode against the user's overrides
+    (["--etas", "0", "--sync-configs", ",", "train.max_staleness=0"], "no modes to run"),
+    (["--sync-configs", "default,default"], "twice"),
+    (["seed"], "key=value"),
+])
+def test_bad_overrides_and_empty_mode_lists_are_refused_before_the_first_run(argv, says, monkeypatch, capsys):
+    assert says in refused_before_any_run(ba.main, ["--out", "/nonexistent/never", *argv], monkeypatch, capsys)
+
+
 def test_the_table_prints_spreads_and_the_headline(capsys):
     runs = [run("sync", 0, r, 100.0 + r) for r in range(3)] + [run("async eta=2", 2, r, 180.0 + r) for r in range(3)]
     result = {**ba.summarize(runs, default_eta=2), "sync_skipped": {"sync, vLLM 2 cores": "device=cuda: ..."}}

@@ -65,3 +65,31 @@ def test_a_pace_replaces_the_slowdown_and_reaches_every_generator_of_the_run():
     assert bench.failpoints("slow alone", 2, 1, 0.02) == {"generator_pace_s": {"0": 0.04}}
     assert bench.failpoints("tickets", 3, 1, 0.02) == {"generator_pace_s": {"0": 0.02, "1": pytest.approx(0.06)}}
     assert bench.failpoints("tickets, equal", 3, 1, 0.02) == {"generator_pace_s": {"0": 0.02, "1": 0.02}}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--slowdown", "nan"], ["--slowdown", "inf"], ["--base-slowdown", "nan"], ["--base-slowdown", "inf"],
+    ["--pace-s", "nan"], ["--pace-s", "inf"],
+    ["rollout.num_generators=3"], ["train.max_steps=5"], ["rollout.groups_per_call=2"], ["run_dir=/tmp/x"],
+    ["trian.max_steps=3"], ["seed"],
+])
+def test_bad_arguments_and_the_tools_own_keys_are_refused_before_any_run(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+
+
+def test_every_call_runs_into_a_new_folder_under_out(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def fake_run(label, repeat, slowdown, base, pace_s, steps, groups_per_call, out, extra):
+        seen.append(out)
+        return {"mode": label, "repeat": repeat, "samples_per_s": 1.0, "dropped": 0, "sent_slow_frac": 0.5,
+                "learner_idle_frac": 0.1}
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    for _ in range(2):
+        assert bench.main(["--repeats", "1", "--out", str(tmp_path), "seed=3"]) == 0
+    assert len(set(seen)) == 2 and all(out.parent == tmp_path and out.is_dir() for out in seen)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_dir"] == str(seen[-1])

@@ -37,3 +37,22 @@ def test_keeps_is_against_the_same_kind_at_0_ms_and_x_sync_against_sync_at_the_s
 def test_bad_latencies_are_refused(text):
     with pytest.raises((argparse.ArgumentTypeError, ValueError)):
         be.parse_latencies(text)
+
+
+@pytest.mark.parametrize("text", ["0,0", "50,050"])
+def test_a_latency_given_twice_is_refused_two_modes_would_share_a_run_folder(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="twice"):
+        be.parse_latencies(text)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["trian.max_steps=3"], "trian"),
+    (["--latencies-ms", "0,0"], "twice"),
+    (["--eta", "3", "train.fixed_staleness=2"], "mode 'sync 0 ms'"),
+])
+def test_bad_arguments_are_one_line_and_exit_2_before_the_first_run(argv, says, monkeypatch, capsys):
+    monkeypatch.setattr(be, "run_benchmark", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        be.main(["--latencies-ms", "0", *argv] if "--latencies-ms" not in argv else argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and says in err.strip().splitlines()[-1]

@@ -50,3 +50,16 @@ def test_main_runs_each_mode_per_repeat_and_ends_with_the_comparison_as_one_json
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (result["rank"], result["repeats"], len(result["runs"])) == (8, 2, 6)
     assert result["modes"][bl.VLLM]["vs_merge"]["median"] == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["trian.max_steps=3"], "trian"),
+    (["weights.lora_push=merged"], "mode 'LoRA vllm'"),  # LoRA vllm needs adapter pushes
+    (["--rank", "1024"], "mode 'LoRA vllm'"),  # beyond vLLM's largest adapter rank
+])
+def test_a_mode_that_cannot_run_is_refused_before_any_mode_runs(argv, says, monkeypatch, capsys):
+    monkeypatch.setattr(bl, "run_once", lambda *a: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        bl.main(["--out", "/nonexistent/never", *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and says in err.strip().splitlines()[-1]

@@ -57,6 +57,31 @@ def test_bad_arguments_are_refused(argv):
         bp.parse_args(argv)
 
 
+@pytest.mark.parametrize("argv", [["--seeds", "a"], ["--lrs", "x"], ["--systems", ""], ["--seeds", "1,,2"],
+                                  ["--seeds", "-1"], ["--seeds", "4294967296"], ["--seeds", "0,0"],
+                                  ["--lrs", "nan"], ["--lrs", "inf"], ["--lrs", "0"], ["--lrs=-1e-4"],
+                                  ["--trl-threads", "0"], ["--run-timeout-s", "inf"], ["--run-timeout-s", "0"],
+                                  ["--run-timeout-s", "nan"]])
+def test_bad_lists_and_bounds_are_one_line_and_exit_2_not_a_traceback(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bp.parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "python -m tools.bench_peer: error:")
+
+
+def test_a_report_folder_without_its_files_is_one_line_and_exit_2(tmp_path, capsys):
+    assert bp.main(["--report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a bench_peer run's folder" in err
+
+
+def test_an_override_that_does_not_compose_is_refused_before_the_output_folder(tmp_path, capsys):
+    assert bp.main(["--out", str(tmp_path / "out"), "--quick", "trian.max_steps=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "trian" in err and not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------------------------ aggregation
 
 

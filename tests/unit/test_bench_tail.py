@@ -53,3 +53,16 @@ def test_the_asynchronous_modes_differ_only_in_whether_the_engine_is_refilled():
     assert set(batched.overrides) ^ set(continuous.overrides) == {"rollout.continuous=false",
                                                                   "rollout.continuous=true"}
     assert "rollout.inflight_updates=true" in batched.overrides and batched.eta == continuous.eta == 2
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["trian.max_steps=3"], "trian"),
+    (["--sync-configs", "default,default"], "twice"),
+    (["rollout.inflight_updates=false", "train.fixed_staleness=2"], "mode 'sync'"),
+])
+def test_bad_arguments_are_one_line_and_exit_2_before_the_first_run(argv, says, monkeypatch, capsys):
+    monkeypatch.setattr(bt, "run_benchmark", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        bt.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and says in err.strip().splitlines()[-1]

@@ -48,3 +48,16 @@ def test_a_bad_argument_is_one_line_and_a_nonzero_exit(tmp_path):
                           "1,fast"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0
     assert out.stderr.startswith("dispatch_study:")
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "0"], ["--speeds", "1,fast"], ["--etas", "x"], ["--calls", "0"]])
+def test_bad_arguments_exit_2_in_one_line(argv, tmp_path, capsys):
+    assert ds.main([str(fake_run(tmp_path)), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("dispatch_study:")
+
+
+def test_generators_of_equal_speed_are_a_valid_study(tmp_path, capsys):
+    assert ds.main([str(fake_run(tmp_path)), "--speeds", "1,1", "--etas", "1", "--calls", "1", "--seeds", "1",
+                    "--steps", "20"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["speeds"] == [1.0, 1.0]

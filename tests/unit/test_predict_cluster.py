@@ -112,3 +112,20 @@ def test_a_bad_run_directory_is_one_line_and_exit_2(tmp_path, capsys):
     assert pc.main([str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no such directory" in err
+
+
+@pytest.mark.parametrize("argv", [["--reference-generators", "0"], ["--groups-per-step", "0"], ["--step-s", "nan"],
+                                  ["--step-s", "inf"], ["--weight-load-frac", "nan"], ["--weight-load-frac", "inf"],
+                                  ["--generators", "2,x"], ["--generators", "0"], ["--etas", "1,1"]])
+def test_arguments_that_would_divide_by_zero_or_pass_as_nan_are_one_line_and_exit_2(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        pc.main([str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("anatomy", [pc.Anatomy(step_s=float("inf")), pc.Anatomy(step_s=float("nan")),
+                                     pc.Anatomy(weight_load_frac=float("nan")), pc.Anatomy(reference_generators=0)])
+def test_an_anatomy_with_a_nan_an_infinity_or_no_generator_is_refused(anatomy):
+    with pytest.raises(SimulationError):
+        anatomy.check()

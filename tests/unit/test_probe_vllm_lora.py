@@ -95,3 +95,19 @@ def test_ratios_pair_values_of_the_same_repetition():
     with pytest.raises(ValueError, match="as many"):
         probe.paired_ratios([1.0], [1.0, 2.0])
     assert probe.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+
+
+@pytest.mark.parametrize("argv", [["--versions", "0"], ["--prompts", "0"], ["--repeats", "0"], ["--sequences", "0"],
+                                  ["--b-scale", "nan"], ["--b-scale", "inf"], ["--max-tokens", "0"],
+                                  ["--max-loras", "4", "--max-cpu-loras", "2"], ["--sizes", "tiny,tiny"],
+                                  ["--sizes", "huge"]])
+def test_bad_arguments_are_refused_before_any_engine_starts(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        probe.parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+
+
+def test_the_defaults_parse_to_one_tiny_size():
+    args = probe.parse_args([])
+    assert (args.sizes, args.versions, args.b_scale) == (["tiny"], 6, 0.05)

@@ -218,6 +218,12 @@ def test_the_command_line_takes_fractional_minutes_and_passes_overrides_through(
     ["--minutes", "0"],
     ["--kill-every-minutes", "-1"],
     ["--references", "0"],
+    ["--minutes", "inf"],  # kill_schedule would never end
+    ["--minutes", "nan"],
+    ["--kill-every-minutes", "inf"],
+    ["--kill-every-minutes", "1e-9"],  # rounds to 0 s
+    ["--minutes", "5", "--kill-every-minutes", "5"],  # no kill: nothing disturbed, a meaningless PASS
+    ["--minutes", "1e12", "--kill-every-minutes", "0.02"],  # billions of kills
 ])
 def test_the_command_line_refuses_what_the_soak_controls_or_cannot_compare(argv):
     with pytest.raises(SystemExit) as exit_info:

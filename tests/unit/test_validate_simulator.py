@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -163,3 +164,34 @@ def test_each_bench_tail_run_is_predicted_from_the_reference_modes_run_of_the_sa
     assert vs.tail_reference_mode(tmp_path, "") == "sync, learner 2 cores"
     assert vs.tail_reference_mode(tmp_path, "continuous") == "continuous"
     assert vs.tail_reference_mode(tmp_path / "missing", "") == "sync"
+
+
+@pytest.mark.parametrize("argv", [["--etas", "a"], ["--generators", ""], ["--generators", "0"], ["--etas", "-1"],
+                                  ["--etas", "1,1"], ["--steps", "0"], ["trian.max_steps=3"]])
+def test_bad_arguments_are_one_line_and_exit_2_before_anything_trains(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(vs, "train", lambda *a: pytest.fail("a run trained"))
+    with pytest.raises(SystemExit) as exit_info:
+        vs.main(["--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_a_run_folder_an_earlier_call_left_is_refused_before_anything_trains(reuse, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(vs, "train", lambda *a: pytest.fail("a run trained"))
+    (tmp_path / "g2_eta1").mkdir()
+    (tmp_path / "g2_eta1" / "metrics.jsonl").write_text("{}\n")  # unfinished: --reuse trains it again
+    with pytest.raises(SystemExit) as exit_info:
+        vs.main(["--out", str(tmp_path), "--etas", "1", "--generators", "2", "--reference", "2,1",
+                 *(["--reuse"] if reuse else [])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and "g2_eta1 already holds" in err[-1]
+
+
+def test_an_env_reference_latency_no_run_has_is_exit_2_naming_the_latencies_present(tmp_path, capsys):
+    runs = [{"mode": f"{kind} {ms} ms", "kind": kind, "latency_ms": ms, "repeat": 0}
+            for kind in ("sync", "async") for ms in (0, 200)]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs))
+    assert vs.main(["--bench-env", str(tmp_path), "--env-reference-ms", "50"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--env-reference-ms 50" in err and "latencies: 0, 200 ms" in err
