@@ -422,6 +422,19 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
             f"train.max_steps={args.steps}"]
 
 
+def planned_cores(parser: argparse.ArgumentParser, base: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """The cores the base config pins its generators and learner ranks to (the sync modes re-pin
+    them), or parser.error for a core spec that does not plan (rollout.cpu_cores, learner.cpu_cores)."""
+    from asyncgrpo.runtime.resources import plan_cores
+
+    try:
+        return plan_cores(base.rollout.num_generators, base.learner.world_size, base.rollout.cpu_cores,
+                          base.learner.cpu_cores)
+    except ValueError as err:
+        parser.error(f"rollout.cpu_cores={base.rollout.cpu_cores!r} / learner.cpu_cores={base.learner.cpu_cores!r}: "
+                     f"{err}")
+
+
 def check_modes(parser: argparse.ArgumentParser, modes: Sequence[Mode], common: Sequence[str],
                 config_name: str = "default") -> None:
     """Before anything runs: there is a mode, and every mode's overrides compose as its run will
@@ -497,7 +510,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--repeats and --steps must be at least 1")
     check_overrides(parser, args.overrides)
 
-    from asyncgrpo.runtime.resources import plan_cores
     from asyncgrpo.driver.prepare import resolve_device
 
     # Not on the clock either way, but they cost minutes over many runs: the final export always,
@@ -507,8 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = load_config(parser, common)
     default_eta = base.train.max_staleness
     device = resolve_device(base.device)
-    generator_cores, learner_cores = plan_cores(base.rollout.num_generators, base.learner.world_size,
-                                                base.rollout.cpu_cores, base.learner.cpu_cores)
+    generator_cores, learner_cores = planned_cores(parser, base)
     sync, skipped = sync_modes(args.sync_configs if 0 in args.etas else [], device, generator_cores, learner_cores)
     modes = [*sync, *async_modes(args.etas, default_eta)]
     check_modes(parser, modes, common)

@@ -41,6 +41,7 @@ from tools.bench_async import (
     check_run_arguments,
     fmt_spread,
     parse_sync_configs,
+    planned_cores,
     run_benchmark,
     run_figures,
     speedup,
@@ -128,11 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     common = check_run_arguments(parser, args)
 
     from asyncgrpo.driver.prepare import resolve_device
-    from asyncgrpo.runtime.resources import plan_cores
 
     base = load_config(parser, common, "longtail")
-    generator_cores, learner_cores = plan_cores(base.rollout.num_generators, base.learner.world_size,
-                                                base.rollout.cpu_cores, base.learner.cpu_cores)
+    generator_cores, learner_cores = planned_cores(parser, base)
     sync, skipped = sync_modes(args.sync_configs, resolve_device(base.device), generator_cores, learner_cores)
     modes = [*sync, *async_modes(args.eta)]
     check_modes(parser, modes, common, "longtail")

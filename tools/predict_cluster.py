@@ -351,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="sim.seed")
     args = parser.parse_args(argv)
     try:
-        generators = comma_list(args.generators, positive_int)
-        etas = comma_list(args.etas, nonnegative_int)
-        exponents = comma_list(args.exponents, finite_float)
+        generators = comma_list(args.generators, positive_int, what="--generators")
+        etas = comma_list(args.etas, nonnegative_int, what="--etas")
+        exponents = comma_list(args.exponents, finite_float, what="--exponents")
     except argparse.ArgumentTypeError as err:
         parser.error(f"a comma-separated list of numbers was expected ({err})")
     anatomy = Anatomy(reference_generators=args.reference_generators, step_s=args.step_s,

@@ -249,7 +249,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     check_overrides(parser, args.overrides, RESERVED_KEYS, "the soak")
     for override in args.overrides:
         key, _, value = override.partition("=")
-        if key.lstrip("+~") == "learner.lr_schedule" and value != "constant":
+        if key.lstrip("+") == "learner.lr_schedule" and value != "constant":  # a deletion (~) is the config's to refuse
             parser.error(f"{override}: a schedule tied to train.max_steps would differ between the two runs")
     return args
 

@@ -319,12 +319,23 @@ def main(argv: list[str] | None = None) -> int:
 def check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, needed: list[tuple[int, int]],
                extra: list[str]) -> None:
     """Before anything trains: every run's overrides compose, and no run would train into a folder an
-    earlier one left (`asyncgrpo train` refuses it: --reuse simulates finished ones instead)."""
-    for generators, eta in needed:
-        load_config(parser, train_overrides(generators, eta, args.steps, extra), what=f"g{generators}_eta{eta}")
-    held = [str(run_dir) for run_dir in (round_dir(args.out, repeat, args.repeats) / f"g{g}_eta{e}"
-                                         for repeat in range(args.repeats) for g, e in needed)
-            if run_dir.exists() and any(run_dir.iterdir()) and not (args.reuse and finished(run_dir))]
+    earlier one left that `asyncgrpo train` refuses (train.refuse_used_run_dir, which resume= and
+    run_dir_reuse=true let through; --reuse simulates finished runs instead of training them)."""
+    from asyncgrpo.schema import ConfigError
+    from asyncgrpo.train import refuse_used_run_dir
+
+    configs = {(g, e): load_config(parser, train_overrides(g, e, args.steps, extra), what=f"g{g}_eta{e}")
+               for g, e in needed}
+    held = []
+    for repeat in range(args.repeats):
+        for (g, e), cfg in configs.items():
+            run_dir = round_dir(args.out, repeat, args.repeats) / f"g{g}_eta{e}"
+            if args.reuse and finished(run_dir):
+                continue
+            try:
+                refuse_used_run_dir(cfg, run_dir)
+            except ConfigError:
+                held.append(str(run_dir))
     if held:
         what = "an unfinished run" if args.reuse else "a run (--reuse simulates a finished one)"
         parser.error(f"{held[0]} already holds {what}"

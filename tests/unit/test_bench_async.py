@@ -305,6 +305,7 @@ def refused_before_any_run(main, argv: list[str], monkeypatch, capsys) -> str:
     (["--etas", "0", "--sync-configs", ",", "train.max_staleness=0"], "no modes to run"),
     (["--sync-configs", "default,default"], "twice"),
     (["seed"], "key=value"),
+    (["rollout.cpu_cores=zz"], "rollout.cpu_cores='zz'"),  # composes, but does not plan
 ])
 def test_bad_overrides_and_empty_mode_lists_are_refused_before_the_first_run(argv, says, monkeypatch, capsys):
     assert says in refused_before_any_run(ba.main, ["--out", "/nonexistent/never", *argv], monkeypatch, capsys)

@@ -59,6 +59,7 @@ def test_the_asynchronous_modes_differ_only_in_whether_the_engine_is_refilled():
     (["trian.max_steps=3"], "trian"),
     (["--sync-configs", "default,default"], "twice"),
     (["rollout.inflight_updates=false", "train.fixed_staleness=2"], "mode 'sync'"),
+    (["learner.cpu_cores=zz"], "learner.cpu_cores='zz'"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2_before_the_first_run(argv, says, monkeypatch, capsys):
     monkeypatch.setattr(bt, "run_benchmark", lambda *a, **k: pytest.fail("a run started"))

@@ -195,3 +195,17 @@ def test_an_env_reference_latency_no_run_has_is_exit_2_naming_the_latencies_pres
     assert vs.main(["--bench-env", str(tmp_path), "--env-reference-ms", "50"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--env-reference-ms 50" in err and "latencies: 0, 200 ms" in err
+
+
+@pytest.mark.parametrize("override", [[], ["run_dir_reuse=true"]])
+def test_a_folder_train_would_accept_is_not_refused(override, tmp_path, monkeypatch):
+    # A run that failed before its first step leaves config.yaml and summary.json only; with
+    # run_dir_reuse=true even a run's metrics may be trained over: asyncgrpo train takes both.
+    (tmp_path / "g2_eta1").mkdir()
+    (tmp_path / "g2_eta1" / "summary.json").write_text('{"status": "failed"}\n')
+    if override:
+        (tmp_path / "g2_eta1" / "metrics.jsonl").write_text("{}\n")
+    trained = []
+    monkeypatch.setattr(vs, "one_round", lambda *a: trained.append(a) or None)
+    assert vs.main(["--out", str(tmp_path), "--etas", "1", "--generators", "2", "--reference", "2,1", *override]) == 1
+    assert len(trained) == 1  # past the check: the round ran (and, faked, gave nothing)
