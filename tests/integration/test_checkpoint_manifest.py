@@ -83,7 +83,7 @@ def test_a_saved_checkpoint_lists_every_file_and_verifies_and_loads(saved, caplo
     assert any("verified" in record.getMessage() for record in caplog.records)  # the time it took is logged
 
 
-def test_one_flipped_byte_in_a_shard_fails_naming_that_file_before_dcp_reads(saved, no_unpickling):
+def test_one_flipped_byte_in_a_shard_fails_naming_that_file_before_dcp_loads(saved, no_unpickling):
     flip_one_byte(saved / SHARD)
     with pytest.raises(checkpoint.CheckpointError, match=f"{SHARD} does not match its SHA-256"):
         load_fresh(saved)

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from one_line import raises_one_line
+
 from asyncgrpo.config import load
 from asyncgrpo.envs import make_environment
 from asyncgrpo.envs.base import EnvStep
@@ -294,10 +296,10 @@ def test_a_server_that_is_down_is_one_line_naming_the_url(dead_port):
 
 def test_an_info_answer_outside_the_protocol_is_one_line_naming_the_url(server):
     server.fail["/info"] = ["fields"]
-    with pytest.raises(ConfigError, match=r"^env.http.base_url='http://127.0.0.1:\d+': GET /info must answer"):
+    with raises_one_line(ConfigError, match=r"^env.http.base_url='http://127.0.0.1:\d+': GET /info must answer"):
         http_spec(env_config(server.base_url))
     server.fail["/info"] = [404]
-    with pytest.raises(ConfigError, match="HTTP 404"):
+    with raises_one_line(ConfigError, match=r"^env.http.base_url='http://127.0.0.1:\d+': .*HTTP 404"):
         http_spec(env_config(server.base_url))
 
 

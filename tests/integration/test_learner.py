@@ -42,12 +42,15 @@ def fixed_groups(num_groups=4, samples=4, seed=0):
     return groups
 
 
-def one_update(model_dir, *overrides):
+def one_update(model_dir, *overrides, updates=1):
+    """The parameters after `updates` updates on the same batch, and the last update's metrics."""
     cfg = load(["learner.warmup_steps=0", *overrides])
     learner = Learner.from_config(cfg, model_dir)
     try:
         batch = collate(fixed_groups(), learner.pad_id)
-        metrics = update(learner.policy, batch, cfg, rank=0, world_size=1, max_new_tokens=cfg.rollout.max_new_tokens)
+        for _ in range(updates):
+            metrics = update(learner.policy, batch, cfg, rank=0, world_size=1,
+                             max_new_tokens=cfg.rollout.max_new_tokens)
         params = {name: p.full_tensor().detach().clone() for name, p in learner.policy.model.named_parameters()}
     finally:
         learner.close()
@@ -66,12 +69,17 @@ def test_micro_batch_split_does_not_change_the_update(model_dir):
         assert worst < 1e-5, f"budget {budget}: parameters differ by {worst}"
 
 
-def test_kl_to_reference_is_added(model_dir):
+def test_kl_to_reference_is_zero_at_the_reference_and_added_to_the_loss_once_the_policy_moved(model_dir):
+    kl = ("algo.kl.enabled=true", "algo.kl.coef=0.5", "algo.kl.kind=k3")
     _, without = one_update(model_dir)
-    _, with_kl = one_update(model_dir, "algo.kl.enabled=true", "algo.kl.coef=0.5", "algo.kl.kind=k3")
+    _, first = one_update(model_dir, *kl)
     # Before the first update the policy equals the reference: k3 is 0 and so is its gradient.
-    assert with_kl["loss/kl"] == pytest.approx(0.0, abs=1e-7)
-    assert with_kl["loss/total"] == pytest.approx(without["loss/total"], abs=1e-6)
+    assert first["loss/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert first["loss/total"] == pytest.approx(without["loss/total"], abs=1e-6)
+    # After it the policy has moved: the second update's loss is its policy loss plus coef x KL.
+    _, second = one_update(model_dir, *kl, updates=2)
+    assert second["loss/kl"] > 1e-6
+    assert second["loss/total"] == pytest.approx(second["loss/pg"] + 0.5 * second["loss/kl"], rel=1e-4, abs=1e-7)
 
 
 def test_sequence_logprobs_match_the_training_forward(model_dir):

@@ -11,6 +11,8 @@ import urllib.request
 
 import numpy as np
 import pytest
+
+from one_line import raises_one_line
 from openai import OpenAI
 
 from asyncgrpo.config import load
@@ -280,10 +282,10 @@ def test_through_the_runner_the_episode_trains_the_engines_tokens_between_the_te
 
 
 def test_env_name_agent_needs_a_function_and_one_that_cannot_be_loaded_is_one_line():
-    with pytest.raises(ConfigError, match="env.agent.fn"):
+    with raises_one_line(ConfigError, match="env.agent.fn"):
         load(["env.name=agent"])
     assert load(["env.name=agent", "env.agent.fn=examples.agent_calculator:calculator_agent"]).env.agent.fn
-    with pytest.raises(ConfigError, match="env.agent.fn='examples.agent_calculator:nothing'"):
+    with raises_one_line(ConfigError, match="env.agent.fn='examples.agent_calculator:nothing'"):
         spec("examples.agent_calculator:nothing")
 
 

@@ -348,6 +348,7 @@ def test_a_preset_value_of_the_wrong_type_says_what_was_wrong_on_one_line(tmp_pa
     with pytest.raises(ConfigError) as err:
         load([], config_name="mine", config_dir=tmp_path)
     assert "learner.lr" in str(err.value) and "Value 'banana' of type 'str' could not be converted to Float" in str(err.value)
+    assert "\n" not in str(err.value)  # OmegaConf's own message has several lines: config._one_line joins them
 
 
 @pytest.mark.parametrize(("override", "key"), [("model.num_heads=3", "model.num_heads"),

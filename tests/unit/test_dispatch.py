@@ -9,6 +9,8 @@ import itertools
 from dataclasses import dataclass, field
 
 import pytest
+
+from one_line import raises_one_line
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -413,9 +415,9 @@ def test_a_restored_dispatcher_keeps_its_last_step_and_data_end():
 
 
 def test_bad_settings_are_refused_in_one_line():
-    with pytest.raises(ValueError, match="groups_per_step=0"):
+    with raises_one_line(ValueError, match="groups_per_step=0"):
         Dispatcher(0, 1)
-    with pytest.raises(ValueError, match="capacity_groups=3"):
+    with raises_one_line(ValueError, match="capacity_groups=3"):
         Dispatcher(4, 1, capacity_groups=3)
 
 

@@ -413,7 +413,7 @@ def test_a_heartbeat_follows_each_batch_with_the_cumulative_report():
     # The error rate's denominator, and each failing term's first error for the learner's reason.
     assert last.reward_calls == rewards["reward/calls"] == sum(len(m.lengths) for m in generator.sink.of(ScoredGroup))
     assert last.reward_first_errors == {"task": "RuntimeError: the verifier is down"}
-    assert last.version == generator.version and last.idle_s >= 0.0
+    assert last.version == generator.version
     assert [b.idle_s for b in beats] == sorted(b.idle_s for b in beats)  # cumulative
 
 

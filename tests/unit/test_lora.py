@@ -181,7 +181,7 @@ def test_a_resume_onto_another_base_or_adapter_is_refused(tmp_path):
         lora.check_adapter_resume(states, LoraConfig(), tmp_path / "base", "ckpt")
 
 
-def test_the_driver_refuses_a_lora_checkpoint_of_another_base_before_ray_starts(tmp_path):
+def test_the_drivers_adapter_check_refuses_a_lora_checkpoint_of_another_base(tmp_path):
     from asyncgrpo.driver.prepare import check_adapter
     from asyncgrpo.learner.resume import ResumeRefused
 

@@ -4,6 +4,8 @@ a held-out split, and a score on the last line only."""
 import itertools
 
 import pytest
+
+from one_line import raises_one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,5 +109,5 @@ def test_the_tool_flag_follows_env_name_and_changes_the_settings():
     (["env.name=calculator", "model.max_positions=32"], "model.max_positions"),
 ])
 def test_bad_settings_are_refused_in_one_line_naming_the_key(overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with raises_one_line(ConfigError, match=key.replace(".", r"\.")):
         load([*PRESET, *overrides])

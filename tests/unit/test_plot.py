@@ -73,16 +73,24 @@ def test_several_runs_overlay_into_one_directory_via_the_cli(tmp_path, monkeypat
     assert (tmp_path / "plots_compare" / "reward.png").stat().st_size > single[0].stat().st_size
 
 
-def test_missing_keys_give_no_data_panels_instead_of_errors(tmp_path):
+def test_missing_keys_give_no_data_panels_instead_of_errors(tmp_path, monkeypatch):
+    from asyncgrpo import plot
+
+    missing: list[str] = []
+    real_no_data = plot._no_data
+    monkeypatch.setattr(plot, "_no_data", lambda ax, what="": missing.append(what) or real_no_data(ax, what))
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "metrics.jsonl").write_text(json.dumps({"step": 1, "samples": 128, "reward/mean": 0.5}) + "\n")
     paths = plot_runs([bare])
     assert_pngs(paths, bare / "plots")
+    drawn_bare = len(missing)
+    assert drawn_bare > 0  # a reward alone: the other panels say so
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "summary.json").write_text(json.dumps({"status": "failed"}))
     assert_pngs(plot_runs([empty]), empty / "plots")
+    assert len(missing) - drawn_bare > drawn_bare  # no records at all: the reward panel too
 
 
 def test_not_a_run_directory_is_a_clear_error(tmp_path, capsys):

@@ -150,7 +150,7 @@ def test_shared_memory_slots_are_counted_once_not_per_generator():
     assert shm["total_gib"] < zmq["total_gib"]  # two slots in all against a push's buffers in every actor
 
 
-def test_too_little_shared_memory_for_the_weight_slots_fails_before_anything_starts(monkeypatch, tmp_path):
+def test_too_little_shared_memory_for_the_weight_slots_is_refused_by_the_preflights_check(monkeypatch, tmp_path):
     cfg = load([f"weights.shm_dir={tmp_path}"])
     check_shared_memory(cfg, 1024)
     monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0))

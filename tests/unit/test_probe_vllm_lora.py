@@ -97,15 +97,19 @@ def test_ratios_pair_values_of_the_same_repetition():
     assert probe.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
 
 
-@pytest.mark.parametrize("argv", [["--versions", "0"], ["--prompts", "0"], ["--repeats", "0"], ["--sequences", "0"],
-                                  ["--b-scale", "nan"], ["--b-scale", "inf"], ["--max-tokens", "0"],
-                                  ["--max-loras", "4", "--max-cpu-loras", "2"], ["--sizes", "tiny,tiny"],
-                                  ["--sizes", "huge"]])
-def test_bad_arguments_are_refused_before_any_engine_starts(argv, capsys):
+@pytest.mark.parametrize(("argv", "says"), [
+    *(([option, "0"], f"argument {option}: wants an integer >= 1, got '0'")
+      for option in ("--versions", "--prompts", "--repeats", "--sequences", "--max-tokens")),
+    *((["--b-scale", bad], f"argument --b-scale: wants a finite number > 0, got '{bad}'") for bad in ("nan", "inf")),
+    (["--max-loras", "4", "--max-cpu-loras", "2"], "--max-cpu-loras must be at least --max-loras"),
+    (["--sizes", "tiny,tiny"], "argument --sizes: tiny given twice"),
+    (["--sizes", "huge"], "argument --sizes: unknown huge"),
+])
+def test_bad_arguments_are_refused_by_its_parse(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_info:
         probe.parse_args(argv)
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert exit_info.value.code == 2 and says in err.strip().splitlines()[-1]
 
 
 def test_the_defaults_parse_to_one_tiny_size():

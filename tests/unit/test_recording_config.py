@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from one_line import raises_one_line
+
 from asyncgrpo import cli
 from asyncgrpo.config import load, replay_config
 from asyncgrpo.schema import ConfigError
@@ -62,7 +64,7 @@ def test_without_overrides_the_replay_config_is_the_recording_runs(tmp_path):
 ])
 def test_what_a_replay_cannot_change_is_refused_in_one_line(tmp_path, override, match):
     _, recording = make_recording(tmp_path)
-    with pytest.raises(ConfigError, match=match):
+    with raises_one_line(ConfigError, match=match):
         replay_config(recording, [override])
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from one_line import raises_one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -121,12 +123,12 @@ def test_a_corrupted_record_in_the_middle_is_an_error_naming_its_offset(tmp_path
 
 
 def test_a_missing_or_empty_or_foreign_directory_is_one_line(tmp_path):
-    with pytest.raises(RecordingError, match="no such directory"):
+    with raises_one_line(RecordingError, match="no such directory"):
         open_recording(tmp_path / "nope")
-    with pytest.raises(RecordingError, match="not a recording"):
+    with raises_one_line(RecordingError, match="not a recording"):
         open_recording(tmp_path)
     record(tmp_path, num_steps=0)  # nothing recorded: not even opened
-    with pytest.raises(RecordingError, match="not a recording"):
+    with raises_one_line(RecordingError, match="not a recording"):
         open_recording(tmp_path)
 
 

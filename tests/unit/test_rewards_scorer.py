@@ -3,6 +3,7 @@
 import concurrent.futures
 import math
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -116,13 +117,21 @@ def test_weighted_terms_sum_and_are_reported_per_term():
                             "reward/errors": 0}
 
 
-def test_math_and_numeric_terms_run_off_the_callers_thread():
+def test_math_and_numeric_terms_run_off_the_callers_thread(monkeypatch):
+    from asyncgrpo.rewards import verifiers
+
+    threads: dict[str, set[int]] = {"math": set(), "numeric": set()}
+    for term, name in (("math", "math_reward"), ("numeric", "numeric_match")):
+        real = getattr(verifiers, name)
+        monkeypatch.setattr(verifiers, name, lambda *a, _real=real, _term=term, **k:
+                            threads[_term].add(threading.get_ident()) or _real(*a, **k))
     scorer = Scorer(ARITHMETIC, reward_cfg({"name": "math"}, {"name": "numeric", "tolerance": 0.01}))
     try:
         [score] = scorer.score([problem("0.5")], [["#### 1/2", "\\boxed{0.501}", "#### 2"]])
         assert score.terms["math"].tolist() == [1, 0, 0]
         assert score.terms["numeric"].tolist() == [1, 1, 0]
-        assert scorer._thread is not None
+        assert threads["math"] and threads["numeric"]
+        assert threading.get_ident() not in threads["math"] | threads["numeric"]
     finally:
         scorer.close()
 

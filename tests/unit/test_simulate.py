@@ -11,6 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from one_line import raises_one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,7 +162,7 @@ def test_generator_speeds_slow_each_call_by_its_factor_and_bad_values_are_one_li
     for bad, match in [("1,x", "comma-separated numbers"), ("1,1", "must give 1 finite speeds > 0"),
                        ("0", "must give 1 finite speeds > 0"), ("nan", "must give 1 finite speeds > 0"),
                        ("inf", "must give 1 finite speeds > 0")]:
-        with pytest.raises(SimulationError, match=match):
+        with raises_one_line(SimulationError, match=match):
             apply_overrides(s, [f"sim.generator_speeds={bad}"])
 
 @pytest.mark.parametrize("k", [1, 2, 4])
@@ -191,7 +193,7 @@ def test_fixed_staleness_zero_alternates_generation_and_training_as_synchronous_
 ])
 def test_fixed_staleness_refuses_in_one_line_what_the_config_refuses(overrides, match):
     _, s = constant_run()
-    with pytest.raises(SimulationError, match=match):
+    with raises_one_line(SimulationError, match=match):
         apply_overrides(s, overrides)
 
 
@@ -370,7 +372,7 @@ def test_a_shares_run_with_hand_set_shares_is_refused_in_one_line(tmp_path, caps
 def test_a_run_with_an_unknown_dispatch_is_refused_in_one_line(tmp_path):
     run = fake_run(tmp_path)
     edit_config(run, "groups_per_call: 0}", "groups_per_call: 0, dispatch: lottery}")
-    with pytest.raises(SimulationError, match=r"rollout.dispatch must be tickets or shares \(got 'lottery'\)"):
+    with raises_one_line(SimulationError, match=r"rollout.dispatch must be tickets or shares \(got 'lottery'\)"):
         Calibration.from_run(run)
 
 

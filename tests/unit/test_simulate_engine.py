@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from one_line import raises_one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -179,7 +181,7 @@ def test_auto_runs_steps_only_where_the_run_recorded_them_and_steps_without_them
     assert not uses_engine_steps(bare, replace(s, engine="auto"))
     with_env = replace(cal, env_max_calls=3)  # auto leaves runs with an environment call by call
     assert not uses_engine_steps(with_env, replace(s, engine="auto")) and uses_engine_steps(with_env, s)
-    with pytest.raises(SimulationError, match="sim.engine=steps needs"):
+    with raises_one_line(SimulationError, match="sim.engine=steps needs"):
         uses_engine_steps(bare, s)
     with pytest.raises(SimulationError, match="sim.engine must be one of"):
         apply_overrides(s, ["sim.engine=tokens"])

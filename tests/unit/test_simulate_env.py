@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 
 import pytest
+
+from one_line import raises_one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_simulate import constant_run, edit_config, fake_run, random_run
@@ -169,7 +171,7 @@ def test_a_negative_latency_is_one_line(tmp_path):
 ])
 def test_an_infinite_time_or_an_endless_simulation_is_one_line_not_a_stuck_or_endless_run(tmp_path, override, said):
     cal = Calibration.from_run(fake_run(tmp_path))
-    with pytest.raises(SimulationError, match=said):
+    with raises_one_line(SimulationError, match=said):
         apply_overrides(cal.settings, [override])
 
 

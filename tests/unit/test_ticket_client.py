@@ -8,6 +8,8 @@ import itertools
 
 import pytest
 
+from one_line import raises_one_line
+
 from asyncgrpo.contract import Ticket
 from asyncgrpo.queue.dispatch import Dispatcher
 from asyncgrpo.queue.replay_queue import ReplayQueue, StalenessEviction
@@ -128,5 +130,5 @@ def test_positioned_prompts_read_forward_back_within_the_window_and_back_beyond_
 
 def test_a_finite_stream_that_ends_before_a_granted_position_fails_in_one_line():
     prompts = PositionedPrompts(lambda: iter([]))
-    with pytest.raises(RuntimeError, match="ended before position 0"):
+    with raises_one_line(RuntimeError, match="ended before position 0"):
         prompts.at(0)

@@ -95,10 +95,13 @@ def test_chaos_set_is_checked_before_any_scenario_runs(setting, says, monkeypatc
 # ------------------------------------------------------------------------------------- bench_wire
 
 
-@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--scale", "nan"], ["--scale", "inf"], ["--scale", "0"],
-                                  ["--scale", "-1"]])
-def test_bench_wire_refuses_no_repeat_and_a_scale_that_is_not_a_positive_number(argv, capsys):
-    refused(lambda: bench_wire.parse_args(argv), capsys)
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--repeat", "0"], "argument --repeat: wants an integer >= 1, got '0'"),
+    *((["--scale", bad], f"argument --scale: wants a finite number > 0, got '{bad}'")
+      for bad in ("nan", "inf", "0", "-1")),
+])
+def test_bench_wire_refuses_no_repeat_and_a_scale_that_is_not_a_positive_number(argv, says, capsys):
+    assert refused(lambda: bench_wire.parse_args(argv), capsys).endswith(says)
 
 
 def test_bench_wire_takes_its_defaults():
@@ -109,11 +112,20 @@ def test_bench_wire_takes_its_defaults():
 # ----------------------------------------------------------------------------------- bench_learner
 
 
-@pytest.mark.parametrize("argv", [["--steps", "0"], ["--warmup", "-5"], ["--shapes", "foo"], ["--shapes", "long,long"],
-                                  ["--world-sizes", "1,x"], ["--world-sizes", "0"], ["--world-sizes", "1,1"],
-                                  ["--size", "huge"], ["--groups", "0"], ["learner.lora.rnak=4"]])
-def test_bench_learner_refuses_bad_arguments_before_building_a_model(argv, capsys):
-    refused(lambda: bench_learner.parse_args(argv), capsys)
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--steps", "0"], "argument --steps: wants an integer >= 1, got '0'"),
+    (["--warmup", "-5"], "argument --warmup: wants an integer >= 0, got '-5'"),
+    (["--shapes", "foo"], "argument --shapes: unknown foo (choose from default, long)"),
+    (["--shapes", "long,long"], "argument --shapes: long given twice in 'long,long'"),
+    (["--world-sizes", "1,x"], "argument --world-sizes: wants an integer >= 1, got 'x'"),
+    (["--world-sizes", "0"], "argument --world-sizes: wants an integer >= 1, got '0'"),
+    (["--world-sizes", "1,1"], "argument --world-sizes: 1 given twice in '1,1'"),
+    (["--size", "huge"], "argument --size: invalid choice: 'huge'"),
+    (["--groups", "0"], "argument --groups: wants an integer >= 1, got '0'"),
+    (["learner.lora.rnak=4"], "unknown config key 'learner.lora.rnak' (did you mean learner.lora.rank?)"),
+])
+def test_bench_learners_parse_refuses_bad_arguments(argv, says, capsys):
+    assert says in refused(lambda: bench_learner.parse_args(argv), capsys)
 
 
 def test_bench_learner_parses_its_lists():
@@ -125,12 +137,23 @@ def test_bench_learner_parses_its_lists():
 # -------------------------------------------------------------------------------------- bench_push
 
 
-@pytest.mark.parametrize("argv", [["--pushes", "0"], ["--backends", "zmq,tcp"], ["--sizes", "tiny,1B"],
-                                  ["--backends", "zmq,zmq"], ["--lr", "nan"], ["--lr", "0"], ["--train-steps", "-1"],
-                                  ["--adapter-only"], ["--adapter-only", "--lora-rank", "0"],
-                                  ["--lora-rank", "8", "--lora-apply", "merge,fast"], ["--groups", "0"]])
-def test_bench_push_refuses_bad_arguments_before_the_first_row(argv, capsys):
-    refused(lambda: bench_push.parse_args(argv), capsys)
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--pushes", "0"], "argument --pushes: wants an integer >= 1, got '0'"),
+    (["--backends", "zmq,tcp"], "argument --backends: unknown tcp (choose from zmq, shm, zmq-bf16, zmq-delta)"),
+    (["--sizes", "tiny,1B"],
+     "argument --sizes: unknown 1B (choose from tiny, 100M, qwen2.5-0.5b, qwen2.5-0.5b-2l, qwen2.5-7b, tiny-fullvocab)"),
+    (["--backends", "zmq,zmq"], "argument --backends: zmq given twice in 'zmq,zmq'"),
+    (["--lr", "nan"], "argument --lr: wants a finite number > 0, got 'nan'"),
+    (["--lr", "0"], "argument --lr: wants a finite number > 0, got '0'"),
+    (["--train-steps", "-1"], "argument --train-steps: wants an integer >= 0, got '-1'"),
+    (["--adapter-only"], "--adapter-only measures the adapter rows: it needs --lora-rank >= 1"),
+    (["--adapter-only", "--lora-rank", "0"], "--adapter-only measures the adapter rows: it needs --lora-rank >= 1"),
+    (["--lora-rank", "8", "--lora-apply", "merge,fast"],
+     "argument --lora-apply: unknown fast (choose from merge, vllm)"),
+    (["--groups", "0"], "argument --groups: wants an integer >= 1, got '0'"),
+])
+def test_bench_pushs_parse_refuses_bad_arguments(argv, says, capsys):
+    assert refused(lambda: bench_push.parse_args(argv), capsys).endswith(says)
 
 
 def test_bench_push_takes_its_lists_and_every_make_model_shape():
@@ -143,10 +166,14 @@ def test_bench_push_takes_its_lists_and_every_make_model_shape():
 # -------------------------------------------------------------------------------------- bench_real
 
 
-@pytest.mark.parametrize("argv", [["--steps", "1"], ["--shapes", "qwen2.5-0.5b-2I"], ["--groups", "0"],
-                                  ["--shapes", "qwen2.5-0.5b,qwen2.5-0.5b"]])
-def test_bench_real_refuses_bad_arguments_before_any_run(argv, capsys):
-    refused(lambda: bench_real.parse_args(argv), capsys)
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--steps", "1"], "--steps must be at least 2: the first step is not measured"),
+    (["--shapes", "qwen2.5-0.5b-2I"], "argument --shapes: unknown qwen2.5-0.5b-2I"),
+    (["--groups", "0"], "argument --groups: wants an integer >= 1, got '0'"),
+    (["--shapes", "qwen2.5-0.5b,qwen2.5-0.5b"], "argument --shapes: qwen2.5-0.5b given twice"),
+])
+def test_bench_reals_parse_refuses_bad_arguments(argv, says, capsys):
+    assert says in refused(lambda: bench_real.parse_args(argv), capsys)
 
 
 def test_bench_real_runs_into_a_new_folder_each_time(tmp_path, monkeypatch, capsys):

@@ -129,7 +129,7 @@ def test_single_turn_tasks_have_no_environment_and_episode_tasks_theirs():
     assert task_environment(GUESS).stop == ("\n",)
 
 
-def test_an_untrained_model_plays_every_episode_to_an_end():
+def test_an_untrained_model_plays_the_held_out_episodes_and_scores_zero():
     model = build_model(TinyModelSpec(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32,
                                       max_positions=64), TOKENIZER, seed=0)
     for greedy in (False, True):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 
 import pytest
+
+from one_line import raises_one_line
 import torch
 
 from asyncgrpo.config import load
@@ -119,7 +121,7 @@ def test_a_rank_zero_run_pushes_the_model_whatever_lora_push_says(base_dir):
 
 
 def test_an_unknown_lora_push_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="weights.lora_push"):
+    with raises_one_line(ConfigError, match="weights.lora_push"):
         load(["weights.lora_push=delta"])
 
 
@@ -157,10 +159,10 @@ def test_a_push_of_other_adapters_is_refused_in_one_line(base_dir):
     cfg = cfg_of(4)
     merge = AdapterMerge(base_dir, lora.adapter_layout(base_dir, cfg.learner.lora))
     named = list(pushed_tensors(policy(base_dir, cfg.learner.lora), adapters_only(cfg)))
-    with pytest.raises(ValueError, match="names differ"):
+    with raises_one_line(ValueError, match="names differ"):
         merge.merged(named[:-1])
     other = list(push_names(policy(base_dir, cfg_of(2).learner.lora).adapter_state_dict()))
-    with pytest.raises(ValueError, match="not \\[rank"):
+    with raises_one_line(ValueError, match="not \\[rank"):
         merge.merged([(n, t if "lora_A" in n else t[:, :1]) for n, t in other])
 
 
