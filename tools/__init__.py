@@ -116,10 +116,16 @@ def comma_list(text: str, convert: Callable[[str], T] = str, *, choices: Iterabl
             raise refuse(str(err)) from None
         except (TypeError, ValueError) as err:
             raise refuse(f"{item!r}: {err}") from None
-    repeated = sorted({str(v) for i, v in enumerate(values) if v in values[:i]}) if unique else []
-    if repeated:
-        raise refuse(f"{', '.join(repeated)} given twice in {text!r}")
+    twice = repeated(values) if unique else []
+    if twice:
+        raise refuse(f"{', '.join(twice)} given twice in {text!r}")
     return values
+
+
+def repeated(values: Sequence[Any]) -> list[str]:
+    """The values that come more than once, in order, as texts (two modes of one value would share
+    a run folder)."""
+    return [str(v) for v in sorted({v for i, v in enumerate(values) if v in values[:i]})]
 
 
 def list_type(convert: Callable[[str], T] = str, **options: Any) -> Callable[[str], list[T]]:

@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools import check_overrides, fresh_dir, load_config
+from tools import check_overrides, fresh_dir, load_config, repeated
 
 # ------------------------------------------------------------------ limits from a run's own busy time
 
@@ -333,9 +333,8 @@ def parse_sync_configs(text: str) -> list[str]:
     unknown = [k for k in keys if k not in SYNC_CONFIGS]
     if unknown:
         raise argparse.ArgumentTypeError(f"--sync-configs: unknown {unknown}; choose from {', '.join(SYNC_CONFIGS)}")
-    if repeated := sorted({k for i, k in enumerate(keys) if k in keys[:i]}):
-        # Two modes of one label would share one run folder (r<repeat>_<label>).
-        raise argparse.ArgumentTypeError(f"--sync-configs: {', '.join(repeated)} given twice")
+    if twice := repeated(keys):  # two modes of one label would share one run folder (r<repeat>_<label>)
+        raise argparse.ArgumentTypeError(f"--sync-configs: {', '.join(twice)} given twice")
     return keys
 
 

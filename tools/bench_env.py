@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tools import repeated
 from tools.bench_async import (
     Mode,
     add_run_arguments,
@@ -117,9 +118,8 @@ def parse_latencies(text: str) -> list[int]:
     values = [int(part) for part in text.split(",") if part.strip()]
     if not values or any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"latencies must be milliseconds >= 0, comma-separated, got {text!r}")
-    if repeated := sorted({v for i, v in enumerate(values) if v in values[:i]}):
-        # Two modes of one label ("sync 50 ms") would share one run folder.
-        raise argparse.ArgumentTypeError(f"latency {', '.join(map(str, repeated))} ms given twice in {text!r}")
+    if twice := repeated(values):  # two modes of one label ("sync 50 ms") would share one run folder
+        raise argparse.ArgumentTypeError(f"latency {', '.join(twice)} ms given twice in {text!r}")
     return values
 
 
